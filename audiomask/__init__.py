@@ -1,0 +1,31 @@
+"""audiomask: streaming masks and stall-free host-to-device transfer for speech encoders.
+
+Importing :mod:`audiomask` or :mod:`audiomask.masks` does not import torch;
+the torch-based stages (:mod:`audiomask.transfer`) load on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from audiomask.errors import AudioError
+
+__version__ = "0.1.0"
+
+# Public names that live in torch-based modules, loaded on first attribute access.
+_LAZY = {
+    "to_device": "audiomask.transfer",
+    "PinnedRing": "audiomask.transfer",
+    "sync_check": "audiomask.transfer",
+    "is_dense": "audiomask.transfer",
+}
+
+__all__ = ["AudioError", "__version__", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'audiomask' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

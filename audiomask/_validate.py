@@ -1,0 +1,104 @@
+"""Argument checks shared by every stage; numpy only (``audiomask.masks`` uses them).
+
+Each check either returns the value in its canonical type or raises
+:class:`ValueError` whose message names the argument and its value, e.g.
+``chunk_size must be an integer, got 2.5``.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Sequence
+
+import numpy as np
+
+__all__ = ["check_int", "check_lengths", "check_out"]
+
+_MAX_SHOWN = 8  # elements of an array quoted in an error message
+
+
+def _show(value: object) -> str:
+    """A short repr for error messages: long arrays are cut, never dumped whole."""
+    if isinstance(value, np.ndarray) and value.size > _MAX_SHOWN:
+        head = ", ".join(str(v) for v in value.ravel()[:_MAX_SHOWN])
+        return f"array([{head}, ...], shape={value.shape}, dtype={value.dtype})"
+    text = repr(value)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def check_int(name: str, value: object, *, minimum: int | None = None) -> int:
+    """Return ``value`` as a Python ``int``; reject bools, floats and values below ``minimum``.
+
+    >>> check_int("chunk_size", np.int64(4), minimum=1)
+    4
+    >>> check_int("chunk_size", 2.5)
+    Traceback (most recent call last):
+    ...
+    ValueError: chunk_size must be an integer, got 2.5
+    """
+    if isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    try:
+        number = operator.index(value)  # accepts int and numpy integers, refuses floats
+    except TypeError:
+        raise ValueError(f"{name} must be an integer, got {_show(value)}") from None
+    if minimum is not None and number < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {number}")
+    return number
+
+
+def check_lengths(
+    name: str,
+    values: object,
+    *,
+    maximum: int | None = None,
+    maximum_name: str | None = None,
+) -> np.ndarray:
+    """Return ``values`` as a C-contiguous ``int64`` array of shape ``(B,)``.
+
+    Accepts a sequence or 1-D array of non-negative integers (an integer
+    scalar is one length). Floats, bools, negative values and values above
+    ``maximum`` raise ``ValueError`` naming ``name``.
+
+    >>> check_lengths("feature_lengths", [40, 17])
+    array([40, 17])
+    >>> check_lengths("feature_lengths", [40, 17], maximum=32, maximum_name="max_frames")
+    Traceback (most recent call last):
+    ...
+    ValueError: feature_lengths must be <= max_frames (32), got 40 at index 0
+    """
+    if isinstance(values, (bool, np.bool_)):
+        raise ValueError(f"{name} must hold integers, got {values!r}")
+    array = np.asarray(values)
+    if array.ndim == 0:
+        array = array.reshape(1)
+    if array.ndim != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {array.shape}")
+    if array.size and not np.issubdtype(array.dtype, np.integer):
+        raise ValueError(f"{name} must hold integers, got {_show(array)}")
+    lengths = np.ascontiguousarray(array, dtype=np.int64)
+    if lengths.size and lengths.min() < 0:
+        index = int(np.argmin(lengths))
+        raise ValueError(f"{name} must be >= 0, got {lengths[index]} at index {index}")
+    if maximum is not None and lengths.size and lengths.max() > maximum:
+        index = int(np.argmax(lengths))
+        bound = f"{maximum_name} ({maximum})" if maximum_name else str(maximum)
+        raise ValueError(f"{name} must be <= {bound}, got {lengths[index]} at index {index}")
+    return lengths
+
+
+def check_out(out: object, shape: Sequence[int], dtype: np.dtype | type = np.bool_) -> np.ndarray:
+    """Check that ``out`` can take a result of ``shape`` and ``dtype`` in place.
+
+    ``out`` must be a writeable, C-contiguous numpy array of exactly that shape
+    and dtype (for instance a numpy view of a pinned ring slot).
+    """
+    shape = tuple(int(n) for n in shape)
+    dtype = np.dtype(dtype)
+    if not isinstance(out, np.ndarray):
+        raise ValueError(f"out must be a numpy.ndarray, got {type(out).__name__}")
+    if out.shape != shape or out.dtype != dtype:
+        raise ValueError(f"out must have shape {shape} and dtype {dtype}, got shape {out.shape} and dtype {out.dtype}")
+    if not out.flags.c_contiguous or not out.flags.writeable:
+        raise ValueError("out must be a writeable C-contiguous array")
+    return out
