@@ -1,0 +1,22 @@
+"""Attention masks and lengths for streaming speech encoders, in numpy only (never torch).
+
+Polarity everywhere: ``True`` = the query row MAY attend to the key column
+(Phi-4MM / WeNet convention); shapes ``(B, T_q, T_k)``; masks are C-contiguous
+``bool``, lengths ``int64``. Every builder takes ``out=`` to write in place
+(e.g. into a numpy view of a pinned staging slot).
+
+- :mod:`audiomask.masks.chunk`: WeNet-style ``subsequent_chunk_mask`` and ``padding_mask``.
+- :mod:`audiomask.masks.phi4mm`: Phi-4-multimodal streaming and hidden-state masks.
+- :mod:`audiomask.masks.qwen3_asr`: Qwen3-ASR chunk/token lengths, ``cu_seqlens``, window mask.
+
+>>> from audiomask.masks import phi4mm
+>>> phi4mm.streaming_mask(4, 2, chunk_size=2, left_chunk=0).shape
+(2, 4, 4)
+"""
+
+from __future__ import annotations
+
+from audiomask.masks import chunk, phi4mm, qwen3_asr
+from audiomask.masks.chunk import padding_mask, subsequent_chunk_mask
+
+__all__ = ["chunk", "padding_mask", "phi4mm", "qwen3_asr", "subsequent_chunk_mask"]

@@ -1,0 +1,180 @@
+"""WeNet-style chunk masks, and the block-band builder every mask here is made of.
+
+Mirrors ``wenet/utils/mask.py`` (``subsequent_chunk_mask``, ``make_pad_mask``
+with the polarity flipped to True = valid). Polarity: ``True`` = the query row
+MAY attend to the key column. numpy only.
+
+Every chunk mask in this package is a *block band*: the rows (queries) are cut
+into consecutive chunks, and all rows of chunk ``k`` see the same half-open
+column range ``[lo[k], hi[k])``. So a mask is built as one row pattern per
+chunk (``n_chunks x T_k``, small) gathered into the output with one
+``np.take`` (a row copy, at memory-fill speed), never as an elementwise
+comparison over all ``T_q x T_k`` cells.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from audiomask._validate import check_int, check_lengths, check_out
+
+__all__ = ["padding_mask", "subsequent_chunk_mask"]
+
+# Template of ones then zeros; row ``r`` of a stride-(1, 1) view is ``_STEP[r:r + width]``.
+# Kept between calls (read-only, replaced when too short, never written) so a mask
+# build allocates nothing but its result and the small per-chunk pattern.
+_STEP = np.zeros(0, dtype=np.bool_)
+_STEP_MIN_CAPACITY = 1024  # columns; the first call allocates at least this much
+
+
+def _less_than_rows(bounds: np.ndarray, width: int) -> np.ndarray:
+    """``(n, width)`` bool, row ``k`` = ``arange(width) < bounds[k]``; needs ``0 <= bounds <= width``.
+
+    Each row is a copied window of the step template: a gather of ``n`` rows,
+    with no comparison per cell.
+    """
+    global _STEP
+    step = _STEP
+    capacity = step.size // 2
+    if capacity < width:
+        capacity = max(width, 2 * capacity, _STEP_MIN_CAPACITY)
+        step = np.concatenate([np.ones(capacity, np.bool_), np.zeros(capacity, np.bool_)])
+        step.flags.writeable = False
+        _STEP = step
+    # Row r is step[r:r + width]: True where r + j < capacity, i.e. j < capacity - r.
+    windows = np.ndarray((capacity + 1, width), np.bool_, step, 0, (1, 1))
+    return windows[capacity - bounds]
+
+
+def _band_rows(lo: np.ndarray, hi: np.ndarray, width: int) -> np.ndarray:
+    """``(n, width)`` bool, row ``k`` True on columns ``lo[k] <= j < hi[k]``."""
+    # (j < hi) and not (j < lo); `greater` on bools is `a & ~b` in one pass.
+    return np.greater(_less_than_rows(hi, width), _less_than_rows(lo, width))
+
+
+def _chunk_band(
+    bounds: np.ndarray,
+    left: int,
+    right: int,
+    out: np.ndarray,
+    key_lengths: np.ndarray | None = None,
+) -> np.ndarray:
+    """Write a chunked band mask into ``out`` (``(T, T)`` or ``(B, T, T)``) and return it.
+
+    ``bounds`` (int64, ``(n + 1,)``, non-decreasing, ``bounds[0] == 0``,
+    ``bounds[-1] == T``) cuts the rows into chunks ``[bounds[k], bounds[k+1])``;
+    empty chunks are allowed and count as chunks. Rows of chunk ``k`` see the
+    columns ``[bounds[max(k - left, 0)], bounds[min(k + 1 + right, n)])``;
+    ``left < 0`` means no left limit. With ``key_lengths`` (``(B,)``, each
+    ``<= T``), columns ``j >= key_lengths[b]`` of batch row ``b`` are False too.
+    A 3-D ``out`` without ``key_lengths`` gets the same mask in every batch row.
+    """
+    n = bounds.size - 1
+    width = out.shape[-1]
+    chunk = np.arange(n)
+    if left < 0:
+        left = n  # reaches back to chunk 0 from every chunk
+    lo = bounds[np.maximum(chunk - left, 0)]
+    hi = bounds[np.minimum(chunk + (right + 1), n)]
+    pattern = _band_rows(lo, hi, width)
+    if key_lengths is not None:
+        pattern = pattern[None, :, :] & _less_than_rows(key_lengths, width)[:, None, :]
+    row_chunk = np.repeat(chunk, np.diff(bounds))
+    # mode="clip": the default "raise" buffers `out` and copies it a second time;
+    # row_chunk is in range by construction.
+    if pattern.ndim == out.ndim:
+        np.take(pattern, row_chunk, axis=-2, out=out, mode="clip")
+    elif out.shape[0]:
+        np.take(pattern, row_chunk, axis=0, out=out[0], mode="clip")
+        out[1:] = out[0]
+    return out
+
+
+def _regular_bounds(size: int, chunk_size: int) -> np.ndarray:
+    """Chunk boundaries ``0, c, 2c, ..., size``: full chunks of ``chunk_size``, the last one shorter."""
+    n_chunks = -(-size // chunk_size)
+    return np.minimum(np.arange(n_chunks + 1) * chunk_size, size)
+
+
+def subsequent_chunk_mask(
+    size: int,
+    chunk_size: int,
+    num_left_chunks: int = -1,
+    *,
+    out: np.ndarray | None = None,
+) -> np.ndarray:
+    """Chunk-causal self-attention mask, WeNet's ``subsequent_chunk_mask``.
+
+    Query frame ``i`` lies in chunk ``c = i // chunk_size`` and may attend to
+    key frames ``max((c - num_left_chunks) * chunk_size, 0) <= j <
+    min((c + 1) * chunk_size, size)``: its own chunk, ``num_left_chunks``
+    chunks before it, nothing after. ``num_left_chunks < 0`` means unlimited
+    left context. A ``chunk_size`` larger than ``size`` gives one chunk (full
+    attention); ``size == 0`` gives a ``(0, 0)`` mask.
+
+    Args:
+        size: sequence length ``T`` in frames (the unit of ``chunk_size``), ``>= 0``.
+        chunk_size: frames per chunk, ``>= 1``.
+        num_left_chunks: chunks of left context; ``< 0`` = unlimited.
+        out: optional C-contiguous ``bool`` array of shape ``(T, T)`` to write into.
+
+    Returns:
+        ``(T_q, T_k) = (size, size)`` C-contiguous ``bool``; ``True`` = may attend.
+
+    >>> subsequent_chunk_mask(5, 2).astype(int)
+    array([[1, 1, 0, 0, 0],
+           [1, 1, 0, 0, 0],
+           [1, 1, 1, 1, 0],
+           [1, 1, 1, 1, 0],
+           [1, 1, 1, 1, 1]])
+    >>> subsequent_chunk_mask(5, 2, num_left_chunks=0).astype(int)
+    array([[1, 1, 0, 0, 0],
+           [1, 1, 0, 0, 0],
+           [0, 0, 1, 1, 0],
+           [0, 0, 1, 1, 0],
+           [0, 0, 0, 0, 1]])
+    """
+    size = check_int("size", size, minimum=0)
+    chunk_size = check_int("chunk_size", chunk_size, minimum=1)
+    num_left_chunks = check_int("num_left_chunks", num_left_chunks)
+    out = np.empty((size, size), np.bool_) if out is None else check_out(out, (size, size))
+    return _chunk_band(_regular_bounds(size, chunk_size), num_left_chunks, 0, out)
+
+
+def padding_mask(
+    lengths: object,
+    max_len: int | None = None,
+    *,
+    out: np.ndarray | None = None,
+) -> np.ndarray:
+    """Validity of padded positions: ``mask[b, t] = t < lengths[b]``.
+
+    WeNet's ``make_non_pad_mask`` (``~make_pad_mask``). Used as a key mask it
+    reads "may attend to key ``t``".
+
+    Args:
+        lengths: ``(B,)`` non-negative integers, in frames (or tokens).
+        max_len: padded length ``T``; defaults to ``max(lengths)`` (0 when
+            ``B == 0``). A length above ``max_len`` is an error, not truncated.
+        out: optional C-contiguous ``bool`` array of shape ``(B, T)`` to write into.
+
+    Returns:
+        ``(B, T)`` C-contiguous ``bool``; ``True`` = valid (not padding).
+
+    >>> padding_mask([3, 1, 0], max_len=4).astype(int)
+    array([[1, 1, 1, 0],
+           [1, 0, 0, 0],
+           [0, 0, 0, 0]])
+    """
+    if max_len is None:
+        lengths = check_lengths("lengths", lengths)
+        max_len = int(lengths.max()) if lengths.size else 0
+    else:
+        max_len = check_int("max_len", max_len, minimum=0)
+        lengths = check_lengths("lengths", lengths, maximum=max_len, maximum_name="max_len")
+    shape = (lengths.size, max_len)
+    if out is None:
+        return _less_than_rows(lengths, max_len)
+    check_out(out, shape)
+    out[...] = _less_than_rows(lengths, max_len)
+    return out
