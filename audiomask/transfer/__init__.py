@@ -1,0 +1,58 @@
+"""Host->device transfer: the only module that moves host data to a device.
+
+- :func:`to_device`: copy numpy arrays, lists and CPU tensors to a device
+  through a persistent pinned ring, ``non_blocking`` on a copy stream, without
+  stalling the host whatever the GPU queue holds.
+- :class:`PinnedRing`: pinned host slots that builders write into in place,
+  each reused only after its last copy has completed.
+- :func:`is_dense`: whether a tensor can be copied as one block.
+- :class:`sync_check`: makes tests fail on any ``non_blocking`` host->device
+  copy from pageable or non-dense memory.
+
+Without CUDA everything works and returns CPU tensors.
+"""
+
+from __future__ import annotations
+
+from audiomask.transfer.staging import default_ring, to_device
+from audiomask.transfer.dense import is_dense
+from audiomask.transfer.ring import (
+    DEFAULT_MAX_PINNED_BYTES,
+    DEFAULT_NUM_SLOTS,
+    DEFAULT_SLOT_BYTES,
+    VIEW_ALIGN_BYTES,
+    KiB,
+    MiB,
+    PinnedRing,
+    RingStats,
+    Staged,
+)
+from audiomask.transfer.sync import (
+    CopyVerdict,
+    FlaggedCopy,
+    UnsafeCopyError,
+    UnsafeCopyWarning,
+    classify_copy,
+    sync_check,
+)
+
+__all__ = [
+    "DEFAULT_MAX_PINNED_BYTES",
+    "DEFAULT_NUM_SLOTS",
+    "DEFAULT_SLOT_BYTES",
+    "VIEW_ALIGN_BYTES",
+    "CopyVerdict",
+    "FlaggedCopy",
+    "KiB",
+    "MiB",
+    "PinnedRing",
+    "RingStats",
+    "Staged",
+    "UnsafeCopyError",
+    "UnsafeCopyWarning",
+    "classify_copy",
+    "default_ring",
+    "is_dense",
+    "sync_check",
+    "to_device",
+]

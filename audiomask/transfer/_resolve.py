@@ -1,0 +1,135 @@
+"""Argument resolution shared by the transfer modules: devices, dtypes, streams, ``out`` tensors.
+
+Every helper returns the canonical value or raises :class:`ValueError` whose
+message names the argument and the value, like :mod:`audiomask._validate`.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from audiomask._validate import check_int
+from audiomask.transfer.dense import is_dense
+
+__all__ = ["as_torch_dtype", "check_out_tensor", "check_shape", "check_stream", "numpy_dtype", "resolve_device"]
+
+
+def resolve_device(device: object) -> torch.device:
+    """Return ``device`` as ``cpu`` or ``cuda:N``; any CUDA device is ``cpu`` where CUDA is unavailable.
+
+    Accepts ``"cpu"``, ``"cuda"``, ``"cuda:N"``, a :class:`torch.device` or a
+    CUDA index. ``"cuda"`` means the current CUDA device. Falling back to the
+    CPU (rather than failing) lets the same code run on machines without a GPU.
+
+    >>> resolve_device("cpu")
+    device(type='cpu')
+    >>> resolve_device("gpu")
+    Traceback (most recent call last):
+    ...
+    ValueError: device must be 'cpu', 'cuda', 'cuda:N' or a CUDA index, got 'gpu'
+    """
+    if isinstance(device, (bool, np.bool_)):
+        raise ValueError(f"device must be 'cpu', 'cuda', 'cuda:N' or a CUDA index, got {device!r}")
+    try:
+        parsed = torch.device(device)  # type: ignore[arg-type]
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device must be 'cpu', 'cuda', 'cuda:N' or a CUDA index, got {device!r}") from None
+    if parsed.type == "cpu":
+        return torch.device("cpu")
+    if parsed.type != "cuda":
+        raise ValueError(f"device must be a CPU or CUDA device, got {device!r}")
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    index = torch.cuda.current_device() if parsed.index is None else parsed.index
+    count = torch.cuda.device_count()
+    if index >= count:
+        raise ValueError(f"device {device!r} does not exist: this machine has {count} CUDA device(s)")
+    return torch.device("cuda", index)
+
+
+def check_stream(stream: object, device: torch.device) -> None:
+    """Check that ``stream`` is ``None`` or a :class:`torch.cuda.Stream` of the CUDA ``device``."""
+    if stream is None:
+        return
+    if device.type != "cuda":
+        raise ValueError(f"stream must be None for device {device}, got {stream!r}")
+    if not isinstance(stream, torch.cuda.Stream):
+        raise ValueError(f"stream must be a torch.cuda.Stream, got {type(stream).__name__}")
+    if stream.device != device:
+        raise ValueError(f"stream is on {stream.device}, but device is {device}")
+
+
+@functools.lru_cache(maxsize=None)
+def _torch_dtype_of(np_dtype: np.dtype) -> torch.dtype | None:
+    try:
+        return torch.from_numpy(np.empty(0, dtype=np_dtype)).dtype
+    except (TypeError, ValueError):
+        return None
+
+
+@functools.lru_cache(maxsize=None)
+def numpy_dtype(dtype: torch.dtype) -> np.dtype | None:
+    """The numpy dtype that shares ``dtype``'s bytes, or ``None`` (``bfloat16``, float8 types).
+
+    >>> numpy_dtype(torch.bool), numpy_dtype(torch.bfloat16)
+    (dtype('bool'), None)
+    """
+    try:
+        return torch.empty(0, dtype=dtype).numpy().dtype
+    except TypeError:
+        return None
+
+
+def as_torch_dtype(name: str, value: object) -> torch.dtype:
+    """Return ``value`` (a torch dtype, or anything ``numpy.dtype`` accepts) as a torch dtype.
+
+    >>> as_torch_dtype("dtype", "float16"), as_torch_dtype("dtype", torch.bfloat16)
+    (torch.float16, torch.bfloat16)
+    >>> as_torch_dtype("dtype", object)
+    Traceback (most recent call last):
+    ...
+    ValueError: dtype must be a torch.dtype or a numpy dtype torch supports, got <class 'object'>
+    """
+    if isinstance(value, torch.dtype):
+        return value
+    message = f"{name} must be a torch.dtype or a numpy dtype torch supports, got {value!r}"
+    if value is None:  # numpy reads None as float64: refuse it rather than guess
+        raise ValueError(message)
+    try:
+        np_dtype = np.dtype(value).newbyteorder("=")  # type: ignore[call-overload]
+    except TypeError:
+        raise ValueError(message) from None
+    result = _torch_dtype_of(np_dtype)
+    if result is None:
+        raise ValueError(message)
+    return result
+
+
+def check_shape(name: str, shape: object) -> tuple[int, ...]:
+    """Return ``shape`` (an int or a sequence of ints >= 0) as a tuple.
+
+    >>> check_shape("shape", 3), check_shape("shape", (2, 0))
+    ((3,), (2, 0))
+    """
+    if isinstance(shape, Sequence) and not isinstance(shape, str):
+        return tuple(check_int(f"{name}[{i}]", n, minimum=0) for i, n in enumerate(shape))
+    return (check_int(name, shape, minimum=0),)
+
+
+def check_out_tensor(out: object, shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Check that ``out`` is a dense tensor on ``device`` of exactly ``shape`` and ``dtype``."""
+    if not isinstance(out, torch.Tensor):
+        raise ValueError(f"out must be a torch.Tensor, got {type(out).__name__}")
+    if out.device != device:
+        raise ValueError(f"out is on {out.device}, but device is {device}")
+    if tuple(out.shape) != tuple(shape):
+        raise ValueError(f"out has shape {tuple(out.shape)}, but the data has shape {tuple(shape)}")
+    if out.dtype != dtype:
+        raise ValueError(f"out has dtype {out.dtype}, expected {dtype}")
+    if not is_dense(out):
+        raise ValueError(f"out must be dense (no expanded or strided view), got strides {out.stride()}")
+    return out

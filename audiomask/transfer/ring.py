@@ -1,0 +1,471 @@
+"""A persistent ring of pinned host slots for stall-free, race-free host->device copies.
+
+Why: a ``non_blocking`` copy from pageable memory stalls the host behind a busy
+stream, and ``pin_memory()`` per copy costs 0.1-6 ms of host time (DESIGN.md).
+A slot pinned once and reused costs neither, but reusing it while its last copy
+is still in flight corrupts that copy. So every copy from a slot records a CUDA
+event, and a slot is handed out again only once that event has completed.
+
+Builders write straight into a slot (the pattern of vLLM's ``CpuGpuBuffer.np``,
+made race-free)::
+
+    with ring.stage((B, L, L), np.bool_) as staged:
+        hs_mask(lengths, max_frames, chunk, left, out=staged.array)
+        mask = staged.to("cuda")
+
+Where CUDA is unavailable the slots are plain memory and copies go to the CPU,
+with the same bookkeeping, so everything but the events runs anywhere.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from audiomask._validate import check_int
+from audiomask.transfer._resolve import (
+    as_torch_dtype,
+    check_out_tensor,
+    check_shape,
+    check_stream,
+    numpy_dtype,
+    resolve_device,
+)
+
+__all__ = [
+    "DEFAULT_MAX_PINNED_BYTES",
+    "DEFAULT_NUM_SLOTS",
+    "DEFAULT_SLOT_BYTES",
+    "KiB",
+    "MiB",
+    "VIEW_ALIGN_BYTES",
+    "Completion",
+    "PinnedRing",
+    "RingStats",
+    "Staged",
+]
+
+KiB = 1024
+MiB = 1024 * KiB
+DEFAULT_SLOT_BYTES = 4 * MiB  # one step's masks and features for a few streams
+DEFAULT_NUM_SLOTS = 4  # enough to double-buffer two producers
+DEFAULT_MAX_PINNED_BYTES = 512 * MiB  # pinned memory is locked RAM: bound what the ring may take
+# Offsets of arrays packed into one slot: cudaMalloc's alignment, so that the
+# device views of a packed copy are as aligned as fresh allocations.
+VIEW_ALIGN_BYTES = 256
+
+
+class Completion(Protocol):
+    """What guards a slot's reuse: ``torch.cuda.Event`` or anything with the same two methods."""
+
+    def query(self) -> bool:
+        """Whether the work recorded before it has completed (never blocks)."""
+        ...
+
+    def synchronize(self) -> None:
+        """Block the host until the work recorded before it has completed."""
+        ...
+
+
+@dataclass(frozen=True)
+class RingStats:
+    """A snapshot of a ring's counters.
+
+    ``pinned_bytes`` is the capacity of the slots held now (plain memory,
+    counted the same, where CUDA is unavailable); ``bytes_copied`` counts the
+    bytes that left the ring, padding between packed arrays included.
+    """
+
+    pinned: bool  # whether the slots are page-locked (CUDA available)
+    slots: int  # slots held now
+    pinned_bytes: int  # bytes held now
+    leased: int  # slots staged and not yet submitted or released
+    copies: int  # submits (one host->device copy each)
+    bytes_copied: int
+    slot_waits: int  # times the host blocked on a slot's last copy
+    grows: int  # slots pinned after construction
+    evictions: int  # idle slots dropped to make room for a larger one
+
+
+@dataclass(eq=False)
+class _Slot:
+    buffer: torch.Tensor  # (capacity,) uint8
+    array: np.ndarray  # the numpy view of buffer
+    leased: bool = False
+    pending: Completion | None = None  # the last copy from this slot, until it has completed
+    released: int = 0  # release sequence number: lower = released earlier
+
+    @property
+    def capacity(self) -> int:
+        return self.buffer.numel()
+
+
+@dataclass(frozen=True)
+class _Part:
+    offset: int  # bytes from the slot start, a multiple of VIEW_ALIGN_BYTES
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    nbytes: int
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def _next_power_of_two(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def _layout(specs: Iterable[tuple[object, object]]) -> tuple[list[_Part], int]:
+    """Place arrays one after another at aligned offsets; return them and the span in bytes."""
+    parts: list[_Part] = []
+    end = 0
+    for i, (shape, dtype) in enumerate(specs):
+        shape = check_shape(f"shape of array {i}", shape)
+        dtype = as_torch_dtype(f"dtype of array {i}", dtype)
+        offset = _round_up(end, VIEW_ALIGN_BYTES)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        parts.append(_Part(offset, shape, dtype, nbytes))
+        end = offset + nbytes
+    if not parts:
+        raise ValueError("specs must name at least one (shape, dtype) array, got none")
+    return parts, end
+
+
+class PinnedRing:
+    """Persistent pinned host slots, each reused only after its last copy has completed.
+
+    Args:
+        slot_bytes: capacity of each initial slot, in bytes.
+        num_slots: slots pinned up front.
+        max_pinned_bytes: bound on the bytes of all slots held, in bytes.
+
+    Growth policy: a request goes to the smallest idle slot that fits. When no
+    idle slot fits, the ring pins a new slot of ``max(slot_bytes, next power of
+    two >= request)`` bytes and keeps it, dropping idle smaller slots if that is
+    needed to stay within ``max_pinned_bytes``; a slot is pinned on the hot
+    path only until the ring has reached the size its workload needs (see
+    ``stats().grows``). Only at the bound does the host wait for the oldest
+    in-flight slot (``stats().slot_waits``). A request larger than
+    ``max_pinned_bytes`` raises :class:`ValueError`.
+
+    Thread safety: slot acquisition and release hold a lock; a staged slot
+    belongs to one thread until it is submitted or released. Dropped slots go
+    back to torch's pinned-memory cache, not to the OS.
+
+    >>> ring = PinnedRing(slot_bytes=4 * KiB, num_slots=2, max_pinned_bytes=64 * KiB)
+    >>> with ring.stage((2, 3), np.int64) as staged:
+    ...     staged.array[:] = [[1, 2, 3], [4, 5, 6]]
+    ...     result = staged.to("cpu")
+    >>> result
+    tensor([[1, 2, 3],
+            [4, 5, 6]])
+    >>> stats = ring.stats()
+    >>> stats.copies, stats.bytes_copied, stats.slots, stats.pinned_bytes
+    (1, 48, 2, 8192)
+    """
+
+    def __init__(
+        self,
+        slot_bytes: int = DEFAULT_SLOT_BYTES,
+        num_slots: int = DEFAULT_NUM_SLOTS,
+        max_pinned_bytes: int = DEFAULT_MAX_PINNED_BYTES,
+    ) -> None:
+        self.slot_bytes = check_int("slot_bytes", slot_bytes, minimum=1)
+        num_slots = check_int("num_slots", num_slots, minimum=1)
+        self.max_pinned_bytes = check_int("max_pinned_bytes", max_pinned_bytes, minimum=1)
+        if self.slot_bytes * num_slots > self.max_pinned_bytes:
+            raise ValueError(
+                f"max_pinned_bytes must be >= num_slots * slot_bytes = {self.slot_bytes * num_slots}, "
+                f"got {self.max_pinned_bytes}"
+            )
+        self.pinned = torch.cuda.is_available()
+        self._lock = threading.Lock()
+        self._streams: dict[torch.device, torch.cuda.Stream] = {}
+        self._released = 0
+        self._counts = dict.fromkeys(("copies", "bytes_copied", "slot_waits", "grows", "evictions"), 0)
+        self._slots = [self._new_slot(self.slot_bytes) for _ in range(num_slots)]
+
+    def stage(self, shape: int | Sequence[int], dtype: object) -> Staged:
+        """Lease a slot holding one array of ``shape`` and ``dtype`` (torch or numpy dtype).
+
+        Use the result as a context manager; see :class:`Staged`.
+        """
+        return self.stage_many([(shape, dtype)])
+
+    def stage_many(self, specs: Iterable[tuple[int | Sequence[int], object]]) -> Staged:
+        """Lease one slot holding several arrays, packed at ``VIEW_ALIGN_BYTES`` offsets.
+
+        ``specs`` lists ``(shape, dtype)`` pairs. One copy then moves them all
+        (:meth:`Staged.to_many`): pack a step's payloads into one slot rather
+        than issuing thousands of small copies.
+
+        >>> ring = PinnedRing(slot_bytes=4 * KiB, num_slots=1, max_pinned_bytes=4 * KiB)
+        >>> with ring.stage_many([((2,), np.float32), ((3,), np.bool_)]) as staged:
+        ...     values, flags = staged.arrays
+        ...     values[:] = 0.5
+        ...     flags[:] = [True, False, True]
+        ...     staged.to_many("cpu")
+        (tensor([0.5000, 0.5000]), tensor([ True, False,  True]))
+        """
+        parts, nbytes = _layout(specs)
+        return Staged(self, self._acquire(nbytes), parts, nbytes)
+
+    def stats(self) -> RingStats:
+        """A snapshot of the counters."""
+        with self._lock:
+            return RingStats(
+                pinned=self.pinned,
+                slots=len(self._slots),
+                pinned_bytes=self._held_bytes(),
+                leased=sum(slot.leased for slot in self._slots),
+                **self._counts,
+            )
+
+    def copy_stream(self, device: torch.device) -> torch.cuda.Stream:
+        """The ring's copy stream for the CUDA ``device``, created on first use."""
+        stream = self._streams.get(device)
+        if stream is None:
+            with self._lock:
+                if device not in self._streams:
+                    self._streams[device] = torch.cuda.Stream(device=device)
+                stream = self._streams[device]
+        return stream
+
+    def _new_slot(self, nbytes: int) -> _Slot:
+        buffer = torch.empty(nbytes, dtype=torch.uint8, pin_memory=self.pinned)
+        return _Slot(buffer, buffer.numpy())
+
+    def _held_bytes(self) -> int:
+        return sum(slot.capacity for slot in self._slots)
+
+    def _acquire(self, nbytes: int) -> _Slot:
+        if nbytes > self.max_pinned_bytes:
+            raise ValueError(f"a request of {nbytes} bytes exceeds max_pinned_bytes={self.max_pinned_bytes}")
+        while True:
+            with self._lock:
+                slot = self._take_idle(nbytes) or self._grow(nbytes)
+                if slot is not None:
+                    return slot
+                victim = self._oldest_in_flight(nbytes)
+                victim.leased = True  # ours while we wait outside the lock
+            victim.pending.synchronize()  # type: ignore[union-attr]
+            with self._lock:
+                self._counts["slot_waits"] += 1
+                victim.pending = None
+                if victim.capacity >= nbytes:
+                    return victim
+                victim.leased = False  # too small: now idle, the next round drops it for a larger one
+
+    def _take_idle(self, nbytes: int) -> _Slot | None:
+        for slot in self._slots:
+            if not slot.leased and slot.pending is not None and slot.pending.query():
+                slot.pending = None
+        idle = [s for s in self._slots if not s.leased and s.pending is None and s.capacity >= nbytes]
+        if not idle:
+            return None
+        slot = min(idle, key=lambda s: (s.capacity, s.released))
+        slot.leased = True
+        return slot
+
+    def _grow(self, nbytes: int) -> _Slot | None:
+        size = min(max(self.slot_bytes, _next_power_of_two(nbytes)), self.max_pinned_bytes)
+        excess = self._held_bytes() + size - self.max_pinned_bytes
+        if excess > 0:
+            idle = sorted((s for s in self._slots if not s.leased and s.pending is None), key=lambda s: s.capacity)
+            if sum(s.capacity for s in idle) < excess:
+                return None
+            for slot in idle:
+                if excess <= 0:
+                    break
+                self._slots.remove(slot)
+                excess -= slot.capacity
+                self._counts["evictions"] += 1
+        slot = self._new_slot(size)
+        slot.leased = True
+        self._slots.append(slot)
+        self._counts["grows"] += 1
+        return slot
+
+    def _oldest_in_flight(self, nbytes: int) -> _Slot:
+        in_flight = [s for s in self._slots if not s.leased and s.pending is not None]
+        if not in_flight:
+            raise RuntimeError(
+                f"cannot stage {nbytes} bytes: all {len(self._slots)} slots ({self._held_bytes()} bytes) are "
+                f"staged and not yet submitted, and max_pinned_bytes={self.max_pinned_bytes} leaves no room; "
+                "submit or release staged slots first, or raise max_pinned_bytes"
+            )
+        fitting = [s for s in in_flight if s.capacity >= nbytes]
+        return min(fitting or in_flight, key=lambda s: s.released)
+
+    def _release(self, slot: _Slot, pending: Completion | None, copied: int | None) -> None:
+        with self._lock:
+            slot.leased = False
+            slot.pending = pending
+            self._released += 1
+            slot.released = self._released
+            if copied is not None:
+                self._counts["copies"] += 1
+                self._counts["bytes_copied"] += copied
+
+
+class Staged:
+    """A leased ring slot holding one or more host arrays, until it is submitted or released.
+
+    Write the payload through :attr:`array` / :attr:`arrays` (numpy views) or
+    :attr:`tensor` / :attr:`tensors` (CPU torch views of the same bytes), then
+    submit it once with :meth:`to` / :meth:`to_many`. Submitting hands the slot
+    back to the ring, guarded by the copy's event: do not write through views
+    taken before the submit afterwards. Leaving the ``with`` block without a
+    submit releases the slot unused.
+    """
+
+    def __init__(self, ring: PinnedRing, slot: _Slot, parts: list[_Part], nbytes: int) -> None:
+        self._ring = ring
+        self._slot: _Slot | None = slot
+        self._parts = parts
+        self.nbytes = nbytes  # span of the packed arrays in the slot, in bytes
+        self._arrays: tuple[np.ndarray, ...] | None = None
+        self._tensors: tuple[torch.Tensor, ...] | None = None
+
+    def __enter__(self) -> Staged:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._slot is not None:
+            self.release()
+
+    @property
+    def arrays(self) -> tuple[np.ndarray, ...]:
+        """Numpy views of the staged arrays, C-contiguous, writeable, in ``specs`` order."""
+        slot = self._live()
+        if self._arrays is None:
+            self._arrays = tuple(self._numpy_view(slot, part) for part in self._parts)
+        return self._arrays
+
+    @property
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        """CPU torch views of the staged arrays (pinned where CUDA is available)."""
+        slot = self._live()
+        if self._tensors is None:
+            self._tensors = tuple(
+                slot.buffer[p.offset : p.offset + p.nbytes].view(p.dtype).view(p.shape) for p in self._parts
+            )
+        return self._tensors
+
+    @property
+    def array(self) -> np.ndarray:
+        """The numpy view of the only staged array."""
+        return self.arrays[self._single()]
+
+    @property
+    def tensor(self) -> torch.Tensor:
+        """The CPU torch view of the only staged array."""
+        return self.tensors[self._single()]
+
+    def to(
+        self, device: object, *, out: torch.Tensor | None = None, stream: torch.cuda.Stream | None = None
+    ) -> torch.Tensor:
+        """Copy the only staged array to ``device`` and hand the slot back; see :meth:`to_many`.
+
+        ``out``: a dense tensor on ``device`` with the staged shape and dtype to
+        copy into. The copy is then ordered after all work already queued on the
+        current stream (which may still read ``out``), so the slot stays busy
+        until that work is done.
+        """
+        index = self._single()
+        if out is not None:
+            part = self._parts[index]
+            check_out_tensor(out, part.shape, part.dtype, resolve_device(device))
+        return self._submit(device, out, stream)[index]
+
+    def to_many(self, device: object, *, stream: torch.cuda.Stream | None = None) -> tuple[torch.Tensor, ...]:
+        """Copy all staged arrays to ``device`` in one copy; return a view per array.
+
+        On CUDA the copy is ``non_blocking`` on ``stream`` (default: the ring's
+        copy stream for the device), so it does not wait for the work queued on
+        the current stream; the current stream is made to wait for the copy, so
+        the results are ready for work queued on it afterwards (other streams
+        must wait for it themselves). The results share one device allocation,
+        known to the caching allocator as used by the current stream, so it is
+        not reused while that stream's queued work may still read it.
+
+        Without CUDA (or for ``device="cpu"``) the results are CPU copies. The
+        host time of a submit does not depend on the GPU queue.
+        """
+        return self._submit(device, None, stream)
+
+    def release(self, event: Completion | None = None) -> None:
+        """Hand the slot back without copying it through :meth:`to`.
+
+        ``event``: for a copy from the slot issued by other means, the event
+        recorded after it; the slot is not reused before it completes.
+        """
+        self._ring._release(self._live(), event, None)
+        self._slot = None
+
+    def _submit(
+        self, device: object, out: torch.Tensor | None, stream: torch.cuda.Stream | None
+    ) -> tuple[torch.Tensor, ...]:
+        slot = self._live()
+        target = resolve_device(device)
+        check_stream(stream, target)
+        if target.type == "cpu":
+            results, _ = self._copy(slot, target, out, non_blocking=False)
+            self._ring._release(slot, None, self.nbytes)
+            self._slot = None
+            return results
+        consumer = torch.cuda.current_stream(target)
+        copy_stream = self._ring.copy_stream(target) if stream is None else stream
+        separate = copy_stream != consumer
+        if out is not None and separate:
+            copy_stream.wait_stream(consumer)
+        # Allocating under the copy stream puts the result in that stream's pool,
+        # so it is never a block that work queued on the consumer still uses.
+        with torch.cuda.stream(copy_stream):
+            results, allocation = self._copy(slot, target, out, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(copy_stream)
+        if separate:
+            consumer.wait_event(done)
+            if allocation is not None:
+                allocation.record_stream(consumer)
+        self._ring._release(slot, done, self.nbytes)
+        self._slot = None
+        return results
+
+    def _copy(
+        self, slot: _Slot, target: torch.device, out: torch.Tensor | None, *, non_blocking: bool
+    ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor | None]:
+        if out is not None:
+            out.copy_(self.tensor, non_blocking=non_blocking)
+            return (out,), None
+        allocation = torch.empty(self.nbytes, dtype=torch.uint8, device=target)
+        allocation.copy_(slot.buffer[: self.nbytes], non_blocking=non_blocking)
+        views = tuple(allocation[p.offset : p.offset + p.nbytes].view(p.dtype).view(p.shape) for p in self._parts)
+        return views, allocation
+
+    def _live(self) -> _Slot:
+        if self._slot is None:
+            raise RuntimeError("this staged slot was already submitted or released; stage a new one")
+        return self._slot
+
+    def _single(self) -> int:
+        if len(self._parts) != 1:
+            raise ValueError(f"this slot holds {len(self._parts)} arrays; use .arrays, .tensors or to_many()")
+        return 0
+
+    @staticmethod
+    def _numpy_view(slot: _Slot, part: _Part) -> np.ndarray:
+        dtype = numpy_dtype(part.dtype)
+        if dtype is None:
+            raise ValueError(f"dtype {part.dtype} has no numpy equivalent; write through .tensors instead")
+        return slot.array[part.offset : part.offset + part.nbytes].view(dtype).reshape(part.shape)
