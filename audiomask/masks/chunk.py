@@ -25,6 +25,7 @@ __all__ = ["padding_mask", "subsequent_chunk_mask"]
 # build allocates nothing but its result and the small per-chunk pattern.
 _STEP = np.zeros(0, dtype=np.bool_)
 _STEP_MIN_CAPACITY = 1024  # columns; the first call allocates at least this much
+_SHORT_ROW = 1024  # columns; below this a batched regular band copies its first batch row
 
 
 def _less_than_rows(bounds: np.ndarray, width: int) -> np.ndarray:
@@ -59,34 +60,70 @@ def _chunk_band(
     out: np.ndarray,
     key_lengths: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Write a chunked band mask into ``out`` (``(T, T)`` or ``(B, T, T)``) and return it.
+    """Write a chunked band mask with arbitrary chunk boundaries into ``out`` and return it.
 
     ``bounds`` (int64, ``(n + 1,)``, non-decreasing, ``bounds[0] == 0``,
     ``bounds[-1] == T``) cuts the rows into chunks ``[bounds[k], bounds[k+1])``;
     empty chunks are allowed and count as chunks. Rows of chunk ``k`` see the
-    columns ``[bounds[max(k - left, 0)], bounds[min(k + 1 + right, n)])``;
-    ``left < 0`` means no left limit. With ``key_lengths`` (``(B,)``, each
-    ``<= T``), columns ``j >= key_lengths[b]`` of batch row ``b`` are False too.
-    A 3-D ``out`` without ``key_lengths`` gets the same mask in every batch row.
+    columns ``[bounds[max(k - left, 0)], bounds[min(k + 1 + right, n)])``.
+    ``out`` is ``(T, T)``; or ``(B, T, T)`` with ``key_lengths`` (``(B,)``,
+    each ``<= T``), where columns ``j >= key_lengths[b]`` of batch row ``b``
+    are False too.
     """
     n = bounds.size - 1
     width = out.shape[-1]
+    left, right = min(left, n), min(right, n)  # beyond n chunks they change nothing; keeps int64 safe
     chunk = np.arange(n)
-    if left < 0:
-        left = n  # reaches back to chunk 0 from every chunk
-    lo = bounds[np.maximum(chunk - left, 0)]
-    hi = bounds[np.minimum(chunk + (right + 1), n)]
-    pattern = _band_rows(lo, hi, width)
+    lo_hi = np.concatenate([bounds[np.maximum(chunk - left, 0)], bounds[np.minimum(chunk + (right + 1), n)]])
+    rows = _less_than_rows(lo_hi, width)  # one gather for both edges
+    pattern = np.greater(rows[n:], rows[:n])  # (j < hi) & ~(j < lo)
     if key_lengths is not None:
         pattern = pattern[None, :, :] & _less_than_rows(key_lengths, width)[:, None, :]
     row_chunk = np.repeat(chunk, np.diff(bounds))
-    # mode="clip": the default "raise" buffers `out` and copies it a second time;
-    # row_chunk is in range by construction.
-    if pattern.ndim == out.ndim:
-        np.take(pattern, row_chunk, axis=-2, out=out, mode="clip")
-    elif out.shape[0]:
-        np.take(pattern, row_chunk, axis=0, out=out[0], mode="clip")
+    # mode="clip": the default "raise" buffers `out` and copies it a second
+    # time; row_chunk is in range by construction.
+    return np.take(pattern, row_chunk, axis=-2, out=out, mode="clip")
+
+
+def _regular_band(size: int, chunk_size: int, left: int, out: np.ndarray) -> np.ndarray:
+    """Write the band of equal chunks (WeNet ``subsequent_chunk_mask``) into ``out`` and return it.
+
+    Rows of chunk ``k = i // chunk_size`` see columns
+    ``[max((k - left) * chunk_size, 0), min((k + 1) * chunk_size, size))``;
+    ``left < 0`` means no left limit. ``out`` is ``(size, size)`` or
+    ``(B, size, size)`` (the same mask in every batch row).
+
+    The hot path of streaming: with equal chunks every row is the same
+    window of one small template, shifted by ``chunk_size`` per chunk, so the
+    whole output is one broadcast copy of a strided view (stride ``-chunk_size``
+    over chunks, 0 over the rows of a chunk and over the batch) that stays in
+    L1 cache: no per-chunk pattern, no index array, one write of the output.
+    """
+    if out.size == 0:
+        return out
+    if out.ndim == 3 and out.shape[0] > 1 and size < _SHORT_ROW:
+        # Short rows make the per-row cost of the strided copy dominate: one
+        # batch row, then whole-matrix memcpys, is faster (L=375, B=8: 37 vs 48 us).
+        _regular_band(size, chunk_size, left, out[0])
         out[1:] = out[0]
+        return out
+    chunk_size = min(chunk_size, size)  # a longer chunk is one chunk all the same
+    n_chunks = -(-size // chunk_size)
+    # Ones over the visible span (left chunks + own chunk) of every row; more
+    # left chunks than exist, or left < 0, reach back to column 0 from anywhere.
+    span = (n_chunks if left < 0 else min(left + 1, n_chunks)) * chunk_size
+    lead = n_chunks * chunk_size - span  # keeps the last chunk's window start >= 0
+    template = np.zeros(lead + span - chunk_size + size, np.bool_)
+    template[lead : lead + span] = True
+    # Chunk k reads template[first - k * chunk_size + j]: True for (k+1)c - span <= j < (k+1)c.
+    first = lead + span - chunk_size
+    batched = out.reshape((-1, size, size))
+    n_full = size // chunk_size
+    full = np.ndarray((n_full, chunk_size, size), np.bool_, template, first, (-chunk_size, 0, 1))
+    np.copyto(batched[:, : n_full * chunk_size].reshape((batched.shape[0], n_full, chunk_size, size)), full)
+    if n_full < n_chunks:  # the shorter last chunk
+        start = first - n_full * chunk_size
+        batched[:, n_full * chunk_size :] = template[start : start + size]
     return out
 
 
@@ -138,7 +175,7 @@ def subsequent_chunk_mask(
     chunk_size = check_int("chunk_size", chunk_size, minimum=1)
     num_left_chunks = check_int("num_left_chunks", num_left_chunks)
     out = np.empty((size, size), np.bool_) if out is None else check_out(out, (size, size))
-    return _chunk_band(_regular_bounds(size, chunk_size), num_left_chunks, 0, out)
+    return _regular_band(size, chunk_size, num_left_chunks, out)
 
 
 def padding_mask(

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from audiomask._validate import check_int, check_lengths, check_out
-from audiomask.masks.chunk import _chunk_band, _regular_bounds
+from audiomask.masks.chunk import _chunk_band, _regular_band, _regular_bounds
 
 __all__ = [
     "DEFAULT_CHUNK_SIZE",
@@ -107,9 +107,9 @@ def adaptive_enc_mask(
     return _chunk_band(bounds, left_window, right_window, out)
 
 
-def _streaming_bounds(seq_len: int, chunk_size: int) -> np.ndarray:
-    """Upstream's ``arange(0, seq_len, chunk_size)`` chunks; ``chunk_size <= 0`` = one chunk (full attention)."""
-    return _regular_bounds(seq_len, chunk_size if chunk_size > 0 else max(seq_len, 1))
+def _effective_chunk_size(seq_len: int, chunk_size: int) -> int:
+    """``chunk_size <= 0`` (full attention) is one chunk over the whole sequence."""
+    return chunk_size if chunk_size > 0 else max(seq_len, 1)
 
 
 def streaming_mask(
@@ -153,7 +153,7 @@ def streaming_mask(
     left_chunk = check_int("left_chunk", left_chunk, minimum=0)
     shape = (batch_size, seq_len, seq_len)
     out = np.empty(shape, np.bool_) if out is None else check_out(out, shape)
-    return _chunk_band(_streaming_bounds(seq_len, chunk_size), left_chunk, 0, out)
+    return _regular_band(seq_len, _effective_chunk_size(seq_len, chunk_size), left_chunk, out)
 
 
 def select_chunk_size(
@@ -273,4 +273,5 @@ def hs_mask(
     shape = (lengths.size, seq_len, seq_len)
     out = np.empty(shape, np.bool_) if out is None else check_out(out, shape)
     key_lengths = -(-lengths // time_reduction)
-    return _chunk_band(_streaming_bounds(seq_len, chunk_size), left_chunk, 0, out, key_lengths)
+    bounds = _regular_bounds(seq_len, _effective_chunk_size(seq_len, chunk_size))
+    return _chunk_band(bounds, left_chunk, 0, out, key_lengths)

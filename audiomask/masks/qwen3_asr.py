@@ -165,10 +165,11 @@ def _window_lengths(feature_lens: object, n_window: int, n_window_infer: int) ->
             f"n_window_infer must be a positive multiple of 2 * n_window ({chunk_frames}), got {n_window_infer}"
         )
     window_tokens = _conv_lengths(chunk_frames) * (n_window_infer // chunk_frames)
-    windows = _split(_output_lengths(lengths, chunk_frames), window_tokens)
-    if windows.sum() > np.iinfo(np.int32).max:
-        raise ValueError(f"feature_lens give {windows.sum()} tokens, more than int32 cu_seqlens can hold")
-    return windows
+    tokens = _output_lengths(lengths, chunk_frames)
+    total = int(tokens.sum())
+    if total > np.iinfo(np.int32).max:
+        raise ValueError(f"feature_lens give {total} tokens, more than int32 cu_seqlens can hold")
+    return _split(tokens, window_tokens)
 
 
 def cu_seqlens(
