@@ -1,0 +1,112 @@
+"""Measurement harness shared by the GPU tests and ``scripts/bench_transfer.py``.
+
+It holds the copy strategies that audiomask replaces, kept as baselines and
+negative controls (they live here because only ``audiomask.transfer`` may copy
+host data to a device), a calibrated GPU queue filler (the "busy stream" of
+the measurements), and the in-place mask builder used to fill ring slots.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from audiomask.transfer._resolve import resolve_device
+
+__all__ = ["COPY_METHODS", "QueueFiller", "direct_copy", "mask_builder", "pin_per_copy"]
+
+COPY_METHODS = ("to", "cuda", "copy_")
+_CALIBRATION_CYCLES = 20_000_000  # ~10 ms of torch.cuda._sleep at H200 clocks: long enough to time well
+_CALIBRATION_ROUNDS = 2  # the first round also warms the clocks up; the last one counts
+# Phi-4MM-like in-place mask: 8 feature frames per token, chunks of 16 tokens, 4 chunks of left context.
+_TIME_REDUCTION = 8
+_CHUNK_SIZE = 16
+_LEFT_CHUNK = 4
+
+
+def direct_copy(t: torch.Tensor, device: object, *, method: str = "to", non_blocking: bool = True) -> torch.Tensor:
+    """Copy ``t`` as it is (no staging) to ``device``: the copy that stalls when ``t`` is pageable or not dense.
+
+    ``method`` picks the spelling: ``"to"`` (``t.to(device)``), ``"cuda"``
+    (``t.cuda(device)``) or ``"copy_"`` (``empty(...).copy_(t)``). The device is
+    taken as given (``"meta"`` included), not resolved.
+
+    >>> direct_copy(torch.ones(2), "meta", method="copy_").device
+    device(type='meta')
+    """
+    if method == "to":
+        return t.to(device, non_blocking=non_blocking)
+    if method == "cuda":
+        return t.cuda(device, non_blocking=non_blocking)
+    if method == "copy_":
+        return torch.empty(t.shape, dtype=t.dtype, device=device).copy_(t, non_blocking=non_blocking)
+    raise ValueError(f"method must be one of {COPY_METHODS}, got {method!r}")
+
+
+def pin_per_copy(t: torch.Tensor, device: object) -> torch.Tensor:
+    """Pin a fresh copy of ``t`` and copy it ``non_blocking``: the vLLM approach (host cost 0.1-6 ms)."""
+    return t.pin_memory().to(device, non_blocking=True)
+
+
+class QueueFiller:
+    """Queues a calibrated amount of GPU time (``torch.cuda._sleep``) on a stream.
+
+    ``fill(50)`` leaves ~50 ms of work queued on the stream: the busy stream
+    behind which a stalling copy waits. ``cycles_per_ms`` comes from timing
+    ``_sleep`` with CUDA events at construction.
+    """
+
+    def __init__(self, device: object = "cuda") -> None:
+        self.device = resolve_device(device)
+        if self.device.type != "cuda":
+            raise ValueError(f"QueueFiller needs a CUDA device, got {device!r}")
+        self.cycles_per_ms = 0.0
+        for _ in range(_CALIBRATION_ROUNDS):
+            self.cycles_per_ms = _CALIBRATION_CYCLES / self._time_cycles(_CALIBRATION_CYCLES)
+
+    def fill(self, ms: float, stream: torch.cuda.Stream | None = None) -> None:
+        """Queue ~``ms`` milliseconds of GPU work on ``stream`` (default: the current stream)."""
+        with torch.cuda.stream(stream if stream is not None else torch.cuda.current_stream(self.device)):
+            torch.cuda._sleep(int(ms * self.cycles_per_ms))
+
+    def measure(self, ms: float) -> float:
+        """Milliseconds that ``fill(ms)`` keeps the GPU busy, measured with CUDA events."""
+        return self._time_cycles(int(ms * self.cycles_per_ms))
+
+    def _time_cycles(self, cycles: int) -> float:
+        stream = torch.cuda.current_stream(self.device)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        with torch.cuda.stream(stream):
+            start.record(stream)
+            torch.cuda._sleep(cycles)
+            end.record(stream)
+        end.synchronize()
+        return start.elapsed_time(end)
+
+
+def mask_builder() -> tuple[str, Callable[[np.ndarray, np.random.Generator], None]]:
+    """A builder that writes a ``(B, L, L)`` bool mask in place: ``(name, build(out, rng))``.
+
+    It is Phi-4MM's ``hs_mask`` with random feature lengths, or, where
+    :mod:`audiomask.masks` is missing, a plain fill.
+
+    >>> name, build = mask_builder()
+    >>> out = np.zeros((2, 4, 4), dtype=bool)
+    >>> build(out, np.random.default_rng(0))
+    >>> bool(out[:, :, 0].all())  # every query may attend to the first key
+    True
+    """
+    try:
+        from audiomask.masks.phi4mm import hs_mask
+    except ImportError:
+        return "numpy fill", lambda out, rng: out.fill(True)
+
+    def build(out: np.ndarray, rng: np.random.Generator) -> None:
+        batch, tokens, _ = out.shape
+        max_frames = tokens * _TIME_REDUCTION
+        lengths = rng.integers(1, max_frames + 1, size=batch)
+        hs_mask(lengths, max_frames, _CHUNK_SIZE, _LEFT_CHUNK, _TIME_REDUCTION, out=out)
+
+    return "audiomask.masks.phi4mm.hs_mask", build

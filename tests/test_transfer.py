@@ -1,0 +1,595 @@
+"""audiomask.transfer on the CPU: density, to_device, ring bookkeeping, sync_check.
+
+The CUDA-only parts (events, streams, stalls) are in test_transfer_gpu.py; here
+the ring's event handling runs with stand-in events, and sync_check watches
+copies to the ``meta`` device, which count as host->device.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from audiomask.transfer import (
+    VIEW_ALIGN_BYTES,
+    CopyVerdict,
+    KiB,
+    PinnedRing,
+    UnsafeCopyError,
+    UnsafeCopyWarning,
+    classify_copy,
+    is_dense,
+    sync_check,
+    to_device,
+)
+from audiomask.transfer.harness import direct_copy
+
+# --------------------------------------------------------------------------- is_dense
+
+
+def dense_reference(t: torch.Tensor) -> bool:
+    """Brute force: the storage offsets of all elements are a contiguous range, each hit once."""
+    offsets = np.full((), t.storage_offset(), dtype=np.int64)
+    for size, stride in zip(t.shape, t.stride()):
+        offsets = offsets[..., None] + np.arange(size, dtype=np.int64) * stride
+    offsets = offsets.ravel()
+    if offsets.size == 0:
+        return True
+    return np.unique(offsets).size == offsets.size and int(offsets.max() - offsets.min()) + 1 == offsets.size
+
+
+@st.composite
+def strided_tensors(draw: st.DrawFn) -> torch.Tensor:
+    """Any sizes and (non-negative) strides, through as_strided over a large enough storage."""
+    ndim = draw(st.integers(0, 4))
+    sizes = draw(st.lists(st.integers(0, 4), min_size=ndim, max_size=ndim))
+    strides = draw(st.lists(st.integers(0, 24), min_size=ndim, max_size=ndim))
+    offset = draw(st.integers(0, 3))
+    span = offset + sum((n - 1) * s for n, s in zip(sizes, strides) if n > 0) + 1
+    return torch.zeros(span).as_strided(sizes, strides, offset)
+
+
+@st.composite
+def viewed_tensors(draw: st.DrawFn) -> torch.Tensor:
+    """What real code makes: permutes, strided or plain slices, expands, selects of a contiguous tensor."""
+    shape = draw(st.lists(st.integers(1, 5), min_size=1, max_size=4))
+    t = torch.zeros(shape)
+    for _ in range(draw(st.integers(0, 4))):
+        dim = draw(st.integers(0, t.dim() - 1)) if t.dim() else 0
+        op = draw(st.sampled_from(["permute", "slice", "expand", "select", "unsqueeze"]))
+        if op == "permute" and t.dim():
+            t = t.permute(draw(st.permutations(range(t.dim()))))
+        elif op == "slice" and t.dim() and t.shape[dim]:
+            start = draw(st.integers(0, t.shape[dim] - 1))
+            stop = draw(st.integers(start, t.shape[dim]))
+            t = t.narrow(dim, start, stop - start)[(slice(None),) * dim + (slice(None, None, draw(st.integers(1, 3))),)]
+        elif op == "expand" and t.dim():
+            ones = [i for i, n in enumerate(t.shape) if n == 1]
+            if ones:
+                sizes = list(t.shape)
+                sizes[draw(st.sampled_from(ones))] = draw(st.integers(1, 4))
+                t = t.expand(sizes)
+        elif op == "select" and t.dim() > 1 and t.shape[dim]:
+            t = t.select(dim, draw(st.integers(0, t.shape[dim] - 1)))
+        elif op == "unsqueeze":
+            t = t.unsqueeze(draw(st.integers(0, t.dim())))
+    return t
+
+
+@given(strided_tensors())
+def test_is_dense_matches_brute_force_over_any_strides(t: torch.Tensor) -> None:
+    assert is_dense(t) == dense_reference(t)
+
+
+@given(viewed_tensors())
+def test_is_dense_matches_brute_force_over_views(t: torch.Tensor) -> None:
+    assert is_dense(t) == dense_reference(t)
+
+
+@pytest.mark.parametrize(
+    ("make", "dense"),
+    [
+        (lambda: torch.zeros(3, 4), True),
+        (lambda: torch.zeros(3, 4).t(), True),
+        (lambda: torch.zeros(2, 3, 4).permute(2, 0, 1), True),
+        (lambda: torch.zeros(3, 4)[1:], True),
+        (lambda: torch.zeros(3, 4)[:, 1:], False),
+        (lambda: torch.zeros(3, 4)[::2], False),
+        (lambda: torch.zeros(1, 4).expand(3, 4), False),
+        (lambda: torch.zeros(4)[:1].expand(1), True),
+        (lambda: torch.zeros(3, 1, 4).as_strided((3, 1, 4), (4, 99, 1)), True),
+        (lambda: torch.zeros(0, 5)[:, ::2], True),
+        (lambda: torch.zeros(()), True),
+        (lambda: torch.zeros(5).to_sparse(), False),
+    ],
+)
+def test_is_dense_cases(make, dense: bool) -> None:
+    assert is_dense(make()) is dense
+
+
+def test_is_dense_rejects_non_tensors() -> None:
+    with pytest.raises(ValueError, match="t must be a torch.Tensor, got ndarray"):
+        is_dense(np.zeros(3))
+
+
+# --------------------------------------------------------------------------- to_device
+
+
+@pytest.mark.parametrize(
+    ("np_dtype", "torch_dtype"),
+    [
+        (np.bool_, torch.bool),
+        (np.int64, torch.int64),
+        (np.int32, torch.int32),
+        (np.uint8, torch.uint8),
+        (np.float16, torch.float16),
+        (np.float32, torch.float32),
+        (np.float64, torch.float64),
+        (np.complex64, torch.complex64),
+    ],
+)
+@pytest.mark.parametrize("staged", [False, True])
+def test_to_device_keeps_numpy_dtype_and_values(np_dtype, torch_dtype, staged: bool) -> None:
+    data = (np.arange(12).reshape(3, 4) % 3).astype(np_dtype)
+    result = to_device(data, "cpu", ring=PinnedRing(slot_bytes=KiB, num_slots=1) if staged else None)
+    assert result.dtype == torch_dtype
+    assert result.is_contiguous()
+    np.testing.assert_array_equal(result.numpy(), data)
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        ([[1, 2], [3, 4]], torch.tensor([[1, 2], [3, 4]], dtype=torch.int64)),
+        ((True, False), torch.tensor([True, False])),
+        ([0.5], torch.tensor([0.5], dtype=torch.float64)),
+        (3, torch.tensor(3, dtype=torch.int64)),
+        (np.float32(1.5), torch.tensor(1.5, dtype=torch.float32)),
+        ([], torch.zeros(0, dtype=torch.float64)),
+    ],
+)
+def test_to_device_lists_and_numbers_convert_as_numpy_does(data, expected: torch.Tensor) -> None:
+    result = to_device(data, "cpu")
+    assert result.dtype == expected.dtype
+    assert torch.equal(result, expected)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: np.arange(24.0).reshape(4, 6).T,
+        lambda: np.arange(24.0).reshape(4, 6)[:, ::2],
+        lambda: np.arange(24.0)[::-3],
+        lambda: np.broadcast_to(np.arange(6.0), (4, 6)),
+        lambda: np.arange(24.0).astype(">f8").reshape(4, 6),
+        lambda: np.frombuffer(np.arange(6.0).tobytes(), dtype=np.float64),
+        lambda: torch.arange(24.0).reshape(4, 6).t(),
+        lambda: torch.arange(6.0).expand(4, 6),
+        lambda: torch.arange(24.0).reshape(4, 6)[1:, ::3],
+    ],
+)
+@pytest.mark.parametrize("staged", [False, True])
+def test_to_device_makes_any_layout_dense(make, staged: bool) -> None:
+    data = make()
+    expected = np.array(data.numpy() if isinstance(data, torch.Tensor) else data, dtype=np.float64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # read-only arrays must not warn
+        result = to_device(data, "cpu", ring=PinnedRing(slot_bytes=KiB, num_slots=1) if staged else None)
+    assert result.is_contiguous()
+    np.testing.assert_array_equal(result.numpy(), expected)
+
+
+@pytest.mark.parametrize("staged", [False, True])
+@pytest.mark.parametrize("make", [lambda: np.arange(6), lambda: torch.arange(6)])
+def test_to_device_never_aliases_host_data(make, staged: bool) -> None:
+    data = make()
+    result = to_device(data, "cpu", ring=PinnedRing(slot_bytes=KiB, num_slots=1) if staged else None)
+    data[:] = -1  # the caller reuses its buffer at once
+    assert result.tolist() == [0, 1, 2, 3, 4, 5]
+
+
+def test_to_device_detaches_tensors() -> None:
+    source = torch.ones(3, requires_grad=True)
+    result = to_device(source, "cpu")
+    assert not result.requires_grad
+    assert result.grad_fn is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, np.float16, "float16", np.dtype("float16")])
+def test_to_device_converts_dtype(dtype) -> None:
+    result = to_device(np.array([1.5, 2.5]), "cpu", dtype=dtype)
+    assert result.dtype == torch.float16
+    assert result.tolist() == [1.5, 2.5]
+
+
+def test_to_device_stages_dtypes_numpy_lacks() -> None:
+    ring = PinnedRing(slot_bytes=KiB, num_slots=1)
+    result = to_device(np.array([1.0, 2.0]), "cpu", dtype=torch.bfloat16, ring=ring)
+    assert result.dtype == torch.bfloat16
+    assert result.tolist() == [1.0, 2.0]
+    assert ring.stats().copies == 1
+
+
+@pytest.mark.parametrize("staged", [False, True])
+def test_to_device_copies_into_out(staged: bool) -> None:
+    out = torch.zeros(2, 3, dtype=torch.float32)
+    result = to_device(
+        np.arange(6).reshape(2, 3), "cpu", out=out, ring=PinnedRing(slot_bytes=KiB, num_slots=1) if staged else None
+    )
+    assert result is out
+    assert out.tolist() == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]  # out's dtype wins when dtype is not given
+
+
+def test_to_device_copies_into_a_transposed_out() -> None:
+    out = torch.zeros(3, 2).t()
+    to_device(np.arange(6.0).reshape(2, 3), "cpu", out=out, ring=PinnedRing(slot_bytes=KiB, num_slots=1))
+    assert out.tolist() == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the fallback of machines without CUDA")
+@pytest.mark.parametrize("device", ["cuda", "cuda:3", torch.device("cuda", 1), 0])
+def test_to_device_falls_back_to_cpu_without_cuda(device) -> None:
+    result = to_device(np.arange(3), device)
+    assert result.device.type == "cpu"
+    assert result.tolist() == [0, 1, 2]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"data": [1], "device": "gpu"}, "device must be 'cpu', 'cuda', 'cuda:N' or a CUDA index, got 'gpu'"),
+        ({"data": [1], "device": "meta"}, "device must be a CPU or CUDA device, got 'meta'"),
+        ({"data": [1], "device": True}, "device must be .* got True"),
+        ({"data": np.array([None]), "device": "cpu"}, "data has dtype object, which torch cannot hold"),
+        ({"data": np.array(["a"]), "device": "cpu"}, "data has dtype <U1"),
+        ({"data": [[1, 2], [3]], "device": "cpu"}, "data must be a rectangular nested sequence"),
+        ({"data": {"a": 1}, "device": "cpu"}, "data must be a numpy array, .* got dict"),
+        ({"data": [1], "device": "cpu", "dtype": "bogus"}, "dtype must be a torch.dtype or a numpy dtype"),
+        ({"data": [1], "device": "cpu", "dtype": object}, "dtype must be a torch.dtype or a numpy dtype"),
+        ({"data": [1], "device": "cpu", "out": np.zeros(1)}, "out must be a torch.Tensor, got ndarray"),
+        ({"data": [1, 2], "device": "cpu", "out": torch.zeros(3)}, r"out has shape \(3,\), but the data has shape \(2,\)"),
+        (
+            {"data": [1.0], "device": "cpu", "dtype": torch.float16, "out": torch.zeros(1)},
+            r"dtype \(torch.float16\) does not match out.dtype \(torch.float32\)",
+        ),
+        ({"data": [1, 2], "device": "cpu", "out": torch.zeros(1).expand(2)}, "out must be dense"),
+        ({"data": [1], "device": "cpu", "out": torch.zeros(1, device="meta")}, "out is on meta, but device is cpu"),
+        ({"data": [1], "device": "cpu", "stream": object()}, "stream must be None for device cpu"),
+        ({"data": [1], "device": "cpu", "ring": object()}, "ring must be a PinnedRing or None, got object"),
+    ],
+)
+def test_to_device_rejects_bad_arguments(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        to_device(**kwargs)
+
+
+@given(
+    shape=st.lists(st.integers(0, 5), min_size=0, max_size=3),
+    dtype=st.sampled_from([np.bool_, np.int64, np.float32, np.uint8, np.float16]),
+    transpose=st.booleans(),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_to_device_staged_equals_direct(shape: list[int], dtype, transpose: bool, seed: int) -> None:
+    data = np.random.default_rng(seed).integers(0, 3, size=shape).astype(dtype)
+    if transpose:
+        data = data.T
+    staged = to_device(data, "cpu", ring=_SHARED_RING)
+    assert staged.dtype == to_device(data, "cpu").dtype
+    np.testing.assert_array_equal(staged.numpy(), data)
+
+
+_SHARED_RING = PinnedRing(slot_bytes=KiB, num_slots=2)
+
+# --------------------------------------------------------------------------- PinnedRing
+
+
+class FakeEvent:
+    """Stands in for torch.cuda.Event: pending until completed by the test or by synchronize()."""
+
+    def __init__(self) -> None:
+        self.done = False
+        self.waited = 0
+
+    def query(self) -> bool:
+        return self.done
+
+    def synchronize(self) -> None:
+        self.waited += 1
+        self.done = True
+
+
+def small_ring(num_slots: int = 2, slot_bytes: int = KiB, max_slots: int | None = None) -> PinnedRing:
+    return PinnedRing(slot_bytes=slot_bytes, num_slots=num_slots, max_pinned_bytes=slot_bytes * (max_slots or num_slots))
+
+
+def stage_pointer(ring: PinnedRing, event: FakeEvent | None = None, nbytes: int = 16) -> int:
+    """Stage nbytes, note the slot's address, release the slot guarded by event."""
+    staged = ring.stage(nbytes, np.uint8)
+    pointer = staged.array.ctypes.data
+    staged.release(event)
+    return pointer
+
+
+def test_ring_starts_with_its_slots() -> None:
+    stats = PinnedRing(slot_bytes=2 * KiB, num_slots=3, max_pinned_bytes=64 * KiB).stats()
+    assert (stats.slots, stats.pinned_bytes, stats.leased, stats.copies, stats.grows) == (3, 6 * KiB, 0, 0, 0)
+    assert stats.pinned == torch.cuda.is_available()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"slot_bytes": 0}, "slot_bytes must be >= 1, got 0"),
+        ({"slot_bytes": 1.5}, "slot_bytes must be an integer, got 1.5"),
+        ({"num_slots": 0}, "num_slots must be >= 1, got 0"),
+        ({"num_slots": True}, "num_slots must be an integer, got True"),
+        ({"slot_bytes": KiB, "num_slots": 4, "max_pinned_bytes": 3 * KiB}, "max_pinned_bytes must be >= .* = 4096, got 3072"),
+    ],
+)
+def test_ring_rejects_bad_arguments(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        PinnedRing(**kwargs)
+
+
+def test_ring_views_alias_the_slot_and_copies_do_not() -> None:
+    ring = small_ring()
+    with ring.stage((2, 3), np.int32) as staged:
+        staged.array[:] = np.arange(6).reshape(2, 3)
+        assert staged.array.flags.c_contiguous and staged.array.flags.writeable
+        assert staged.array.ctypes.data == staged.tensor.data_ptr()
+        assert staged.tensor.tolist() == [[0, 1, 2], [3, 4, 5]]  # written through numpy, seen by torch
+        result = staged.to("cpu")
+    assert result.data_ptr() != staged_pointer_of(ring)
+    assert result.dtype == torch.int32 and result.tolist() == [[0, 1, 2], [3, 4, 5]]
+
+
+def staged_pointer_of(ring: PinnedRing) -> int:
+    with ring.stage(1, np.uint8) as staged:
+        return staged.tensor.data_ptr()
+
+
+def test_ring_reuses_a_released_slot_and_never_hands_out_a_leased_one() -> None:
+    ring = small_ring(num_slots=2)
+    first = ring.stage(8, np.uint8)
+    second = ring.stage(8, np.uint8)
+    assert first.array.ctypes.data != second.array.ctypes.data
+    pointer = first.array.ctypes.data
+    first.release()
+    with ring.stage(8, np.uint8) as third:
+        assert third.array.ctypes.data == pointer
+    second.release()
+    assert ring.stats().leased == 0
+
+
+def test_ring_waits_for_the_oldest_copy_only_at_the_bound() -> None:
+    ring = small_ring(num_slots=2)
+    events = [FakeEvent(), FakeEvent()]
+    pointers = [stage_pointer(ring, event) for event in events]
+    assert stage_pointer(ring) == pointers[0]  # both in flight, no room to grow: wait for the older one
+    assert events[0].waited == 1 and events[1].waited == 0
+    stats = ring.stats()
+    assert (stats.slot_waits, stats.grows, stats.slots) == (1, 0, 2)
+
+
+def test_ring_reuses_a_slot_without_waiting_once_its_copy_completed() -> None:
+    ring = small_ring(num_slots=1)
+    event = FakeEvent()
+    pointer = stage_pointer(ring, event)
+    event.done = True
+    assert stage_pointer(ring) == pointer
+    assert event.waited == 0 and ring.stats().slot_waits == 0
+
+
+def test_ring_grows_rather_than_waits_below_the_bound() -> None:
+    ring = small_ring(num_slots=2, max_slots=3)
+    events = [FakeEvent(), FakeEvent()]
+    pointers = [stage_pointer(ring, event) for event in events]
+    grown = stage_pointer(ring, FakeEvent())
+    assert grown not in pointers
+    stats = ring.stats()
+    assert (stats.grows, stats.slots, stats.slot_waits, stats.pinned_bytes) == (1, 3, 0, 3 * KiB)
+    stage_pointer(ring)  # now at the bound: waits
+    assert ring.stats().slot_waits == 1
+
+
+def test_ring_grows_a_larger_slot_once_and_keeps_it() -> None:
+    ring = PinnedRing(slot_bytes=KiB, num_slots=2, max_pinned_bytes=16 * KiB)
+    with ring.stage(3 * KiB, np.uint8) as staged:  # rounds up to a 4 KiB slot
+        big = staged.array.ctypes.data
+    with ring.stage(3 * KiB + 1, np.uint8) as staged:
+        assert staged.array.ctypes.data == big
+    with ring.stage(10, np.uint8) as staged:  # small requests keep to small slots
+        assert staged.array.ctypes.data != big
+    stats = ring.stats()
+    assert (stats.grows, stats.slots, stats.pinned_bytes, stats.evictions) == (1, 3, 6 * KiB, 0)
+
+
+def test_ring_drops_idle_small_slots_to_make_room() -> None:
+    ring = PinnedRing(slot_bytes=KiB, num_slots=4, max_pinned_bytes=4 * KiB)
+    with ring.stage(4 * KiB, np.uint8) as staged:
+        staged.array[:] = 7
+        assert staged.to("cpu").sum().item() == 7 * 4 * KiB
+    stats = ring.stats()
+    assert (stats.slots, stats.pinned_bytes, stats.evictions, stats.grows) == (1, 4 * KiB, 4, 1)
+
+
+def test_ring_waits_for_an_in_flight_small_slot_to_make_room() -> None:
+    ring = PinnedRing(slot_bytes=KiB, num_slots=2, max_pinned_bytes=2 * KiB)
+    events = [FakeEvent(), FakeEvent()]
+    for event in events:
+        stage_pointer(ring, event)
+    with ring.stage(2 * KiB, np.uint8):
+        pass
+    assert [event.waited for event in events] == [1, 1]
+    stats = ring.stats()
+    assert (stats.slots, stats.slot_waits, stats.evictions) == (1, 2, 2)
+
+
+def test_ring_refuses_a_request_over_the_bound() -> None:
+    ring = small_ring(num_slots=2)
+    with pytest.raises(ValueError, match=r"a request of 2049 bytes exceeds max_pinned_bytes=2048"):
+        ring.stage(2 * KiB + 1, np.uint8)
+    assert ring.stats().leased == 0
+
+
+def test_ring_says_so_when_every_slot_is_staged() -> None:
+    ring = small_ring(num_slots=1)
+    with ring.stage(8, np.uint8):
+        with pytest.raises(RuntimeError, match="all 1 slots .* are staged and not yet submitted"):
+            ring.stage(8, np.uint8)
+
+
+def test_ring_counts_copies_and_bytes() -> None:
+    ring = small_ring()
+    for n in (10, 20, 30):
+        with ring.stage(n, np.uint8) as staged:
+            staged.to("cpu")
+    with ring.stage(5, np.uint8):  # released unused: not a copy
+        pass
+    stats = ring.stats()
+    assert (stats.copies, stats.bytes_copied, stats.leased) == (3, 60, 0)
+
+
+def test_ring_packs_arrays_at_aligned_offsets() -> None:
+    ring = PinnedRing(slot_bytes=4 * KiB, num_slots=1, max_pinned_bytes=4 * KiB)
+    specs = [((3,), np.bool_), ((2, 5), np.float32), ((), np.int64), ((0, 4), np.float16), ((7,), np.uint8)]
+    with ring.stage_many(specs) as staged:
+        base = staged.tensors[0].data_ptr()
+        assert base % 64 == 0  # CPU allocations are 64-byte aligned, pinned ones page aligned
+        for array, tensor, (shape, dtype) in zip(staged.arrays, staged.tensors, specs):
+            assert array.shape == shape and array.dtype == dtype
+            assert (array.ctypes.data - base) % VIEW_ALIGN_BYTES == 0
+            if array.size:  # torch reports address 0 for empty tensors
+                assert tensor.data_ptr() == array.ctypes.data
+        for i, array in enumerate(staged.arrays):
+            array[...] = i + 1
+        results = staged.to_many("cpu")
+    assert [tuple(r.shape) for r in results] == [shape for shape, _ in specs]
+    assert [r.dtype for r in results] == [torch.bool, torch.float32, torch.int64, torch.float16, torch.uint8]
+    assert [r.float().mean().item() for r in results if r.numel()] == [1.0, 2.0, 3.0, 5.0]
+    assert ring.stats().bytes_copied == 3 * VIEW_ALIGN_BYTES + 7  # the empty array takes no room
+
+
+def test_staged_guards_its_life_cycle() -> None:
+    ring = small_ring()
+    staged = ring.stage_many([(2, np.uint8), (2, np.uint8)])
+    with pytest.raises(ValueError, match="this slot holds 2 arrays; use .arrays"):
+        staged.to("cpu")
+    staged.to_many("cpu")
+    for use in (lambda: staged.arrays, lambda: staged.to_many("cpu"), staged.release):
+        with pytest.raises(RuntimeError, match="already submitted or released"):
+            use()
+    with pytest.raises(ValueError, match="dtype torch.bfloat16 has no numpy equivalent"):
+        with ring.stage(2, torch.bfloat16) as bf16:
+            bf16.array  # noqa: B018
+    with pytest.raises(ValueError, match=r"shape of array 0\[1\] must be >= 0, got -1"):
+        ring.stage((2, -1), np.uint8)
+    with pytest.raises(ValueError, match="specs must name at least one"):
+        ring.stage_many([])
+    assert ring.stats().leased == 0
+
+
+def test_staged_copies_into_out_and_checks_it() -> None:
+    ring = small_ring()
+    with ring.stage(3, np.int64) as staged:
+        staged.array[:] = [4, 5, 6]
+        with pytest.raises(ValueError, match="out has dtype torch.int32, expected torch.int64"):
+            staged.to("cpu", out=torch.zeros(3, dtype=torch.int32))
+        out = torch.zeros(3, dtype=torch.int64)
+        assert staged.to("cpu", out=out) is out
+    assert out.tolist() == [4, 5, 6]
+
+
+def test_ring_is_safe_for_several_producer_threads() -> None:
+    ring = PinnedRing(slot_bytes=KiB, num_slots=2, max_pinned_bytes=8 * KiB)
+    errors: list[str] = []
+    rounds = 200
+
+    def produce(tag: int) -> None:
+        for i in range(rounds):
+            with ring.stage(64, np.uint8) as staged:
+                staged.array[:] = tag
+                threading.Event().wait(0.0001 * (i % 3))  # let the other threads interleave
+                if not (staged.array == tag).all():
+                    errors.append(f"thread {tag} saw its slot overwritten")
+                if not (staged.to("cpu") == tag).all():
+                    errors.append(f"thread {tag} copied another thread's data")
+
+    threads = [threading.Thread(target=produce, args=(tag,)) for tag in range(1, 5)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    stats = ring.stats()
+    assert stats.copies == 4 * rounds and stats.leased == 0 and stats.pinned_bytes <= 8 * KiB
+
+
+# --------------------------------------------------------------------------- sync_check
+
+
+@pytest.mark.parametrize(
+    ("source", "target", "non_blocking", "pinned", "dense", "verdict"),
+    [
+        ("cpu", "cuda", True, False, True, CopyVerdict.PAGEABLE),
+        ("cpu", "cuda:1", True, False, False, CopyVerdict.PAGEABLE),
+        ("cpu", "cuda", True, True, False, CopyVerdict.NOT_DENSE),
+        ("cpu", "cuda", True, True, True, CopyVerdict.OK),
+        ("cpu", "cuda", False, False, False, CopyVerdict.OK),
+        ("cpu", "cpu", True, False, False, CopyVerdict.OK),
+        ("cuda", "cpu", True, False, False, CopyVerdict.OK),
+        ("cuda:0", "cuda:1", True, False, False, CopyVerdict.OK),
+        ("cpu", "meta", True, False, True, CopyVerdict.PAGEABLE),
+        (torch.device("cpu"), torch.device("cuda", 0), True, True, True, CopyVerdict.OK),
+    ],
+)
+def test_classify_copy(source, target, non_blocking: bool, pinned: bool, dense: bool, verdict: CopyVerdict) -> None:
+    assert classify_copy(source_device=source, target_device=target, non_blocking=non_blocking, pinned=pinned, dense=dense) is verdict
+
+
+@pytest.mark.parametrize("method", ["to", "copy_"])
+def test_sync_check_raises_on_a_pageable_non_blocking_copy(method: str) -> None:
+    source = torch.ones(4, 4)
+    with sync_check() as check:
+        with pytest.raises(UnsafeCopyError, match="reads pageable memory"):
+            direct_copy(source, "meta", method=method)
+    assert [flag.verdict for flag in check.flagged] == [CopyVerdict.PAGEABLE]
+    assert check.flagged[0].nbytes == 64 and check.flagged[0].shape == (4, 4)
+
+
+def test_sync_check_warns_and_lets_the_copy_run() -> None:
+    with sync_check("warn") as check:
+        with pytest.warns(UnsafeCopyWarning, match="non_blocking host->device copy"):
+            result = direct_copy(torch.ones(3), "meta")
+    assert result.device.type == "meta"
+    assert len(check.flagged) == 1
+
+
+def test_sync_check_flags_a_strided_pinned_source(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.Tensor, "is_pinned", lambda self: True)  # no pinned memory without CUDA
+    with sync_check() as check:
+        direct_copy(torch.ones(4, 4), "meta")  # pinned and dense: fine
+        with pytest.raises(UnsafeCopyError, match="non-dense tensor"):
+            direct_copy(torch.ones(4, 4)[:, ::2], "meta")
+    assert [flag.verdict for flag in check.flagged] == [CopyVerdict.NOT_DENSE]
+
+
+def test_sync_check_ignores_blocking_and_host_copies_and_to_device() -> None:
+    with sync_check() as check:
+        direct_copy(torch.ones(3), "meta", non_blocking=False)
+        direct_copy(torch.ones(3), "cpu")
+        torch.ones(3).to(torch.float16)
+        to_device(np.ones((2, 2)), "cpu")
+        to_device(np.ones((2, 2)), "cpu", ring=PinnedRing(slot_bytes=KiB, num_slots=1))
+    assert check.flagged == []
+
+
+def test_sync_check_rejects_an_unknown_mode() -> None:
+    with pytest.raises(ValueError, match=r"mode must be one of \('error', 'warn'\), got 'raise'"):
+        sync_check("raise")
