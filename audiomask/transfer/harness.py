@@ -39,7 +39,7 @@ def direct_copy(t: torch.Tensor, device: object, *, method: str = "to", non_bloc
     if method == "to":
         return t.to(device, non_blocking=non_blocking)
     if method == "cuda":
-        return t.cuda(device, non_blocking=non_blocking)
+        return t.cuda(torch.device(device), non_blocking=non_blocking)
     if method == "copy_":
         return torch.empty(t.shape, dtype=t.dtype, device=device).copy_(t, non_blocking=non_blocking)
     raise ValueError(f"method must be one of {COPY_METHODS}, got {method!r}")

@@ -97,10 +97,10 @@ def to_device(
 
     The result never shares memory with host ``data``, on any device: for
     ``device="cpu"`` it is a fresh dense copy too, so code that refills a
-    buffer after the call behaves the same with and without a GPU. A tensor
-    already on a non-CPU device is returned as it is when it is on ``device``
-    with the requested dtype, else converted with ``Tensor.to`` (or copied
-    into ``out``).
+    buffer after the call behaves the same with and without a GPU. Host
+    tensors are detached. A tensor already on a non-CPU device is not staged:
+    it is returned as it is when it is on ``device`` with the requested dtype,
+    else converted with ``Tensor.to`` (or copied into ``out``).
 
     Raises ``ValueError`` naming the argument for an unknown device, an
     unsupported data type or dtype (object arrays, strings, ragged lists), or
@@ -130,7 +130,7 @@ def to_device(
         raise ValueError(f"ring must be a PinnedRing or None, got {type(ring).__name__}")
 
     if source.device.type != "cpu":
-        return source.to(target, dtype=dtype) if out is None else out.copy_(source)
+        return data.to(target, dtype=dtype) if out is None else out.copy_(source)  # type: ignore[union-attr]
     if target.type == "cpu" and ring is None:
         result = torch.empty(source.shape, dtype=dtype) if out is None else out
         return result.copy_(source)
