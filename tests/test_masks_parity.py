@@ -51,7 +51,9 @@ EVAL = SimpleNamespace(training=False)  # `_streaming_mask` reads only `self.tra
 upstream_chunk_sizes = st.just(-1) | st.integers(1, 70)  # upstream's arange fails on chunk_size 0
 
 
-@given(seq_len=st.integers(1, 80), batch_size=st.integers(1, 3), chunk_size=upstream_chunk_sizes, left=st.integers(0, 20))
+@given(
+    seq_len=st.integers(1, 80), batch_size=st.integers(1, 3), chunk_size=upstream_chunk_sizes, left=st.integers(0, 20)
+)
 def test_streaming_mask_equals_upstream_eval_mode(seq_len, batch_size, chunk_size, left):
     upstream = phi4_modeling.Phi4MultimodalAudioModel._streaming_mask(EVAL, seq_len, batch_size, chunk_size, left)
     np.testing.assert_array_equal(phi4mm.streaming_mask(seq_len, batch_size, chunk_size, left), as_numpy(upstream))

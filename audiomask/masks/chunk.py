@@ -6,10 +6,14 @@ MAY attend to the key column. numpy only.
 
 Every chunk mask in this package is a *block band*: the rows (queries) are cut
 into consecutive chunks, and all rows of chunk ``k`` see the same half-open
-column range ``[lo[k], hi[k])``. So a mask is built as one row pattern per
-chunk (``n_chunks x T_k``, small) gathered into the output with one
-``np.take`` (a row copy, at memory-fill speed), never as an elementwise
-comparison over all ``T_q x T_k`` cells.
+column range ``[lo[k], hi[k])``. Two builders exploit that, never comparing
+all ``T_q x T_k`` cells:
+
+- ``_chunk_band`` (any chunk boundaries, optional key padding): one row
+  pattern per chunk (``n_chunks x T_k``, itself gathered from a step template),
+  then one ``np.take`` of rows into the output.
+- ``_regular_band`` (equal chunks, the streaming hot path): the whole output
+  is one broadcast copy of a strided view of a tiny template.
 """
 
 from __future__ import annotations
@@ -25,7 +29,11 @@ __all__ = ["padding_mask", "subsequent_chunk_mask"]
 # build allocates nothing but its result and the small per-chunk pattern.
 _STEP = np.zeros(0, dtype=np.bool_)
 _STEP_MIN_CAPACITY = 1024  # columns; the first call allocates at least this much
-_SHORT_ROW = 1024  # columns; below this a batched regular band copies its first batch row
+
+
+def _output(out: np.ndarray | None, shape: tuple[int, ...], dtype: type = np.bool_) -> np.ndarray:
+    """A fresh array when ``out`` is None, else ``out`` once checked to take the result in place."""
+    return np.empty(shape, dtype) if out is None else check_out(out, shape, dtype)
 
 
 def _less_than_rows(bounds: np.ndarray, width: int) -> np.ndarray:
@@ -45,12 +53,6 @@ def _less_than_rows(bounds: np.ndarray, width: int) -> np.ndarray:
     # Row r is step[r:r + width]: True where r + j < capacity, i.e. j < capacity - r.
     windows = np.ndarray((capacity + 1, width), np.bool_, step, 0, (1, 1))
     return windows[capacity - bounds]
-
-
-def _band_rows(lo: np.ndarray, hi: np.ndarray, width: int) -> np.ndarray:
-    """``(n, width)`` bool, row ``k`` True on columns ``lo[k] <= j < hi[k]``."""
-    # (j < hi) and not (j < lo); `greater` on bools is `a & ~b` in one pass.
-    return np.greater(_less_than_rows(hi, width), _less_than_rows(lo, width))
 
 
 def _chunk_band(
@@ -100,12 +102,6 @@ def _regular_band(size: int, chunk_size: int, left: int, out: np.ndarray) -> np.
     L1 cache: no per-chunk pattern, no index array, one write of the output.
     """
     if out.size == 0:
-        return out
-    if out.ndim == 3 and out.shape[0] > 1 and size < _SHORT_ROW:
-        # Short rows make the per-row cost of the strided copy dominate: one
-        # batch row, then whole-matrix memcpys, is faster (L=375, B=8: 37 vs 48 us).
-        _regular_band(size, chunk_size, left, out[0])
-        out[1:] = out[0]
         return out
     chunk_size = min(chunk_size, size)  # a longer chunk is one chunk all the same
     n_chunks = -(-size // chunk_size)
@@ -174,8 +170,7 @@ def subsequent_chunk_mask(
     size = check_int("size", size, minimum=0)
     chunk_size = check_int("chunk_size", chunk_size, minimum=1)
     num_left_chunks = check_int("num_left_chunks", num_left_chunks)
-    out = np.empty((size, size), np.bool_) if out is None else check_out(out, (size, size))
-    return _regular_band(size, chunk_size, num_left_chunks, out)
+    return _regular_band(size, chunk_size, num_left_chunks, _output(out, (size, size)))
 
 
 def padding_mask(
@@ -209,9 +204,6 @@ def padding_mask(
     else:
         max_len = check_int("max_len", max_len, minimum=0)
         lengths = check_lengths("lengths", lengths, maximum=max_len, maximum_name="max_len")
-    shape = (lengths.size, max_len)
-    if out is None:
-        return _less_than_rows(lengths, max_len)
-    check_out(out, shape)
+    out = _output(out, (lengths.size, max_len))
     out[...] = _less_than_rows(lengths, max_len)
     return out

@@ -19,8 +19,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from audiomask._validate import check_int, check_lengths, check_out
-from audiomask.masks.chunk import _chunk_band, _regular_band, _regular_bounds
+from audiomask._validate import check_int, check_lengths
+from audiomask.masks.chunk import _chunk_band, _output, _regular_band, _regular_bounds
 
 __all__ = [
     "DEFAULT_CHUNK_SIZE",
@@ -102,9 +102,8 @@ def adaptive_enc_mask(
             )
     left_window = check_int("left_window", left_window, minimum=0)
     right_window = check_int("right_window", right_window, minimum=0)
-    out = np.empty((x_len, x_len), np.bool_) if out is None else check_out(out, (x_len, x_len))
     bounds = np.concatenate([[0], starts, [x_len]])
-    return _chunk_band(bounds, left_window, right_window, out)
+    return _chunk_band(bounds, left_window, right_window, _output(out, (x_len, x_len)))
 
 
 def _effective_chunk_size(seq_len: int, chunk_size: int) -> int:
@@ -151,8 +150,7 @@ def streaming_mask(
     batch_size = check_int("batch_size", batch_size, minimum=0)
     chunk_size = check_int("chunk_size", chunk_size)
     left_chunk = check_int("left_chunk", left_chunk, minimum=0)
-    shape = (batch_size, seq_len, seq_len)
-    out = np.empty(shape, np.bool_) if out is None else check_out(out, shape)
+    out = _output(out, (batch_size, seq_len, seq_len))
     return _regular_band(seq_len, _effective_chunk_size(seq_len, chunk_size), left_chunk, out)
 
 
@@ -270,8 +268,7 @@ def hs_mask(
     left_chunk = check_int("left_chunk", left_chunk, minimum=0)
     time_reduction = check_int("time_reduction", time_reduction, minimum=1)
     seq_len = -(-max_frames // time_reduction)
-    shape = (lengths.size, seq_len, seq_len)
-    out = np.empty(shape, np.bool_) if out is None else check_out(out, shape)
+    out = _output(out, (lengths.size, seq_len, seq_len))
     key_lengths = -(-lengths // time_reduction)
     bounds = _regular_bounds(seq_len, _effective_chunk_size(seq_len, chunk_size))
     return _chunk_band(bounds, left_chunk, 0, out, key_lengths)

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from audiomask._validate import check_int, check_lengths, check_out
-from audiomask.masks.chunk import _chunk_band, padding_mask
+from audiomask._validate import check_int, check_lengths
+from audiomask.masks.chunk import _chunk_band, _output, padding_mask
 
 __all__ = [
     "CHUNK_FRAMES",
@@ -202,8 +202,7 @@ def cu_seqlens(
     array([  0, 104, 208, 312, 390], dtype=int32)
     """
     windows = _window_lengths(feature_lens, n_window, n_window_infer)
-    shape = (windows.size + 1,)
-    out = np.empty(shape, np.int32) if out is None else check_out(out, shape, np.int32)
+    out = _output(out, (windows.size + 1,), np.int32)
     out[0] = 0
     np.cumsum(windows, out=out[1:])
     return out
@@ -245,7 +244,7 @@ def window_mask(
     """
     windows = _window_lengths(feature_lens, n_window, n_window_infer)
     total = int(windows.sum())
-    out = np.empty((total, total), np.bool_) if out is None else check_out(out, (total, total))
+    out = _output(out, (total, total))
     bounds = np.zeros(windows.size + 1, np.int64)
     np.cumsum(windows, out=bounds[1:])
     return _chunk_band(bounds, 0, 0, out)
