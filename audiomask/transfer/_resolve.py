@@ -18,6 +18,11 @@ from audiomask.transfer.dense import is_dense
 __all__ = ["as_torch_dtype", "check_out_tensor", "check_shape", "check_stream", "numpy_dtype", "resolve_device"]
 
 
+@functools.lru_cache(maxsize=64, typed=True)  # parsing a device string costs microseconds on every copy
+def _parse_device(device: object) -> torch.device:
+    return torch.device(device)  # type: ignore[arg-type]
+
+
 def resolve_device(device: object) -> torch.device:
     """Return ``device`` as ``cpu`` or ``cuda:N``; any CUDA device is ``cpu`` where CUDA is unavailable.
 
@@ -35,7 +40,7 @@ def resolve_device(device: object) -> torch.device:
     if isinstance(device, (bool, np.bool_)):
         raise ValueError(f"device must be 'cpu', 'cuda', 'cuda:N' or a CUDA index, got {device!r}")
     try:
-        parsed = torch.device(device)  # type: ignore[arg-type]
+        parsed = _parse_device(device)
     except (RuntimeError, TypeError):
         raise ValueError(f"device must be 'cpu', 'cuda', 'cuda:N' or a CUDA index, got {device!r}") from None
     if parsed.type == "cpu":

@@ -19,6 +19,7 @@ with the same bookkeeping, so everything but the events runs anywhere.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -97,13 +98,10 @@ class RingStats:
 class _Slot:
     buffer: torch.Tensor  # (capacity,) uint8
     array: np.ndarray  # the numpy view of buffer
+    capacity: int  # bytes
     leased: bool = False
     pending: Completion | None = None  # the last copy from this slot, until it has completed
     released: int = 0  # release sequence number: lower = released earlier
-
-    @property
-    def capacity(self) -> int:
-        return self.buffer.numel()
 
 
 @dataclass(frozen=True)
@@ -130,7 +128,7 @@ def _layout(specs: Iterable[tuple[object, object]]) -> tuple[list[_Part], int]:
         shape = check_shape(f"shape of array {i}", shape)
         dtype = as_torch_dtype(f"dtype of array {i}", dtype)
         offset = _round_up(end, VIEW_ALIGN_BYTES)
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        nbytes = math.prod(shape) * dtype.itemsize
         parts.append(_Part(offset, shape, dtype, nbytes))
         end = offset + nbytes
     if not parts:
@@ -217,6 +215,11 @@ class PinnedRing:
         parts, nbytes = _layout(specs)
         return Staged(self, self._acquire(nbytes), parts, nbytes)
 
+    def _stage_checked(self, shape: tuple[int, ...], dtype: torch.dtype) -> Staged:
+        """:meth:`stage` for a shape and dtype already checked (a tensor's): no per-call validation."""
+        nbytes = math.prod(shape) * dtype.itemsize
+        return Staged(self, self._acquire(nbytes), [_Part(0, shape, dtype, nbytes)], nbytes)
+
     def stats(self) -> RingStats:
         """A snapshot of the counters."""
         with self._lock:
@@ -240,7 +243,7 @@ class PinnedRing:
 
     def _new_slot(self, nbytes: int) -> _Slot:
         buffer = torch.empty(nbytes, dtype=torch.uint8, pin_memory=self.pinned)
-        return _Slot(buffer, buffer.numpy())
+        return _Slot(buffer, buffer.numpy(), nbytes)
 
     def _held_bytes(self) -> int:
         return sum(slot.capacity for slot in self._slots)
@@ -381,11 +384,12 @@ class Staged:
         current stream (which may still read ``out``), so the slot stays busy
         until that work is done.
         """
-        index = self._single()
+        target = resolve_device(device)
+        check_stream(stream, target)
         if out is not None:
-            part = self._parts[index]
-            check_out_tensor(out, part.shape, part.dtype, resolve_device(device))
-        return self._submit(device, out, stream)[index]
+            part = self._parts[self._single()]
+            check_out_tensor(out, part.shape, part.dtype, target)
+        return self._to(target, out, stream)
 
     def to_many(self, device: object, *, stream: torch.cuda.Stream | None = None) -> tuple[torch.Tensor, ...]:
         """Copy all staged arrays to ``device`` in one copy; return a view per array.
@@ -401,7 +405,9 @@ class Staged:
         Without CUDA (or for ``device="cpu"``) the results are CPU copies. The
         host time of a submit does not depend on the GPU queue.
         """
-        return self._submit(device, None, stream)
+        target = resolve_device(device)
+        check_stream(stream, target)
+        return self._submit(target, None, stream)
 
     def release(self, event: Completion | None = None) -> None:
         """Hand the slot back without copying it through :meth:`to`.
@@ -412,12 +418,15 @@ class Staged:
         self._ring._release(self._live(), event, None)
         self._slot = None
 
+    def _to(self, target: torch.device, out: torch.Tensor | None, stream: torch.cuda.Stream | None) -> torch.Tensor:
+        """:meth:`to` with ``target``, ``out`` and ``stream`` already checked."""
+        index = self._single()
+        return self._submit(target, out, stream)[index]
+
     def _submit(
-        self, device: object, out: torch.Tensor | None, stream: torch.cuda.Stream | None
+        self, target: torch.device, out: torch.Tensor | None, stream: torch.cuda.Stream | None
     ) -> tuple[torch.Tensor, ...]:
         slot = self._live()
-        target = resolve_device(device)
-        check_stream(stream, target)
         if target.type == "cpu":
             results, _ = self._copy(slot, target, out, non_blocking=False)
             self._ring._release(slot, None, self.nbytes)
@@ -445,9 +454,11 @@ class Staged:
     def _copy(
         self, slot: _Slot, target: torch.device, out: torch.Tensor | None, *, non_blocking: bool
     ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor | None]:
-        if out is not None:
-            out.copy_(self.tensor, non_blocking=non_blocking)
-            return (out,), None
+        if len(self._parts) == 1:  # straight into a tensor of the right type: no byte views
+            part = self._parts[0]
+            result = torch.empty(part.shape, dtype=part.dtype, device=target) if out is None else out
+            result.copy_(self.tensor, non_blocking=non_blocking)
+            return (result,), (result if out is None else None)
         allocation = torch.empty(self.nbytes, dtype=torch.uint8, device=target)
         allocation.copy_(slot.buffer[: self.nbytes], non_blocking=non_blocking)
         views = tuple(allocation[p.offset : p.offset + p.nbytes].view(p.dtype).view(p.shape) for p in self._parts)

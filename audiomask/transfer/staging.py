@@ -134,6 +134,6 @@ def to_device(
     if target.type == "cpu" and ring is None:
         result = torch.empty(source.shape, dtype=dtype) if out is None else out
         return result.copy_(source)
-    with (ring or default_ring(target)).stage(source.shape, dtype) as staged:
+    with (ring or default_ring(target))._stage_checked(tuple(source.shape), dtype) as staged:
         staged.tensor.copy_(source)
-        return staged.to(target, out=out, stream=stream)
+        return staged._to(target, out, stream)
