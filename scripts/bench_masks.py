@@ -121,7 +121,8 @@ def run_case(
         "batch_size": batch_size,
         **meta,
         "timings": timings,
-        "speedup_vs_upstream": {name: up / timings[name]["median_us"] for name in ("ours", "ours_out")},
+        # "fill" is the ceiling: no builder writing this array can beat upstream by more.
+        "speedup_vs_upstream": {name: up / timings[name]["median_us"] for name in ("ours", "ours_out", "fill")},
         "ours_out_over_fill": timings["ours_out"]["median_us"] / timings["fill"]["median_us"],
     }
 
@@ -203,7 +204,7 @@ def main() -> None:
 
     header = f"{'mask':<15}{'L':>6}{'B':>4}" + "".join(
         f"{name + ' med/p99':>22}" for name in ("ours", "ours_out", "upstream", "naive", "fill")
-    ) + f"{'x up (out)':>12}{'out/fill':>10}"
+    ) + f"{'x up (out)':>12}{'x up (fill)':>12}{'out/fill':>10}"
     print(header)
     for case in results:
         t = case["timings"]
@@ -213,9 +214,13 @@ def main() -> None:
         )
         print(
             f"{case['mask']:<15}{case['seq_len']:>6}{case['batch_size']:>4}{cells}"
-            f"{case['speedup_vs_upstream']['ours_out']:>11.1f}x{case['ours_out_over_fill']:>10.2f}"
+            f"{case['speedup_vs_upstream']['ours_out']:>11.1f}x{case['speedup_vs_upstream']['fill']:>11.1f}x"
+            f"{case['ours_out_over_fill']:>10.2f}"
         )
-    print("(microseconds; x up = upstream median / ours_out median; out/fill = ours_out / memory-fill bound)")
+    print(
+        "(microseconds; x up (out) = upstream median / ours_out median; x up (fill) = the ceiling, "
+        "upstream / memory-fill bound; out/fill = ours_out / fill)"
+    )
 
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
