@@ -7,8 +7,12 @@ copies to the ``meta`` device, which count as host->device.
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import threading
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -36,7 +40,7 @@ from audiomask.transfer.harness import direct_copy
 def dense_reference(t: torch.Tensor) -> bool:
     """Brute force: the storage offsets of all elements are a contiguous range, each hit once."""
     offsets = np.full((), t.storage_offset(), dtype=np.int64)
-    for size, stride in zip(t.shape, t.stride()):
+    for size, stride in zip(t.shape, t.stride(), strict=True):
         offsets = offsets[..., None] + np.arange(size, dtype=np.int64) * stride
     offsets = offsets.ravel()
     if offsets.size == 0:
@@ -51,7 +55,7 @@ def strided_tensors(draw: st.DrawFn) -> torch.Tensor:
     sizes = draw(st.lists(st.integers(0, 4), min_size=ndim, max_size=ndim))
     strides = draw(st.lists(st.integers(0, 24), min_size=ndim, max_size=ndim))
     offset = draw(st.integers(0, 3))
-    span = offset + sum((n - 1) * s for n, s in zip(sizes, strides) if n > 0) + 1
+    span = offset + sum((n - 1) * s for n, s in zip(sizes, strides, strict=True) if n > 0) + 1
     return torch.zeros(span).as_strided(sizes, strides, offset)
 
 
@@ -253,7 +257,10 @@ def test_to_device_falls_back_to_cpu_without_cuda(device) -> None:
         ({"data": [1], "device": "cpu", "dtype": "bogus"}, "dtype must be a torch.dtype or a numpy dtype"),
         ({"data": [1], "device": "cpu", "dtype": object}, "dtype must be a torch.dtype or a numpy dtype"),
         ({"data": [1], "device": "cpu", "out": np.zeros(1)}, "out must be a torch.Tensor, got ndarray"),
-        ({"data": [1, 2], "device": "cpu", "out": torch.zeros(3)}, r"out has shape \(3,\), but the data has shape \(2,\)"),
+        (
+            {"data": [1, 2], "device": "cpu", "out": torch.zeros(3)},
+            r"out has shape \(3,\), but the data has shape \(2,\)",
+        ),
         (
             {"data": [1.0], "device": "cpu", "dtype": torch.float16, "out": torch.zeros(1)},
             r"dtype \(torch.float16\) does not match out.dtype \(torch.float32\)",
@@ -305,7 +312,9 @@ class FakeEvent:
 
 
 def small_ring(num_slots: int = 2, slot_bytes: int = KiB, max_slots: int | None = None) -> PinnedRing:
-    return PinnedRing(slot_bytes=slot_bytes, num_slots=num_slots, max_pinned_bytes=slot_bytes * (max_slots or num_slots))
+    return PinnedRing(
+        slot_bytes=slot_bytes, num_slots=num_slots, max_pinned_bytes=slot_bytes * (max_slots or num_slots)
+    )
 
 
 def stage_pointer(ring: PinnedRing, event: FakeEvent | None = None, nbytes: int = 16) -> int:
@@ -329,7 +338,10 @@ def test_ring_starts_with_its_slots() -> None:
         ({"slot_bytes": 1.5}, "slot_bytes must be an integer, got 1.5"),
         ({"num_slots": 0}, "num_slots must be >= 1, got 0"),
         ({"num_slots": True}, "num_slots must be an integer, got True"),
-        ({"slot_bytes": KiB, "num_slots": 4, "max_pinned_bytes": 3 * KiB}, "max_pinned_bytes must be >= .* = 4096, got 3072"),
+        (
+            {"slot_bytes": KiB, "num_slots": 4, "max_pinned_bytes": 3 * KiB},
+            "max_pinned_bytes must be >= .* = 4096, got 3072",
+        ),
     ],
 )
 def test_ring_rejects_bad_arguments(kwargs: dict, message: str) -> None:
@@ -462,7 +474,7 @@ def test_ring_packs_arrays_at_aligned_offsets() -> None:
     with ring.stage_many(specs) as staged:
         base = staged.tensors[0].data_ptr()
         assert base % 64 == 0  # CPU allocations are 64-byte aligned, pinned ones page aligned
-        for array, tensor, (shape, dtype) in zip(staged.arrays, staged.tensors, specs):
+        for array, tensor, (shape, dtype) in zip(staged.arrays, staged.tensors, specs, strict=True):
             assert array.shape == shape and array.dtype == dtype
             assert (array.ctypes.data - base) % VIEW_ALIGN_BYTES == 0
             if array.size:  # torch reports address 0 for empty tensors
@@ -550,23 +562,24 @@ def test_ring_is_safe_for_several_producer_threads() -> None:
     ],
 )
 def test_classify_copy(source, target, non_blocking: bool, pinned: bool, dense: bool, verdict: CopyVerdict) -> None:
-    assert classify_copy(source_device=source, target_device=target, non_blocking=non_blocking, pinned=pinned, dense=dense) is verdict
+    assert (
+        classify_copy(source_device=source, target_device=target, non_blocking=non_blocking, pinned=pinned, dense=dense)
+        is verdict
+    )
 
 
 @pytest.mark.parametrize("method", ["to", "copy_"])
 def test_sync_check_raises_on_a_pageable_non_blocking_copy(method: str) -> None:
     source = torch.ones(4, 4)
-    with sync_check() as check:
-        with pytest.raises(UnsafeCopyError, match="reads pageable memory"):
-            direct_copy(source, "meta", method=method)
+    with sync_check() as check, pytest.raises(UnsafeCopyError, match="reads pageable memory"):
+        direct_copy(source, "meta", method=method)
     assert [flag.verdict for flag in check.flagged] == [CopyVerdict.PAGEABLE]
     assert check.flagged[0].nbytes == 64 and check.flagged[0].shape == (4, 4)
 
 
 def test_sync_check_warns_and_lets_the_copy_run() -> None:
-    with sync_check("warn") as check:
-        with pytest.warns(UnsafeCopyWarning, match="non_blocking host->device copy"):
-            result = direct_copy(torch.ones(3), "meta")
+    with sync_check("warn") as check, pytest.warns(UnsafeCopyWarning, match="non_blocking host->device copy"):
+        result = direct_copy(torch.ones(3), "meta")
     assert result.device.type == "meta"
     assert len(check.flagged) == 1
 
@@ -593,3 +606,21 @@ def test_sync_check_ignores_blocking_and_host_copies_and_to_device() -> None:
 def test_sync_check_rejects_an_unknown_mode() -> None:
     with pytest.raises(ValueError, match=r"mode must be one of \('error', 'warn'\), got 'raise'"):
         sync_check("raise")
+
+
+# --------------------------------------------------------------------------- benchmark script
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the H200 runs the full benchmark instead")
+def test_bench_transfer_quick_runs_without_cuda(tmp_path) -> None:
+    script = Path(__file__).resolve().parents[1] / "scripts" / "bench_transfer.py"
+    out = tmp_path / "transfer.json"
+    completed = subprocess.run(
+        [sys.executable, str(script), "--quick", "--out", str(out)], capture_output=True, text=True, timeout=300
+    )
+    assert completed.returncode == 0, completed.stderr
+    assert "GPU strategies skipped" in completed.stdout
+    report = json.loads(out.read_text())
+    assert report["entries"] == [] and report["skipped"] == ["pageable", "pin_per_copy", "ring", "ring_in_place"]
+    assert {row["method"] for row in report["staging"]} == {"numpy_copyto", "torch_copy"}
+    assert {"command", "date", "torch_version", "gpu", "driver", "cpu_count"} <= report.keys()

@@ -33,7 +33,11 @@ NO_STALL_MARGIN_MS = 5.0  # a copy that did not wait took at most this beyond it
 SIZES = [16 * KiB, 64 * KiB, 256 * KiB, 1 * MiB, 4 * MiB, 16 * MiB, 64 * MiB]
 REPEATS = 3
 INTEGRITY_ROUNDS = 3000
-INTEGRITY_SLOT_BYTES = 16 * KiB
+# Payloads up to 256 KiB: beyond what a driver might inline into its command buffer at enqueue time,
+# so every copy really reads the slot when it runs.
+INTEGRITY_SLOT_BYTES = 256 * KiB
+EARLY_REUSE_BYTES = MiB
+EARLY_REUSE_ROUNDS = 100
 COPY_DELAY_MS = 0.5  # queued on a side stream before a copy, so that its slot is still in flight when reused
 
 
@@ -58,12 +62,12 @@ def behind_busy_queue(filler: QueueFiller, action) -> tuple[float, bool, object]
     return elapsed, still_busy, result
 
 
-def staging_ms(ring: PinnedRing, source: torch.Tensor) -> float:
+def staging_ms(ring: PinnedRing, payload: np.ndarray) -> float:
     """The memcpy into a pinned slot that to_device performs, best of REPEATS."""
     times = []
     for _ in range(REPEATS):
-        with ring.stage(source.shape, source.dtype) as staged:
-            times.append(host_ms(lambda: staged.tensor.copy_(source))[0])
+        with ring.stage(payload.shape, payload.dtype) as staged:
+            times.append(host_ms(lambda: np.copyto(staged.array, payload))[0])
     return min(times)
 
 
@@ -73,7 +77,11 @@ def weights(n: int) -> np.ndarray:
 
 def checksum(values: np.ndarray) -> int:
     """A position-weighted sum: catches both wrong bytes and bytes from another payload."""
-    return int((values.astype(np.int64) * weights(values.size)).sum())
+    return int(np.dot(values.astype(np.int64), weights(values.size)))
+
+
+def random_bytes(rng: np.random.Generator, n: int) -> np.ndarray:
+    return np.frombuffer(rng.bytes(n), dtype=np.uint8)
 
 
 # --------------------------------------------------------------------------- no stalls
@@ -84,7 +92,7 @@ def test_to_device_does_not_wait_for_a_busy_queue(filler: QueueFiller, nbytes: i
     payload = np.random.default_rng(nbytes).integers(0, 256, nbytes, dtype=np.uint8)
     to_device(payload, "cuda")  # the ring grows to this size here, not in the timed calls
     torch.cuda.synchronize()
-    stage = staging_ms(default_ring("cuda"), torch.from_numpy(payload))
+    stage = staging_ms(default_ring("cuda"), payload)
     runs = [behind_busy_queue(filler, lambda: to_device(payload, "cuda")) for _ in range(REPEATS)]
     times = sorted(elapsed for elapsed, _, _ in runs)
     assert all(still_busy for _, still_busy, _ in runs), f"to_device waited for the queue: {times} ms"
@@ -143,7 +151,7 @@ def test_every_copy_arrives_intact_under_slot_reuse(filler: QueueFiller) -> None
     expected, sums = [], []
     for i in range(INTEGRITY_ROUNDS):
         n = int(rng.integers(1, INTEGRITY_SLOT_BYTES + 1))
-        source[:n] = rng.integers(0, 256, n, dtype=np.uint8)
+        source[:n] = random_bytes(rng, n)
         expected.append(checksum(source[:n]))
         if i % 100 == 0:
             filler.fill(2.0)  # the checksums below run late
@@ -167,14 +175,14 @@ def test_every_copy_arrives_intact_under_slot_reuse(filler: QueueFiller) -> None
 
 def test_integrity_check_sees_a_slot_reused_too_early(filler: QueueFiller) -> None:
     """Negative control: releasing slots without their copy's event corrupts copies, and the check sees it."""
-    ring = PinnedRing(slot_bytes=4 * KiB, num_slots=1, max_pinned_bytes=4 * KiB)
+    ring = PinnedRing(slot_bytes=EARLY_REUSE_BYTES, num_slots=1, max_pinned_bytes=EARLY_REUSE_BYTES)
     slow = torch.cuda.Stream()
     rng = np.random.default_rng(4)
-    device_weights = to_device(weights(4 * KiB), "cuda")
+    device_weights = to_device(weights(EARLY_REUSE_BYTES), "cuda")
     expected, sums, results = [], [], []  # results stay alive: only the slot may be reused early
-    for _ in range(200):
-        with ring.stage(4 * KiB, np.uint8) as staged:
-            staged.array[:] = rng.integers(0, 256, 4 * KiB, dtype=np.uint8)
+    for _ in range(EARLY_REUSE_ROUNDS):
+        with ring.stage(EARLY_REUSE_BYTES, np.uint8) as staged:
+            staged.array[:] = random_bytes(rng, EARLY_REUSE_BYTES)
             expected.append(checksum(staged.array))
             filler.fill(COPY_DELAY_MS, slow)
             with torch.cuda.stream(slow):
@@ -184,7 +192,7 @@ def test_integrity_check_sees_a_slot_reused_too_early(filler: QueueFiller) -> No
         sums.append((result.to(torch.int64) * device_weights).sum())
         results.append(result)
     torch.cuda.synchronize()
-    wrong = sum(got != want for got, want in zip(torch.stack(sums).cpu().tolist(), expected))
+    wrong = sum(got != want for got, want in zip(torch.stack(sums).cpu().tolist(), expected, strict=True))
     assert wrong > 0
 
 
@@ -230,7 +238,7 @@ def test_packed_arrays_arrive_in_one_copy_at_aligned_addresses() -> None:
         expected = [torch.from_numpy(a.copy()) for a in staged.arrays]
         results = staged.to_many("cuda")
     assert ring.stats().copies == 1
-    for result, want in zip(results, expected):
+    for result, want in zip(results, expected, strict=True):
         assert result.device.type == "cuda" and result.data_ptr() % VIEW_ALIGN_BYTES == 0
         assert torch.equal(result.cpu(), want)
 
@@ -240,9 +248,8 @@ def test_packed_arrays_arrive_in_one_copy_at_aligned_addresses() -> None:
 
 @pytest.mark.parametrize("method", COPY_METHODS)
 def test_sync_check_raises_on_a_pageable_copy(method: str) -> None:
-    with sync_check():
-        with pytest.raises(UnsafeCopyError, match="reads pageable memory"):
-            direct_copy(torch.ones(1024), "cuda", method=method)
+    with sync_check(), pytest.raises(UnsafeCopyError, match="reads pageable memory"):
+        direct_copy(torch.ones(1024), "cuda", method=method)
 
 
 @pytest.mark.parametrize("method", COPY_METHODS)
@@ -259,7 +266,7 @@ def test_sync_check_is_silent_for_to_device_and_ring_slots() -> None:
     with sync_check() as check:
         to_device(np.ones((256, 256), dtype=bool), "cuda")
         to_device(torch.ones(64, 64).t(), "cuda")
-        to_device(np.arange(8 * MiB, dtype=np.uint8), "cuda")  # larger than a default slot: grows
+        to_device(np.zeros(8 * MiB, dtype=np.uint8), "cuda")  # larger than a default slot: grows
         to_device([1, 2, 3], "cuda", out=torch.empty(3, dtype=torch.int64, device="cuda"))
         with ring.stage((4, 4), np.float32) as staged:
             staged.array[:] = 1.0

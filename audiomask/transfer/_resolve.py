@@ -68,15 +68,15 @@ def check_stream(stream: object, device: torch.device) -> None:
         raise ValueError(f"stream is on {stream.device}, but device is {device}")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _torch_dtype_of(np_dtype: np.dtype) -> torch.dtype | None:
     try:
-        return torch.from_numpy(np.empty(0, dtype=np_dtype)).dtype
+        return torch.from_numpy(np.empty(0, dtype=np_dtype.newbyteorder("="))).dtype
     except (TypeError, ValueError):
         return None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def numpy_dtype(dtype: torch.dtype) -> np.dtype | None:
     """The numpy dtype that shares ``dtype``'s bytes, or ``None`` (``bfloat16``, float8 types).
 
@@ -101,16 +101,14 @@ def as_torch_dtype(name: str, value: object) -> torch.dtype:
     """
     if isinstance(value, torch.dtype):
         return value
-    message = f"{name} must be a torch.dtype or a numpy dtype torch supports, got {value!r}"
-    if value is None:  # numpy reads None as float64: refuse it rather than guess
-        raise ValueError(message)
-    try:
-        np_dtype = np.dtype(value).newbyteorder("=")  # type: ignore[call-overload]
-    except TypeError:
-        raise ValueError(message) from None
-    result = _torch_dtype_of(np_dtype)
+    result = None
+    if value is not None:  # numpy reads None as float64: refuse it rather than guess
+        try:
+            result = _torch_dtype_of(value if isinstance(value, np.dtype) else np.dtype(value))  # type: ignore[call-overload]
+        except TypeError:
+            pass
     if result is None:
-        raise ValueError(message)
+        raise ValueError(f"{name} must be a torch.dtype or a numpy dtype torch supports, got {value!r}")
     return result
 
 

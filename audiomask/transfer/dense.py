@@ -34,7 +34,7 @@ def is_dense(t: torch.Tensor) -> bool:
     # Sorted by stride, a dense layout is a row-major layout of some permutation:
     # each stride equals the product of the sizes of the dimensions below it.
     expected = 1
-    for stride, size in sorted((st, n) for n, st in zip(t.shape, t.stride()) if n != 1):
+    for stride, size in sorted((st, n) for n, st in zip(t.shape, t.stride(), strict=True) if n != 1):
         if stride != expected:
             return False
         expected *= size

@@ -8,7 +8,7 @@ import warnings
 import numpy as np
 import torch
 
-from audiomask.transfer._resolve import as_torch_dtype, check_out_tensor, check_stream, resolve_device
+from audiomask.transfer._resolve import as_torch_dtype, check_out_tensor, check_stream, numpy_dtype, resolve_device
 from audiomask.transfer.ring import PinnedRing
 
 __all__ = ["default_ring", "to_device"]
@@ -33,10 +33,15 @@ def default_ring(device: object) -> PinnedRing:
     return ring
 
 
-def _host_source(data: object) -> torch.Tensor:
-    """``data`` as a torch tensor without copying where possible (numpy arrays are wrapped)."""
+def _host_source(data: object) -> np.ndarray | torch.Tensor:
+    """``data`` without copying: a numpy array where its dtype allows, else a (detached) tensor."""
     if isinstance(data, torch.Tensor):
-        return data.detach()
+        if data.layout != torch.strided:
+            raise ValueError(f"data must be a strided (dense-layout) tensor, got layout {data.layout}")
+        data = data.detach()
+        if data.device.type != "cpu" or numpy_dtype(data.dtype) is None:
+            return data
+        return data.resolve_conj().resolve_neg().numpy()
     if isinstance(data, (list, tuple, int, float, complex, np.generic)):
         try:
             data = np.asarray(data)
@@ -46,17 +51,36 @@ def _host_source(data: object) -> torch.Tensor:
         raise ValueError(
             f"data must be a numpy array, a list or tuple, a number or a torch.Tensor, got {type(data).__name__}"
         )
-    if not data.dtype.isnative or any(stride < 0 for stride in data.strides):
-        data = data.astype(data.dtype.newbyteorder("="), order="C")  # torch wraps neither
+    return data
+
+
+def _source_dtype(source: np.ndarray | torch.Tensor) -> torch.dtype:
+    if isinstance(source, torch.Tensor):
+        return source.dtype
     try:
-        if data.flags.writeable:
-            return torch.from_numpy(data)
-        # Read-only arrays (np.broadcast_to, frombuffer) are only read here.
-        with warnings.catch_warnings():
+        return as_torch_dtype("data", source.dtype)
+    except ValueError:
+        raise ValueError(f"data has dtype {source.dtype}, which torch cannot hold") from None
+
+
+def _copy_into(dst: torch.Tensor, source: np.ndarray | torch.Tensor) -> None:
+    """The staging memcpy (with the dtype conversion).
+
+    numpy's copy is single-threaded: its host time stays steady when other
+    threads load the cores (feature extraction does), where torch's
+    multi-threaded CPU copy waits for a free core in every parallel region.
+    torch copies only what numpy cannot express (bfloat16, float8).
+    """
+    if isinstance(source, np.ndarray) and numpy_dtype(dst.dtype) is not None:
+        np.copyto(dst.detach().numpy(), source, casting="unsafe")
+        return
+    if isinstance(source, np.ndarray):
+        if not source.dtype.isnative or any(stride < 0 for stride in source.strides):
+            source = source.astype(source.dtype.newbyteorder("="), order="C")  # torch wraps neither
+        with warnings.catch_warnings():  # read-only arrays (np.broadcast_to) are only read here
             warnings.simplefilter("ignore", UserWarning)
-            return torch.from_numpy(data)
-    except TypeError:
-        raise ValueError(f"data has dtype {data.dtype}, which torch cannot hold") from None
+            source = torch.from_numpy(source)
+    dst.copy_(source)
 
 
 def to_device(
@@ -118,8 +142,9 @@ def to_device(
     target = resolve_device(device)
     source = _host_source(data)
     if dtype is None:
-        dtype = out.dtype if isinstance(out, torch.Tensor) else source.dtype
+        dtype = out.dtype if isinstance(out, torch.Tensor) else _source_dtype(source)
     else:
+        _source_dtype(source)  # refuses object and string arrays whatever the target dtype
         dtype = as_torch_dtype("dtype", dtype)
         if isinstance(out, torch.Tensor) and out.dtype != dtype:
             raise ValueError(f"dtype ({dtype}) does not match out.dtype ({out.dtype})")
@@ -129,11 +154,12 @@ def to_device(
     if ring is not None and not isinstance(ring, PinnedRing):
         raise ValueError(f"ring must be a PinnedRing or None, got {type(ring).__name__}")
 
-    if source.device.type != "cpu":
+    if isinstance(source, torch.Tensor) and source.device.type != "cpu":
         return data.to(target, dtype=dtype) if out is None else out.copy_(source)  # type: ignore[union-attr]
     if target.type == "cpu" and ring is None:
         result = torch.empty(source.shape, dtype=dtype) if out is None else out
-        return result.copy_(source)
+        _copy_into(result, source)
+        return result
     with (ring or default_ring(target))._stage_checked(tuple(source.shape), dtype) as staged:
-        staged.tensor.copy_(source)
+        _copy_into(staged.tensor, source)
         return staged._to(target, out, stream)

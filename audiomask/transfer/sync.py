@@ -100,7 +100,9 @@ class FlaggedCopy:
         )
 
 
-def _host_to_device(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[torch.Tensor, torch.device, bool] | None:
+def _host_to_device(
+    func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[torch.Tensor, torch.device, bool] | None:
     """(source, destination device, non_blocking) of a copy operator; ``None`` for anything else."""
     if func is _TO_COPY:
         target = kwargs.get("device")
@@ -158,7 +160,9 @@ class sync_check(TorchDispatchMode):  # noqa: N801 - used like torch.no_grad
                 dense=is_dense(source),
             )
             if verdict is not CopyVerdict.OK:
-                self._flag(FlaggedCopy(verdict, str(func), tuple(source.shape), source.dtype, source.nbytes, str(target)))
+                self._flag(
+                    FlaggedCopy(verdict, str(func), tuple(source.shape), source.dtype, source.nbytes, str(target))
+                )
         return func(*args, **kwargs)
 
     def _flag(self, flagged: FlaggedCopy) -> None:
