@@ -160,6 +160,7 @@ def test_select_chunk_size_lists_draw_one_aligned_pair():
         (lambda: select_chunk_size([8, 2.5], [1, 2]), "chunk_size[1]", "2.5"),
         (lambda: select_chunk_size([8], [-1]), "left_chunk[0]", "-1"),
         (lambda: select_chunk_size(8.0, 1), "chunk_size", "8.0"),
+        (lambda: select_chunk_size("16", 1), "chunk_size", "'16'"),
         (lambda: select_chunk_size(8, -1), "left_chunk", "-1"),
         (lambda: select_chunk_size([8], [1], rng=np.random.RandomState(0)), "rng", "RandomState"),
         (lambda: adaptive_enc_mask(-1, []), "x_len", "-1"),

@@ -154,6 +154,11 @@ def streaming_mask(
     return _regular_band(seq_len, _effective_chunk_size(seq_len, chunk_size), left_chunk, out)
 
 
+def _is_list(value: object) -> bool:
+    """A list of chunk settings (a sequence or array, not a string)."""
+    return isinstance(value, (Sequence, np.ndarray)) and not isinstance(value, (str, bytes))
+
+
 def select_chunk_size(
     chunk_size: int | Sequence[int],
     left_chunk: int | Sequence[int],
@@ -181,11 +186,11 @@ def select_chunk_size(
     >>> select_chunk_size([8, 16], [36, 18], rng=np.random.default_rng(0)) in [(8, 36), (16, 18)]
     True
     """
-    if not isinstance(chunk_size, (Sequence, np.ndarray)):
-        if isinstance(left_chunk, (Sequence, np.ndarray)):
+    if not _is_list(chunk_size):
+        if _is_list(left_chunk):
             raise ValueError(f"left_chunk must be an integer when chunk_size is, got {left_chunk!r}")
         return check_int("chunk_size", chunk_size), check_int("left_chunk", left_chunk, minimum=0)
-    if not isinstance(left_chunk, (Sequence, np.ndarray)):
+    if not _is_list(left_chunk):
         raise ValueError(f"left_chunk must be a list when chunk_size is a list, got {left_chunk!r}")
     if len(chunk_size) != len(left_chunk):
         raise ValueError(

@@ -2,9 +2,11 @@
 
 Mirrors ``transformers.models.qwen3_asr.modeling_qwen3_asr``
 (``_get_feat_extract_output_lengths``, ``get_audio_cu_seqlens``, the chunking
-of ``Qwen3ASREncoder.forward``) and the packed-chunk layout of the Qwen3-ASR
-reference package (``padded_mask_after_cnn``). Polarity: ``True`` = the query
-row MAY attend to the key column.
+of ``Qwen3ASREncoder.forward``) and the packed-chunk layout of the Qwen3-Omni /
+Qwen3-ASR reference audio encoders (``chunk_lengths``, ``padded_mask_after_cnn``;
+there an empty utterance's "tail chunk" index lands on another utterance's
+chunk and overwrites its length; here an empty utterance simply has no chunk).
+Polarity: ``True`` = the query row MAY attend to the key column.
 
 The mel spectrogram (10 ms frames) of each utterance is cut into conv chunks
 of ``2 * n_window`` frames, the last one holding the remainder. Each chunk
