@@ -7,6 +7,7 @@ copies to the ``meta`` device, which count as host->device.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -541,6 +542,148 @@ def test_ring_is_safe_for_several_producer_threads() -> None:
     assert errors == []
     stats = ring.stats()
     assert stats.copies == 4 * rounds and stats.leased == 0 and stats.pinned_bytes <= 8 * KiB
+
+
+# --------------------------------------------------------------------------- the CUDA submit, simulated
+
+
+class FakeStream:
+    def __init__(self, name: str, log: list[str]) -> None:
+        self.name = name
+        self.log = log
+
+    def wait_stream(self, other: FakeStream) -> None:
+        self.log.append(f"{self.name} waits for {other.name}")
+
+    def wait_event(self, event: FakeCudaEvent) -> None:
+        self.log.append(f"{self.name} waits for {event.name}")
+
+
+class FakeCudaEvent(FakeEvent):
+    def __init__(self, name: str, log: list[str]) -> None:
+        super().__init__()
+        self.name = name
+        self.log = log
+
+    def record(self, stream: FakeStream) -> None:
+        self.log.append(f"{self.name} recorded on {stream.name}")
+
+
+class FakeCuda:
+    """torch.cuda's streams and events as stand-ins that log what the submit does; ``meta`` plays the GPU."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.log: list[str] = []
+        self.events: list[FakeCudaEvent] = []
+        self.consumer = self.current = FakeStream("consumer", self.log)
+        real_empty, real_copy = torch.empty, torch.Tensor.copy_
+
+        def empty(*args, **kwargs):
+            if kwargs.get("device") is not None:
+                self.log.append(f"allocate on {self.current.name}")
+            return real_empty(*args, **kwargs)
+
+        def copy_(dst: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
+            if dst.device.type == "meta":
+                self.log.append(f"copy on {self.current.name}{' non_blocking' if non_blocking else ''}")
+            return real_copy(dst, src, non_blocking)
+
+        monkeypatch.setattr(torch, "empty", empty)
+        monkeypatch.setattr(torch.Tensor, "copy_", copy_)
+        monkeypatch.setattr(torch.Tensor, "record_stream", lambda t, stream: self.log.append(f"used on {stream.name}"))
+        monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: self.current)
+        monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: FakeStream("copy", self.log))
+        monkeypatch.setattr(torch.cuda, "stream", self.stream)
+        monkeypatch.setattr(torch.cuda, "Event", self.event)
+
+    @contextlib.contextmanager
+    def stream(self, stream: FakeStream):
+        previous, self.current = self.current, stream
+        self.log.append(f"enter {stream.name}")
+        try:
+            yield
+        finally:
+            self.current = previous
+            self.log.append(f"exit {stream.name}")
+
+    def event(self) -> FakeCudaEvent:
+        self.events.append(FakeCudaEvent(f"event {len(self.events)}", self.log))
+        return self.events[-1]
+
+
+META = torch.device("meta")
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> FakeCuda:
+    return FakeCuda(monkeypatch)
+
+
+def test_submit_copies_on_the_copy_stream_and_guards_everything(fake_cuda: FakeCuda) -> None:
+    ring = small_ring(num_slots=1)
+    with ring.stage((2, 3), np.float32) as staged:
+        result = staged._to(META, None, None)
+    assert (result.device, tuple(result.shape), result.dtype) == (META, (2, 3), torch.float32)
+    assert fake_cuda.log == [
+        "enter copy",
+        "allocate on copy",  # the copy stream's pool: never a block the consumer's queued work still reads
+        "copy on copy non_blocking",
+        "event 0 recorded on copy",
+        "exit copy",
+        "consumer waits for event 0",
+        "used on consumer",  # not reused before the consumer's work queued so far has run
+    ]
+    stage_pointer(ring)  # one slot, its copy in flight: the ring waits for exactly that copy's event
+    assert fake_cuda.events[0].waited == 1 and ring.stats().slot_waits == 1
+
+
+def test_submit_into_out_waits_for_the_consumer_first(fake_cuda: FakeCuda) -> None:
+    ring = small_ring()
+    out = torch.empty(3, device="meta")
+    fake_cuda.log.clear()
+    with ring.stage(3, np.float32) as staged:
+        assert staged._to(META, out, None) is out
+    assert fake_cuda.log == [
+        "copy waits for consumer",  # work queued before may still read out
+        "enter copy",
+        "copy on copy non_blocking",
+        "event 0 recorded on copy",
+        "exit copy",
+        "consumer waits for event 0",
+    ]
+
+
+def test_submit_on_the_consumer_stream_needs_no_cross_stream_wait(fake_cuda: FakeCuda) -> None:
+    ring = small_ring()
+    with ring.stage(3, np.int64) as staged:
+        staged._to(META, None, fake_cuda.consumer)
+    assert fake_cuda.log == [
+        "enter consumer",
+        "allocate on consumer",
+        "copy on consumer non_blocking",
+        "event 0 recorded on consumer",
+        "exit consumer",
+    ]
+
+
+def test_packed_submit_is_one_copy_with_views(fake_cuda: FakeCuda) -> None:
+    ring = PinnedRing(slot_bytes=4 * KiB, num_slots=1, max_pinned_bytes=4 * KiB)
+    with ring.stage_many([((2, 2), np.bool_), ((3,), np.int64)]) as staged:
+        mask, lengths = staged._submit(META, None, None)
+    assert (tuple(mask.shape), mask.dtype, tuple(lengths.shape), lengths.dtype) == (
+        (2, 2),
+        torch.bool,
+        (3,),
+        torch.int64,
+    )
+    assert mask.untyped_storage().nbytes() == VIEW_ALIGN_BYTES + 24  # both in one allocation
+    assert fake_cuda.log.count("copy on copy non_blocking") == 1
+    assert fake_cuda.log[-2:] == ["consumer waits for event 0", "used on consumer"]
+
+
+def test_the_copy_stream_is_made_once_per_device(fake_cuda: FakeCuda) -> None:
+    ring = small_ring()
+    assert ring.copy_stream(META) is ring.copy_stream(META)
 
 
 # --------------------------------------------------------------------------- sync_check

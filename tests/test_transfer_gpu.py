@@ -36,9 +36,12 @@ INTEGRITY_ROUNDS = 3000
 # Payloads up to 256 KiB: beyond what a driver might inline into its command buffer at enqueue time,
 # so every copy really reads the slot when it runs.
 INTEGRITY_SLOT_BYTES = 256 * KiB
+COPY_DELAY_MS = 0.5  # queued on a side stream before each delayed copy
+STALL_EVERY = 500  # rounds between longer delays of the side stream ...
+STALL_DELAY_MS = 5.0  # ... during which the host laps it: every slot in flight, the ring must wait
 EARLY_REUSE_BYTES = MiB
-EARLY_REUSE_ROUNDS = 100
-COPY_DELAY_MS = 0.5  # queued on a side stream before a copy, so that its slot is still in flight when reused
+EARLY_REUSE_ROUNDS = 20
+EARLY_REUSE_DELAY_MS = 5.0  # each copy waits this long; the host overwrites the slot within ~0.1 ms
 
 
 @pytest.fixture(scope="module")
@@ -139,9 +142,10 @@ def test_every_copy_arrives_intact_under_slot_reuse(filler: QueueFiller) -> None
 
     A third of the copies run on the ring's idle copy stream while the current
     stream is busy (device memory reuse: each result is dropped at once, before
-    its checksum has run); two thirds run on a stream delayed by
-    COPY_DELAY_MS, so their slots are still in flight when the host comes back
-    for them (slot reuse: the ring must wait).
+    its checksum has run); two thirds run on a side stream delayed by
+    COPY_DELAY_MS, and now and then by STALL_DELAY_MS, so their slots are
+    still in flight when the host comes back for them (slot reuse: the ring
+    must wait).
     """
     ring = PinnedRing(slot_bytes=INTEGRITY_SLOT_BYTES, num_slots=3, max_pinned_bytes=3 * INTEGRITY_SLOT_BYTES)
     slow = torch.cuda.Stream()
@@ -155,6 +159,8 @@ def test_every_copy_arrives_intact_under_slot_reuse(filler: QueueFiller) -> None
         expected.append(checksum(source[:n]))
         if i % 100 == 0:
             filler.fill(2.0)  # the checksums below run late
+        if i % STALL_EVERY == 1:
+            filler.fill(STALL_DELAY_MS, slow)
         if i % 3 == 0:
             result = to_device(source[:n], "cuda", ring=ring)
         elif i % 3 == 1:
@@ -178,13 +184,15 @@ def test_integrity_check_sees_a_slot_reused_too_early(filler: QueueFiller) -> No
     ring = PinnedRing(slot_bytes=EARLY_REUSE_BYTES, num_slots=1, max_pinned_bytes=EARLY_REUSE_BYTES)
     slow = torch.cuda.Stream()
     rng = np.random.default_rng(4)
+    payloads = [random_bytes(rng, EARLY_REUSE_BYTES) for _ in range(EARLY_REUSE_ROUNDS)]
+    expected = [checksum(payload) for payload in payloads]
     device_weights = to_device(weights(EARLY_REUSE_BYTES), "cuda")
-    expected, sums, results = [], [], []  # results stay alive: only the slot may be reused early
-    for _ in range(EARLY_REUSE_ROUNDS):
+    sums, results = [], []  # results stay alive: only the slot may be reused early
+    torch.cuda.synchronize()
+    for payload in payloads:
         with ring.stage(EARLY_REUSE_BYTES, np.uint8) as staged:
-            staged.array[:] = random_bytes(rng, EARLY_REUSE_BYTES)
-            expected.append(checksum(staged.array))
-            filler.fill(COPY_DELAY_MS, slow)
+            staged.array[:] = payload
+            filler.fill(EARLY_REUSE_DELAY_MS, slow)
             with torch.cuda.stream(slow):
                 result = direct_copy(staged.tensor, "cuda")
             staged.release()  # no event: the slot is handed out again while the copy waits
@@ -193,7 +201,7 @@ def test_integrity_check_sees_a_slot_reused_too_early(filler: QueueFiller) -> No
         results.append(result)
     torch.cuda.synchronize()
     wrong = sum(got != want for got, want in zip(torch.stack(sums).cpu().tolist(), expected, strict=True))
-    assert wrong > 0
+    assert wrong >= EARLY_REUSE_ROUNDS // 2, f"only {wrong} of {EARLY_REUSE_ROUNDS} copies were corrupted"
 
 
 # --------------------------------------------------------------------------- API on the device
