@@ -253,6 +253,7 @@ def test_to_device_falls_back_to_cpu_without_cuda(device) -> None:
         ({"data": [1], "device": True}, "device must be .* got True"),
         ({"data": np.array([None]), "device": "cpu"}, "data has dtype object, which torch cannot hold"),
         ({"data": np.array(["a"]), "device": "cpu"}, "data has dtype <U1"),
+        ({"data": np.array([None]), "device": "cpu", "out": torch.zeros(1)}, "data has dtype object"),
         ({"data": [[1, 2], [3]], "device": "cpu"}, "data must be a rectangular nested sequence"),
         ({"data": {"a": 1}, "device": "cpu"}, "data must be a numpy array, .* got dict"),
         ({"data": [1], "device": "cpu", "dtype": "bogus"}, "dtype must be a torch.dtype or a numpy dtype"),

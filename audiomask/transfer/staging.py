@@ -116,8 +116,9 @@ def to_device(
     then copied to the device with ``non_blocking=True`` on the copy stream;
     the current stream waits for the copy, the caching allocator knows the
     result is used there, and the slot is reused only after the copy has
-    completed. So the call costs the staging memcpy plus ~0.05 ms, whatever
-    the GPU queue, and the caller may reuse ``data`` as soon as it returns.
+    completed. So the call costs the staging memcpy plus a fixed submit cost
+    (bench/results has both), whatever the GPU queue holds, and the caller may
+    reuse ``data`` as soon as it returns.
 
     The result never shares memory with host ``data``, on any device: for
     ``device="cpu"`` it is a fresh dense copy too, so code that refills a
@@ -141,10 +142,10 @@ def to_device(
     """
     target = resolve_device(device)
     source = _host_source(data)
+    source_dtype = _source_dtype(source)  # refuses object and string arrays whatever the target dtype
     if dtype is None:
-        dtype = out.dtype if isinstance(out, torch.Tensor) else _source_dtype(source)
+        dtype = out.dtype if isinstance(out, torch.Tensor) else source_dtype
     else:
-        _source_dtype(source)  # refuses object and string arrays whatever the target dtype
         dtype = as_torch_dtype("dtype", dtype)
         if isinstance(out, torch.Tensor) and out.dtype != dtype:
             raise ValueError(f"dtype ({dtype}) does not match out.dtype ({out.dtype})")
