@@ -3,8 +3,9 @@
 
 Strategies, for payloads of 16 KiB .. 64 MiB:
 
-- ``pageable``: ``tensor.to(device, non_blocking=True)`` from pageable memory
-- ``pin_per_copy``: ``tensor.pin_memory().to(device, non_blocking=True)`` (the vLLM approach)
+- ``pageable``: a non-blocking ``Tensor.to`` from pageable memory (``harness.direct_copy``)
+- ``pin_per_copy``: pin a fresh copy, then a non-blocking ``Tensor.to`` (the vLLM approach,
+  ``harness.pin_per_copy``)
 - ``ring``: ``audiomask.to_device`` (staging memcpy into a pinned ring slot + event-guarded submit)
 - ``ring_in_place``: a Phi-4MM mask built by ``hs_mask(out=)`` straight into a ring slot, then
   submitted; host time is the submit alone (the build is reported as ``build_ms_p50``)
