@@ -9,7 +9,7 @@ into consecutive chunks, and all rows of chunk ``k`` see the same half-open
 column range ``[lo[k], hi[k])``. Two builders exploit that, never comparing
 all ``T_q x T_k`` cells:
 
-- ``_chunk_band`` (any chunk boundaries, optional key padding): one row
+- ``_chunk_band`` (any chunk boundaries): one row
   pattern per chunk (``n_chunks x T_k``, itself gathered from a step template),
   then one ``np.take`` of rows into the output.
 - ``_regular_band`` (equal chunks, the streaming hot path): the whole output
@@ -60,7 +60,6 @@ def _chunk_band(
     left: int,
     right: int,
     out: np.ndarray,
-    key_lengths: np.ndarray | None = None,
 ) -> np.ndarray:
     """Write a chunked band mask with arbitrary chunk boundaries into ``out`` and return it.
 
@@ -68,9 +67,7 @@ def _chunk_band(
     ``bounds[-1] == T``) cuts the rows into chunks ``[bounds[k], bounds[k+1])``;
     empty chunks are allowed and count as chunks. Rows of chunk ``k`` see the
     columns ``[bounds[max(k - left, 0)], bounds[min(k + 1 + right, n)])``.
-    ``out`` is ``(T, T)``; or ``(B, T, T)`` with ``key_lengths`` (``(B,)``,
-    each ``<= T``), where columns ``j >= key_lengths[b]`` of batch row ``b``
-    are False too.
+    ``out`` is ``(T, T)``.
     """
     n = bounds.size - 1
     width = out.shape[-1]
@@ -79,12 +76,10 @@ def _chunk_band(
     lo_hi = np.concatenate([bounds[np.maximum(chunk - left, 0)], bounds[np.minimum(chunk + (right + 1), n)]])
     rows = _less_than_rows(lo_hi, width)  # one gather for both edges
     pattern = np.greater(rows[n:], rows[:n])  # (j < hi) & ~(j < lo)
-    if key_lengths is not None:
-        pattern = pattern[None, :, :] & _less_than_rows(key_lengths, width)[:, None, :]
     row_chunk = np.repeat(chunk, np.diff(bounds))
     # mode="clip": the default "raise" buffers `out` and copies it a second
     # time; row_chunk is in range by construction.
-    return np.take(pattern, row_chunk, axis=-2, out=out, mode="clip")
+    return np.take(pattern, row_chunk, axis=0, out=out, mode="clip")
 
 
 def _regular_band(size: int, chunk_size: int, left: int, out: np.ndarray) -> np.ndarray:
@@ -121,12 +116,6 @@ def _regular_band(size: int, chunk_size: int, left: int, out: np.ndarray) -> np.
         start = first - n_full * chunk_size
         batched[:, n_full * chunk_size :] = template[start : start + size]
     return out
-
-
-def _regular_bounds(size: int, chunk_size: int) -> np.ndarray:
-    """Chunk boundaries ``0, c, 2c, ..., size``: full chunks of ``chunk_size``, the last one shorter."""
-    n_chunks = -(-size // chunk_size)
-    return np.minimum(np.arange(n_chunks + 1) * chunk_size, size)
 
 
 def subsequent_chunk_mask(

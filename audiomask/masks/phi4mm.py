@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from audiomask._validate import check_int, check_lengths
-from audiomask.masks.chunk import _chunk_band, _output, _regular_band, _regular_bounds
+from audiomask.masks.chunk import _chunk_band, _output, _regular_band
 
 __all__ = [
     "DEFAULT_CHUNK_SIZE",
@@ -274,6 +274,9 @@ def hs_mask(
     time_reduction = check_int("time_reduction", time_reduction, minimum=1)
     seq_len = -(-max_frames // time_reduction)
     out = _output(out, (lengths.size, seq_len, seq_len))
-    key_lengths = -(-lengths // time_reduction)
-    bounds = _regular_bounds(seq_len, _effective_chunk_size(seq_len, chunk_size))
-    return _chunk_band(bounds, left_chunk, 0, out, key_lengths)
+    _regular_band(seq_len, _effective_chunk_size(seq_len, chunk_size), left_chunk, out)
+    # Clearing the padded key columns of each batch row after the one-copy band
+    # writes less than gathering per-row patterns (a loop over the batch, not time).
+    for row, key_length in enumerate(subsampled_lengths(lengths, time_reduction).tolist()):
+        out[row, :, key_length:] = False
+    return out
