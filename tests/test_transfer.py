@@ -33,6 +33,7 @@ from audiomask.transfer import (
     sync_check,
     to_device,
 )
+from audiomask.transfer import staging
 from audiomask.transfer.harness import direct_copy
 
 # --------------------------------------------------------------------------- is_dense
@@ -180,7 +181,10 @@ def test_to_device_lists_and_numbers_convert_as_numpy_does(data, expected: torch
     ],
 )
 @pytest.mark.parametrize("staged", [False, True])
-def test_to_device_makes_any_layout_dense(make, staged: bool) -> None:
+@pytest.mark.parametrize("engine", ["numpy", "torch"])
+def test_to_device_makes_any_layout_dense(make, staged: bool, engine: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    if engine == "torch":  # the multi-threaded copy that large payloads take
+        monkeypatch.setattr(staging, "PARALLEL_COPY_BYTES", 0)
     data = make()
     expected = np.array(data.numpy() if isinstance(data, torch.Tensor) else data, dtype=np.float64)
     with warnings.catch_warnings():
@@ -766,5 +770,5 @@ def test_bench_transfer_quick_runs_without_cuda(tmp_path) -> None:
     assert "GPU strategies skipped" in completed.stdout
     report = json.loads(out.read_text())
     assert report["entries"] == [] and report["skipped"] == ["pageable", "pin_per_copy", "ring", "ring_in_place"]
-    assert {row["method"] for row in report["staging"]} == {"numpy_copyto", "torch_copy"}
+    assert {row["method"] for row in report["staging"]} == {"stage_copy", "numpy_copyto", "torch_copy"}
     assert {"command", "date", "torch_version", "gpu", "driver", "cpu_count"} <= report.keys()

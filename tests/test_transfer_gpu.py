@@ -20,6 +20,7 @@ from audiomask.transfer import (
     PinnedRing,
     UnsafeCopyError,
     default_ring,
+    stage_copy,
     sync_check,
     to_device,
 )
@@ -70,7 +71,7 @@ def staging_ms(ring: PinnedRing, payload: np.ndarray) -> float:
     times = []
     for _ in range(REPEATS):
         with ring.stage(payload.shape, payload.dtype) as staged:
-            times.append(host_ms(lambda: np.copyto(staged.array, payload))[0])
+            times.append(host_ms(lambda: stage_copy(staged.tensor, payload))[0])
     return min(times)
 
 

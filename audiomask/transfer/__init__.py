@@ -14,7 +14,7 @@ Without CUDA everything works and returns CPU tensors.
 
 from __future__ import annotations
 
-from audiomask.transfer.staging import default_ring, to_device
+from audiomask.transfer.staging import PARALLEL_COPY_BYTES, default_ring, stage_copy, to_device
 from audiomask.transfer.dense import is_dense
 from audiomask.transfer.ring import (
     DEFAULT_MAX_PINNED_BYTES,
@@ -45,6 +45,7 @@ __all__ = [
     "FlaggedCopy",
     "KiB",
     "MiB",
+    "PARALLEL_COPY_BYTES",
     "PinnedRing",
     "RingStats",
     "Staged",
@@ -53,6 +54,7 @@ __all__ = [
     "classify_copy",
     "default_ring",
     "is_dense",
+    "stage_copy",
     "sync_check",
     "to_device",
 ]
