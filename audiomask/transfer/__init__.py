@@ -8,13 +8,15 @@
 - :func:`is_dense`: whether a tensor can be copied as one block.
 - :class:`sync_check`: makes tests fail on any ``non_blocking`` host->device
   copy from pageable or non-dense memory.
+- :func:`stage_copy`: the staging memcpy into a slot; :func:`default_ring`:
+  the ring ``to_device`` stages through (read its ``stats()``).
 
-Without CUDA everything works and returns CPU tensors.
+Without CUDA everything works and returns CPU tensors. The copies that stall
+(kept as baselines and negative controls) live in :mod:`audiomask.transfer.harness`.
 """
 
 from __future__ import annotations
 
-from audiomask.transfer.staging import PARALLEL_COPY_BYTES, default_ring, stage_copy, to_device
 from audiomask.transfer.dense import is_dense
 from audiomask.transfer.ring import (
     DEFAULT_MAX_PINNED_BYTES,
@@ -27,6 +29,7 @@ from audiomask.transfer.ring import (
     RingStats,
     Staged,
 )
+from audiomask.transfer.staging import PARALLEL_COPY_BYTES, default_ring, stage_copy, to_device
 from audiomask.transfer.sync import (
     CopyVerdict,
     FlaggedCopy,
