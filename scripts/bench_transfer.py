@@ -10,19 +10,31 @@ Strategies, for payloads of 16 KiB .. 64 MiB:
 - ``ring_in_place``: a Phi-4MM mask built by ``hs_mask(out=)`` straight into a ring slot, then
   submitted; host time is the submit alone (the build is reported as ``build_ms_p50``)
 
+and the floors that ``ring`` and ``ring_in_place`` are made of, timed the same way:
+
+- ``staging_numpy`` / ``staging_torch``: the staging memcpy into a leased ring slot with numpy's
+  single-threaded copy / torch's multi-threaded copy (``stage_copy`` picks one by size)
+- ``bare_copy``: one ``non_blocking`` copy from an already pinned tensor into a preallocated
+  device tensor on the ring's copy stream, already current: the driver's cudaMemcpyAsync and
+  torch's dispatch, nothing else
+
 Each is timed with an idle stream and with ~50 ms of GPU work queued on the
 current stream (``busy_gpu``); every repetition starts from a synchronised
-device, so the queue ahead of the copy is exactly what the case says. After a
-busy copy returns, ``queue_still_busy`` records whether the queued work was
-still running: the host did not wait for it.
+device, so the queue ahead of the copy is exactly what the case says, and the
+host threads are in the same state for every strategy of a case (in a busy
+repetition, torch's worker threads have idled through the previous
+repetition's ~50 ms wait). After a busy copy returns, ``queue_still_busy``
+records whether the queued work was still running: the host did not wait for
+it. The timed call returns the device tensor; dropping it is timed apart
+(``free_ms_*``: a ring result was used on the current stream, so the caching
+allocator records an event there when it is freed).
 
 GPU-side time comes from a separate pass: ~20 ms of work is queued on the
 copy's stream before the timing events, so the copy is already enqueued when
 the GPU reaches the start event and the span is the transfer alone (host work
 never shows in it). It is one figure per (strategy, size), reported on both
-the idle and busy rows. ``staging`` reports the memcpy into a pinned slot that
-``to_device`` performs (``stage_copy``: numpy's single-threaded copy under
-4 MiB, torch's multi-threaded copy from there), and each engine alone.
+the idle and busy rows. ``staging`` reports the memcpy into a pinned slot in
+a hot loop (``stage_copy`` and each engine alone), for its GB/s.
 
 Python's garbage collector is paused during timed loops. Without CUDA the
 script measures the staging copy only and says which strategies it skipped.
@@ -34,12 +46,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import gc
-import json
-import os
-import platform
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -50,12 +57,17 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, installed or not
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _benchenv import capture_environment, write_result  # noqa: E402
 
 from audiomask.transfer import KiB, MiB, PinnedRing, default_ring, stage_copy, to_device  # noqa: E402
+from audiomask.transfer import staging as staging_module  # noqa: E402
 from audiomask.transfer.harness import QueueFiller, direct_copy, mask_builder, pin_per_copy  # noqa: E402
 
 SIZES = (16 * KiB, 64 * KiB, 256 * KiB, 1 * MiB, 4 * MiB, 16 * MiB, 64 * MiB)
 STRATEGIES = ("pageable", "pin_per_copy", "ring", "ring_in_place")
+FLOORS = ("staging_numpy", "staging_torch", "bare_copy")
 BUSY_MS = 50.0  # GPU work queued ahead of a busy-stream copy
 GATE_MS = 20.0  # GPU work queued ahead of a GPU-side timing: longer than any strategy's host work
 OVERHEAD_BOUND_MS = 0.1  # acceptance: to_device within this of its staging memcpy; in-place submit under it
@@ -94,36 +106,81 @@ def make_case(nbytes: int, rng: np.random.Generator) -> Case:
     return Case(nbytes, payload, torch.from_numpy(payload), (nbytes // tokens**2, tokens, tokens))
 
 
+def _nothing(_: object) -> None:
+    return None
+
+
 @dataclass
 class Strategy:
-    """A copy strategy: ``prepare`` runs untimed before the queue is filled, ``run`` is the timed copy."""
+    """A copy strategy or a floor.
+
+    ``prepare(case)`` runs untimed before the queue is filled and returns a state;
+    ``run(case, stream, state)`` is the timed call; ``finish(state)`` runs untimed after it.
+    """
 
     name: str
     side_stream: bool  # copies on a copy stream (timed there), not on the current stream
-    run: Callable[[Case, torch.cuda.Stream | None], object]
-    prepare: Callable[[Case], None] = lambda case: None
+    run: Callable[[Case, torch.cuda.Stream | None, object], object]
+    prepare: Callable[[Case], object] = _nothing
+    finish: Callable[[object], None] = _nothing
     build_ms: list[float] = field(default_factory=list)
 
 
 def make_strategies(device: torch.device, ring: PinnedRing) -> dict[str, Strategy]:
     builder_name, build = mask_builder()
     rng = np.random.default_rng(0)
-    staged = []
+    copy_stream, consumer = ring.copy_stream(device), torch.cuda.current_stream(device)
+    bare: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # nbytes -> (pinned source, device destination)
 
-    def prepare_in_place(case: Case) -> None:
-        slot = ring.stage(case.mask_shape, np.bool_)
+    def prepare_in_place(case: Case) -> object:
+        staged = ring.stage(case.mask_shape, np.bool_)
         start = time.perf_counter()
-        build(slot.array, rng)
+        build(staged.array, rng)
         strategies["ring_in_place"].build_ms.append((time.perf_counter() - start) * 1e3)
-        staged.append(slot)
+        return staged
+
+    def lease(case: Case) -> object:
+        return ring.stage(case.nbytes, np.uint8)
+
+    def prepare_bare(case: Case) -> object:
+        if case.nbytes not in bare:
+            source = torch.empty(case.nbytes, dtype=torch.uint8, pin_memory=True)
+            source.copy_(case.tensor)
+            bare[case.nbytes] = source, torch.empty(case.nbytes, dtype=torch.uint8, device=device)
+        torch.cuda.set_stream(copy_stream)
+        return bare[case.nbytes]
+
+    def run_bare(case: Case, stream: torch.cuda.Stream | None, state: object) -> object:
+        source, destination = state  # type: ignore[misc]
+        return destination.copy_(source, non_blocking=True)
 
     strategies = {
-        "pageable": Strategy("pageable", False, lambda case, stream: direct_copy(case.tensor, device)),
-        "pin_per_copy": Strategy("pin_per_copy", False, lambda case, stream: pin_per_copy(case.tensor, device)),
-        "ring": Strategy("ring", True, lambda case, stream: to_device(case.payload, device, stream=stream)),
-        "ring_in_place": Strategy(
-            "ring_in_place", True, lambda case, stream: staged.pop().to(device, stream=stream), prepare_in_place
+        "pageable": Strategy("pageable", False, lambda case, stream, state: direct_copy(case.tensor, device)),
+        "pin_per_copy": Strategy(
+            "pin_per_copy", False, lambda case, stream, state: pin_per_copy(case.tensor, device)
         ),
+        "ring": Strategy("ring", True, lambda case, stream, state: to_device(case.payload, device, stream=stream)),
+        "ring_in_place": Strategy(
+            "ring_in_place",
+            True,
+            lambda case, stream, staged: staged.to(device, stream=stream),  # type: ignore[attr-defined]
+            prepare_in_place,
+        ),
+        "staging_numpy": Strategy(
+            "staging_numpy",
+            False,
+            lambda case, stream, staged: np.copyto(staged.array, case.payload),  # type: ignore[attr-defined]
+            lease,
+            lambda staged: staged.release(),  # type: ignore[attr-defined]
+        ),
+        "staging_torch": Strategy(
+            "staging_torch",
+            False,
+            lambda case, stream, staged: staged.tensor.copy_(case.tensor),  # type: ignore[attr-defined]
+            lease,
+            lambda staged: staged.release(),  # type: ignore[attr-defined]
+        ),
+        "bare_copy": Strategy("bare_copy", True, run_bare, prepare_bare, lambda state: torch.cuda.set_stream(consumer)),
     }
     print(f"in-place mask builder: {builder_name}")
     return strategies
@@ -139,25 +196,38 @@ def percentiles(samples: list[float]) -> dict[str, float]:
     }
 
 
-def host_pass(strategy: Strategy, case: Case, busy_ms: float, repeats: int, warmup: int, filler: QueueFiller) -> dict:
+def host_pass(
+    strategy: Strategy,
+    case: Case,
+    busy_ms: float,
+    repeats: int,
+    warmup: int,
+    filler: QueueFiller,
+    consumer: torch.cuda.Stream,
+) -> dict:
     """Host milliseconds of ``strategy.run`` behind ``busy_ms`` of queued work (0: idle), from a synchronised device."""
-    times, still_busy = [], 0
+    times, frees, still_busy = [], [], 0
     strategy.build_ms.clear()
     for i in range(warmup + repeats):
         torch.cuda.synchronize()
-        strategy.prepare(case)
+        state = strategy.prepare(case)
         if busy_ms:
-            filler.fill(busy_ms)
+            filler.fill(busy_ms, consumer)
         start = time.perf_counter()
-        strategy.run(case, None)
+        result = strategy.run(case, None, state)
         elapsed = (time.perf_counter() - start) * 1e3
-        queue_busy = not torch.cuda.current_stream().query()
+        queue_busy = not consumer.query()
+        start = time.perf_counter()
+        del result
+        freed = (time.perf_counter() - start) * 1e3
+        strategy.finish(state)
         if i >= warmup:
             times.append(elapsed)
+            frees.append(freed)
             still_busy += queue_busy
     torch.cuda.synchronize()
-    stats = percentiles(times)
-    row = {f"host_ms_{key}": value for key, value in stats.items()}
+    row = {f"host_ms_{key}": value for key, value in percentiles(times).items()}
+    row.update({f"free_ms_{key}": value for key, value in percentiles(frees).items() if key in ("p50", "p99")})
     if busy_ms:
         row["queue_still_busy"] = still_busy / repeats
     if strategy.build_ms:
@@ -174,12 +244,13 @@ def gpu_pass(
     spans = []
     for i in range(warmup + repeats):
         torch.cuda.synchronize()
-        strategy.prepare(case)
+        state = strategy.prepare(case)
         filler.fill(GATE_MS, stream)
         start.record(stream)
-        strategy.run(case, stream if strategy.side_stream else None)
+        strategy.run(case, stream if strategy.side_stream else None, state)
         end.record(stream)
         end.synchronize()
+        strategy.finish(state)
         if i >= warmup:
             spans.append(start.elapsed_time(end))
     gpu_ms = float(np.median(spans))
@@ -187,7 +258,7 @@ def gpu_pass(
 
 
 def staging_pass(case: Case, ring: PinnedRing, repeats: int, warmup: int) -> list[dict]:
-    """The memcpy into a ring slot: ``stage_copy`` (what to_device does), numpy's and torch's copies."""
+    """The memcpy into a ring slot in a hot loop: ``stage_copy`` (what to_device does), numpy's and torch's copies."""
     methods = {
         "stage_copy": lambda staged: stage_copy(staged.tensor, case.payload),
         "numpy_copyto": lambda staged: np.copyto(staged.array, case.payload),
@@ -215,51 +286,82 @@ def staging_pass(case: Case, ring: PinnedRing, repeats: int, warmup: int) -> lis
     return rows
 
 
-def driver_version() -> str | None:
-    try:
-        result = subprocess.run(
-            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=True,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return result.stdout.strip().splitlines()[0] if result.stdout.strip() else None
+def staging_engine(nbytes: int) -> str:
+    """The floor row of the engine ``stage_copy`` uses for a uint8 payload of ``nbytes``."""
+    return "staging_numpy" if nbytes < staging_module.PARALLEL_COPY_BYTES else "staging_torch"
 
 
-def verdicts(entries: list[dict], staging: list[dict], busy_ms: float) -> dict[str, dict]:
-    """The acceptance checks of issue 2, from the measured rows."""
+def verdicts(entries: list[dict], busy_ms: float) -> dict[str, dict]:
+    """The acceptance checks of issue 2 and the same checks against the measured floors."""
     row = {(e["strategy"], e["bytes"], e["busy_gpu"]): e for e in entries}
-    stage = {s["bytes"]: s["host_ms_p50"] for s in staging if s["method"] == "stage_copy"}
-    sizes = sorted(stage)
+    sizes = sorted({e["bytes"] for e in entries})
+    conditions = {"idle": False, "busy": True}
+
+    def p50(name: str, n: int, busy: bool) -> float:
+        return row[name, n, busy]["host_ms_p50"]
+
+    def per_size(value: Callable[[int, bool], float], only: tuple[str, ...] = ("idle", "busy")) -> dict[str, float]:
+        return {f"{n}/{c}": value(n, conditions[c]) for n in sizes for c in only}
+
     p99_pairs = {
-        f"{n}/{'busy' if busy else 'idle'}": (
-            row["ring", n, busy]["host_ms_p99"],
-            row["pin_per_copy", n, busy]["host_ms_p99"],
-        )
+        f"{n}/{c}": (row["ring", n, busy]["host_ms_p99"], row["pin_per_copy", n, busy]["host_ms_p99"])
         for n in sizes
-        for busy in (False, True)
+        for c, busy in conditions.items()
     }
-    overheads = {n: row["ring", n, True]["host_ms_p50"] - stage[n] for n in sizes}
-    submits = {n: row["ring_in_place", n, True]["host_ms_p50"] for n in sizes}
-    stalls = {n: row["pageable", n, True]["host_ms_p50"] for n in sizes if n >= STALL_FROM_BYTES}
+    staging = per_size(lambda n, busy: p50(staging_engine(n), n, busy))
+    floors = {
+        key: {"staging": staging[key], "bare_copy": per_size(lambda n, busy: p50("bare_copy", n, busy))[key]}
+        for key in staging
+    }
+    over_staging = per_size(lambda n, busy: p50("ring", n, busy) - p50(staging_engine(n), n, busy), ("busy",))
+    submits = per_size(lambda n, busy: p50("ring_in_place", n, busy), ("busy",))
+    over_floor = per_size(
+        lambda n, busy: p50("ring", n, busy) - p50(staging_engine(n), n, busy) - p50("bare_copy", n, busy)
+    )
+    submit_over_copy = per_size(lambda n, busy: p50("ring_in_place", n, busy) - p50("bare_copy", n, busy))
+    engines = {
+        f"{n}/{c}": {
+            "numpy p99": row["staging_numpy", n, busy]["host_ms_p99"],
+            "torch p99": row["staging_torch", n, busy]["host_ms_p99"],
+            "stage_copy uses": staging_engine(n),
+        }
+        for n in sizes
+        for c, busy in conditions.items()
+    }
+    stalls = {n: p50("pageable", n, True) for n in sizes if n >= STALL_FROM_BYTES}
     still_busy = {
         f"{name}/{n}": row[name, n, True]["queue_still_busy"] for name in ("ring", "ring_in_place") for n in sizes
     }
+    bound = OVERHEAD_BOUND_MS
     return {
         "ring beats pin_per_copy on host p99 at every size": {
             "ok": all(ring < pin for ring, pin in p99_pairs.values()),
             "ms (ring, pin_per_copy)": p99_pairs,
         },
-        f"to_device within {OVERHEAD_BOUND_MS} ms of its staging memcpy at every size (busy, p50)": {
-            "ok": all(value <= OVERHEAD_BOUND_MS for value in overheads.values()),
-            "overhead ms": overheads,
+        f"to_device within {bound} ms of its staging memcpy at every size (busy, p50)": {
+            "ok": all(value <= bound for value in over_staging.values()),
+            "overhead ms (to_device - staging, staging timed in the same condition)": over_staging,
         },
-        f"ring_in_place submit under {OVERHEAD_BOUND_MS} ms at every size (busy, p50)": {
-            "ok": all(value < OVERHEAD_BOUND_MS for value in submits.values()),
+        f"ring_in_place submit under {bound} ms at every size (busy, p50)": {
+            "ok": all(value < bound for value in submits.values()),
             "submit ms": submits,
+        },
+        f"to_device within {bound} ms of staging + bare copy at every size (idle and busy, p50)": {
+            "ok": all(value <= bound for value in over_floor.values()),
+            "overhead ms (to_device - staging - bare_copy)": over_floor,
+            "floors ms": floors,
+        },
+        f"ring_in_place submit within {bound} ms of the bare copy at every size (idle and busy, p50)": {
+            "ok": all(value <= bound for value in submit_over_copy.values()),
+            "overhead ms (submit - bare_copy)": submit_over_copy,
+        },
+        "stage_copy's engine has the lower staging p99 at every size (busy: threads idled ~50 ms before)": {
+            "ok": all(
+                v[f"{v['stage_copy uses'].split('_')[1]} p99"] <= min(v["numpy p99"], v["torch p99"])
+                for key, v in engines.items()
+                if key.endswith("/busy")
+            ),
+            "ms": engines,
         },
         f"pageable >= {STALL_FROM_BYTES // MiB} MiB stalls behind the busy queue (negative control)": {
             "ok": all(value >= STALLED_FRACTION * busy_ms for value in stalls.values()),
@@ -273,16 +375,16 @@ def verdicts(entries: list[dict], staging: list[dict], busy_ms: float) -> dict[s
 
 
 def print_table(entries: list[dict], staging: list[dict]) -> None:
-    header = f"{'strategy':<14}{'bytes':>10}{'busy':>6}{'host p50':>10}{'host p99':>10}"
+    header = f"{'strategy':<14}{'bytes':>10}{'busy':>6}{'host p50':>10}{'host p99':>10}{'free p99':>10}"
     print(f"\n{header}{'gpu ms':>9}{'GB/s':>7}{'q busy':>8}")
     for e in entries:
         gpu = f"{e['gpu_ms_p50']:9.3f}{e['gbps']:7.1f}" if "gpu_ms_p50" in e else f"{'-':>9}{'-':>7}"
         busy = f"{e['queue_still_busy']:8.2f}" if "queue_still_busy" in e else f"{'':>8}"
         print(
             f"{e['strategy']:<14}{e['bytes']:>10}{'yes' if e['busy_gpu'] else 'no':>6}"
-            f"{e['host_ms_p50']:10.3f}{e['host_ms_p99']:10.3f}{gpu}{busy}"
+            f"{e['host_ms_p50']:10.3f}{e['host_ms_p99']:10.3f}{e['free_ms_p99']:10.3f}{gpu}{busy}"
         )
-    print(f"\n{'staging':<14}{'bytes':>10}{'host p50':>10}{'host p99':>10}{'GB/s':>7}")
+    print(f"\n{'staging (hot)':<14}{'bytes':>10}{'host p50':>10}{'host p99':>10}{'GB/s':>7}")
     for s in staging:
         print(f"{s['method']:<14}{s['bytes']:>10}{s['host_ms_p50']:10.3f}{s['host_ms_p99']:10.3f}{s['gbps']:7.1f}")
 
@@ -298,21 +400,11 @@ def main() -> None:
     rng = np.random.default_rng(0)
     cuda = torch.cuda.is_available()
     report: dict = {
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "argv": sys.argv,
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "torch_version": torch.__version__,
-        "cuda_version": torch.version.cuda,
-        "numpy_version": np.__version__,
-        "python": platform.python_version(),
-        "gpu": torch.cuda.get_device_name() if cuda else None,
-        "driver": driver_version() if cuda else None,
-        "cpu_count": os.cpu_count(),
-        "machine": platform.machine(),
+        **capture_environment(sys.argv),
         "repeats": dataclasses.asdict(repeats),
-        "torch_threads": torch.get_num_threads(),
         "busy_ms": args.busy_ms,
         "gate_ms": GATE_MS,
+        "parallel_copy_bytes": staging_module.PARALLEL_COPY_BYTES,
     }
     ring = default_ring("cuda")  # where CUDA is missing: the CPU ring, unpinned
     cases = [make_case(n, rng) for n in SIZES]
@@ -323,17 +415,19 @@ def main() -> None:
         entries: list[dict] = []
         if cuda:
             device = torch.device("cuda", torch.cuda.current_device())
+            consumer = torch.cuda.current_stream(device)
             side_stream = torch.cuda.Stream(device)  # where ring copies run in the GPU-side pass
             filler = QueueFiller(device)
             report["busy_ms_measured"] = filler.measure(args.busy_ms)
             strategies = make_strategies(device, ring)
             for case in cases:
-                for name in STRATEGIES:
+                for name in STRATEGIES + FLOORS:
                     strategy = strategies[name]
-                    gpu = gpu_pass(strategy, case, repeats.gpu, repeats.warmup, filler, side_stream)
+                    gpu = {} if name in FLOORS else gpu_pass(strategy, case, repeats.gpu, repeats.warmup, filler, side_stream)
                     for busy in (False, True):
                         reps = repeats.busy if busy else repeats.idle
-                        host = host_pass(strategy, case, args.busy_ms if busy else 0.0, reps, repeats.warmup, filler)
+                        busy_ms = args.busy_ms if busy else 0.0
+                        host = host_pass(strategy, case, busy_ms, reps, repeats.warmup, filler, consumer)
                         entries.append(
                             {"strategy": name, "bytes": case.nbytes, "busy_gpu": busy, "reps": reps, **host, **gpu}
                         )
@@ -345,19 +439,20 @@ def main() -> None:
     report["ring_stats"] = dataclasses.asdict(ring.stats())
     print_table(entries, staging)
     if cuda:
-        report["verdicts"] = verdicts(entries, staging, report["busy_ms_measured"])
+        report["verdicts"] = verdicts(entries, report["busy_ms_measured"])
         print()
         for claim, result in report["verdicts"].items():
             print(f"{claim}: {'yes' if result['ok'] else 'no'}")
     else:
-        report["skipped"] = list(STRATEGIES)
-        print(f"\nCUDA not available: GPU strategies skipped ({', '.join(STRATEGIES)}); staging copy measured only")
+        report["skipped"] = list(STRATEGIES + FLOORS)
+        print(
+            f"\nCUDA not available: GPU strategies skipped ({', '.join(STRATEGIES + FLOORS)}); "
+            "staging copy measured only"
+        )
     report["seconds"] = time.perf_counter() - began
     print(f"\n{report['seconds']:.1f} s")
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=2) + "\n")
-        print(f"wrote {args.out}")
+        write_result(args.out, report)
 
 
 if __name__ == "__main__":

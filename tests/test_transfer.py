@@ -571,7 +571,16 @@ class FakeCudaEvent(FakeEvent):
         self.log = log
 
     def record(self, stream: FakeStream) -> None:
+        assert not self.waited or self.done, f"{self.name} re-recorded before its last record completed"
+        self.done = False
         self.log.append(f"{self.name} recorded on {stream.name}")
+
+    def query(self) -> bool:
+        self.log.append(f"{self.name} queried")
+        return super().query()
+
+    def wait(self, stream: FakeStream) -> None:
+        self.log.append(f"{stream.name} waits for {self.name}")
 
 
 class FakeCuda:
@@ -599,6 +608,9 @@ class FakeCuda:
         monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: self.current)
         monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: FakeStream("copy", self.log))
         monkeypatch.setattr(torch.cuda, "stream", self.stream)
+        monkeypatch.setattr(torch.cuda, "set_stream", self.set_stream)
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: META.index)  # the meta "GPU" is current
+        monkeypatch.setattr(torch.cuda, "set_device", lambda device: self.log.append(f"set device {device}"))
         monkeypatch.setattr(torch.cuda, "Event", self.event)
 
     @contextlib.contextmanager
@@ -610,6 +622,10 @@ class FakeCuda:
         finally:
             self.current = previous
             self.log.append(f"exit {stream.name}")
+
+    def set_stream(self, stream: FakeStream) -> None:
+        self.current = stream
+        self.log.append(f"current stream {stream.name}")
 
     def event(self) -> FakeCudaEvent:
         self.events.append(FakeCudaEvent(f"event {len(self.events)}", self.log))
@@ -630,16 +646,54 @@ def test_submit_copies_on_the_copy_stream_and_guards_everything(fake_cuda: FakeC
         result = staged._to(META, None, None)
     assert (result.device, tuple(result.shape), result.dtype) == (META, (2, 3), torch.float32)
     assert fake_cuda.log == [
-        "enter copy",
+        "current stream copy",
         "allocate on copy",  # the copy stream's pool: never a block the consumer's queued work still reads
         "copy on copy non_blocking",
         "event 0 recorded on copy",
-        "exit copy",
+        "current stream consumer",
         "consumer waits for event 0",
         "used on consumer",  # not reused before the consumer's work queued so far has run
     ]
     stage_pointer(ring)  # one slot, its copy in flight: the ring waits for exactly that copy's event
     assert fake_cuda.events[0].waited == 1 and ring.stats().slot_waits == 1
+
+
+def test_a_slot_records_its_own_event_again_only_once_the_last_copy_completed(fake_cuda: FakeCuda) -> None:
+    ring = small_ring(num_slots=2)
+    for _ in range(6):
+        with ring.stage(3, np.int64) as staged:
+            staged._to(META, None, None)
+        for event in fake_cuda.events:
+            event.done = True  # the copies complete
+    assert [event.name for event in fake_cuda.events] == ["event 0", "event 1"]  # one event per slot, made once
+    assert fake_cuda.log.count("event 0 recorded on copy") == fake_cuda.log.count("event 1 recorded on copy") == 3
+    # FakeCudaEvent.record asserts that no event is recorded again before it completed
+
+
+def test_acquire_queries_slots_in_reuse_order_and_stops_at_the_first_idle_one(fake_cuda: FakeCuda) -> None:
+    ring = small_ring(num_slots=4)
+    for _ in range(4):
+        with ring.stage(3, np.int64) as staged:
+            staged._to(META, None, None)
+    fake_cuda.events[0].done = fake_cuda.events[1].done = True  # the two oldest copies completed
+    fake_cuda.log.clear()
+    with ring.stage(3, np.int64):
+        pass
+    assert [line for line in fake_cuda.log if "queried" in line] == ["event 0 queried"]
+    fake_cuda.log.clear()  # that slot was released unused: idle, and now the most recently released
+    with ring.stage(3, np.int64):
+        pass
+    assert [line for line in fake_cuda.log if "queried" in line] == ["event 1 queried"]
+
+
+def test_submit_on_another_device_puts_the_callers_device_back(
+    fake_cuda: FakeCuda, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 7)  # the caller works on another device
+    ring = small_ring(num_slots=1)
+    with ring.stage(3, np.int64) as staged:
+        staged._to(META, None, None)
+    assert fake_cuda.log[fake_cuda.log.index("current stream consumer") + 1] == "set device 7"
 
 
 def test_submit_into_out_waits_for_the_consumer_first(fake_cuda: FakeCuda) -> None:
@@ -650,10 +704,10 @@ def test_submit_into_out_waits_for_the_consumer_first(fake_cuda: FakeCuda) -> No
         assert staged._to(META, out, None) is out
     assert fake_cuda.log == [
         "copy waits for consumer",  # work queued before may still read out
-        "enter copy",
+        "current stream copy",
         "copy on copy non_blocking",
         "event 0 recorded on copy",
-        "exit copy",
+        "current stream consumer",
         "consumer waits for event 0",
     ]
 
@@ -662,12 +716,10 @@ def test_submit_on_the_consumer_stream_needs_no_cross_stream_wait(fake_cuda: Fak
     ring = small_ring()
     with ring.stage(3, np.int64) as staged:
         staged._to(META, None, fake_cuda.consumer)
-    assert fake_cuda.log == [
-        "enter consumer",
+    assert fake_cuda.log == [  # no stream switch, no cross-stream wait, no record_stream
         "allocate on consumer",
         "copy on consumer non_blocking",
         "event 0 recorded on consumer",
-        "exit consumer",
     ]
 
 
@@ -769,6 +821,9 @@ def test_bench_transfer_quick_runs_without_cuda(tmp_path) -> None:
     assert completed.returncode == 0, completed.stderr
     assert "GPU strategies skipped" in completed.stdout
     report = json.loads(out.read_text())
-    assert report["entries"] == [] and report["skipped"] == ["pageable", "pin_per_copy", "ring", "ring_in_place"]
+    assert report["entries"] == []
+    assert report["skipped"] == [
+        "pageable", "pin_per_copy", "ring", "ring_in_place", "staging_numpy", "staging_torch", "bare_copy"
+    ]
     assert {row["method"] for row in report["staging"]} == {"stage_copy", "numpy_copyto", "torch_copy"}
     assert {"command", "date", "torch_version", "gpu", "driver", "cpu_count"} <= report.keys()

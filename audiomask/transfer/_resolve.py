@@ -23,6 +23,14 @@ def _parse_device(device: object) -> torch.device:
     return torch.device(device)  # type: ignore[arg-type]
 
 
+@functools.cache  # asked on every copy: whether CUDA works does not change while a process runs
+def _cuda_device_count() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+_CPU = torch.device("cpu")
+
+
 def resolve_device(device: object) -> torch.device:
     """Return ``device`` as ``cpu`` or ``cuda:N``; any CUDA device is ``cpu`` where CUDA is unavailable.
 
@@ -44,16 +52,17 @@ def resolve_device(device: object) -> torch.device:
     except (RuntimeError, TypeError):
         raise ValueError(f"device must be 'cpu', 'cuda', 'cuda:N' or a CUDA index, got {device!r}") from None
     if parsed.type == "cpu":
-        return torch.device("cpu")
+        return _CPU
     if parsed.type != "cuda":
         raise ValueError(f"device must be a CPU or CUDA device, got {device!r}")
-    if not torch.cuda.is_available():
-        return torch.device("cpu")
-    index = torch.cuda.current_device() if parsed.index is None else parsed.index
-    count = torch.cuda.device_count()
-    if index >= count:
+    count = _cuda_device_count()
+    if not count:
+        return _CPU
+    if parsed.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    if parsed.index >= count:
         raise ValueError(f"device {device!r} does not exist: this machine has {count} CUDA device(s)")
-    return torch.device("cuda", index)
+    return parsed
 
 
 def check_stream(stream: object, device: torch.device) -> None:

@@ -6,6 +6,15 @@ A slot pinned once and reused costs neither, but reusing it while its last copy
 is still in flight corrupts that copy. So every copy from a slot records a CUDA
 event, and a slot is handed out again only once that event has completed.
 
+Every CUDA driver call costs more while the GPU is busy (~0.02 ms each on the
+H200's VM, bench/probes), so a submit makes as few as it can: each slot owns
+one event, created once and re-recorded by each copy from the slot (safe: a
+slot is leased only once its last event has completed, and a stream that
+waits on an event waits on the record made before the wait); an acquire
+queries slots in reuse order and stops at the first idle one (one query in
+the steady state); the copy stream is switched in and out without a context
+manager, and not at all when the copy runs on the current stream.
+
 Builders write straight into a slot (the pattern of vLLM's ``CpuGpuBuffer.np``,
 made race-free)::
 
@@ -20,11 +29,12 @@ with the same bookkeeping, so everything but the events runs anywhere.
 from __future__ import annotations
 
 import math
+import operator
 import threading
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Protocol
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 import torch
@@ -60,6 +70,8 @@ DEFAULT_MAX_PINNED_BYTES = 512 * MiB  # pinned memory is locked RAM: bound what 
 # Offsets of arrays packed into one slot: cudaMalloc's alignment, so that the
 # device views of a packed copy are as aligned as fresh allocations.
 VIEW_ALIGN_BYTES = 256
+_VIEW_CACHE_SIZE = 16  # internal torch views kept per slot, by (offset, shape, dtype)
+_REUSE_ORDER = operator.attrgetter("capacity", "released")  # smallest slot first, then least recently released
 
 
 class Completion(Protocol):
@@ -102,14 +114,38 @@ class _Slot:
     leased: bool = False
     pending: Completion | None = None  # the last copy from this slot, until it has completed
     released: int = 0  # release sequence number: lower = released earlier
+    # The slot's own CUDA event and its device: recorded after every copy from the slot. It is
+    # re-recorded only by the next submit, which holds the slot only once the event has completed.
+    event: Any = None
+    event_device: torch.device | None = None
+    # Torch views of the slot that the ring copies from (never handed out, so never changed).
+    views: dict[_Part, torch.Tensor] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class _Part:
+class _Part(NamedTuple):
     offset: int  # bytes from the slot start, a multiple of VIEW_ALIGN_BYTES
     shape: tuple[int, ...]
     dtype: torch.dtype
     nbytes: int
+
+
+def _slot_view(slot: _Slot, part: _Part) -> torch.Tensor:
+    """The torch view of ``part`` in ``slot`` that copies read, made once per (slot, part)."""
+    view = slot.views.get(part)
+    if view is None:
+        if len(slot.views) >= _VIEW_CACHE_SIZE:
+            slot.views.clear()
+        view = slot.buffer[part.offset : part.offset + part.nbytes].view(part.dtype).view(part.shape)
+        slot.views[part] = view
+    return view
+
+
+def _slot_event(slot: _Slot, device: torch.device) -> Any:
+    """The slot's reusable event for ``device`` (an event records on one device only)."""
+    if slot.event is None or slot.event_device != device:
+        slot.event = torch.cuda.Event()
+        slot.event_device = device
+    return slot.event
 
 
 def _round_up(n: int, multiple: int) -> int:
@@ -220,6 +256,10 @@ class PinnedRing:
         nbytes = math.prod(shape) * dtype.itemsize
         return Staged(self, self._acquire(nbytes), [_Part(0, shape, dtype, nbytes)], nbytes)
 
+    def _staging_view(self, staged: Staged) -> torch.Tensor:
+        """The internal torch view of ``staged``'s only array, for the staging memcpy of to_device."""
+        return _slot_view(staged._live(), staged._parts[0])
+
     def stats(self) -> RingStats:
         """A snapshot of the counters."""
         with self._lock:
@@ -267,20 +307,30 @@ class PinnedRing:
                 victim.leased = False  # too small: now idle, the next round drops it for a larger one
 
     def _take_idle(self, nbytes: int) -> _Slot | None:
-        for slot in self._slots:
-            if not slot.leased and slot.pending is not None and slot.pending.query():
+        """The smallest, least recently released idle slot that fits, leased; ``None`` if none is idle.
+
+        Slots are visited in that order and the first idle one is taken, so
+        only the slots visited before it are queried (one query in the steady
+        state, where the oldest copy has completed).
+        """
+        for slot in sorted(self._slots, key=_REUSE_ORDER):
+            if slot.leased or slot.capacity < nbytes:
+                continue
+            if slot.pending is not None:
+                if not slot.pending.query():
+                    continue
                 slot.pending = None
-        idle = [s for s in self._slots if not s.leased and s.pending is None and s.capacity >= nbytes]
-        if not idle:
-            return None
-        slot = min(idle, key=lambda s: (s.capacity, s.released))
-        slot.leased = True
-        return slot
+            slot.leased = True
+            return slot
+        return None
 
     def _grow(self, nbytes: int) -> _Slot | None:
         size = min(max(self.slot_bytes, _next_power_of_two(nbytes)), self.max_pinned_bytes)
         excess = self._held_bytes() + size - self.max_pinned_bytes
         if excess > 0:
+            for slot in self._slots:  # slots too small for the request were not queried: which are idle?
+                if not slot.leased and slot.pending is not None and slot.pending.query():
+                    slot.pending = None
             idle = sorted((s for s in self._slots if not s.leased and s.pending is None), key=lambda s: s.capacity)
             if sum(s.capacity for s in idle) < excess:
                 return None
@@ -434,19 +484,28 @@ class Staged:
             return results
         consumer = torch.cuda.current_stream(target)
         copy_stream = self._ring.copy_stream(target) if stream is None else stream
-        separate = copy_stream != consumer
-        if out is not None and separate:
-            copy_stream.wait_stream(consumer)
-        # Allocating under the copy stream puts the result in that stream's pool,
-        # so it is never a block that work queued on the consumer still uses.
-        with torch.cuda.stream(copy_stream):
-            results, allocation = self._copy(slot, target, out, non_blocking=True)
-            done = torch.cuda.Event()
+        done = _slot_event(slot, target)
+        if copy_stream == consumer:
+            results, _ = self._copy(slot, target, out, non_blocking=True)
             done.record(copy_stream)
-        if separate:
-            consumer.wait_event(done)
+        else:
+            if out is not None:
+                copy_stream.wait_stream(consumer)  # work queued before may still read out
+            # Allocating under the copy stream puts the result in that stream's pool, so it is
+            # never a block that work queued on the consumer still uses. set_stream also makes
+            # the stream's device current: put back the caller's device if it was another.
+            device = torch.cuda.current_device()
+            torch.cuda.set_stream(copy_stream)
+            try:
+                results, allocation = self._copy(slot, target, out, non_blocking=True)
+                done.record(copy_stream)
+            finally:
+                torch.cuda.set_stream(consumer)
+                if device != target.index:
+                    torch.cuda.set_device(device)
+            done.wait(consumer)
             if allocation is not None:
-                allocation.record_stream(consumer)
+                allocation.record_stream(consumer)  # not reused before the consumer's queued work has run
         self._ring._release(slot, done, self.nbytes)
         self._slot = None
         return results
@@ -457,10 +516,10 @@ class Staged:
         if len(self._parts) == 1:  # straight into a tensor of the right type: no byte views
             part = self._parts[0]
             result = torch.empty(part.shape, dtype=part.dtype, device=target) if out is None else out
-            result.copy_(self.tensor, non_blocking=non_blocking)
+            result.copy_(_slot_view(slot, part), non_blocking=non_blocking)
             return (result,), (result if out is None else None)
         allocation = torch.empty(self.nbytes, dtype=torch.uint8, device=target)
-        allocation.copy_(slot.buffer[: self.nbytes], non_blocking=non_blocking)
+        allocation.copy_(_slot_view(slot, _Part(0, (self.nbytes,), torch.uint8, self.nbytes)), non_blocking=non_blocking)
         views = tuple(allocation[p.offset : p.offset + p.nbytes].view(p.dtype).view(p.shape) for p in self._parts)
         return views, allocation
 

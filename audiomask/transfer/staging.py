@@ -175,6 +175,7 @@ def to_device(
         result = torch.empty(source.shape, dtype=dtype) if out is None else out
         stage_copy(result, source)
         return result
-    with (ring or default_ring(target))._stage_checked(tuple(source.shape), dtype) as staged:
-        stage_copy(staged.tensor, source)
+    ring = ring or default_ring(target)
+    with ring._stage_checked(tuple(source.shape), dtype) as staged:
+        stage_copy(ring._staging_view(staged), source)
         return staged._to(target, out, stream)
