@@ -1,0 +1,495 @@
+"""The Phi-4-multimodal (Phi-4MM) audio Conformer, weight-compatible with transformers.
+
+Mirrors ``transformers.models.phi4_multimodal.modeling_phi4_multimodal.Phi4MultimodalAudioModel``:
+parameter names and shapes are the same, so its ``state_dict`` loads here
+as it is. Data flow, for ``features`` ``(B, T, 80)`` (log-mel frames of 10 ms):
+
+1. mean/variance normalisation per mel bin (``encoder_embedding``);
+2. NeMo ``dw_striding`` conv subsampling (``embed``): a 3x3 stride-2 conv,
+   then depthwise 3x3 stride-2 + pointwise 1x1 convs, ``log2(time_reduction)``
+   stride-2 stages in all, then a linear layer: ``(B, L, D)`` with
+   ``L = ceil(T / time_reduction)`` tokens of 80 ms;
+3. Conformer blocks: half feed-forward, self-attention with a T5-style
+   relative position bias (one learned scalar per head and clipped distance,
+   not bidirectionally symmetric by default), a causal depthwise conv module
+   with a GLU, half feed-forward, LayerNorm.
+
+Mask modes (DESIGN.md; masks are built in numpy by :mod:`audiomask.masks.phi4mm`
+and moved by :func:`audiomask.transfer.to_device`):
+
+- ``"phi4mm_compat"`` reproduces upstream numerics: the boolean hidden-state
+  mask is *added* to the relative bias (a masked key is only 1 logit down),
+  and a sequence longer than :data:`UNFOLD_TOKENS` tokens is cut into
+  independent 500-token blocks, the last one zero-padded. Upstream is
+  reproduced as called with ``mask = arange(T) < feature_lengths``.
+- ``"hard"``: masked keys get ``finfo.min``; the whole utterance is attended
+  under the chunk mask (no unfold); and each utterance is encoded as if it
+  were alone, whatever the batch padding: feature frames beyond its length,
+  and the subsampling stages' outputs beyond theirs, are zero (the zero
+  padding of the convs). This is what chunk-by-chunk streaming reproduces.
+
+Receptive field of the subsampling: each stride-2 conv (kernel 3, padding 1)
+maps inputs ``[2p - 1, 2p + 1]`` to output ``p``, so ``n`` stages map frames
+``[2^n t - (2^n - 1), 2^n t + (2^n - 1)]`` to token ``t``. The right end is
+the last frame of the token's own ``time_reduction`` frames: a chunk's tokens
+need no frame beyond the chunk (:data:`SUBSAMPLING_LOOKAHEAD_FRAMES` is 0),
+and the left context is one cached step per stage.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from audiomask._validate import check_int
+from audiomask.encoders._common import activation, config_from_dict, host_lengths, positive_fields
+from audiomask.encoders.attention import (
+    MaskMode,
+    attend,
+    check_mask_mode,
+    may_attend_to_additive_bias,
+    may_attend_to_compat_bias,
+)
+from audiomask.masks import padding_mask, phi4mm
+from audiomask.transfer import to_device
+
+if TYPE_CHECKING:
+    from audiomask.encoders.streaming import Phi4MMStream
+
+__all__ = ["SUBSAMPLING_LOOKAHEAD_FRAMES", "UNFOLD_TOKENS", "Phi4MMAudioConfig", "Phi4MMEncoder"]
+
+UNFOLD_TOKENS = 500  # upstream's "max_seq_len": longer sequences are encoded as 500-token blocks (compat mode)
+SUBSAMPLING_LOOKAHEAD_FRAMES = 0  # feature frames a token needs beyond its own time_reduction frames
+
+
+@dataclasses.dataclass(frozen=True)
+class Phi4MMAudioConfig:
+    """Architecture of the Phi-4MM audio encoder: ``Phi4MultimodalAudioConfig``'s fields and defaults.
+
+    The defaults are the released model's (24 blocks of 1024 dims, 16 heads,
+    1536 feed-forward units, 80 mel bins in, 8 frames per token). Fields of
+    the transformers config that play no part at inference (dropout, token
+    ids, ``feature_layer``) are not kept.
+
+    >>> Phi4MMAudioConfig().nemo_final_size  # 80 mel bins after three stride-2 convs
+    10
+    """
+
+    hidden_size: int = 1024
+    intermediate_size: int = 1536
+    num_blocks: int = 24
+    num_attention_heads: int = 16
+    activation: str = "swish"
+    chunk_size: int = -1  # tokens per attention chunk; <= 0 = full attention
+    left_chunk: int = 18  # chunks of left context
+    ext_pw_out_channel: int = 1024
+    depthwise_separable_out_channel: int = 1024
+    depthwise_multiplier: int = 1
+    kernel_size: int = 3  # causal depthwise conv of the conv module, in tokens
+    conv_activation: str = "swish"
+    input_size: int = 80  # mel bins
+    conv_glu_type: str = "swish"
+    time_reduction: int = 8  # feature frames per token
+    bias_max_distance: int = 1000  # tokens; relative distances are clipped to [-max, max - 1]
+    bias_symmetric: bool = False
+    nemo_activation: str = "relu"
+    nemo_conv_channels: int = 1024
+
+    def __post_init__(self) -> None:
+        positive_fields(
+            self,
+            "hidden_size",
+            "intermediate_size",
+            "num_blocks",
+            "num_attention_heads",
+            "ext_pw_out_channel",
+            "depthwise_separable_out_channel",
+            "depthwise_multiplier",
+            "kernel_size",
+            "input_size",
+            "time_reduction",
+            "bias_max_distance",
+            "nemo_conv_channels",
+        )
+        check_int("chunk_size", self.chunk_size)
+        check_int("left_chunk", self.left_chunk, minimum=0)
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"hidden_size ({self.hidden_size}) must be a multiple of num_attention_heads, "
+                f"got {self.num_attention_heads}"
+            )
+        if self.time_reduction < 2 or self.time_reduction & (self.time_reduction - 1):
+            raise ValueError(f"time_reduction must be a power of 2 >= 2, got {self.time_reduction}")
+        # The conv module's residual path chains hidden -> GLU -> depthwise -> pointwise -> hidden.
+        for name in ("ext_pw_out_channel", "depthwise_separable_out_channel"):
+            if getattr(self, name) != self.hidden_size:
+                raise ValueError(f"{name} must equal hidden_size ({self.hidden_size}), got {getattr(self, name)}")
+
+    @property
+    def subsampling_stages(self) -> int:
+        """Stride-2 conv stages of the subsampling: ``log2(time_reduction)``."""
+        return self.time_reduction.bit_length() - 1
+
+    @property
+    def nemo_final_size(self) -> int:
+        """Mel bins left after the subsampling stages (each maps ``n`` to ``ceil(n / 2)``)."""
+        return -(-self.input_size // self.time_reduction)
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> Phi4MMAudioConfig:
+        """From a transformers ``Phi4MultimodalAudioConfig`` dict (``config.json``)."""
+        return config_from_dict(cls, values)
+
+
+class _MeanVarianceNorm(nn.Module):
+    """``(x - global_mean) * global_invstd`` per mel bin; buffers of the checkpoint."""
+
+    def __init__(self, config: Phi4MMAudioConfig) -> None:
+        super().__init__()
+        self.register_buffer("global_mean", torch.zeros(config.input_size))
+        self.register_buffer("global_invstd", torch.ones(config.input_size))
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return (features - self.global_mean) * self.global_invstd
+
+
+class _ConvSubsampling(nn.Module):
+    """NeMo ``dw_striding`` subsampling: ``(B, T, F)`` frames -> ``(B, T / time_reduction, D)`` tokens."""
+
+    def __init__(self, config: Phi4MMAudioConfig) -> None:
+        super().__init__()
+        channels = config.nemo_conv_channels
+        layers: list[nn.Module] = [
+            nn.Conv2d(1, channels, kernel_size=3, stride=2, padding=1),
+            activation(config.nemo_activation, "nemo_activation"),
+        ]
+        for _ in range(config.subsampling_stages - 1):
+            layers += [
+                nn.Conv2d(channels, channels, kernel_size=3, stride=2, padding=1, groups=channels),
+                nn.Conv2d(channels, channels, kernel_size=1),
+                activation(config.nemo_activation, "nemo_activation"),
+            ]
+        self.conv = nn.Sequential(*layers)  # indices as upstream: conv.0, conv.2, conv.3, ...
+        self.out = nn.Linear(channels * config.nemo_final_size, config.hidden_size)
+
+    def strided_convs(self) -> list[nn.Conv2d]:
+        """The stride-2 convs, one per stage, in order."""
+        return [m for m in self.conv if isinstance(m, nn.Conv2d) and m.stride[0] == 2]
+
+    def forward(
+        self,
+        features: torch.Tensor,
+        frame_valid: torch.Tensor | None = None,
+        caches: list[torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """Subsample normalised features ``(B, T, F)`` to tokens ``(B, L, D)``.
+
+        Args:
+            features: ``(B, T, F)`` float.
+            frame_valid: ``None`` for upstream's computation (``L = ceil(T / r)``,
+                padding values take part). Otherwise ``(B, T)`` bool, ``True`` on
+                each utterance's frames, ``T`` a multiple of ``r = time_reduction``:
+                every stage's input beyond the utterance is zeroed, as if it
+                were alone, and ``L = T / r``.
+            caches: with ``frame_valid``, one ``(B, C_in, 1, F_in)`` tensor per
+                stage holding the last input step of the previous chunk (zeros
+                at the start of an utterance); updated in place. ``None``:
+                zeros (a whole utterance).
+        """
+        hidden = features.unsqueeze(1)  # (B, 1, T, F): time on dim 2, mel bins on dim 3
+        if frame_valid is None:
+            hidden = self.conv(hidden)
+        else:
+            hidden = self._exact(hidden, frame_valid, caches)
+        batch, channels, length, bins = hidden.shape
+        return self.out(hidden.transpose(1, 2).reshape(batch, length, channels * bins))
+
+    def _exact(
+        self, hidden: torch.Tensor, frame_valid: torch.Tensor, caches: list[torch.Tensor] | None
+    ) -> torch.Tensor:
+        stride = 1  # input frames per step of `hidden`
+        hidden = hidden * frame_valid[:, None, :, None]
+        for module in self.conv:
+            if isinstance(module, nn.Conv2d) and module.stride[0] == 2:
+                # Output p reads inputs 2p - 1 .. 2p + 1: the one step before this
+                # even-aligned block comes from the cache, none is needed after it.
+                stage = stride.bit_length() - 1
+                left = hidden.new_zeros(hidden[:, :, :1].shape) if caches is None else caches[stage]
+                joined = torch.cat([left, hidden], dim=2)
+                if caches is not None:
+                    caches[stage].copy_(hidden[:, :, -1:])
+                hidden = F.conv2d(joined, module.weight, module.bias, stride=2, padding=(0, 1), groups=module.groups)
+                stride *= 2
+            elif isinstance(module, nn.Conv2d):
+                hidden = module(hidden)
+            else:  # the activation ends a stage: zero its outputs beyond the utterance
+                hidden = module(hidden) * frame_valid[:, None, ::stride, None]
+        return hidden
+
+
+class _RelativeAttentionBias(nn.Module):
+    """T5-style relative position bias: one learned value per head and clipped key-minus-query distance."""
+
+    def __init__(self, config: Phi4MMAudioConfig) -> None:
+        super().__init__()
+        self.max_distance = config.bias_max_distance
+        self.symmetric = config.bias_symmetric
+        self.num_buckets = self.max_distance if self.symmetric else 2 * self.max_distance
+        self.bias_values = nn.Embedding(self.num_buckets, config.num_attention_heads)
+
+    def forward(self, query_positions: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor:
+        """Bias ``(1, H, T_q, T_k)`` for token positions ``(T_q,)`` and ``(T_k,)`` (int64).
+
+        Only differences count, so a streaming chunk and its cached keys get
+        the bias of the same tokens in the whole-utterance forward.
+        """
+        relative = (key_positions[None, :] - query_positions[:, None]).clamp(-self.max_distance, self.max_distance - 1)
+        index = relative.abs() if self.symmetric else relative + self.num_buckets // 2
+        return self.bias_values(index).permute(2, 0, 1).unsqueeze(0)
+
+
+class _FeedForward(nn.Module):
+    """LayerNorm, gated linear unit (``up * act(gate)``), down projection."""
+
+    def __init__(self, config: Phi4MMAudioConfig) -> None:
+        super().__init__()
+        self.layer_norm = nn.LayerNorm(config.hidden_size)
+        self.act_fn = activation(config.activation, "activation")
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        up, gate = self.gate_up_proj(self.layer_norm(hidden)).chunk(2, dim=-1)
+        return self.down_proj(up * self.act_fn(gate))
+
+
+class _Attention(nn.Module):
+    """Multi-head self-attention with an additive bias and an optional key/value cache."""
+
+    def __init__(self, config: Phi4MMAudioConfig) -> None:
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        dim = config.hidden_size
+        self.q_proj = nn.Linear(dim, dim)
+        self.k_proj = nn.Linear(dim, dim)
+        self.v_proj = nn.Linear(dim, dim)
+        self.o_proj = nn.Linear(dim, dim)
+
+    def _heads(self, hidden: torch.Tensor) -> torch.Tensor:
+        batch, length, dim = hidden.shape
+        return hidden.view(batch, length, self.num_heads, dim // self.num_heads).transpose(1, 2)
+
+    def forward(self, hidden: torch.Tensor, bias: torch.Tensor, cache: torch.Tensor | None = None) -> torch.Tensor:
+        """``hidden`` ``(B, T, D)``, ``bias`` ``(B or 1, H, T, T_k)``.
+
+        ``cache`` ``(2, B, H, S, D / H)``: keys and values of the last ``S >= T``
+        tokens, oldest first. The ``T`` new tokens enter at its end (the
+        oldest ``T`` leave) and the queries attend to all ``S``.
+        """
+        query, key, value = (self._heads(proj(hidden)) for proj in (self.q_proj, self.k_proj, self.v_proj))
+        if cache is not None:
+            new = hidden.shape[1]
+            key = torch.cat([cache[0, :, :, new:], key], dim=2)
+            value = torch.cat([cache[1, :, :, new:], value], dim=2)
+            cache[0].copy_(key)
+            cache[1].copy_(value)
+        return self.o_proj(attend(query, key, value, bias))
+
+
+class _GluPointwiseConv(nn.Module):
+    """Pointwise conv to ``2 D`` channels, ``(a + b1) * act(g + b2)``."""
+
+    def __init__(self, config: Phi4MMAudioConfig) -> None:
+        super().__init__()
+        channels = config.ext_pw_out_channel
+        self.ext_pw_conv_1d = nn.Conv1d(config.hidden_size, 2 * channels, kernel_size=1)
+        self.glu_act = activation(config.conv_glu_type, "conv_glu_type")
+        self.b1 = nn.Parameter(torch.zeros(1, channels, 1))
+        self.b2 = nn.Parameter(torch.zeros(1, channels, 1))
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``(B, D, T)`` -> ``(B, D, T)``."""
+        linear, gate = self.ext_pw_conv_1d(hidden).chunk(2, dim=1)
+        return (linear + self.b1) * self.glu_act(gate + self.b2)
+
+
+class _DepthwiseSeparableConv(nn.Module):
+    """Depthwise conv over time, then pointwise; the caller supplies the causal left padding."""
+
+    def __init__(self, config: Phi4MMAudioConfig) -> None:
+        super().__init__()
+        dim = config.hidden_size
+        # Upstream pads both sides and drops the right end; here the input
+        # arrives already left-padded (zeros or the stream's cache), so no padding.
+        self.dw_conv = nn.Conv1d(dim, dim * config.depthwise_multiplier, config.kernel_size, groups=dim)
+        self.pw_conv = nn.Conv1d(dim * config.depthwise_multiplier, config.depthwise_separable_out_channel, 1)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.pw_conv(self.dw_conv(hidden))
+
+
+class _ConvModule(nn.Module):
+    """LayerNorm, GLU, causal depthwise-separable conv, activation, pointwise conv."""
+
+    def __init__(self, config: Phi4MMAudioConfig) -> None:
+        super().__init__()
+        self.context = config.kernel_size - 1  # past tokens each output reads
+        self.layer_norm = nn.LayerNorm(config.hidden_size)
+        self.glu = _GluPointwiseConv(config)
+        self.dw_sep_conv_1d = _DepthwiseSeparableConv(config)
+        self.act = activation(config.conv_activation, "conv_activation")
+        self.ext_pw_conv_1d = nn.Conv1d(config.hidden_size, config.ext_pw_out_channel, kernel_size=1)
+
+    def forward(self, hidden: torch.Tensor, cache: torch.Tensor | None = None) -> torch.Tensor:
+        """``(B, T, D)`` -> ``(B, T, D)``; ``cache`` ``(B, D, kernel_size - 1)``: the GLU outputs of the
+        previous tokens (zeros at the start), updated in place; ``None``: zeros."""
+        glu = self.glu(self.layer_norm(hidden).transpose(1, 2))  # (B, D, T)
+        left = glu.new_zeros(*glu.shape[:2], self.context) if cache is None else cache
+        joined = torch.cat([left, glu], dim=2)
+        if cache is not None:
+            cache.copy_(joined[:, :, joined.shape[2] - self.context :])
+        out = self.ext_pw_conv_1d(self.act(self.dw_sep_conv_1d(joined)))
+        return out.transpose(1, 2)
+
+
+class _ConformerBlock(nn.Module):
+    def __init__(self, config: Phi4MMAudioConfig) -> None:
+        super().__init__()
+        self.feed_forward_in = _FeedForward(config)
+        self.self_attn = _Attention(config)
+        self.conv = _ConvModule(config)
+        self.feed_forward_out = _FeedForward(config)
+        self.layer_norm_att = nn.LayerNorm(config.hidden_size)
+        self.layer_norm = nn.LayerNorm(config.hidden_size)
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        bias: torch.Tensor,
+        kv_cache: torch.Tensor | None = None,
+        conv_cache: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        residual = hidden + 0.5 * self.feed_forward_in(hidden)
+        hidden = residual + self.self_attn(self.layer_norm_att(residual), bias, kv_cache)
+        hidden = hidden + self.conv(hidden, conv_cache)
+        hidden = hidden + 0.5 * self.feed_forward_out(hidden)
+        return self.layer_norm(hidden)
+
+
+class Phi4MMEncoder(nn.Module):
+    """Phi-4MM audio Conformer: features ``(B, T, 80)`` -> tokens ``(B, ceil(T / 8), D)``.
+
+    >>> config = Phi4MMAudioConfig(hidden_size=8, intermediate_size=8, num_blocks=1, num_attention_heads=2,
+    ...                            ext_pw_out_channel=8, depthwise_separable_out_channel=8, nemo_conv_channels=2)
+    >>> encoder = Phi4MMEncoder(config).eval()
+    >>> outputs, lengths = encoder(torch.randn(2, 40, 80), [40, 17], chunk_size=2, left_chunk=1, mask_mode="hard")
+    >>> tuple(outputs.shape), lengths.tolist()
+    ((2, 5, 8), [5, 3])
+    """
+
+    def __init__(self, config: Phi4MMAudioConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.encoder_embedding = _MeanVarianceNorm(config)
+        self.embed = _ConvSubsampling(config)
+        self.relative_attention_bias_layer = _RelativeAttentionBias(config)
+        self.encoders = nn.ModuleList(_ConformerBlock(config) for _ in range(config.num_blocks))
+
+    def _chunking(self, chunk_size: int | None, left_chunk: int | None) -> tuple[int, int]:
+        """The chunk settings, the config's where ``None``."""
+        chunk_size = self.config.chunk_size if chunk_size is None else check_int("chunk_size", chunk_size)
+        left_chunk = self.config.left_chunk if left_chunk is None else check_int("left_chunk", left_chunk, minimum=0)
+        return chunk_size, left_chunk
+
+    def forward(
+        self,
+        features: torch.Tensor,
+        feature_lengths: object,
+        *,
+        chunk_size: int | None = None,
+        left_chunk: int | None = None,
+        mask_mode: MaskMode = "phi4mm_compat",
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Encode a padded batch.
+
+        Args:
+            features: ``(B, T, input_size)`` float log-mel frames (10 ms each).
+            feature_lengths: ``(B,)`` valid frames per utterance, ``<= T``
+                (int64 numpy array, list or tensor; read on the host).
+            chunk_size: tokens per attention chunk (``<= 0``: full attention);
+                ``None``: the config's.
+            left_chunk: chunks of left context; ``None``: the config's.
+            mask_mode: ``"phi4mm_compat"`` (upstream numerics) or ``"hard"``
+                (see the module docstring).
+
+        Returns:
+            ``outputs`` ``(B, L, D)`` with ``L = ceil(T / time_reduction)``
+            (positions beyond an utterance's length hold finite padding values),
+            and ``output_lengths`` ``(B,)`` int64 ``ceil(feature_lengths / time_reduction)``,
+            both on ``features.device``.
+        """
+        mask_mode = check_mask_mode(mask_mode)
+        chunk_size, left_chunk = self._chunking(chunk_size, left_chunk)
+        if features.ndim != 3 or features.shape[2] != self.config.input_size:
+            raise ValueError(f"features must have shape (B, T, {self.config.input_size}), got {tuple(features.shape)}")
+        batch, frames, _ = features.shape
+        lengths = host_lengths("feature_lengths", feature_lengths, frames, "T (features.shape[1])")
+        if lengths.size != batch:
+            raise ValueError(f"feature_lengths must have {batch} entries (features.shape[0]), got {lengths.size}")
+        reduction = self.config.time_reduction
+        output_lengths = phi4mm.subsampled_lengths(lengths, reduction)
+        tokens = -(-frames // reduction)
+        device = features.device
+        hidden = self.encoder_embedding(features)
+        if tokens == 0:
+            return hidden.new_zeros(batch, 0, self.config.hidden_size), to_device(output_lengths, device)
+        if mask_mode == "hard":
+            frame_valid = to_device(padding_mask(lengths, tokens * reduction), device)
+            hidden = self.embed(F.pad(hidden, (0, 0, 0, tokens * reduction - frames)), frame_valid)
+            hidden = self._encode(hidden, phi4mm.hs_mask(lengths, frames, chunk_size, left_chunk, reduction), hard=True)
+        else:
+            hidden = self._compat_encode(self.embed(hidden), output_lengths, chunk_size, left_chunk)
+        return hidden, to_device(output_lengths, device)
+
+    def _compat_encode(
+        self, hidden: torch.Tensor, token_lengths: np.ndarray, chunk_size: int, left_chunk: int
+    ) -> torch.Tensor:
+        """Upstream's blocks: sequences over ``UNFOLD_TOKENS`` are cut into zero-padded 500-token blocks."""
+        batch, tokens, dim = hidden.shape
+        block = min(tokens, UNFOLD_TOKENS)
+        blocks = -(-tokens // block)
+        # Valid tokens of each block, batch-major as upstream's unfold orders them.
+        block_lengths = np.clip(token_lengths[:, None] - block * np.arange(blocks), 0, block).reshape(-1)
+        hidden = F.pad(hidden, (0, 0, 0, blocks * block - tokens)).reshape(batch * blocks, block, dim)
+        mask = phi4mm.hs_mask(block_lengths, block, chunk_size, left_chunk, time_reduction=1)
+        hidden = self._encode(hidden, mask, hard=False)
+        return hidden.reshape(batch, blocks * block, dim)[:, :tokens]
+
+    def _encode(self, hidden: torch.Tensor, mask: np.ndarray, *, hard: bool) -> torch.Tensor:
+        """Run the blocks over ``hidden`` ``(N, L, D)`` under the host mask ``(N, L, L)`` (True = may attend)."""
+        length = hidden.shape[1]
+        positions = torch.arange(length, device=hidden.device)
+        convert = may_attend_to_additive_bias if hard else may_attend_to_compat_bias
+        bias = self.relative_attention_bias_layer(positions, positions) + convert(
+            to_device(mask, hidden.device), hidden.dtype
+        ).unsqueeze(1)
+        for block in self.encoders:
+            hidden = block(hidden, bias)
+        return hidden
+
+    def stream(self, batch_size: int = 1, chunk_size: int | None = None, left_chunk: int | None = None) -> Phi4MMStream:
+        """A cache-aware stream of ``batch_size`` utterances: see :class:`audiomask.encoders.streaming.Phi4MMStream`.
+
+        ``chunk_size`` (tokens, ``>= 1``) and ``left_chunk`` (chunks) default to
+        the config's; the outputs equal ``forward(..., mask_mode="hard")`` with
+        the same settings.
+        """
+        from audiomask.encoders.streaming import Phi4MMStream
+
+        return Phi4MMStream(self, batch_size, *self._chunking(chunk_size, left_chunk))

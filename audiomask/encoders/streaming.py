@@ -1,0 +1,299 @@
+"""Cache-aware chunk-by-chunk streaming of the encoders.
+
+Both streams take a fixed batch of ``B`` stream slots that advance in lock
+step: a chunk step runs once every slot holds a whole chunk of frames, and
+``flush()`` ends all utterances (slots that have fewer frames are padded, as
+the shorter utterances of an offline batch are). The step itself has static
+shapes (preallocated caches, the same ``B`` every step), so it can later be
+captured in a CUDA graph; the masks it needs are built in numpy on the host
+and moved with :func:`audiomask.transfer.to_device`.
+
+- :class:`Phi4MMStream` (``Phi4MMEncoder.stream``): outputs equal the
+  whole-utterance forward with ``mask_mode="hard"``.
+- :class:`Qwen3ASRStream` (``Qwen3ASREncoder.stream``): outputs of completed
+  attention windows equal the offline forward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from audiomask._validate import check_int
+from audiomask.encoders._common import FrameBuffer, host_lengths
+from audiomask.encoders.attention import may_attend_to_additive_bias
+from audiomask.masks import padding_mask
+from audiomask.transfer import to_device
+
+if TYPE_CHECKING:
+    from audiomask.encoders.phi4mm import Phi4MMEncoder
+    from audiomask.encoders.qwen3_asr import Qwen3ASREncoder
+
+__all__ = ["Phi4MMStream", "Qwen3ASRStream"]
+
+
+class _Stream:
+    """Input checks and the frame buffer common to both streams; time on ``time_dim`` of the input."""
+
+    def __init__(
+        self, module: torch.nn.Module, batch_size: int, feature_size: int, time_dim: int, output_size: int
+    ) -> None:
+        self.batch_size = check_int("batch_size", batch_size, minimum=1)
+        parameter = next(module.parameters())
+        self.device, self.dtype = parameter.device, parameter.dtype
+        self._feature_size, self._time_dim, self._output_size = feature_size, time_dim, output_size
+        self._buffer = FrameBuffer(self.batch_size, feature_size, self.device, self.dtype)
+        self._frames = np.zeros(self.batch_size, np.int64)  # frames pushed per slot since the last flush
+
+    def _push_frames(self, features: torch.Tensor, lengths: object) -> None:
+        """Check ``features`` and append them to the buffer (time on dim 1 there)."""
+        feature_dim = 3 - self._time_dim
+        if (
+            not isinstance(features, torch.Tensor)
+            or features.ndim != 3
+            or features.shape[0] != self.batch_size
+            or features.shape[feature_dim] != self._feature_size
+        ):
+            shape = tuple(features.shape) if isinstance(features, torch.Tensor) else type(features).__name__
+            layout = ["t", "t"]
+            layout[feature_dim - 1] = str(self._feature_size)
+            raise ValueError(
+                f"features must be a tensor of shape ({self.batch_size}, {', '.join(layout)}), got {shape}"
+            )
+        frames = features.shape[self._time_dim]
+        lengths = np.full(self.batch_size, frames) if lengths is None else host_lengths("lengths", lengths, frames, "t")
+        if lengths.size != self.batch_size:
+            raise ValueError(f"lengths must have {self.batch_size} entries (batch_size), got {lengths.size}")
+        self._buffer.push(features.transpose(1, self._time_dim), lengths)
+        self._frames += lengths
+
+    def _outputs(self, pieces: list[torch.Tensor]) -> torch.Tensor:
+        """The step outputs joined over time; ``(B, 0, D)`` when there are none."""
+        if not pieces:
+            return torch.zeros(self.batch_size, 0, self._output_size, device=self.device, dtype=self.dtype)
+        return torch.cat(pieces, dim=1)
+
+
+class Phi4MMStream(_Stream):
+    """Cache-aware streaming of :class:`~audiomask.encoders.phi4mm.Phi4MMEncoder`, chunk by chunk.
+
+    State per slot: for every block the keys/values of the last
+    ``(left_chunk + 1) * chunk_size`` tokens ``(2, B, H, S, D / H)`` and the
+    conv module's last ``kernel_size - 1`` GLU outputs; for every stride-2
+    stage of the subsampling its last input step. A chunk's
+    ``chunk_size * time_reduction`` frames are all its tokens need (the
+    subsampling has no lookahead beyond them), so each chunk is emitted as
+    soon as its frames are in. The relative position bias depends only on
+    key-minus-query distances: one ``(1, H, C, S)`` tensor serves every step.
+
+    ``push(features (B, t, 80), lengths=None) -> (B, n, D)``: ``n`` is a
+    multiple of ``chunk_size``, possibly 0. ``flush() -> (B, n, D)``: the rest,
+    the last chunk padded; afterwards the stream is empty and starts new
+    utterances. Concatenated over time the outputs are ``(B, ceil(T / 8), D)``,
+    ``T`` the longest utterance, and equal ``encoder(..., mask_mode="hard")``
+    on each utterance's valid tokens; :attr:`output_lengths` counts them.
+
+    >>> from audiomask.encoders.phi4mm import Phi4MMAudioConfig, Phi4MMEncoder
+    >>> config = Phi4MMAudioConfig(hidden_size=8, intermediate_size=8, num_blocks=1, num_attention_heads=2,
+    ...                            ext_pw_out_channel=8, depthwise_separable_out_channel=8, nemo_conv_channels=2)
+    >>> stream = Phi4MMEncoder(config).eval().stream(chunk_size=2, left_chunk=1)
+    >>> [tuple(stream.push(torch.randn(1, 10, 80)).shape) for _ in range(3)]  # 16 frames per chunk
+    [(1, 0, 8), (1, 2, 8), (1, 0, 8)]
+    >>> tuple(stream.flush().shape)  # 30 frames in all -> 4 tokens
+    (1, 2, 8)
+    """
+
+    def __init__(self, encoder: Phi4MMEncoder, batch_size: int, chunk_size: int, left_chunk: int) -> None:
+        config = encoder.config
+        super().__init__(encoder, batch_size, config.input_size, time_dim=1, output_size=config.hidden_size)
+        self.chunk_size = check_int("chunk_size", chunk_size, minimum=1)
+        self.left_chunk = check_int("left_chunk", left_chunk, minimum=0)
+        self.encoder = encoder
+        self._chunk_frames = self.chunk_size * config.time_reduction
+        self._keys = (self.left_chunk + 1) * self.chunk_size  # S: cached tokens plus the chunk's own
+        batch, heads = self.batch_size, config.num_attention_heads
+        like = {"device": self.device, "dtype": self.dtype}
+        self._kv = [
+            torch.zeros(2, batch, heads, self._keys, config.hidden_size // heads, **like) for _ in encoder.encoders
+        ]
+        self._conv = [torch.zeros(batch, config.hidden_size, config.kernel_size - 1, **like) for _ in encoder.encoders]
+        self._subsampling = []
+        bins = config.input_size
+        for conv in encoder.embed.strided_convs():
+            self._subsampling.append(torch.zeros(batch, conv.in_channels, 1, bins, **like))
+            bins = -(-bins // 2)
+        with torch.no_grad():
+            # Queries are the last chunk_size of the S key slots.
+            keys = torch.arange(self._keys, device=self.device)
+            self._bias = encoder.relative_attention_bias_layer(keys[-self.chunk_size :], keys)
+        self._chunks = 0  # chunk steps since the last flush
+
+    @property
+    def output_lengths(self) -> np.ndarray:
+        """``(B,)`` int64: valid tokens among those emitted since the last flush (the rest is padding)."""
+        emitted = self._chunks * self.chunk_size
+        return np.minimum(-(-self._frames // self.encoder.config.time_reduction), emitted)
+
+    def push(self, features: torch.Tensor, lengths: object = None) -> torch.Tensor:
+        """Append ``features`` ``(B, t, input_size)`` and encode every chunk now complete in all slots.
+
+        ``lengths`` ``(B,)``: how many of the ``t`` frames are real in each
+        slot (default all). Returns ``(B, n, D)``, ``n`` a multiple of ``chunk_size``.
+        """
+        self._push_frames(features, lengths)
+        steps = []
+        while self._buffer.counts.min() >= self._chunk_frames:
+            steps.append(self._step())
+        return self._outputs(steps)
+
+    def flush(self) -> torch.Tensor:
+        """End the utterances: encode what is left (the last chunk zero-padded) and reset the stream.
+
+        Returns ``(B, n, D)``, trimmed so that all outputs since the previous
+        flush number ``ceil(max frames / time_reduction)``.
+        """
+        steps = []
+        while self._buffer.counts.max(initial=0) > 0:
+            steps.append(self._step())
+        outputs = self._outputs(steps)
+        reduction = self.encoder.config.time_reduction
+        emitted_before = (self._chunks - len(steps)) * self.chunk_size
+        outputs = outputs[:, : -(-int(self._frames.max(initial=0)) // reduction) - emitted_before]
+        self._reset()
+        return outputs
+
+    def _reset(self) -> None:
+        for cache in (*self._kv, *self._conv, *self._subsampling):
+            cache.zero_()
+        self._frames[:] = 0
+        self._chunks = 0
+
+    @torch.no_grad()
+    def _step(self) -> torch.Tensor:
+        """Encode the next chunk of every slot: ``(B, chunk_size, D)``."""
+        encoder = self.encoder
+        chunk, valid = self._buffer.take(self._chunk_frames)
+        frame_valid = to_device(padding_mask(valid, self._chunk_frames), self.device)
+        hidden = encoder.embed(encoder.encoder_embedding(chunk), frame_valid, self._subsampling)
+        # Key slot j holds token (chunks + 1) * C - S + j: valid from token 0 up to each utterance's last token.
+        first = (self._chunks + 1) * self.chunk_size - self._keys
+        tokens = -(-self._frames // encoder.config.time_reduction)
+        keys_valid = padding_mask(np.clip(tokens - first, 0, self._keys), self._keys)
+        keys_valid[:, : max(-first, 0)] = False
+        bias = self._bias + may_attend_to_additive_bias(to_device(keys_valid, self.device), self.dtype)[:, None, None]
+        for block, kv, conv in zip(encoder.encoders, self._kv, self._conv):
+            hidden = block(hidden, bias, kv, conv)
+        self._chunks += 1
+        return hidden
+
+
+class Qwen3ASRStream(_Stream):
+    """Streaming of :class:`~audiomask.encoders.qwen3_asr.Qwen3ASREncoder`, one conv chunk at a time.
+
+    Each completed chunk of ``2 * n_window`` frames (100) goes through the
+    conv stack once and its tokens (13) join the current attention window.
+    When a window is complete (8 chunks, 104 tokens) the transformer layers
+    run over it once, and its outputs are final: they equal the offline
+    forward's. :meth:`partial` re-attends only the current, incomplete window
+    (the tokens of its completed chunks plus the chunk in progress) for a
+    provisional look; :meth:`flush` ends the utterances and returns the last
+    window, its last chunk zero-padded (equal to the offline forward when the
+    offline input is zero beyond each length).
+
+    ``push(features (B, 128, t), lengths=None) -> (B, n, D)``: ``n`` a
+    multiple of the window length, possibly 0.
+
+    >>> from audiomask.encoders.qwen3_asr import Qwen3ASRConfig, Qwen3ASREncoder
+    >>> config = Qwen3ASRConfig(encoder_layers=1, encoder_attention_heads=2, encoder_ffn_dim=8, d_model=8,
+    ...                         downsample_hidden_size=2)
+    >>> stream = Qwen3ASREncoder(config).eval().stream()
+    >>> tuple(stream.push(torch.randn(1, 128, 850)).shape)  # 8 chunks of 100 frames: one window
+    (1, 104, 8)
+    >>> tuple(stream.partial().shape), tuple(stream.flush().shape)  # 50 frames left: 7 tokens
+    ((1, 7, 8), (1, 7, 8))
+    """
+
+    def __init__(self, encoder: Qwen3ASREncoder, batch_size: int) -> None:
+        config = encoder.config
+        super().__init__(encoder, batch_size, config.num_mel_bins, time_dim=2, output_size=config.d_model)
+        self.encoder = encoder
+        self._window = torch.zeros(
+            self.batch_size, config.window_tokens, config.d_model, device=self.device, dtype=self.dtype
+        )
+        self._window_tokens = np.zeros(self.batch_size, np.int64)  # valid tokens in the current window
+        self._window_chunks = 0  # chunks in the current window
+        self._windows = 0  # windows emitted since the last flush
+
+    def push(self, features: torch.Tensor, lengths: object = None) -> torch.Tensor:
+        """Append ``features`` ``(B, num_mel_bins, t)``; returns the windows completed, ``(B, n, D)``.
+
+        ``lengths`` ``(B,)``: how many of the ``t`` frames are real in each slot (default all).
+        """
+        self._push_frames(features, lengths)
+        return self._outputs(self._encode_chunks(lambda counts: counts.min() >= self.encoder.config.chunk_frames))
+
+    @torch.no_grad()
+    def partial(self) -> torch.Tensor:
+        """Provisional outputs of the current window, ``(B, m, D)``; changes nothing.
+
+        The frames of the chunk in progress (zero-padded) are conv-encoded on
+        the fly; only the current window is attended.
+        """
+        config = self.encoder.config
+        pending = np.minimum(self._buffer.counts, config.chunk_frames)
+        window = self._window
+        if pending.max(initial=0) > 0:
+            window = window.clone()
+            self._embed_into(window, self._buffer.frames[:, : config.chunk_frames])
+        lengths = self._window_tokens + self.encoder.output_lengths(pending)
+        return self.encoder.encode_windows(window, lengths)[:, : lengths.max(initial=0)]
+
+    def flush(self) -> torch.Tensor:
+        """End the utterances: encode the rest (the last chunk zero-padded) and reset; ``(B, n, D)``.
+
+        Trimmed so that all outputs since the previous flush number the
+        offline forward's ``N_max`` tokens.
+        """
+        windows = self._encode_chunks(lambda counts: counts.max(initial=0) > 0)
+        if self._window_chunks:
+            windows.append(self._close_window())
+        outputs = self._outputs(windows)
+        emitted_before = (self._windows - len(windows)) * self.encoder.config.window_tokens
+        outputs = outputs[:, : int(self.encoder.output_lengths(self._frames).max(initial=0)) - emitted_before]
+        self._frames[:] = 0
+        self._windows = 0
+        return outputs
+
+    def _embed_into(self, window: torch.Tensor, frames: torch.Tensor) -> None:
+        """Conv-encode the chunk ``frames`` ``(B, t <= chunk_frames, mel)`` (zero-padded) into its place in ``window``."""
+        config = self.encoder.config
+        frames = torch.nn.functional.pad(frames, (0, 0, 0, config.chunk_frames - frames.shape[1]))
+        start = self._window_chunks * config.chunk_tokens
+        window[:, start : start + config.chunk_tokens] = self.encoder.embed_chunks(frames.transpose(1, 2))
+
+    @torch.no_grad()
+    def _encode_chunks(self, more: Callable[[np.ndarray], bool]) -> list[torch.Tensor]:
+        """Conv-encode chunks into the window while ``more(buffered frame counts)``; the windows completed."""
+        config = self.encoder.config
+        windows = []
+        while more(self._buffer.counts):
+            chunk, valid = self._buffer.take(config.chunk_frames)
+            self._embed_into(self._window, chunk)
+            self._window_tokens += self.encoder.output_lengths(valid)
+            self._window_chunks += 1
+            if self._window_chunks == config.chunks_per_window:
+                windows.append(self._close_window())
+        return windows
+
+    @torch.no_grad()
+    def _close_window(self) -> torch.Tensor:
+        """The outputs of the current window ``(B, window_tokens, D)``; starts the next one."""
+        outputs = self.encoder.encode_windows(self._window, self._window_tokens)
+        self._window.zero_()
+        self._window_tokens[:] = 0
+        self._window_chunks = 0
+        self._windows += 1
+        return outputs
