@@ -29,11 +29,6 @@ Usage: python scripts/bench_masks.py --out bench/results/masks_<label>.json
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import os
-import platform
-import socket
 import sys
 import time
 from collections.abc import Callable
@@ -43,6 +38,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, installed or not
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _benchenv import capture_environment, write_result  # noqa: E402
 
 from audiomask.masks import phi4mm  # noqa: E402
 
@@ -52,16 +50,6 @@ TIME_REDUCTION = phi4mm.TIME_REDUCTION  # 8 feature frames (10 ms) per token
 SEQ_LENS = (375, 1500)  # tokens: 30 s and 120 s of audio
 BATCH_SIZES = (1, 8)
 HS_BATCH = 8
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def time_interleaved(methods: dict[str, Callable[[], object]], repeats: int, warmup: int) -> dict[str, dict]:
@@ -180,15 +168,7 @@ def main() -> None:
         )
 
     report = {
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "host": socket.gethostname(),
-        "python_version": platform.python_version(),
-        "torch_version": torch.__version__,
-        "torch_num_threads": torch.get_num_threads(),
-        "numpy_version": np.__version__,
-        "cpu": {"model": cpu_model(), "count": os.cpu_count()},
-        "gpu": None,
+        **capture_environment(sys.argv),
         "config": {
             "chunk_size": CHUNK_SIZE,
             "left_chunk": LEFT_CHUNK,
@@ -223,9 +203,7 @@ def main() -> None:
     )
 
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=2) + "\n")
-        print(f"wrote {args.out}")
+        write_result(args.out, report)
 
 
 if __name__ == "__main__":

@@ -6,14 +6,18 @@ A slot pinned once and reused costs neither, but reusing it while its last copy
 is still in flight corrupts that copy. So every copy from a slot records a CUDA
 event, and a slot is handed out again only once that event has completed.
 
-Every CUDA driver call costs more while the GPU is busy (~0.02 ms each on the
-H200's VM, bench/probes), so a submit makes as few as it can: each slot owns
-one event, created once and re-recorded by each copy from the slot (safe: a
-slot is leased only once its last event has completed, and a stream that
-waits on an event waits on the record made before the wait); an acquire
-queries slots in reuse order and stops at the first idle one (one query in
-the steady state); the copy stream is switched in and out without a context
-manager, and not at all when the copy runs on the current stream.
+A submit does as little as it can, since every call it makes costs ~10-20x
+more when the host's caches are cold (right after the host waited, or after a
+large memcpy; bench/probes/submit_costs_h200.txt): each slot owns one event,
+created once and re-recorded by each copy from the slot (safe: a slot is
+leased only once its last event has completed, and a stream that waits on an
+event waits on the record made before the wait); an acquire queries slots in
+reuse order and stops at the first idle one (one query in the steady state);
+the copy stream is switched in and out without a context manager, and not at
+all when the copy runs on the current stream; the slot views the ring copies
+through are made once; the result is allocated before the staging memcpy.
+Four driver calls remain per submit: the query, the copy, the event record
+and the consumer's wait (and one event record when the result is freed).
 
 Builders write straight into a slot (the pattern of vLLM's ``CpuGpuBuffer.np``,
 made race-free)::
@@ -31,7 +35,7 @@ from __future__ import annotations
 import math
 import operator
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, NamedTuple, Protocol
@@ -118,8 +122,8 @@ class _Slot:
     # re-recorded only by the next submit, which holds the slot only once the event has completed.
     event: Any = None
     event_device: torch.device | None = None
-    # Torch views of the slot that the ring copies from (never handed out, so never changed).
-    views: dict[_Part, torch.Tensor] = field(default_factory=dict)
+    # Torch and numpy views of the slot that the ring copies through (never handed out, so never changed).
+    views: dict[_Part, tuple[torch.Tensor, np.ndarray | None]] = field(default_factory=dict)
 
 
 class _Part(NamedTuple):
@@ -129,15 +133,34 @@ class _Part(NamedTuple):
     nbytes: int
 
 
-def _slot_view(slot: _Slot, part: _Part) -> torch.Tensor:
-    """The torch view of ``part`` in ``slot`` that copies read, made once per (slot, part)."""
-    view = slot.views.get(part)
-    if view is None:
+def _slot_views(slot: _Slot, part: _Part) -> tuple[torch.Tensor, np.ndarray | None]:
+    """The torch and numpy views (``None`` for dtypes numpy lacks) of ``part`` in ``slot``, made once."""
+    views = slot.views.get(part)
+    if views is None:
         if len(slot.views) >= _VIEW_CACHE_SIZE:
             slot.views.clear()
-        view = slot.buffer[part.offset : part.offset + part.nbytes].view(part.dtype).view(part.shape)
-        slot.views[part] = view
-    return view
+        tensor = slot.buffer[part.offset : part.offset + part.nbytes].view(part.dtype).view(part.shape)
+        dtype = numpy_dtype(part.dtype)
+        array = None if dtype is None else slot.array[part.offset : part.offset + part.nbytes].view(dtype)
+        views = slot.views[part] = (tensor, None if array is None else array.reshape(part.shape))
+    return views
+
+
+_get_current_stream = getattr(torch._C, "_cuda_getCurrentStream", None)  # (stream id, device index, device type)
+_STREAMS: dict[tuple[int, int, int], torch.cuda.Stream] = {}
+
+
+def _current_stream(device: torch.device) -> torch.cuda.Stream:
+    """``torch.cuda.current_stream(device)``, without building a new Stream object on every call."""
+    if _get_current_stream is None or device.type != "cuda":
+        return torch.cuda.current_stream(device)
+    key = _get_current_stream(device.index)
+    stream = _STREAMS.get(key)
+    if stream is None:
+        if len(_STREAMS) >= 64:
+            _STREAMS.clear()
+        stream = _STREAMS[key] = torch.cuda.Stream(stream_id=key[0], device_index=key[1], device_type=key[2])
+    return stream
 
 
 def _slot_event(slot: _Slot, device: torch.device) -> Any:
@@ -256,9 +279,9 @@ class PinnedRing:
         nbytes = math.prod(shape) * dtype.itemsize
         return Staged(self, self._acquire(nbytes), [_Part(0, shape, dtype, nbytes)], nbytes)
 
-    def _staging_view(self, staged: Staged) -> torch.Tensor:
-        """The internal torch view of ``staged``'s only array, for the staging memcpy of to_device."""
-        return _slot_view(staged._live(), staged._parts[0])
+    def _staging_views(self, staged: Staged) -> tuple[torch.Tensor, np.ndarray | None]:
+        """The internal torch and numpy views of ``staged``'s only array, for the staging memcpy of to_device."""
+        return _slot_views(staged._live(), staged._parts[0])
 
     def stats(self) -> RingStats:
         """A snapshot of the counters."""
@@ -468,25 +491,40 @@ class Staged:
         self._ring._release(self._live(), event, None)
         self._slot = None
 
-    def _to(self, target: torch.device, out: torch.Tensor | None, stream: torch.cuda.Stream | None) -> torch.Tensor:
-        """:meth:`to` with ``target``, ``out`` and ``stream`` already checked."""
+    def _to(
+        self,
+        target: torch.device,
+        out: torch.Tensor | None,
+        stream: torch.cuda.Stream | None,
+        fill: Callable[[], None] | None = None,
+    ) -> torch.Tensor:
+        """:meth:`to` with ``target``, ``out`` and ``stream`` already checked; see :meth:`_submit` for ``fill``."""
         index = self._single()
-        return self._submit(target, out, stream)[index]
+        return self._submit(target, out, stream, fill)[index]
 
     def _submit(
-        self, target: torch.device, out: torch.Tensor | None, stream: torch.cuda.Stream | None
+        self,
+        target: torch.device,
+        out: torch.Tensor | None,
+        stream: torch.cuda.Stream | None,
+        fill: Callable[[], None] | None = None,
     ) -> tuple[torch.Tensor, ...]:
+        """Copy the slot to ``target`` and release it; ``fill()`` writes the slot first, once the result is allocated.
+
+        Allocating before the staging memcpy keeps the submit's own work off
+        the caches that a large memcpy has just flushed.
+        """
         slot = self._live()
         if target.type == "cpu":
-            results, _ = self._copy(slot, target, out, non_blocking=False)
+            destination = self._write(slot, target, out, fill, non_blocking=False)
             self._ring._release(slot, None, self.nbytes)
             self._slot = None
-            return results
-        consumer = torch.cuda.current_stream(target)
+            return self._results(destination)
+        consumer = _current_stream(target)
         copy_stream = self._ring.copy_stream(target) if stream is None else stream
         done = _slot_event(slot, target)
         if copy_stream == consumer:
-            results, _ = self._copy(slot, target, out, non_blocking=True)
+            destination = self._write(slot, target, out, fill, non_blocking=True)
             done.record(copy_stream)
         else:
             if out is not None:
@@ -497,31 +535,52 @@ class Staged:
             device = torch.cuda.current_device()
             torch.cuda.set_stream(copy_stream)
             try:
-                results, allocation = self._copy(slot, target, out, non_blocking=True)
+                destination = self._write(slot, target, out, fill, non_blocking=True)
                 done.record(copy_stream)
             finally:
                 torch.cuda.set_stream(consumer)
                 if device != target.index:
                     torch.cuda.set_device(device)
             done.wait(consumer)
-            if allocation is not None:
-                allocation.record_stream(consumer)  # not reused before the consumer's queued work has run
+            if out is None:
+                destination.record_stream(consumer)  # not reused before the consumer's queued work has run
         self._ring._release(slot, done, self.nbytes)
         self._slot = None
-        return results
+        return self._results(destination)
 
-    def _copy(
-        self, slot: _Slot, target: torch.device, out: torch.Tensor | None, *, non_blocking: bool
-    ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor | None]:
+    def _write(
+        self,
+        slot: _Slot,
+        target: torch.device,
+        out: torch.Tensor | None,
+        fill: Callable[[], None] | None,
+        *,
+        non_blocking: bool,
+    ) -> torch.Tensor:
+        """Allocate the destination, fill the slot, queue the copy; return the destination."""
+        destination = self._allocate(target, out)
+        if fill is not None:
+            fill()
+        self._copy(slot, destination, non_blocking=non_blocking)
+        return destination
+
+    def _allocate(self, target: torch.device, out: torch.Tensor | None) -> torch.Tensor:
+        """The tensor the copy writes: ``out``, the only array's result, or one byte block for packed arrays."""
+        if out is not None:
+            return out
         if len(self._parts) == 1:  # straight into a tensor of the right type: no byte views
             part = self._parts[0]
-            result = torch.empty(part.shape, dtype=part.dtype, device=target) if out is None else out
-            result.copy_(_slot_view(slot, part), non_blocking=non_blocking)
-            return (result,), (result if out is None else None)
-        allocation = torch.empty(self.nbytes, dtype=torch.uint8, device=target)
-        allocation.copy_(_slot_view(slot, _Part(0, (self.nbytes,), torch.uint8, self.nbytes)), non_blocking=non_blocking)
-        views = tuple(allocation[p.offset : p.offset + p.nbytes].view(p.dtype).view(p.shape) for p in self._parts)
-        return views, allocation
+            return torch.empty(part.shape, dtype=part.dtype, device=target)
+        return torch.empty(self.nbytes, dtype=torch.uint8, device=target)
+
+    def _copy(self, slot: _Slot, destination: torch.Tensor, *, non_blocking: bool) -> None:
+        part = self._parts[0] if len(self._parts) == 1 else _Part(0, (self.nbytes,), torch.uint8, self.nbytes)
+        destination.copy_(_slot_views(slot, part)[0], non_blocking=non_blocking)
+
+    def _results(self, destination: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if len(self._parts) == 1:
+            return (destination,)
+        return tuple(destination[p.offset : p.offset + p.nbytes].view(p.dtype).view(p.shape) for p in self._parts)
 
     def _live(self) -> _Slot:
         if self._slot is None:

@@ -13,10 +13,13 @@ from audiomask.transfer.ring import MiB, PinnedRing
 
 __all__ = ["PARALLEL_COPY_BYTES", "default_ring", "stage_copy", "to_device"]
 
-# From this size the staging memcpy is bandwidth-bound and worth torch's
-# multi-threaded copy: 4 MiB takes ~0.3 ms on one core, far above the cost of
-# waking a thread team.
-PARALLEL_COPY_BYTES = 4 * MiB
+# From this size the staging memcpy goes to torch's multi-threaded copy. Measured on the H200's
+# 16-vCPU VM (bench/results/transfer_h200.json, bench/probes): torch's copy has multi-ms p99 tails
+# at every size (~3-4 ms when its threads idled ~50 ms before, up to ~6 ms even in a hot loop: a
+# parallel region waits for its slowest thread), numpy's single-threaded copy has none but moves
+# only ~13 GB/s. At 4 MiB numpy's worst p99 is ~0.8 ms against torch's ~3.8 ms; at 16 MiB both
+# worst p99s are ~3.5-4 ms and torch's median is 4x lower; at 64 MiB numpy takes ~11 ms.
+PARALLEL_COPY_BYTES = 16 * MiB
 
 _DEFAULT_RINGS: dict[torch.device, PinnedRing] = {}
 _DEFAULT_RINGS_LOCK = threading.Lock()
@@ -74,10 +77,11 @@ def stage_copy(dst: torch.Tensor, source: np.ndarray | torch.Tensor) -> None:
     ``source`` is a numpy array (any strides, read-only included) or a CPU
     tensor. Payloads under ``PARALLEL_COPY_BYTES`` are copied by numpy,
     single-threaded: their host time stays steady when other threads load
-    the cores (feature extraction does), whereas torch's multi-threaded CPU
-    copy waits for a free core in every parallel region (~8 ms a call on a
-    loaded 2-core machine). Larger payloads are bandwidth-bound and go to
-    torch's multi-threaded copy, as do dtypes numpy lacks (bfloat16).
+    the cores (feature extraction does) and after the host idled, whereas
+    torch's multi-threaded CPU copy waits for its slowest thread in every
+    parallel region (~8 ms a call on a loaded 2-core machine, 3-6 ms p99 on
+    the H200's VM). Larger payloads are bandwidth-bound and go to torch's
+    multi-threaded copy, as do dtypes numpy lacks (bfloat16).
 
     >>> dst = torch.empty(2, 3)
     >>> stage_copy(dst, np.arange(6).reshape(3, 2).T)
@@ -177,5 +181,7 @@ def to_device(
         return result
     ring = ring or default_ring(target)
     with ring._stage_checked(tuple(source.shape), dtype) as staged:
-        stage_copy(ring._staging_view(staged), source)
-        return staged._to(target, out, stream)
+        tensor, array = ring._staging_views(staged)
+        if array is not None and isinstance(source, np.ndarray) and tensor.nbytes < PARALLEL_COPY_BYTES:
+            return staged._to(target, out, stream, lambda: np.copyto(array, source, casting="unsafe"))
+        return staged._to(target, out, stream, lambda: stage_copy(tensor, source))

@@ -23,8 +23,9 @@ import numpy as np
 import torch
 
 from audiomask.transfer import KiB, MiB, PinnedRing, stage_copy, to_device
+from audiomask.transfer import staging as staging_module
 from audiomask.transfer.harness import QueueFiller, pin_per_copy
-from audiomask.transfer.ring import _slot_event, _slot_view
+from audiomask.transfer.ring import _current_stream, _slot_event, _slot_views
 
 DEV = torch.device("cuda", 0)
 filler = QueueFiller(DEV)
@@ -188,10 +189,7 @@ def section_submit() -> None:
 
                 staged = ring._stage_checked((n,), torch.uint8)
                 mark("acquire")
-                view = ring._staging_view(staged)
-                stage_copy(view, data)
-                mark("stage_copy")
-                consumer = torch.cuda.current_stream(DEV)
+                consumer = _current_stream(DEV)
                 mark("current_stream")
                 slot = staged._slot
                 done = _slot_event(slot, DEV)
@@ -201,7 +199,13 @@ def section_submit() -> None:
                 mark("set_stream copy")
                 result = torch.empty((n,), dtype=torch.uint8, device=DEV)
                 mark("empty")
-                result.copy_(_slot_view(slot, staged._parts[0]), non_blocking=True)
+                tensor, array = ring._staging_views(staged)
+                if n < staging_module.PARALLEL_COPY_BYTES:
+                    np.copyto(array, data, casting="unsafe")
+                else:
+                    stage_copy(tensor, data)
+                mark("stage")
+                result.copy_(_slot_views(slot, staged._parts[0])[0], non_blocking=True)
                 mark("copy_")
                 done.record(copy_stream)
                 mark("record")
