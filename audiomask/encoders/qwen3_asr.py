@@ -263,15 +263,15 @@ class Qwen3ASREncoder(nn.Module):
         tokens = self.embed_chunks(chunked.reshape(batch * chunks, bins, config.chunk_frames))
         # Only an utterance's last chunk is short, so its tokens lead its row, and its
         # windows are the row's aligned blocks of window_tokens: attend them as a batch.
-        window_tokens = config.window_tokens
+        window_tokens, dim = config.window_tokens, config.d_model
         windows = -(-chunks // config.chunks_per_window)
         tokens = F.pad(
-            tokens.reshape(batch, chunks * config.chunk_tokens, -1),
+            tokens.reshape(batch, chunks * config.chunk_tokens, dim),
             (0, 0, 0, windows * window_tokens - chunks * config.chunk_tokens),
         )
         window_lengths = np.clip(output_lengths[:, None] - window_tokens * np.arange(windows), 0, window_tokens)
-        hidden = self.encode_windows(tokens.reshape(batch * windows, window_tokens, -1), window_lengths.reshape(-1))
-        outputs = hidden.reshape(batch, windows * window_tokens, -1)[:, :longest]
+        hidden = self.encode_windows(tokens.reshape(batch * windows, window_tokens, dim), window_lengths.reshape(-1))
+        outputs = hidden.reshape(batch, windows * window_tokens, dim)[:, :longest]
         return outputs, to_device(output_lengths, features.device)
 
     def stream(self, batch_size: int = 1) -> Qwen3ASRStream:
