@@ -13,13 +13,13 @@ from audiomask.transfer.ring import MiB, PinnedRing
 
 __all__ = ["PARALLEL_COPY_BYTES", "default_ring", "stage_copy", "to_device"]
 
-# From this size the staging memcpy goes to torch's multi-threaded copy. Measured on the H200's
-# 16-vCPU VM (bench/results/transfer_h200.json, bench/probes): torch's copy has multi-ms p99 tails
-# at every size (~3-4 ms when its threads idled ~50 ms before, up to ~6 ms even in a hot loop: a
+# From this size the staging memcpy goes to torch's multi-threaded copy. Chosen by p99 on the
+# H200's 16-vCPU VM (bench/results/transfer_h200*.json, bench/probes): torch's copy has multi-ms
+# p99 tails at every size from 64 KiB (3-9 ms, whether its threads idled ~50 ms before or not: a
 # parallel region waits for its slowest thread), numpy's single-threaded copy has none but moves
-# only ~13 GB/s. At 4 MiB numpy's worst p99 is ~0.8 ms against torch's ~3.8 ms; at 16 MiB both
-# worst p99s are ~3.5-4 ms and torch's median is 4x lower; at 64 MiB numpy takes ~11 ms.
-PARALLEL_COPY_BYTES = 16 * MiB
+# only ~5-13 GB/s. Worst p99 (idle or busy), numpy vs torch: 4 MiB ~0.8 vs ~3.8 ms; 16 MiB
+# ~3.4 vs 3.9-5.8 ms; 64 MiB ~14 vs 2.4-7.6 ms.
+PARALLEL_COPY_BYTES = 32 * MiB
 
 _DEFAULT_RINGS: dict[torch.device, PinnedRing] = {}
 _DEFAULT_RINGS_LOCK = threading.Lock()
