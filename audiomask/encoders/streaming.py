@@ -239,15 +239,17 @@ class Qwen3ASRStream(_Stream):
     def partial(self) -> torch.Tensor:
         """Provisional outputs of the current window, ``(B, m, D)``; changes nothing.
 
-        The frames of the chunk in progress (zero-padded) are conv-encoded on
-        the fly; only the current window is attended.
+        The frames waiting in the buffer (up to the window's end, the last
+        chunk zero-padded) are conv-encoded on the fly; only the current
+        window is attended, as the offline forward of the frames so far would.
         """
         config = self.encoder.config
-        pending = np.minimum(self._buffer.counts, config.chunk_frames)
+        room = (config.chunks_per_window - self._window_chunks) * config.chunk_frames
+        pending = np.minimum(self._buffer.counts, room)
         window = self._window
         if pending.max(initial=0) > 0:
             window = window.clone()
-            self._embed_into(window, self._buffer.frames[:, : config.chunk_frames])
+            self._embed_into(window, self._buffer.frames[:, : int(pending.max())])
         lengths = self._window_tokens + self.encoder.output_lengths(pending)
         return self.encoder.encode_windows(window, lengths)[:, : lengths.max(initial=0)]
 
@@ -268,11 +270,15 @@ class Qwen3ASRStream(_Stream):
         return outputs
 
     def _embed_into(self, window: torch.Tensor, frames: torch.Tensor) -> None:
-        """Conv-encode the chunk ``frames`` ``(B, t <= chunk_frames, mel)`` (zero-padded) into its place in ``window``."""
+        """Conv-encode ``frames`` ``(B, t, mel)`` (whole chunks, the last zero-padded) into the window's next places."""
         config = self.encoder.config
-        frames = torch.nn.functional.pad(frames, (0, 0, 0, config.chunk_frames - frames.shape[1]))
+        chunks = -(-frames.shape[1] // config.chunk_frames)
+        frames = torch.nn.functional.pad(frames, (0, 0, 0, chunks * config.chunk_frames - frames.shape[1]))
+        batch, _, bins = frames.shape
+        chunked = frames.view(batch * chunks, config.chunk_frames, bins).transpose(1, 2)
         start = self._window_chunks * config.chunk_tokens
-        window[:, start : start + config.chunk_tokens] = self.encoder.embed_chunks(frames.transpose(1, 2))
+        tokens = self.encoder.embed_chunks(chunked).reshape(batch, chunks * config.chunk_tokens, -1)
+        window[:, start : start + tokens.shape[1]] = tokens
 
     @torch.no_grad()
     def _encode_chunks(self, more: Callable[[np.ndarray], bool]) -> list[torch.Tensor]:
