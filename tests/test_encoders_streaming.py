@@ -38,12 +38,13 @@ def stream_in_pieces(stream, features: torch.Tensor, lengths: list[int], sizes: 
 
     A piece holds ``size`` frames per slot, of which ``real[b]`` are slot
     ``b``'s next frames and the rest noise (shorter utterances run out first).
-    Returns the outputs of every call, the flush last.
+    Returns the outputs of every call (the flush last) and the sum of their ``last_lengths``.
     """
     lengths = np.asarray(lengths)
     generator = torch.Generator().manual_seed(3)
     sent = np.zeros(lengths.size, np.int64)
     outputs = []
+    valid = np.zeros(lengths.size, np.int64)
     step = 0
     while (sent < lengths).any():
         size = sizes[step % len(sizes)]
@@ -55,9 +56,10 @@ def stream_in_pieces(stream, features: torch.Tensor, lengths: list[int], sizes: 
         for row, (start, count) in enumerate(zip(sent.tolist(), real.tolist())):
             piece[row].narrow(time_dim - 1, 0, count).copy_(features[row].narrow(time_dim - 1, start, count))
         outputs.append(stream.push(piece, real))
+        valid += stream.last_lengths
         sent += real
     outputs.append(stream.flush())
-    return outputs
+    return outputs, valid + stream.last_lengths
 
 
 CHUNKINGS = [(1, 0), (2, 1), (3, 2), (4, 100)]  # (chunk_size tokens, left_chunk chunks); 100: all the past
@@ -77,7 +79,8 @@ def test_phi4mm_stream_equals_hard_forward(phi4mm, chunk_size, left_chunk, lengt
             features, lengths, chunk_size=chunk_size, left_chunk=left_chunk, mask_mode="hard"
         )
     stream = phi4mm.stream(batch_size=len(lengths), chunk_size=chunk_size, left_chunk=left_chunk)
-    pieces = stream_in_pieces(stream, features, lengths, sizes, time_dim=1)
+    pieces, valid = stream_in_pieces(stream, features, lengths, sizes, time_dim=1)
+    assert valid.tolist() == reference_lengths.tolist()
     assert all(piece.shape[1] % chunk_size == 0 for piece in pieces[:-1])  # push emits whole chunks
     outputs = torch.cat(pieces, dim=1)
     assert outputs.shape == reference.shape
@@ -92,7 +95,7 @@ def test_phi4mm_stream_long_utterance(phi4mm):
     with torch.no_grad():
         reference, _ = phi4mm(features, [frames], chunk_size=16, left_chunk=2, mask_mode="hard")
     stream = phi4mm.stream(chunk_size=16, left_chunk=2)
-    outputs = torch.cat(stream_in_pieces(stream, features, [frames], [1000, 37], time_dim=1), dim=1)
+    outputs = torch.cat(stream_in_pieces(stream, features, [frames], [1000, 37], time_dim=1)[0], dim=1)
     assert (outputs - reference).abs().max().item() <= TOLERANCE
 
 
@@ -101,13 +104,14 @@ def test_phi4mm_stream_emits_each_chunk_once_its_frames_are_in(phi4mm):
     stream = phi4mm.stream(batch_size=2, chunk_size=3, left_chunk=1)
     chunk_frames = 3 * 8
     assert stream.push(torch.randn(2, chunk_frames - 1, PHI_MEL)).shape == (2, 0, 16)
+    assert stream.last_lengths.tolist() == [0, 0]
     assert stream.push(torch.randn(2, 1, PHI_MEL)).shape == (2, 3, 16)
     assert stream.push(torch.randn(2, 2 * chunk_frames, PHI_MEL)).shape == (2, 6, 16)
-    assert stream.output_lengths.tolist() == [9, 9]
+    assert stream.last_lengths.tolist() == [6, 6]
     # A slot that lags holds the batch back (lock step) until flush.
     assert stream.push(torch.randn(2, chunk_frames, PHI_MEL), lengths=[chunk_frames, 5]).shape == (2, 0, 16)
     assert stream.flush().shape == (2, 3, 16)  # 4 chunks in all, the last one padded in slot 1
-    assert stream.output_lengths.tolist() == [0, 0]  # flushed: the stream is empty again
+    assert stream.last_lengths.tolist() == [3, 1]  # slot 1: 5 frames -> 1 token
 
 
 def test_phi4mm_stream_reusable_after_flush(phi4mm):
@@ -122,7 +126,10 @@ def test_phi4mm_stream_reusable_after_flush(phi4mm):
 def test_phi4mm_empty_streams_stay_finite(phi4mm):
     """A slot that never gets a frame attends to no valid key at all: finite padding, no NaN."""
     stream = phi4mm.stream(batch_size=3, chunk_size=2, left_chunk=0)
-    outputs = torch.cat([stream.push(torch.randn(3, 100, PHI_MEL), [100, 0, 3]), stream.flush()], dim=1)
+    pushed = stream.push(torch.randn(3, 100, PHI_MEL), [100, 0, 3])
+    assert stream.last_lengths.tolist() == [0, 0, 0]  # slots 1 and 2 hold the others back
+    outputs = torch.cat([pushed, stream.flush()], dim=1)
+    assert stream.last_lengths.tolist() == [13, 0, 1]
     assert outputs.shape == (3, 13, 16)
     assert torch.isfinite(outputs).all()
 
@@ -171,7 +178,8 @@ def test_qwen3_asr_stream_equals_offline(qwen, lengths, sizes, seed):
     features *= (torch.arange(max(lengths))[None] < torch.tensor(lengths)[:, None])[:, None]
     with torch.no_grad():
         reference, reference_lengths = qwen(features, lengths)
-    pieces = stream_in_pieces(qwen.stream(batch_size=len(lengths)), features, lengths, sizes, time_dim=2)
+    pieces, valid = stream_in_pieces(qwen.stream(batch_size=len(lengths)), features, lengths, sizes, time_dim=2)
+    assert valid.tolist() == reference_lengths.tolist()
     assert all(piece.shape[1] % WINDOW == 0 for piece in pieces[:-1])  # push emits whole windows
     outputs = torch.cat(pieces, dim=1)
     assert outputs.shape == reference.shape

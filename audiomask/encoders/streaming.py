@@ -47,6 +47,10 @@ class _Stream:
         self._feature_size, self._time_dim, self._output_size = feature_size, time_dim, output_size
         self._buffer = FrameBuffer(self.batch_size, feature_size, self.device, self.dtype)
         self._frames = np.zeros(self.batch_size, np.int64)  # frames pushed per slot since the last flush
+        self._emitted = 0  # output tokens (per slot, valid or padding) since the last flush
+        #: ``(B,)`` int64: how many of the tokens returned by the last ``push``/``flush``
+        #: are real in each slot (they come first; the rest is padding).
+        self.last_lengths = np.zeros(self.batch_size, np.int64)
 
     def _push_frames(self, features: torch.Tensor, lengths: object) -> None:
         """Check ``features`` and append them to the buffer (time on dim 1 there)."""
@@ -70,11 +74,29 @@ class _Stream:
         self._buffer.push(features.transpose(1, self._time_dim), lengths)
         self._frames += lengths
 
-    def _outputs(self, pieces: list[torch.Tensor]) -> torch.Tensor:
-        """The step outputs joined over time; ``(B, 0, D)`` when there are none."""
-        if not pieces:
-            return torch.zeros(self.batch_size, 0, self._output_size, device=self.device, dtype=self.dtype)
-        return torch.cat(pieces, dim=1)
+    def _valid_tokens(self) -> np.ndarray:
+        """``(B,)`` output tokens of the frames pushed to each slot since the last flush (per encoder)."""
+        raise NotImplementedError
+
+    def _emit(self, pieces: list[torch.Tensor], *, final: bool = False) -> torch.Tensor:
+        """Join the step outputs over time (``(B, 0, D)`` when none) and count the valid ones in :attr:`last_lengths`.
+
+        ``final``: the flush; trim the outputs since the last flush to the
+        longest utterance's tokens, then start new utterances.
+        """
+        if pieces:
+            outputs = torch.cat(pieces, dim=1)
+        else:
+            outputs = torch.zeros(self.batch_size, 0, self._output_size, device=self.device, dtype=self.dtype)
+        valid = self._valid_tokens()
+        if final:
+            outputs = outputs[:, : int(valid.max(initial=0)) - self._emitted]
+        self.last_lengths = np.clip(valid - self._emitted, 0, outputs.shape[1])
+        self._emitted += outputs.shape[1]
+        if final:
+            self._frames[:] = 0
+            self._emitted = 0
+        return outputs
 
 
 class Phi4MMStream(_Stream):
@@ -94,7 +116,7 @@ class Phi4MMStream(_Stream):
     the last chunk padded; afterwards the stream is empty and starts new
     utterances. Concatenated over time the outputs are ``(B, ceil(T / 8), D)``,
     ``T`` the longest utterance, and equal ``encoder(..., mask_mode="hard")``
-    on each utterance's valid tokens; :attr:`output_lengths` counts them.
+    on each utterance's valid tokens; ``last_lengths`` counts the valid ones of each call.
 
     >>> from audiomask.encoders.phi4mm import Phi4MMAudioConfig, Phi4MMEncoder
     >>> config = Phi4MMAudioConfig(hidden_size=8, intermediate_size=8, num_blocks=1, num_attention_heads=2,
@@ -131,11 +153,8 @@ class Phi4MMStream(_Stream):
             self._bias = encoder.relative_attention_bias_layer(keys[-self.chunk_size :], keys)
         self._chunks = 0  # chunk steps since the last flush
 
-    @property
-    def output_lengths(self) -> np.ndarray:
-        """``(B,)`` int64: valid tokens among those emitted since the last flush (the rest is padding)."""
-        emitted = self._chunks * self.chunk_size
-        return np.minimum(-(-self._frames // self.encoder.config.time_reduction), emitted)
+    def _valid_tokens(self) -> np.ndarray:
+        return -(-self._frames // self.encoder.config.time_reduction)
 
     def push(self, features: torch.Tensor, lengths: object = None) -> torch.Tensor:
         """Append ``features`` ``(B, t, input_size)`` and encode every chunk now complete in all slots.
@@ -147,7 +166,7 @@ class Phi4MMStream(_Stream):
         steps = []
         while self._buffer.counts.min() >= self._chunk_frames:
             steps.append(self._step())
-        return self._outputs(steps)
+        return self._emit(steps)
 
     def flush(self) -> torch.Tensor:
         """End the utterances: encode what is left (the last chunk zero-padded) and reset the stream.
@@ -158,18 +177,10 @@ class Phi4MMStream(_Stream):
         steps = []
         while self._buffer.counts.max(initial=0) > 0:
             steps.append(self._step())
-        outputs = self._outputs(steps)
-        reduction = self.encoder.config.time_reduction
-        emitted_before = (self._chunks - len(steps)) * self.chunk_size
-        outputs = outputs[:, : -(-int(self._frames.max(initial=0)) // reduction) - emitted_before]
-        self._reset()
-        return outputs
-
-    def _reset(self) -> None:
         for cache in (*self._kv, *self._conv, *self._subsampling):
             cache.zero_()
-        self._frames[:] = 0
         self._chunks = 0
+        return self._emit(steps, final=True)
 
     @torch.no_grad()
     def _step(self) -> torch.Tensor:
@@ -180,8 +191,7 @@ class Phi4MMStream(_Stream):
         hidden = encoder.embed(encoder.encoder_embedding(chunk), frame_valid, self._subsampling)
         # Key slot j holds token (chunks + 1) * C - S + j: valid from token 0 up to each utterance's last token.
         first = (self._chunks + 1) * self.chunk_size - self._keys
-        tokens = -(-self._frames // encoder.config.time_reduction)
-        keys_valid = padding_mask(np.clip(tokens - first, 0, self._keys), self._keys)
+        keys_valid = padding_mask(np.clip(self._valid_tokens() - first, 0, self._keys), self._keys)
         keys_valid[:, : max(-first, 0)] = False
         bias = self._bias + may_attend_to_additive_bias(to_device(keys_valid, self.device), self.dtype)[:, None, None]
         for block, kv, conv in zip(encoder.encoders, self._kv, self._conv):
@@ -225,7 +235,6 @@ class Qwen3ASRStream(_Stream):
         )
         self._window_tokens = np.zeros(self.batch_size, np.int64)  # valid tokens in the current window
         self._window_chunks = 0  # chunks in the current window
-        self._windows = 0  # windows emitted since the last flush
 
     def push(self, features: torch.Tensor, lengths: object = None) -> torch.Tensor:
         """Append ``features`` ``(B, num_mel_bins, t)``; returns the windows completed, ``(B, n, D)``.
@@ -233,7 +242,7 @@ class Qwen3ASRStream(_Stream):
         ``lengths`` ``(B,)``: how many of the ``t`` frames are real in each slot (default all).
         """
         self._push_frames(features, lengths)
-        return self._outputs(self._encode_chunks(lambda counts: counts.min() >= self.encoder.config.chunk_frames))
+        return self._emit(self._encode_chunks(lambda counts: counts.min() >= self.encoder.config.chunk_frames))
 
     @torch.no_grad()
     def partial(self) -> torch.Tensor:
@@ -262,12 +271,10 @@ class Qwen3ASRStream(_Stream):
         windows = self._encode_chunks(lambda counts: counts.max(initial=0) > 0)
         if self._window_chunks:
             windows.append(self._close_window())
-        outputs = self._outputs(windows)
-        emitted_before = (self._windows - len(windows)) * self.encoder.config.window_tokens
-        outputs = outputs[:, : int(self.encoder.output_lengths(self._frames).max(initial=0)) - emitted_before]
-        self._frames[:] = 0
-        self._windows = 0
-        return outputs
+        return self._emit(windows, final=True)
+
+    def _valid_tokens(self) -> np.ndarray:
+        return self.encoder.output_lengths(self._frames)
 
     def _embed_into(self, window: torch.Tensor, frames: torch.Tensor) -> None:
         """Conv-encode ``frames`` ``(B, t, mel)`` (whole chunks, the last zero-padded) into the window's next places."""
@@ -301,5 +308,4 @@ class Qwen3ASRStream(_Stream):
         self._window.zero_()
         self._window_tokens[:] = 0
         self._window_chunks = 0
-        self._windows += 1
         return outputs
