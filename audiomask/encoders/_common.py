@@ -13,7 +13,7 @@ from torch import nn
 from audiomask._validate import check_int, check_lengths
 from audiomask.transfer import to_device
 
-__all__ = ["FrameBuffer", "activation", "config_from_dict", "host_lengths", "positive_fields"]
+__all__ = ["FrameBuffer", "activation", "config_from_dict", "host_lengths", "model_input", "positive_fields"]
 
 _ACTIVATIONS: dict[str, type[nn.Module]] = {
     # transformers' ACT2FN names: "swish" and "silu" are the same function.
@@ -63,6 +63,14 @@ def host_lengths(name: str, lengths: object, maximum: int, maximum_name: str) ->
     return check_lengths(name, lengths, maximum=maximum, maximum_name=maximum_name)
 
 
+def model_input(features: torch.Tensor, module: nn.Module) -> torch.Tensor:
+    """``features`` on ``module``'s device in its dtype: host tensors through :func:`to_device`, others cast."""
+    parameter = next(module.parameters())
+    if features.device == parameter.device:
+        return features.to(parameter.dtype)
+    return to_device(features, parameter.device, dtype=parameter.dtype)
+
+
 class FrameBuffer:
     """Feature frames pushed to each stream slot, waiting to fill a chunk.
 
@@ -85,9 +93,7 @@ class FrameBuffer:
         # One scatter for all slots, whatever their lengths: (slot, source frame) -> (slot, count + frame).
         slots = np.repeat(np.arange(batch), lengths)
         source = np.arange(slots.size) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-        slots, source, target = (
-            to_device(index, self.frames.device) for index in (slots, source, source + self.counts[slots])
-        )
+        slots, source, target = to_device(np.stack([slots, source, source + self.counts[slots]]), self.frames.device)
         features = to_device(features, self.frames.device, dtype=self.frames.dtype)
         self.frames[slots, target] = features[slots, source]
         self.counts += lengths

@@ -48,7 +48,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from audiomask._validate import check_int
-from audiomask.encoders._common import activation, config_from_dict, host_lengths, positive_fields
+from audiomask.encoders._common import activation, config_from_dict, host_lengths, model_input, positive_fields
 from audiomask.encoders.attention import (
     MaskMode,
     attend,
@@ -432,7 +432,8 @@ class Phi4MMEncoder(nn.Module):
             ``outputs`` ``(B, L, D)`` with ``L = ceil(T / time_reduction)``
             (positions beyond an utterance's length hold finite padding values),
             and ``output_lengths`` ``(B,)`` int64 ``ceil(feature_lengths / time_reduction)``,
-            both on ``features.device``.
+            both on the encoder's device (host features are moved with
+            :func:`audiomask.transfer.to_device`, in the encoder's dtype).
         """
         mask_mode = check_mask_mode(mask_mode)
         chunk_size, left_chunk = self._chunking(chunk_size, left_chunk)
@@ -445,8 +446,8 @@ class Phi4MMEncoder(nn.Module):
         reduction = self.config.time_reduction
         output_lengths = phi4mm.subsampled_lengths(lengths, reduction)
         tokens = -(-frames // reduction)
-        device = features.device
-        hidden = self.encoder_embedding(features)
+        device = next(self.parameters()).device
+        hidden = self.encoder_embedding(model_input(features, self))
         if tokens == 0:
             return hidden.new_zeros(batch, 0, self.config.hidden_size), to_device(output_lengths, device)
         if mask_mode == "hard":

@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from audiomask.encoders._common import activation, config_from_dict, host_lengths, positive_fields
+from audiomask.encoders._common import activation, config_from_dict, host_lengths, model_input, positive_fields
 from audiomask.encoders.attention import attend, may_attend_to_additive_bias
 from audiomask.masks import padding_mask, qwen3_asr
 from audiomask.transfer import to_device
@@ -245,7 +245,8 @@ class Qwen3ASREncoder(nn.Module):
         Returns:
             ``outputs`` ``(B, N_max, d_model)``, utterance ``b``'s tokens first
             in its row (positions beyond hold finite padding values), and
-            ``output_lengths`` ``(B,)`` int64, both on ``features.device``.
+            ``output_lengths`` ``(B,)`` int64, both on the encoder's device (host
+            features are moved with :func:`audiomask.transfer.to_device`).
             Transformers returns the same tokens packed (``(sum N_b, d_model)``).
         """
         config = self.config
@@ -258,7 +259,7 @@ class Qwen3ASREncoder(nn.Module):
         output_lengths = self.output_lengths(lengths)
         longest = int(output_lengths.max(initial=0))
         chunks = -(-frames // config.chunk_frames)
-        padded = F.pad(features, (0, chunks * config.chunk_frames - frames))
+        padded = F.pad(model_input(features, self), (0, chunks * config.chunk_frames - frames))
         chunked = padded.view(batch, bins, chunks, config.chunk_frames).transpose(1, 2)
         tokens = self.embed_chunks(chunked.reshape(batch * chunks, bins, config.chunk_frames))
         # Only an utterance's last chunk is short, so its tokens lead its row, and its
@@ -272,7 +273,7 @@ class Qwen3ASREncoder(nn.Module):
         window_lengths = np.clip(output_lengths[:, None] - window_tokens * np.arange(windows), 0, window_tokens)
         hidden = self.encode_windows(tokens.reshape(batch * windows, window_tokens, dim), window_lengths.reshape(-1))
         outputs = hidden.reshape(batch, windows * window_tokens, dim)[:, :longest]
-        return outputs, to_device(output_lengths, features.device)
+        return outputs, to_device(output_lengths, outputs.device)
 
     def stream(self, batch_size: int = 1) -> Qwen3ASRStream:
         """A stream of ``batch_size`` utterances: see :class:`audiomask.encoders.streaming.Qwen3ASRStream`."""

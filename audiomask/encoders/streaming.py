@@ -187,13 +187,21 @@ class Phi4MMStream(_Stream):
         """Encode the next chunk of every slot: ``(B, chunk_size, D)``."""
         encoder = self.encoder
         chunk, valid = self._buffer.take(self._chunk_frames)
-        frame_valid = to_device(padding_mask(valid, self._chunk_frames), self.device)
-        hidden = encoder.embed(encoder.encoder_embedding(chunk), frame_valid, self._subsampling)
-        # Key slot j holds token (chunks + 1) * C - S + j: valid from token 0 up to each utterance's last token.
+        # Both masks in one host array, one copy: the chunk's real frames, then the valid key slots.
+        # Key slot j holds token (chunks + 1) * C - S + j: valid from token 0 to each utterance's last.
         first = (self._chunks + 1) * self.chunk_size - self._keys
-        keys_valid = padding_mask(np.clip(self._valid_tokens() - first, 0, self._keys), self._keys)
-        keys_valid[:, : max(-first, 0)] = False
-        bias = self._bias + may_attend_to_additive_bias(to_device(keys_valid, self.device), self.dtype)[:, None, None]
+        masks = np.concatenate(
+            [
+                padding_mask(valid, self._chunk_frames),
+                padding_mask(np.clip(self._valid_tokens() - first, 0, self._keys), self._keys),
+            ],
+            axis=1,
+        )
+        masks[:, self._chunk_frames : self._chunk_frames + max(-first, 0)] = False
+        masks = to_device(masks, self.device)
+        frame_valid, keys_valid = masks[:, : self._chunk_frames], masks[:, self._chunk_frames :]
+        hidden = encoder.embed(encoder.encoder_embedding(chunk), frame_valid, self._subsampling)
+        bias = self._bias + may_attend_to_additive_bias(keys_valid, self.dtype)[:, None, None]
         for block, kv, conv in zip(encoder.encoders, self._kv, self._conv):
             hidden = block(hidden, bias, kv, conv)
         self._chunks += 1
