@@ -1,0 +1,322 @@
+"""What every front end shares: argument checks, batched computation, streams.
+
+A front end states its :class:`~audiomask.features._framing.Framing` and
+computes the features of a block of frames (``_log_mel_into``); Whisper adds
+a step across frames (its ``max - 8`` floor, ``_finish``). Everything else,
+here, is common: the one-utterance call, the ragged batch, and streams, which
+all frame through the same code and compute every frame of a call in one
+batched torch computation (in slabs of :data:`SLAB_FRAMES` frames that keep
+the scratch memory small), never in a loop over utterances or streams.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from audiomask._validate import check_int
+from audiomask.features._framing import Framing, PackedFrames, StreamFramer, pack
+
+__all__ = ["SLAB_FRAMES", "FeatureStream", "FeatureStreams", "Frontend"]
+
+# Frames per slab of torch calls inside one computation: ~2 MB of FFT input at
+# n_fft 512, which stays in the last-level cache; larger slabs measured no
+# faster, and a 1-hour file in one slab would need 0.7 GB of scratch.
+SLAB_FRAMES = 1024
+
+
+class MelBands:
+    """Triangular mel filters applied to a complex spectrum in a few dense products.
+
+    Each filter covers a narrow run of FFT bins, so the filter matrix is
+    banded: splitting the filters into ``groups`` consecutive groups, each
+    multiplied only with the bins it covers, does a fraction of the dense
+    product's work (the split minimises bins x filters over all splits).
+    The power ``re^2 + im^2`` is summed by the product itself: the spectrum's
+    interleaved (re, im) values are squared in place and each filter row is
+    repeated for both, which avoids a slow strided pass.
+
+    Args:
+        weights: ``(bins, n_mels)`` float64 filter matrix, each column non-zero over one run of bins.
+        groups: how many filter groups, ``>= 1``.
+    """
+
+    def __init__(self, weights: np.ndarray, groups: int) -> None:
+        groups = check_int("groups", groups, minimum=1)
+        bins, n_mels = weights.shape
+        nonzero = weights != 0
+        first = np.argmax(nonzero, axis=0)
+        end = bins - np.argmax(nonzero[::-1], axis=0)
+        repeated = torch.from_numpy(np.repeat(weights, 2, axis=0).T.astype(np.float32))  # (n_mels, 2 * bins)
+        self.bands = [
+            (slice(lo, hi), slice(2 * cols_lo, 2 * cols_hi), repeated[lo:hi, 2 * cols_lo : 2 * cols_hi].contiguous())
+            for lo, hi, cols_lo, cols_hi in _split(first, end, groups)
+        ]
+
+    def project(self, spectrum: torch.Tensor, out: torch.Tensor) -> None:
+        """Mel power of a ``(n, bins)`` complex64 spectrum into ``(n_mels, n)`` float32 ``out``."""
+        squares = torch.view_as_real(spectrum).reshape(len(spectrum), -1).square_()
+        for rows, cols, weights in self.bands:
+            torch.matmul(weights, squares[:, cols].T, out=out[rows])
+
+
+def _split(first: np.ndarray, end: np.ndarray, groups: int) -> list[tuple[int, int, int, int]]:
+    """Cut filters into at most ``groups`` consecutive runs minimising the sum of (bins spanned x filters).
+
+    Filter ``m`` covers bins ``[first[m], end[m])``. Returns ``(lo, hi, bin_lo, bin_hi)``
+    per run. Dynamic programming over the cut points, vectorised over the previous cut.
+    """
+    n = len(first)
+    # work[lo, hi]: bins spanned by filters lo..hi-1 times their count (inf where hi <= lo).
+    work = np.full((n + 1, n + 1), np.inf)
+    for lo in range(n):
+        span = np.maximum.accumulate(end[lo:]) - np.minimum.accumulate(first[lo:])
+        work[lo, lo + 1 :] = span * np.arange(1, n - lo + 1)
+    best = np.full(n + 1, np.inf)
+    best[0] = 0.0
+    cuts = []
+    for _ in range(min(groups, n)):
+        totals = best[:, None] + work  # (previous cut, this cut)
+        cuts.append(np.argmin(totals, axis=0))
+        best = totals.min(axis=0)
+        best[0] = 0.0  # fewer groups stay allowed
+    bounds = [n]
+    for cut in reversed(cuts):
+        if bounds[-1] == 0:
+            break
+        bounds.append(int(cut[bounds[-1]]))
+    bounds.reverse()
+    return [(lo, hi, int(first[lo:hi].min()), int(end[lo:hi].max())) for lo, hi in zip(bounds[:-1], bounds[1:])]
+
+
+def as_samples(name: str, samples: object) -> np.ndarray:
+    """``samples`` as a 1-D float32 numpy array (no copy when it already is one).
+
+    Integer PCM is refused rather than guessed at: front ends take samples in
+    [-1, 1] (what :func:`audiomask.audio.load` returns). Read-only arrays are
+    copied: torch cannot wrap them.
+    """
+    array = samples.detach().cpu().numpy() if isinstance(samples, torch.Tensor) else np.asarray(samples)
+    if array.ndim != 1:
+        raise ValueError(f"{name} must be 1-D (mono samples), got shape {array.shape}")
+    if not np.issubdtype(array.dtype, np.floating):
+        raise ValueError(f"{name} must hold floating-point samples in [-1, 1], got dtype {array.dtype}")
+    array = np.ascontiguousarray(array, dtype=np.float32)
+    return array if array.flags.writeable else array.copy()
+
+
+class Frontend(ABC):
+    """A log-mel front end at 16 kHz: one utterance, a ragged batch, or streams.
+
+    Subclasses set :attr:`framing`, :attr:`n_mels` and :attr:`time_axis`
+    (0: features are ``(T, n_mels)``; 1: ``(n_mels, T)``) and implement
+    ``_mel_power_into`` and ``_log_``. Utterances may be zero-extended to
+    :attr:`min_samples` and their frame axis zero-padded to a multiple of
+    :attr:`frame_multiple` (Qwen3-ASR's padding rules).
+    """
+
+    framing: Framing
+    n_mels: int
+    time_axis: int
+    min_samples: int = 0
+    frame_multiple: int = 1
+
+    @abstractmethod
+    def _mel_power_into(self, signal: torch.Tensor, frames: int, out: torch.Tensor) -> None:
+        """Mel power of ``frames`` frames into ``(n_mels, frames)`` float32 ``out``.
+
+        ``signal`` is 1-D float32 of ``hop * (frames - 1) + win`` samples;
+        frame ``j`` is ``signal[hop * j : hop * j + win]``.
+        """
+
+    @abstractmethod
+    def _log_(self, mel: torch.Tensor) -> None:
+        """Clamp and take the log of mel power in place."""
+
+    def _finish(self, features: torch.Tensor, counts: np.ndarray, state: np.ndarray | None) -> None:
+        """Post-process ``(n_mels, K)`` features of consecutive segments in place.
+
+        ``counts[s]`` frames belong to segment ``s``; ``state`` is None for whole
+        utterances, else the per-stream state from :meth:`_new_state`.
+        """
+
+    def _new_state(self, count: int) -> np.ndarray | None:
+        """Per-stream state carried between pushes (None when there is none)."""
+        return None
+
+    def num_frames(self, num_samples: int | np.ndarray) -> int | np.ndarray:
+        """Valid feature frames of an utterance of ``num_samples`` samples (before ``frame_multiple`` padding).
+
+        >>> from audiomask.features import Phi4MMFrontend, WhisperFrontend
+        >>> Phi4MMFrontend().num_frames(16000), WhisperFrontend().num_frames(16000)
+        (98, 100)
+        """
+        return self.framing.count(np.maximum(num_samples, self.min_samples))
+
+    def _padded_frames(self, frames: int | np.ndarray) -> int | np.ndarray:
+        """``frames`` rounded up to a multiple of :attr:`frame_multiple`."""
+        return -(-frames // self.frame_multiple) * self.frame_multiple
+
+    def _compute(self, packed: PackedFrames, state: np.ndarray | None) -> torch.Tensor:
+        """``(n_mels, K)`` float32 features of every segment's frames, in segment order."""
+        win, hop = self.framing.win, self.framing.hop
+        total = packed.total_frames()
+        mel = torch.empty((self.n_mels, total), dtype=torch.float32)
+        for start in range(0, total, SLAB_FRAMES):
+            frames = min(SLAB_FRAMES, total - start)
+            signal = packed.flat[hop * start : hop * (start + frames - 1) + win]
+            self._mel_power_into(signal, frames, mel[:, start : start + frames])
+        self._log_(mel)
+        columns = packed.rows()
+        features = mel if columns is None else mel.index_select(1, columns)
+        self._finish(features, packed.counts, state)
+        return features
+
+    def _layout(self, features: torch.Tensor, counts: np.ndarray, width: int) -> np.ndarray:
+        """Scatter ``(n_mels, K)`` segment-ordered features into a zero-padded batch, time on :attr:`time_axis`."""
+        if len(counts) == 1 and width == features.shape[1]:
+            batch = features[None]
+        else:
+            batch = torch.zeros((len(counts), self.n_mels, width), dtype=torch.float32)
+            row = np.repeat(np.arange(len(counts)), counts)
+            col = np.arange(features.shape[1]) - np.repeat(np.cumsum(counts) - counts, counts)
+            batch.transpose(1, 2)[torch.from_numpy(row), torch.from_numpy(col)] = features.T
+        if self.time_axis == 0:
+            batch = batch.transpose(1, 2)
+        return batch.contiguous().numpy()
+
+    def __call__(self, samples: object) -> np.ndarray:
+        """Features of one utterance.
+
+        Args:
+            samples: ``(N,)`` float samples at 16 kHz in [-1, 1].
+
+        Returns:
+            float32 features, ``(T, n_mels)`` or ``(n_mels, T)`` per :attr:`time_axis`.
+        """
+        features, _ = self.batch([samples])
+        return features[0]
+
+    def batch(self, signals: Sequence[object]) -> tuple[np.ndarray, np.ndarray]:
+        """Features of several utterances of any lengths, computed together.
+
+        Args:
+            signals: ``B`` arrays of ``(N_b,)`` float samples at 16 kHz.
+
+        Returns:
+            ``(features, lengths)``: float32 features ``(B, T_max, n_mels)`` or
+            ``(B, n_mels, T_max)`` (per :attr:`time_axis`), zero-padded; and
+            ``(B,)`` int64 valid frames per row (:meth:`num_frames`). The first
+            ``lengths[b]`` frames of row ``b`` equal ``self(signals[b])``'s;
+            ``T_max`` is the longest of those single-utterance outputs.
+        """
+        if isinstance(signals, (np.ndarray, torch.Tensor)) and signals.ndim == 1:
+            raise ValueError(f"signals must be a sequence of 1-D arrays, got one 1-D array of shape {signals.shape}")
+        segments, counts = [], []
+        for index, signal in enumerate(signals):
+            samples = as_samples(f"signals[{index}]", signal)
+            if len(samples) < self.min_samples:
+                samples = np.concatenate((samples, np.zeros(self.min_samples - len(samples), np.float32)))
+            frames = self.framing.count(len(samples))
+            segments.append(self.framing.segment(self.framing.pad_signal(samples), frames))
+            counts.append(frames)
+        if not segments:
+            raise ValueError("signals must hold at least one signal, got an empty sequence")
+        packed = pack(segments, counts, self.framing)
+        features = self._compute(packed, None)
+        width = self._padded_frames(max(counts))
+        return self._layout(features, packed.counts, width), packed.counts
+
+    def stream(self) -> FeatureStream:
+        """A stream: ``push(samples)`` returns the frames now complete, ``flush()`` the rest."""
+        return FeatureStream(self)
+
+    def streams(self, count: int) -> FeatureStreams:
+        """``count`` independent streams pushed together, each push computed in one batched call."""
+        return FeatureStreams(self, count)
+
+
+class FeatureStreams:
+    """Independent streams that push and flush together, their frames computed in one batched call.
+
+    Each stream's frames, concatenated over its pushes and its flush, equal
+    the frontend's features of its whole signal (for Whisper: with the
+    running floor, see :class:`~audiomask.features.WhisperFrontend`).
+
+    Args:
+        frontend: the front end whose features to compute.
+        count: number of streams, ``>= 1``.
+    """
+
+    def __init__(self, frontend: Frontend, count: int) -> None:
+        count = check_int("count", count, minimum=1)
+        self.frontend = frontend
+        self._framers = [StreamFramer(frontend.framing) for _ in range(count)]
+        self._state = frontend._new_state(count)
+        self._flushed = False
+
+    def __len__(self) -> int:
+        return len(self._framers)
+
+    def _emit(self, pieces: list[tuple[np.ndarray, int]], extra: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        segments, counts = zip(*pieces)
+        packed = pack(segments, counts, self.frontend.framing)
+        features = self.frontend._compute(packed, self._state)
+        counts = packed.counts if extra is None else packed.counts + extra
+        return self.frontend._layout(features, packed.counts, int(counts.max())), counts
+
+    def push(self, chunks: Sequence[object]) -> tuple[np.ndarray, np.ndarray]:
+        """Push one chunk per stream (any lengths, empty allowed).
+
+        Returns:
+            ``(features, counts)``: the frames now complete, zero-padded
+            ``(S, T_max, n_mels)`` or ``(S, n_mels, T_max)``, and ``(S,)``
+            int64 new frames per stream.
+        """
+        if self._flushed:
+            raise ValueError("push after flush: these streams have ended")
+        if len(chunks) != len(self._framers):
+            raise ValueError(f"chunks must hold one chunk per stream ({len(self._framers)}), got {len(chunks)}")
+        pieces = [
+            framer.push(as_samples(f"chunks[{index}]", chunk))
+            for index, (framer, chunk) in enumerate(zip(self._framers, chunks))
+        ]
+        return self._emit(pieces)
+
+    def flush(self) -> tuple[np.ndarray, np.ndarray]:
+        """End every stream: the remaining frames, as :meth:`push` returns them.
+
+        These include the frames that need the end of the signal and, with
+        ``frame_multiple``, the zero frames that pad each stream's total.
+        """
+        if self._flushed:
+            raise ValueError("flush called twice: these streams have already ended")
+        self._flushed = True
+        frontend = self.frontend
+        pieces = [framer.flush(frontend.min_samples) for framer in self._framers]
+        totals = np.array([framer.frames for framer in self._framers], dtype=np.int64)
+        return self._emit(pieces, extra=frontend._padded_frames(totals) - totals)
+
+
+class FeatureStream:
+    """One stream of a front end: ``push(samples) -> frames``, ``flush() -> frames``.
+
+    The frames of all pushes and the flush, concatenated along the time axis,
+    equal the front end's features of the whole signal.
+    """
+
+    def __init__(self, frontend: Frontend) -> None:
+        self._streams = FeatureStreams(frontend, 1)
+
+    def push(self, samples: object) -> np.ndarray:
+        """Features of the frames ``samples`` completes: ``(k, n_mels)`` or ``(n_mels, k)`` float32."""
+        features, _ = self._streams.push([samples])
+        return features[0]
+
+    def flush(self) -> np.ndarray:
+        """Features of the remaining frames, as :meth:`push` returns them."""
+        features, _ = self._streams.flush()
+        return features[0]

@@ -1,0 +1,178 @@
+"""The Whisper / Qwen3-ASR audio front end: slaney-mel log spectrogram, ``(n_mels, T)``.
+
+Reproduces ``transformers``' ``WhisperFeatureExtractor`` (``feature_size=n_mels``)
+and ``Qwen3ASRFeatureExtractor`` (128 mels): frames of 400 samples (25 ms)
+every 160 (10 ms), centred on their hop (the signal reflect-padded by 200 on
+each side), a periodic Hann window, a 400-point power spectrum, slaney-scale
+mel filters with slaney area normalisation (0-8 kHz), ``log10`` of the power
+clamped at ``1e-10``, a floor ``DYNAMIC_RANGE`` (8, i.e. 80 dB) below the peak,
+then ``(x + 4) / 4``. The STFT's last frame is dropped: ``T = N // 160``.
+
+Padding rules (transformers' ``padding=`` options):
+
+- ``padding="longest"`` on one utterance: ``WhisperFrontend(n_mels)``.
+- Whisper's default ``padding="max_length"`` (30 s): ``min_samples=480000``
+  zero-extends shorter audio to 30 s (longer audio is not truncated).
+- Qwen3-ASR: :meth:`WhisperFrontend.qwen3_asr` zero-extends clips shorter
+  than 8000 samples (0.5 s) and zero-pads the frame axis to a multiple of
+  100 frames (``2 * n_window``); its default ``padding="max_length"`` is
+  ``qwen3_asr(min_samples=480000)``.
+
+The floor. Offline (``floor="utterance"``, the reference) it is the peak of
+the whole utterance minus 8, which a stream cannot know until its end.
+Streams use the *running floor* (``floor="running"``, also available offline
+so that a batch can reproduce what streams produce): frame ``t`` is floored at
+``max(peak_prior, peak of frames 0..t) - 8``. The peak only grows, so the
+running floor never exceeds the utterance's once that peak is above
+``peak_prior``, and from the frame holding the utterance's peak on they are
+equal. Only values below the utterance floor can differ, each by at most
+``|running floor - utterance floor| / 4`` after scaling. ``peak_prior``
+(:data:`PEAK_PRIOR`) keeps the leading silence of a stream from being floored
+at -10 (an input the model never saw offline, where silence sits 8 below the
+utterance's peak); it is calibrated on speech at a conversational level, and
+for quieter audio the running floor stays at ``PEAK_PRIOR - 8``. The measured
+deviation is in ``bench/results/features_cpu_2core.json``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torchaudio
+
+from audiomask._validate import check_int
+from audiomask.features._framing import Framing
+from audiomask.features.frontend import Frontend, MelBands
+
+__all__ = [
+    "DYNAMIC_RANGE",
+    "FLOORS",
+    "HOP_SAMPLES",
+    "N_FFT",
+    "PEAK_PRIOR",
+    "QWEN3_FRAME_MULTIPLE",
+    "QWEN3_MIN_SAMPLES",
+    "SAMPLE_RATE",
+    "WHISPER_WINDOW_SAMPLES",
+    "WhisperFrontend",
+]
+
+SAMPLE_RATE = 16000  # Hz
+N_FFT = 400  # 25 ms window = FFT size (201 bins)
+HOP_SAMPLES = SAMPLE_RATE * 10 // 1000  # 160: one frame per 10 ms
+MEL_HIGH_HZ = SAMPLE_RATE / 2
+POWER_FLOOR = 1e-10  # clamp before log10: -10 for digital silence
+MEL_GROUPS = 5  # filter groups of the banded mel product (fastest measured for 128 slaney filters)
+DYNAMIC_RANGE = 8.0  # log10 units (80 dB) kept below the peak
+LOG_OFFSET = 4.0  # (x + 4) / 4 maps the usual range to about [-1, 1.5]
+LOG_SCALE = 4.0
+WHISPER_WINDOW_SAMPLES = 30 * SAMPLE_RATE  # Whisper's fixed 30 s input ("max_length" padding)
+QWEN3_MIN_SAMPLES = SAMPLE_RATE // 2  # 8000: Qwen3-ASR zero-extends shorter clips
+QWEN3_N_WINDOW = 50  # Qwen3ASR n_window: the encoder's conv chunks hold 2 * n_window frames
+QWEN3_FRAME_MULTIPLE = 2 * QWEN3_N_WINDOW
+# Running-floor seed, in log10 mel power: near the peak of speech at a
+# conversational level. The espeak-ng utterances in samples/ (peaking at
+# about -1 dBFS) peak at 1.25-1.37; speech recorded 5-10 dB lower peaks
+# 0.5-1 lower, since 10 dB = 1 log10 unit of power. See the module docstring.
+PEAK_PRIOR = 0.5
+FLOORS = ("utterance", "running")
+
+
+class WhisperFrontend(Frontend):
+    """Whisper / Qwen3-ASR log-mel features, ``(n_mels, T)`` float32 with ``T = N // 160``.
+
+    Args:
+        n_mels: mel filters (128 for Whisper large-v3 and Qwen3-ASR, 80 for
+            earlier Whisper models), ``>= 1``.
+        floor: ``"utterance"`` (the reference: peak of the whole utterance
+            minus 8) or ``"running"`` (what streams use; see the module
+            docstring). Streams always use the running floor.
+        peak_prior: seed of the running floor's peak, log10 mel power.
+        min_samples: zero-extend shorter utterances to this many samples.
+        frame_multiple: zero-pad each utterance's frame axis to a multiple of this.
+
+    >>> import numpy as np
+    >>> frontend = WhisperFrontend(n_mels=128)
+    >>> samples = np.random.default_rng(0).normal(0, 0.1, 16000).astype(np.float32)   # 1 s
+    >>> frontend(samples).shape
+    (128, 100)
+    >>> WhisperFrontend.qwen3_asr()(samples[:4000]).shape   # 0.5 s minimum, 100-frame multiple
+    (128, 100)
+    >>> stream = WhisperFrontend(floor="running").stream()
+    >>> streamed = np.concatenate([stream.push(samples[:7000]), stream.push(samples[7000:]), stream.flush()], axis=1)
+    >>> bool(np.abs(streamed - WhisperFrontend(floor="running")(samples)).max() <= 1e-5)
+    True
+    """
+
+    time_axis = 1
+
+    def __init__(
+        self,
+        n_mels: int = 128,
+        *,
+        floor: str = "utterance",
+        peak_prior: float = PEAK_PRIOR,
+        min_samples: int = 0,
+        frame_multiple: int = 1,
+    ) -> None:
+        self.n_mels = check_int("n_mels", n_mels, minimum=1)
+        if floor not in FLOORS:
+            raise ValueError(f"floor must be one of {FLOORS}, got {floor!r}")
+        self.floor = floor
+        self.peak_prior = float(peak_prior)
+        if not np.isfinite(self.peak_prior):
+            raise ValueError(f"peak_prior must be finite, got {peak_prior!r}")
+        self.min_samples = check_int("min_samples", min_samples, minimum=0)
+        self.frame_multiple = check_int("frame_multiple", frame_multiple, minimum=1)
+        self.framing = Framing(win=N_FFT, hop=HOP_SAMPLES, pad=N_FFT // 2, drop_last=True)
+        self._window = torch.hann_window(N_FFT, dtype=torch.float32)
+        filters = torchaudio.functional.melscale_fbanks(
+            N_FFT // 2 + 1, 0.0, MEL_HIGH_HZ, self.n_mels, SAMPLE_RATE, norm="slaney", mel_scale="slaney"
+        )
+        self._bands = MelBands(filters.double().numpy(), MEL_GROUPS)
+
+    @classmethod
+    def qwen3_asr(cls, **options: object) -> WhisperFrontend:
+        """The Qwen3-ASR front end: 128 mels, clips zero-extended to 0.5 s, frames padded to a multiple of 100.
+
+        ``options`` override any argument of :class:`WhisperFrontend`.
+        """
+        settings = {"n_mels": 128, "min_samples": QWEN3_MIN_SAMPLES, "frame_multiple": QWEN3_FRAME_MULTIPLE}
+        return cls(**{**settings, **options})
+
+    def _mel_power_into(self, signal: torch.Tensor, frames: int, out: torch.Tensor) -> None:
+        windowed = signal.unfold(0, N_FFT, HOP_SAMPLES) * self._window
+        self._bands.project(torch.fft.rfft(windowed), out)
+
+    def _log_(self, mel: torch.Tensor) -> None:
+        mel.clamp_(min=POWER_FLOOR).log10_()
+
+    def _new_state(self, count: int) -> np.ndarray:
+        """Each stream's running peak so far, seeded with ``peak_prior``."""
+        return np.full(count, self.peak_prior)
+
+    def _finish(self, features: torch.Tensor, counts: np.ndarray, state: np.ndarray | None) -> None:
+        if features.shape[1] == 0:
+            return
+        segment = torch.from_numpy(np.repeat(np.arange(len(counts)), counts))
+        frame_peak = features.amax(dim=0).double()
+        if state is None and self.floor == "utterance":
+            peak = torch.full((len(counts),), -np.inf, dtype=torch.float64)
+            peak.scatter_reduce_(0, segment, frame_peak, "amax")
+            floor = peak[segment] - DYNAMIC_RANGE
+        else:
+            seed = torch.from_numpy(self._new_state(len(counts)) if state is None else state)
+            # Peak of frames 0..t within each segment: one cumulative max over
+            # all segments, each lifted above the previous ones by an offset
+            # larger than the values' span (exact: the offsets are removed in
+            # float64 before rounding to float32).
+            lift = segment.double() * (float(frame_peak.max() - frame_peak.min()) + 1.0)
+            running = torch.cummax(frame_peak + lift, dim=0).values - lift
+            running = torch.maximum(running, seed[segment])
+            if state is not None:
+                last = np.cumsum(counts) - 1
+                has_frames = counts > 0
+                state[has_frames] = running[torch.from_numpy(last[has_frames])].numpy()
+            floor = running - DYNAMIC_RANGE
+        torch.maximum(features, floor.float()[None, :], out=features)
+        features.add_(LOG_OFFSET).div_(LOG_SCALE)
