@@ -553,9 +553,13 @@ def test_ring_is_safe_for_several_producer_threads() -> None:
 
 
 class FakeStream:
-    def __init__(self, name: str, log: list[str]) -> None:
+    def __init__(self, name: str, log: list[str], idle: bool = False) -> None:
         self.name = name
         self.log = log
+        self.idle = idle  # whether all work queued on it has run
+
+    def query(self) -> bool:
+        return self.idle
 
     def wait_stream(self, other: FakeStream) -> None:
         self.log.append(f"{self.name} waits for {other.name}")
@@ -694,6 +698,18 @@ def test_submit_on_another_device_puts_the_callers_device_back(
     with ring.stage(3, np.int64) as staged:
         staged._to(META, None, None)
     assert fake_cuda.log[fake_cuda.log.index("current stream consumer") + 1] == "set device 7"
+
+
+def test_submit_on_an_idle_consumer_copies_there_without_cross_stream_sync(fake_cuda: FakeCuda) -> None:
+    fake_cuda.consumer.idle = True  # nothing queued: the copy may start at once on the consumer itself
+    ring = small_ring(num_slots=1)
+    with ring.stage((2, 3), np.float32) as staged:
+        staged._to(META, None, None)
+    assert fake_cuda.log == [
+        "allocate on consumer",  # stream-ordered with the consumer's own work: no record_stream needed
+        "copy on consumer non_blocking",
+        "event 0 recorded on consumer",
+    ]
 
 
 def test_submit_into_out_waits_for_the_consumer_first(fake_cuda: FakeCuda) -> None:

@@ -467,9 +467,10 @@ class Staged:
     def to_many(self, device: object, *, stream: torch.cuda.Stream | None = None) -> tuple[torch.Tensor, ...]:
         """Copy all staged arrays to ``device`` in one copy; return a view per array.
 
-        On CUDA the copy is ``non_blocking`` on ``stream`` (default: the ring's
-        copy stream for the device), so it does not wait for the work queued on
-        the current stream; the current stream is made to wait for the copy, so
+        On CUDA the copy is ``non_blocking`` on ``stream`` (default: the current
+        stream when nothing is queued on it, else the ring's copy stream for the
+        device), so it never waits for the work queued on the current stream;
+        the current stream is made to wait for the copy, so
         the results are ready for work queued on it afterwards (other streams
         must wait for it themselves). The results share one device allocation,
         known to the caching allocator as used by the current stream, so it is
@@ -521,7 +522,15 @@ class Staged:
             self._slot = None
             return self._results(destination)
         consumer = _current_stream(target)
-        copy_stream = self._ring.copy_stream(target) if stream is None else stream
+        if stream is not None:
+            copy_stream = stream
+        elif consumer.query():
+            # Nothing queued ahead: a copy on the consumer starts at once and needs no
+            # cross-stream event, wait, stream switch or record_stream (the single-stream,
+            # low-latency case, where the GPU has finished the last chunk before the next arrives).
+            copy_stream = consumer
+        else:
+            copy_stream = self._ring.copy_stream(target)  # not queued behind the consumer's work
         done = _slot_event(slot, target)
         if copy_stream == consumer:
             destination = self._write(slot, target, out, fill, non_blocking=True)
