@@ -131,11 +131,15 @@ def test_no_weights(tmp_path):
         from_pretrained(tmp_path)
 
 
+def edit_config(directory, **changes) -> None:
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config, **changes}))
+
+
 def test_weights_that_do_not_fit_the_config(saved_encoders, tmp_path):
     _, qwen, _ = saved_encoders
     qwen.save_pretrained(tmp_path)
-    config = json.loads((tmp_path / "config.json").read_text())
-    (tmp_path / "config.json").write_text(json.dumps({**config, "d_model": 32}))
+    edit_config(tmp_path, d_model=32)
     with pytest.raises(ValueError, match="the weights do not fit the config"):
         from_pretrained(tmp_path)
 
@@ -143,7 +147,6 @@ def test_weights_that_do_not_fit_the_config(saved_encoders, tmp_path):
 def test_weights_of_another_model(saved_encoders, tmp_path):
     phi, _, _ = saved_encoders
     phi.save_pretrained(tmp_path)
-    config = json.loads((tmp_path / "config.json").read_text())
-    (tmp_path / "config.json").write_text(json.dumps({**config, "model_type": "qwen3_asr_encoder"}))
+    edit_config(tmp_path, model_type="qwen3_asr_encoder")
     with pytest.raises(ValueError, match="expected the weights of one audio encoder .* found 0"):
         from_pretrained(tmp_path)

@@ -62,6 +62,16 @@ def stream_in_pieces(stream, features: torch.Tensor, lengths: list[int], sizes: 
     return outputs, valid + stream.last_lengths
 
 
+def assert_streamed_equals(pieces, valid, reference, reference_lengths, push_unit: int) -> None:
+    """Pushes emit whole units (chunks, windows); joined, the outputs equal the reference on the valid tokens."""
+    assert all(piece.shape[1] % push_unit == 0 for piece in pieces[:-1])
+    assert valid.tolist() == reference_lengths.tolist()  # last_lengths add up to the offline lengths
+    outputs = torch.cat(pieces, dim=1)
+    assert outputs.shape == reference.shape
+    assert torch.isfinite(outputs).all()
+    assert max_valid_diff(outputs, reference, reference_lengths.tolist()) <= TOLERANCE
+
+
 CHUNKINGS = [(1, 0), (2, 1), (3, 2), (4, 100)]  # (chunk_size tokens, left_chunk chunks); 100: all the past
 
 
@@ -80,12 +90,7 @@ def test_phi4mm_stream_equals_hard_forward(phi4mm, chunk_size, left_chunk, lengt
         )
     stream = phi4mm.stream(batch_size=len(lengths), chunk_size=chunk_size, left_chunk=left_chunk)
     pieces, valid = stream_in_pieces(stream, features, lengths, sizes, time_dim=1)
-    assert valid.tolist() == reference_lengths.tolist()
-    assert all(piece.shape[1] % chunk_size == 0 for piece in pieces[:-1])  # push emits whole chunks
-    outputs = torch.cat(pieces, dim=1)
-    assert outputs.shape == reference.shape
-    assert torch.isfinite(outputs).all()
-    assert max_valid_diff(outputs, reference, reference_lengths.tolist()) <= TOLERANCE
+    assert_streamed_equals(pieces, valid, reference, reference_lengths, push_unit=chunk_size)
 
 
 def test_phi4mm_stream_long_utterance(phi4mm):
@@ -179,12 +184,7 @@ def test_qwen3_asr_stream_equals_offline(qwen, lengths, sizes, seed):
     with torch.no_grad():
         reference, reference_lengths = qwen(features, lengths)
     pieces, valid = stream_in_pieces(qwen.stream(batch_size=len(lengths)), features, lengths, sizes, time_dim=2)
-    assert valid.tolist() == reference_lengths.tolist()
-    assert all(piece.shape[1] % WINDOW == 0 for piece in pieces[:-1])  # push emits whole windows
-    outputs = torch.cat(pieces, dim=1)
-    assert outputs.shape == reference.shape
-    assert torch.isfinite(outputs).all()
-    assert max_valid_diff(outputs, reference, reference_lengths.tolist()) <= TOLERANCE
+    assert_streamed_equals(pieces, valid, reference, reference_lengths, push_unit=WINDOW)
 
 
 def test_qwen3_asr_completed_windows_are_final(qwen):

@@ -34,6 +34,7 @@ __all__ = [
     "check_mask_mode",
     "may_attend_to_additive_bias",
     "may_attend_to_compat_bias",
+    "split_heads",
 ]
 
 MaskMode = Literal["hard", "phi4mm_compat"]
@@ -61,6 +62,12 @@ def may_attend_to_additive_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch
 def may_attend_to_compat_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``True`` (may attend) -> ``1``, ``False`` -> ``0``, as ``dtype``: upstream Phi-4MM's ``mask + bias``."""
     return mask.to(dtype)
+
+
+def split_heads(hidden: torch.Tensor, heads: int) -> torch.Tensor:
+    """``(N, T, H * d)`` -> ``(N, H, T, d)`` (a view)."""
+    batch, length, dim = hidden.shape
+    return hidden.view(batch, length, heads, dim // heads).transpose(1, 2)
 
 
 def attend(

@@ -55,6 +55,7 @@ from audiomask.encoders.attention import (
     check_mask_mode,
     may_attend_to_additive_bias,
     may_attend_to_compat_bias,
+    split_heads,
 )
 from audiomask.masks import padding_mask, phi4mm
 from audiomask.transfer import to_device
@@ -281,10 +282,6 @@ class _Attention(nn.Module):
         self.v_proj = nn.Linear(dim, dim)
         self.o_proj = nn.Linear(dim, dim)
 
-    def _heads(self, hidden: torch.Tensor) -> torch.Tensor:
-        batch, length, dim = hidden.shape
-        return hidden.view(batch, length, self.num_heads, dim // self.num_heads).transpose(1, 2)
-
     def forward(self, hidden: torch.Tensor, bias: torch.Tensor, cache: torch.Tensor | None = None) -> torch.Tensor:
         """``hidden`` ``(B, T, D)``, ``bias`` ``(B or 1, H, T, T_k)``.
 
@@ -292,7 +289,9 @@ class _Attention(nn.Module):
         tokens, oldest first. The ``T`` new tokens enter at its end (the
         oldest ``T`` leave) and the queries attend to all ``S``.
         """
-        query, key, value = (self._heads(proj(hidden)) for proj in (self.q_proj, self.k_proj, self.v_proj))
+        query, key, value = (
+            split_heads(proj(hidden), self.num_heads) for proj in (self.q_proj, self.k_proj, self.v_proj)
+        )
         if cache is not None:
             new = hidden.shape[1]
             key = torch.cat([cache[0, :, :, new:], key], dim=2)

@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from audiomask.encoders._common import activation, config_from_dict, host_lengths, model_input, positive_fields
-from audiomask.encoders.attention import attend, may_attend_to_additive_bias
+from audiomask.encoders.attention import attend, may_attend_to_additive_bias, split_heads
 from audiomask.masks import padding_mask, qwen3_asr
 from audiomask.transfer import to_device
 
@@ -156,10 +156,8 @@ class _Attention(nn.Module):
 
     def forward(self, hidden: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         """``hidden`` ``(N, W, D)`` (N windows), ``bias`` ``(N, 1, 1, W)``."""
-        batch, length, dim = hidden.shape
         query, key, value = (
-            proj(hidden).view(batch, length, self.num_heads, dim // self.num_heads).transpose(1, 2)
-            for proj in (self.q_proj, self.k_proj, self.v_proj)
+            split_heads(proj(hidden), self.num_heads) for proj in (self.q_proj, self.k_proj, self.v_proj)
         )
         return self.out_proj(attend(query, key, value, bias))
 
