@@ -27,7 +27,9 @@ repetition, torch's worker threads have idled through the previous
 repetition's ~50 ms wait, and the CPU caches have gone cold: bench/probes
 showed that every call, CUDA or not, costs the same with the GPU busy as
 idle in a hot loop, but up to ~20x more right after such a wait, whether the
-GPU was busy or the host slept). After a busy copy returns, ``queue_still_busy``
+GPU was busy or the host slept). So a third condition, ``waited``, sleeps the
+host for the same ~50 ms with the GPU idle before each repetition: busy minus
+waited is what the queue itself costs the host. After a busy copy returns, ``queue_still_busy``
 records whether the queued work was still running: the host did not wait for
 it. The timed call returns the device tensor; dropping it is timed apart
 (``free_ms_*``: a ring result was used on the current stream, so the caching
@@ -73,6 +75,8 @@ SIZES = (16 * KiB, 64 * KiB, 256 * KiB, 1 * MiB, 4 * MiB, 16 * MiB, 64 * MiB)
 STRATEGIES = ("pageable", "pin_per_copy", "ring", "ring_in_place")
 FLOORS = ("staging_numpy", "staging_torch", "bare_copy")
 BUSY_MS = 50.0  # GPU work queued ahead of a busy-stream copy
+# condition -> (GPU work queued ahead, host slept BUSY_MS first with the GPU idle)
+CONDITIONS = {"idle": (False, False), "waited": (False, True), "busy": (True, False)}
 GATE_MS = 20.0  # GPU work queued ahead of a GPU-side timing: longer than any strategy's host work
 OVERHEAD_BOUND_MS = 0.1  # acceptance: to_device within this of its staging memcpy; in-place submit under it
 STALL_FROM_BYTES = 4 * MiB  # DESIGN.md: pageable copies from this size stall behind a busy stream
@@ -214,12 +218,19 @@ def host_pass(
     warmup: int,
     filler: QueueFiller,
     consumer: torch.cuda.Stream,
+    wait_ms: float = 0.0,
 ) -> dict:
-    """Host milliseconds of ``strategy.run`` behind ``busy_ms`` of queued work (0: idle), from a synchronised device."""
+    """Host milliseconds of ``strategy.run`` behind ``busy_ms`` of queued work (0: idle), from a synchronised device.
+
+    ``wait_ms``: the host first sleeps that long with the GPU idle, which leaves it as cold as the
+    synchronise after a busy repetition does: the control that tells queue effects from host effects.
+    """
     times, frees, still_busy = [], [], 0
     strategy.build_ms.clear()
     for i in range(warmup + repeats):
         torch.cuda.synchronize()
+        if wait_ms:
+            time.sleep(wait_ms / 1e3)
         state = strategy.prepare(case)
         if busy_ms:
             filler.fill(busy_ms, consumer)
@@ -303,52 +314,57 @@ def staging_engine(nbytes: int) -> str:
 
 def verdicts(entries: list[dict], busy_ms: float) -> dict[str, dict]:
     """The acceptance checks of issue 2 and the same checks against the measured floors."""
-    row = {(e["strategy"], e["bytes"], e["busy_gpu"]): e for e in entries}
+    row = {(e["strategy"], e["bytes"], e["condition"]): e for e in entries}
     sizes = sorted({e["bytes"] for e in entries})
-    conditions = {"idle": False, "busy": True}
+    conditions = ("idle", "busy")
 
-    def p50(name: str, n: int, busy: bool) -> float:
-        return row[name, n, busy]["host_ms_p50"]
+    def p50(name: str, n: int, condition: str) -> float:
+        return row[name, n, condition]["host_ms_p50"]
 
-    def per_size(value: Callable[[int, bool], float], only: tuple[str, ...] = ("idle", "busy")) -> dict[str, float]:
-        return {f"{n}/{c}": value(n, conditions[c]) for n in sizes for c in only}
+    def per_size(value: Callable[[int, str], float], only: tuple[str, ...] = conditions) -> dict[str, float]:
+        return {f"{n}/{c}": value(n, c) for n in sizes for c in only}
 
     p99_pairs = {
-        f"{n}/{c}": (row["ring", n, busy]["host_ms_p99"], row["pin_per_copy", n, busy]["host_ms_p99"])
+        f"{n}/{c}": (row["ring", n, c]["host_ms_p99"], row["pin_per_copy", n, c]["host_ms_p99"])
         for n in sizes
-        for c, busy in conditions.items()
+        for c in conditions
     }
-    staging = per_size(lambda n, busy: p50(staging_engine(n), n, busy))
+    staging = per_size(lambda n, c: p50(staging_engine(n), n, c))
     floors = {
-        key: {"staging": staging[key], "bare_copy": per_size(lambda n, busy: p50("bare_copy", n, busy))[key]}
+        key: {"staging": staging[key], "bare_copy": per_size(lambda n, c: p50("bare_copy", n, c))[key]}
         for key in staging
     }
-    over_staging = per_size(lambda n, busy: p50("ring", n, busy) - p50(staging_engine(n), n, busy), ("busy",))
-    submits = per_size(lambda n, busy: p50("ring_in_place", n, busy), ("busy",))
+    over_staging = per_size(lambda n, c: p50("ring", n, c) - p50(staging_engine(n), n, c), ("busy",))
+    submits = per_size(lambda n, c: p50("ring_in_place", n, c), ("busy",))
     over_floor = per_size(
-        lambda n, busy: p50("ring", n, busy) - p50(staging_engine(n), n, busy) - p50("bare_copy", n, busy)
+        lambda n, c: p50("ring", n, c) - p50(staging_engine(n), n, c) - p50("bare_copy", n, c)
     )
-    submit_over_copy = per_size(lambda n, busy: p50("ring_in_place", n, busy) - p50("bare_copy", n, busy))
+    submit_over_copy = per_size(lambda n, c: p50("ring_in_place", n, c) - p50("bare_copy", n, c))
     engines = {
         f"{n}/{c}": {
-            "numpy p99": row["staging_numpy", n, busy]["host_ms_p99"],
-            "torch p99": row["staging_torch", n, busy]["host_ms_p99"],
+            "numpy p99": row["staging_numpy", n, c]["host_ms_p99"],
+            "torch p99": row["staging_torch", n, c]["host_ms_p99"],
             "stage_copy uses": staging_engine(n),
         }
         for n in sizes
-        for c, busy in conditions.items()
+        for c in conditions
     }
     def engine_ok(n: int) -> bool:
         worst = {
-            name: max(row[f"staging_{name}", n, busy]["host_ms_p99"] for busy in (False, True))
+            name: max(row[f"staging_{name}", n, c]["host_ms_p99"] for c in conditions)
             for name in ("numpy", "torch")
         }
         used = staging_engine(n).removeprefix("staging_")
         return worst[used] <= min(worst.values()) * (1 + ENGINE_TIE)
 
-    stalls = {n: p50("pageable", n, True) for n in sizes if n >= STALL_FROM_BYTES}
+    stalls = {n: p50("pageable", n, "busy") for n in sizes if n >= STALL_FROM_BYTES}
     still_busy = {
-        f"{name}/{n}": row[name, n, True]["queue_still_busy"] for name in ("ring", "ring_in_place") for n in sizes
+        f"{name}/{n}": row[name, n, "busy"]["queue_still_busy"] for name in ("ring", "ring_in_place") for n in sizes
+    }
+    queue_effect = {
+        f"{name}/{n}": p50(name, n, "busy") - p50(name, n, "waited")
+        for name in ("ring", "ring_in_place", "pageable")
+        for n in sizes
     }
     bound = OVERHEAD_BOUND_MS
     return {
@@ -382,6 +398,11 @@ def verdicts(entries: list[dict], busy_ms: float) -> dict[str, dict]:
             "ok": all(value >= STALLED_FRACTION * busy_ms for value in stalls.values()),
             "host ms p50": stalls,
         },
+        f"to_device and ring_in_place host time does not depend on the GPU queue: busy p50 within {bound} ms "
+        "of the same host wait with an idle GPU, at every size": {
+            "ok": all(value <= bound for key, value in queue_effect.items() if not key.startswith("pageable")),
+            "busy - waited p50 ms (pageable shown as the control)": queue_effect,
+        },
         "ring copies never waited for the busy queue": {
             "ok": all(value == 1.0 for value in still_busy.values()),
             "fraction of copies with the queue still busy after": still_busy,
@@ -390,13 +411,13 @@ def verdicts(entries: list[dict], busy_ms: float) -> dict[str, dict]:
 
 
 def print_table(entries: list[dict], staging: list[dict]) -> None:
-    header = f"{'strategy':<14}{'bytes':>10}{'busy':>6}{'host p50':>10}{'host p99':>10}{'free p99':>10}"
+    header = f"{'strategy':<14}{'bytes':>10}{'state':>8}{'host p50':>10}{'host p99':>10}{'free p99':>10}"
     print(f"\n{header}{'gpu ms':>9}{'GB/s':>7}{'q busy':>8}")
     for e in entries:
         gpu = f"{e['gpu_ms_p50']:9.3f}{e['gbps']:7.1f}" if "gpu_ms_p50" in e else f"{'-':>9}{'-':>7}"
         busy = f"{e['queue_still_busy']:8.2f}" if "queue_still_busy" in e else f"{'':>8}"
         print(
-            f"{e['strategy']:<14}{e['bytes']:>10}{'yes' if e['busy_gpu'] else 'no':>6}"
+            f"{e['strategy']:<14}{e['bytes']:>10}{e['condition']:>8}"
             f"{e['host_ms_p50']:10.3f}{e['host_ms_p99']:10.3f}{e['free_ms_p99']:10.3f}{gpu}{busy}"
         )
     print(f"\n{'staging (hot)':<14}{'bytes':>10}{'host p50':>10}{'host p99':>10}{'GB/s':>7}")
@@ -439,12 +460,13 @@ def main() -> None:
                 for name in STRATEGIES + FLOORS:
                     strategy = strategies[name]
                     gpu = {} if name in FLOORS else gpu_pass(strategy, case, repeats.gpu, repeats.warmup, filler, side_stream)
-                    for busy in (False, True):
-                        reps = repeats.busy if busy else repeats.idle
-                        busy_ms = args.busy_ms if busy else 0.0
-                        host = host_pass(strategy, case, busy_ms, reps, repeats.warmup, filler, consumer)
+                    for condition, (busy, waited) in CONDITIONS.items():
+                        reps = repeats.busy if busy or waited else repeats.idle
+                        busy_ms, wait_ms = (args.busy_ms if busy else 0.0), (args.busy_ms if waited else 0.0)
+                        host = host_pass(strategy, case, busy_ms, reps, repeats.warmup, filler, consumer, wait_ms)
                         entries.append(
-                            {"strategy": name, "bytes": case.nbytes, "busy_gpu": busy, "reps": reps, **host, **gpu}
+                            {"strategy": name, "bytes": case.nbytes, "condition": condition, "busy_gpu": busy,
+                             "host_wait_ms": wait_ms, "reps": reps, **host, **gpu}
                         )
                 gc.collect()
     finally:
