@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -57,11 +57,9 @@ from audiomask.encoders.attention import (
     may_attend_to_compat_bias,
     split_heads,
 )
+from audiomask.encoders.streaming import Phi4MMStream
 from audiomask.masks import padding_mask, phi4mm
 from audiomask.transfer import to_device
-
-if TYPE_CHECKING:
-    from audiomask.encoders.streaming import Phi4MMStream
 
 __all__ = ["SUBSAMPLING_LOOKAHEAD_FRAMES", "UNFOLD_TOKENS", "Phi4MMAudioConfig", "Phi4MMEncoder"]
 
@@ -490,6 +488,4 @@ class Phi4MMEncoder(nn.Module):
         the config's; the outputs equal ``forward(..., mask_mode="hard")`` with
         the same settings.
         """
-        from audiomask.encoders.streaming import Phi4MMStream
-
         return Phi4MMStream(self, batch_size, *self._chunking(chunk_size, left_chunk))

@@ -34,7 +34,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -43,11 +43,9 @@ from torch import nn
 
 from audiomask.encoders._common import activation, config_from_dict, host_lengths, model_input, positive_fields
 from audiomask.encoders.attention import attend, may_attend_to_additive_bias, split_heads
+from audiomask.encoders.streaming import Qwen3ASRStream
 from audiomask.masks import padding_mask, qwen3_asr
 from audiomask.transfer import to_device
-
-if TYPE_CHECKING:
-    from audiomask.encoders.streaming import Qwen3ASRStream
 
 __all__ = ["Qwen3ASRConfig", "Qwen3ASREncoder"]
 
@@ -275,6 +273,4 @@ class Qwen3ASREncoder(nn.Module):
 
     def stream(self, batch_size: int = 1) -> Qwen3ASRStream:
         """A stream of ``batch_size`` utterances: see :class:`audiomask.encoders.streaming.Qwen3ASRStream`."""
-        from audiomask.encoders.streaming import Qwen3ASRStream
-
         return Qwen3ASRStream(self, batch_size)

@@ -290,7 +290,7 @@ class Qwen3ASRStream(_Stream):
         chunks = -(-frames.shape[1] // config.chunk_frames)
         frames = torch.nn.functional.pad(frames, (0, 0, 0, chunks * config.chunk_frames - frames.shape[1]))
         batch, _, bins = frames.shape
-        chunked = frames.view(batch * chunks, config.chunk_frames, bins).transpose(1, 2)
+        chunked = frames.reshape(batch * chunks, config.chunk_frames, bins).transpose(1, 2)
         start = self._window_chunks * config.chunk_tokens
         tokens = self.encoder.embed_chunks(chunked).reshape(batch, chunks * config.chunk_tokens, -1)
         window[:, start : start + tokens.shape[1]] = tokens
