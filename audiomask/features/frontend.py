@@ -48,8 +48,9 @@ class MelBands:
         groups = check_int("groups", groups, minimum=1)
         bins, n_mels = weights.shape
         nonzero = weights != 0
-        first = np.argmax(nonzero, axis=0)
-        end = bins - np.argmax(nonzero[::-1], axis=0)
+        used = nonzero.any(axis=0)  # an all-zero filter spans no bins
+        first = np.where(used, np.argmax(nonzero, axis=0), bins)
+        end = np.where(used, bins - np.argmax(nonzero[::-1], axis=0), 0)
         repeated = torch.from_numpy(np.repeat(weights, 2, axis=0).T.astype(np.float32))  # (n_mels, 2 * bins)
         self.bands = [
             (slice(lo, hi), slice(2 * cols_lo, 2 * cols_hi), repeated[lo:hi, 2 * cols_lo : 2 * cols_hi].contiguous())
@@ -57,7 +58,10 @@ class MelBands:
         ]
 
     def project(self, spectrum: torch.Tensor, out: torch.Tensor) -> None:
-        """Mel power of a ``(n, bins)`` complex64 spectrum into ``(n_mels, n)`` float32 ``out``."""
+        """Mel power of a ``(n, bins)`` complex64 spectrum into ``(n_mels, n)`` float32 ``out``.
+
+        The spectrum is overwritten (squared in place).
+        """
         squares = torch.view_as_real(spectrum).reshape(len(spectrum), -1).square_()
         for rows, cols, weights in self.bands:
             torch.matmul(weights, squares[:, cols].T, out=out[rows])
@@ -66,14 +70,15 @@ class MelBands:
 def _split(first: np.ndarray, end: np.ndarray, groups: int) -> list[tuple[int, int, int, int]]:
     """Cut filters into at most ``groups`` consecutive runs minimising the sum of (bins spanned x filters).
 
-    Filter ``m`` covers bins ``[first[m], end[m])``. Returns ``(lo, hi, bin_lo, bin_hi)``
-    per run. Dynamic programming over the cut points, vectorised over the previous cut.
+    Filter ``m`` covers bins ``[first[m], end[m])`` (``first >= end``: none). Returns
+    ``(lo, hi, bin_lo, bin_hi)`` per run. Dynamic programming over the cut points,
+    vectorised over the previous cut.
     """
     n = len(first)
     # work[lo, hi]: bins spanned by filters lo..hi-1 times their count (inf where hi <= lo).
     work = np.full((n + 1, n + 1), np.inf)
     for lo in range(n):
-        span = np.maximum.accumulate(end[lo:]) - np.minimum.accumulate(first[lo:])
+        span = np.maximum(np.maximum.accumulate(end[lo:]) - np.minimum.accumulate(first[lo:]), 0)
         work[lo, lo + 1 :] = span * np.arange(1, n - lo + 1)
     best = np.full(n + 1, np.inf)
     best[0] = 0.0
@@ -89,7 +94,11 @@ def _split(first: np.ndarray, end: np.ndarray, groups: int) -> list[tuple[int, i
             break
         bounds.append(int(cut[bounds[-1]]))
     bounds.reverse()
-    return [(lo, hi, int(first[lo:hi].min()), int(end[lo:hi].max())) for lo, hi in zip(bounds[:-1], bounds[1:])]
+    runs = []
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        bin_lo, bin_hi = int(first[lo:hi].min()), int(end[lo:hi].max())
+        runs.append((lo, hi, min(bin_lo, bin_hi), bin_hi))
+    return runs
 
 
 def as_samples(name: str, samples: object) -> np.ndarray:
@@ -197,7 +206,7 @@ class Frontend(ABC):
         Returns:
             float32 features, ``(T, n_mels)`` or ``(n_mels, T)`` per :attr:`time_axis`.
         """
-        features, _ = self.batch([samples])
+        features, _ = self._batch([as_samples("samples", samples)])
         return features[0]
 
     def batch(self, signals: Sequence[object]) -> tuple[np.ndarray, np.ndarray]:
@@ -215,9 +224,12 @@ class Frontend(ABC):
         """
         if isinstance(signals, (np.ndarray, torch.Tensor)) and signals.ndim == 1:
             raise ValueError(f"signals must be a sequence of 1-D arrays, got one 1-D array of shape {signals.shape}")
+        return self._batch([as_samples(f"signals[{index}]", signal) for index, signal in enumerate(signals)])
+
+    def _batch(self, signals: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`batch` on checked float32 signals."""
         segments, counts = [], []
-        for index, signal in enumerate(signals):
-            samples = as_samples(f"signals[{index}]", signal)
+        for samples in signals:
             if len(samples) < self.min_samples:
                 samples = np.concatenate((samples, np.zeros(self.min_samples - len(samples), np.float32)))
             frames = self.framing.count(len(samples))
