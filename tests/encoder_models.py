@@ -2,24 +2,43 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from audiomask.encoders import Phi4MMAudioConfig, Phi4MMEncoder, Qwen3ASRConfig, Qwen3ASREncoder
 
 # bias_max_distance 20 < the longest test sequences, so the relative bias clips.
-PHI4MM_TINY = dict(
-    hidden_size=16,
-    intermediate_size=24,
-    num_blocks=2,
-    num_attention_heads=2,
-    ext_pw_out_channel=16,
-    depthwise_separable_out_channel=16,
-    nemo_conv_channels=4,
-    bias_max_distance=20,
-)
-QWEN3_ASR_TINY = dict(
-    encoder_layers=2, encoder_attention_heads=2, encoder_ffn_dim=32, d_model=16, downsample_hidden_size=4
-)
+PHI4MM_TINY = {
+    "hidden_size": 16,
+    "intermediate_size": 24,
+    "num_blocks": 2,
+    "num_attention_heads": 2,
+    "ext_pw_out_channel": 16,
+    "depthwise_separable_out_channel": 16,
+    "nemo_conv_channels": 4,
+    "bias_max_distance": 20,
+}
+QWEN3_ASR_TINY = {
+    "encoder_layers": 2,
+    "encoder_attention_heads": 2,
+    "encoder_ffn_dim": 32,
+    "d_model": 16,
+    "downsample_hidden_size": 4,
+}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def torch_one_thread():
+    """One torch thread while a module's tiny models run (import this fixture into the module).
+
+    Tiny models gain nothing from intra-op threads, and on a 2-core machine
+    shared with other jobs the threads' spin-waiting made a streaming test
+    25x slower (4.6 s vs 114 s).
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def randomize(module: torch.nn.Module, seed: int = 0) -> torch.nn.Module:

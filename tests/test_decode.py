@@ -7,7 +7,10 @@ import itertools
 import numpy as np
 import pytest
 import torch
-from encoder_models import tiny_phi4mm
+from encoder_models import (
+    tiny_phi4mm,
+    torch_one_thread,  # noqa: F401 (an autouse fixture)
+)
 from hypothesis import given
 from hypothesis import strategies as st
 

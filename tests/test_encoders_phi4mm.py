@@ -10,7 +10,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from encoder_models import PHI4MM_TINY, max_valid_diff, randomize, tiny_phi4mm
+from encoder_models import (
+    PHI4MM_TINY,
+    max_valid_diff,
+    randomize,
+    tiny_phi4mm,
+    torch_one_thread,  # noqa: F401 (an autouse fixture)
+)
 
 from audiomask.encoders import Phi4MMAudioConfig, Phi4MMEncoder
 from audiomask.encoders.phi4mm import SUBSAMPLING_LOOKAHEAD_FRAMES, UNFOLD_TOKENS

@@ -6,7 +6,13 @@ import json
 
 import pytest
 import torch
-from encoder_models import PHI4MM_TINY, QWEN3_ASR_TINY, max_valid_diff, randomize
+from encoder_models import (
+    PHI4MM_TINY,
+    QWEN3_ASR_TINY,
+    max_valid_diff,
+    randomize,
+    torch_one_thread,  # noqa: F401 (an autouse fixture)
+)
 
 from audiomask.encoders import Phi4MMEncoder, Qwen3ASREncoder, from_pretrained
 

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from encoder_models import QWEN3_ASR_TINY, max_valid_diff, randomize, tiny_qwen3_asr
+from encoder_models import (
+    QWEN3_ASR_TINY,
+    max_valid_diff,
+    randomize,
+    tiny_qwen3_asr,
+    torch_one_thread,  # noqa: F401 (an autouse fixture)
+)
 
 from audiomask.encoders import Qwen3ASRConfig, Qwen3ASREncoder
 from audiomask.masks import qwen3_asr

@@ -12,7 +12,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from encoder_models import max_valid_diff, tiny_phi4mm, tiny_qwen3_asr
+from encoder_models import (
+    max_valid_diff,
+    tiny_phi4mm,
+    tiny_qwen3_asr,
+    torch_one_thread,  # noqa: F401 (an autouse fixture)
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
