@@ -110,8 +110,12 @@ def _check_layout(handle: sf.SoundFile, path: Path) -> None:
     for declared, actual in _SHORT_CHUNK.findall(log):
         if int(actual) < int(declared) < _PLACEHOLDER_BYTES:
             truncated = f"data ends after {actual} of the {declared} bytes its header declares"
-    if "ended unexpectedly" in log:  # libvorbis/libogg: no end-of-stream page
+    # libsndfile's Ogg reader decodes up to the last complete page of a cut
+    # stream and reports only that much; its log says why the stream ended.
+    if "ended unexpectedly" in log or "lacks an end-of-stream bit" in log:
         truncated = "the Ogg stream ends without its end-of-stream page"
+    elif "Junk after the last page" in log:
+        truncated = "the Ogg stream ends in a partial page"
     if handle.frames == 0:
         raise _fail(path, f"truncated: {truncated}" if truncated else "zero samples")
     if truncated:
