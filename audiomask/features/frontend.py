@@ -22,6 +22,9 @@ from audiomask.features._framing import Framing, PackedFrames, StreamFramer, pac
 
 __all__ = ["SLAB_FRAMES", "FeatureStream", "FeatureStreams", "Frontend"]
 
+# Below this many frames the dense mel product (one call) beats the banded one
+# (a call per group costs ~10-15 us on the 2-core box; banding saves ~0.2 us a frame).
+BANDED_FROM_FRAMES = 256
 # Frames per slab of torch calls inside one computation: ~2 MB of FFT input at
 # n_fft 512, which stays in the last-level cache; larger slabs measured no
 # faster, and a 1-hour file in one slab would need 0.7 GB of scratch.
@@ -37,7 +40,8 @@ class MelBands:
     product's work (the split minimises bins x filters over all splits).
     The power ``re^2 + im^2`` is summed by the product itself: the spectrum's
     interleaved (re, im) values are squared in place and each filter row is
-    repeated for both, which avoids a slow strided pass.
+    repeated for both, which avoids a slow strided pass. Few frames take one
+    dense product instead: there the calls cost more than the arithmetic.
 
     Args:
         weights: ``(bins, n_mels)`` float64 filter matrix, each column non-zero over one run of bins.
@@ -52,6 +56,7 @@ class MelBands:
         first = np.where(used, np.argmax(nonzero, axis=0), bins)
         end = np.where(used, bins - np.argmax(nonzero[::-1], axis=0), 0)
         repeated = torch.from_numpy(np.repeat(weights, 2, axis=0).T.astype(np.float32))  # (n_mels, 2 * bins)
+        self.dense = repeated.contiguous()
         self.bands = [
             (slice(lo, hi), slice(2 * cols_lo, 2 * cols_hi), repeated[lo:hi, 2 * cols_lo : 2 * cols_hi].contiguous())
             for lo, hi, cols_lo, cols_hi in _split(first, end, groups)
@@ -63,6 +68,9 @@ class MelBands:
         The spectrum is overwritten (squared in place).
         """
         squares = torch.view_as_real(spectrum).reshape(len(spectrum), -1).square_()
+        if len(spectrum) < BANDED_FROM_FRAMES:
+            torch.matmul(self.dense, squares.T, out=out)
+            return
         for rows, cols, weights in self.bands:
             torch.matmul(weights, squares[:, cols].T, out=out[rows])
 
@@ -145,11 +153,11 @@ class Frontend(ABC):
     def _log_(self, mel: torch.Tensor) -> None:
         """Clamp and take the log of mel power in place."""
 
-    def _finish(self, features: torch.Tensor, counts: np.ndarray, state: np.ndarray | None) -> None:
-        """Post-process ``(n_mels, K)`` features of consecutive segments in place.
+    def _finish(self, batch: torch.Tensor, counts: np.ndarray, state: np.ndarray | None) -> None:
+        """Post-process a ``(S, n_mels, width)`` batch in place; row ``s`` holds ``counts[s]`` frames, zeros after.
 
-        ``counts[s]`` frames belong to segment ``s``; ``state`` is None for whole
-        utterances, else the per-stream state from :meth:`_new_state`.
+        ``state`` is None for whole utterances, else the per-stream state from
+        :meth:`_new_state`. The zeros past ``counts`` must stay zeros.
         """
 
     def _new_state(self, count: int) -> np.ndarray | None:
@@ -169,8 +177,16 @@ class Frontend(ABC):
         """``frames`` rounded up to a multiple of :attr:`frame_multiple`."""
         return -(-frames // self.frame_multiple) * self.frame_multiple
 
-    def _compute(self, packed: PackedFrames, state: np.ndarray | None) -> torch.Tensor:
-        """``(n_mels, K)`` float32 features of every segment's frames, in segment order."""
+    def _features(self, packed: PackedFrames, width: int, state: np.ndarray | None) -> np.ndarray:
+        """Every segment's features, zero-padded to ``width`` frames, time on :attr:`time_axis`."""
+        batch = self._layout(self._log_mel(packed), packed.counts, width)
+        self._finish(batch, packed.counts, state)
+        if self.time_axis == 0:
+            batch = batch.transpose(1, 2)
+        return batch.contiguous().numpy()
+
+    def _log_mel(self, packed: PackedFrames) -> torch.Tensor:
+        """``(n_mels, K)`` float32 log-mel of every segment's frames, in segment order."""
         win, hop = self.framing.win, self.framing.hop
         total = packed.total_frames()
         mel = torch.empty((self.n_mels, total), dtype=torch.float32)
@@ -180,12 +196,10 @@ class Frontend(ABC):
             self._mel_power_into(signal, frames, mel[:, start : start + frames])
         self._log_(mel)
         columns = packed.rows()
-        features = mel if columns is None else mel.index_select(1, columns)
-        self._finish(features, packed.counts, state)
-        return features
+        return mel if columns is None else mel.index_select(1, columns)
 
-    def _layout(self, features: torch.Tensor, counts: np.ndarray, width: int) -> np.ndarray:
-        """Scatter ``(n_mels, K)`` segment-ordered features into a zero-padded batch, time on :attr:`time_axis`."""
+    def _layout(self, features: torch.Tensor, counts: np.ndarray, width: int) -> torch.Tensor:
+        """Scatter ``(n_mels, K)`` segment-ordered features into a zero-padded ``(S, n_mels, width)`` batch."""
         if len(counts) == 1 and width == features.shape[1]:
             batch = features[None]
         else:
@@ -193,9 +207,7 @@ class Frontend(ABC):
             row = np.repeat(np.arange(len(counts)), counts)
             col = np.arange(features.shape[1]) - np.repeat(np.cumsum(counts) - counts, counts)
             batch.transpose(1, 2)[torch.from_numpy(row), torch.from_numpy(col)] = features.T
-        if self.time_axis == 0:
-            batch = batch.transpose(1, 2)
-        return batch.contiguous().numpy()
+        return batch
 
     def __call__(self, samples: object) -> np.ndarray:
         """Features of one utterance.
@@ -238,9 +250,7 @@ class Frontend(ABC):
         if not segments:
             raise ValueError("signals must hold at least one signal, got an empty sequence")
         packed = pack(segments, counts, self.framing)
-        features = self._compute(packed, None)
-        width = self._padded_frames(max(counts))
-        return self._layout(features, packed.counts, width), packed.counts
+        return self._features(packed, self._padded_frames(max(counts)), None), packed.counts
 
     def stream(self) -> FeatureStream:
         """A stream: ``push(samples)`` returns the frames now complete, ``flush()`` the rest."""
@@ -276,9 +286,8 @@ class FeatureStreams:
     def _emit(self, pieces: list[tuple[np.ndarray, int]], extra: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         segments, counts = zip(*pieces)
         packed = pack(segments, counts, self.frontend.framing)
-        features = self.frontend._compute(packed, self._state)
         counts = packed.counts if extra is None else packed.counts + extra
-        return self.frontend._layout(features, packed.counts, int(counts.max())), counts
+        return self.frontend._features(packed, int(counts.max()), self._state), counts
 
     def push(self, chunks: Sequence[object]) -> tuple[np.ndarray, np.ndarray]:
         """Push one chunk per stream (any lengths, empty allowed).

@@ -148,31 +148,26 @@ class WhisperFrontend(Frontend):
         mel.clamp_(min=POWER_FLOOR).log10_()
 
     def _new_state(self, count: int) -> np.ndarray:
-        """Each stream's running peak so far, seeded with ``peak_prior``."""
-        return np.full(count, self.peak_prior)
+        """Each stream's running peak so far (float32 log10 mel power), seeded with ``peak_prior``."""
+        return np.full(count, self.peak_prior, dtype=np.float32)
 
-    def _finish(self, features: torch.Tensor, counts: np.ndarray, state: np.ndarray | None) -> None:
-        if features.shape[1] == 0:
+    def _finish(self, batch: torch.Tensor, counts: np.ndarray, state: np.ndarray | None) -> None:
+        width = batch.shape[2]
+        if width == 0:
             return
-        segment = torch.from_numpy(np.repeat(np.arange(len(counts)), counts))
-        frame_peak = features.amax(dim=0).double()
+        frame_peak = batch.amax(dim=1)  # (S, width)
+        padding = None
+        if (counts < width).any():  # rows shorter than the batch: their padding must not count, nor change
+            padding = torch.arange(width)[None, :] >= torch.from_numpy(counts)[:, None]
+            frame_peak.masked_fill_(padding, -np.inf)
         if state is None and self.floor == "utterance":
-            peak = torch.full((len(counts),), -np.inf, dtype=torch.float64)
-            peak.scatter_reduce_(0, segment, frame_peak, "amax")
-            floor = peak[segment] - DYNAMIC_RANGE
-        else:
+            peak = frame_peak.amax(dim=1, keepdim=True)
+        else:  # peak of frames 0..t, never below the stream's peak so far (or the prior)
             seed = torch.from_numpy(self._new_state(len(counts)) if state is None else state)
-            # Peak of frames 0..t within each segment: one cumulative max over
-            # all segments, each lifted above the previous ones by an offset
-            # larger than the values' span (exact: the offsets are removed in
-            # float64 before rounding to float32).
-            lift = segment.double() * (float(frame_peak.max() - frame_peak.min()) + 1.0)
-            running = torch.cummax(frame_peak + lift, dim=0).values - lift
-            running = torch.maximum(running, seed[segment])
+            peak = torch.cummax(frame_peak, dim=1).values.clamp_(min=seed[:, None])
             if state is not None:
-                last = np.cumsum(counts) - 1
-                has_frames = counts > 0
-                state[has_frames] = running[torch.from_numpy(last[has_frames])].numpy()
-            floor = running - DYNAMIC_RANGE
-        torch.maximum(features, floor.float()[None, :], out=features)
-        features.add_(LOG_OFFSET).div_(LOG_SCALE)
+                state[:] = peak[:, -1].numpy()  # padding is -inf: the last column holds the last frame's peak
+        torch.maximum(batch, peak.sub_(DYNAMIC_RANGE)[:, None, :], out=batch)
+        batch.add_(LOG_OFFSET).div_(LOG_SCALE)
+        if padding is not None:
+            batch.masked_fill_(padding[:, None, :], 0.0)
