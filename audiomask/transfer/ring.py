@@ -212,6 +212,11 @@ class PinnedRing:
     in-flight slot (``stats().slot_waits``). A request larger than
     ``max_pinned_bytes`` raises :class:`ValueError`.
 
+    The copy stream of the current CUDA device is made with the ring: a
+    process's first ``torch.cuda.Stream()`` sets up torch's stream pool and
+    waits for the device (52 ms behind a 50 ms queue on the H200,
+    bench/probes/first_use.py), which must not happen on the first copy.
+
     Thread safety: slot acquisition and release hold a lock; a staged slot
     belongs to one thread until it is submitted or released. Dropped slots go
     back to torch's pinned-memory cache, not to the OS.
@@ -248,6 +253,8 @@ class PinnedRing:
         self._released = 0
         self._counts = dict.fromkeys(("copies", "bytes_copied", "slot_waits", "grows", "evictions"), 0)
         self._slots = [self._new_slot(self.slot_bytes) for _ in range(num_slots)]
+        if self.pinned:
+            self.copy_stream(torch.device("cuda", torch.cuda.current_device()))
 
     def stage(self, shape: int | Sequence[int], dtype: object) -> Staged:
         """Lease a slot holding one array of ``shape`` and ``dtype`` (torch or numpy dtype).
