@@ -111,10 +111,10 @@ def test_mel_bands_equal_the_dense_product(groups, frames):
     spectrum = torch.randn(frames, 201, dtype=torch.complex64)
     # the Phi-4MM and Whisper banks, and one with all-zero filters (too many mels for the bins)
     for weights in (kaldi_mel_banks()[:201], slaney_banks(201, 128), slaney_banks(201, 200)):
-        out = torch.empty(weights.shape[1], frames)
+        out = torch.empty(frames, weights.shape[1])
         MelBands(weights, groups).project(spectrum.clone(), out)
         dense = (spectrum.abs() ** 2) @ torch.from_numpy(weights).float()
-        torch.testing.assert_close(out, dense.T, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(out, dense, rtol=1e-5, atol=1e-5)
 
 
 def brute_force_split_cost(first, end, groups):

@@ -1,12 +1,13 @@
 """What every front end shares: argument checks, batched computation, streams.
 
-A front end states its :class:`~audiomask.features._framing.Framing` and
-computes the features of a block of frames (``_log_mel_into``); Whisper adds
-a step across frames (its ``max - 8`` floor, ``_finish``). Everything else,
-here, is common: the one-utterance call, the ragged batch, and streams, which
-all frame through the same code and compute every frame of a call in one
-batched torch computation (in slabs of :data:`SLAB_FRAMES` frames that keep
-the scratch memory small), never in a loop over utterances or streams.
+A front end states its :class:`~audiomask.features._framing.Framing`, how a
+block of frames becomes mel power (``_mel_power_into``, usually through
+:class:`MelBands`) and how power becomes log (``_log_``); Whisper adds a step
+across frames (its ``max - 8`` floor, ``_finish``). Everything else, here, is
+common: the one-utterance call, the ragged batch, and streams, which all frame
+through the same code and compute every frame of a call in one batched torch
+computation (in slabs of :data:`SLAB_FRAMES` frames that keep the scratch
+memory small), never in a loop over utterances or streams.
 """
 
 from __future__ import annotations
@@ -20,15 +21,16 @@ import torch
 from audiomask._validate import check_int
 from audiomask.features._framing import Framing, PackedFrames, StreamFramer, pack
 
-__all__ = ["SLAB_FRAMES", "FeatureStream", "FeatureStreams", "Frontend"]
+__all__ = ["BANDED_FROM_FRAMES", "SLAB_FRAMES", "FeatureStream", "FeatureStreams", "Frontend", "MelBands", "as_samples"]
 
 # Below this many frames the dense mel product (one call) beats the banded one
 # (a call per group costs ~10-15 us on the 2-core box; banding saves ~0.2 us a frame).
 BANDED_FROM_FRAMES = 256
-# Frames per slab of torch calls inside one computation: ~2 MB of FFT input at
-# n_fft 512, which stays in the last-level cache; larger slabs measured no
-# faster, and a 1-hour file in one slab would need 0.7 GB of scratch.
-SLAB_FRAMES = 1024
+# Frames per slab of torch calls inside one computation: 2 MB of float64 FFT
+# input at n_fft 512. Measured on the 2-core box: 512-768 fastest, 1024 and up
+# slower (the FFT's input and output outgrow the cache), and a 1-hour file in
+# one slab would need 1.5 GB of scratch.
+SLAB_FRAMES = 512
 
 
 class MelBands:
@@ -55,24 +57,23 @@ class MelBands:
         used = nonzero.any(axis=0)  # an all-zero filter spans no bins
         first = np.where(used, np.argmax(nonzero, axis=0), bins)
         end = np.where(used, bins - np.argmax(nonzero[::-1], axis=0), 0)
-        repeated = torch.from_numpy(np.repeat(weights, 2, axis=0).T.astype(np.float32))  # (n_mels, 2 * bins)
-        self.dense = repeated.contiguous()
+        self.dense = torch.from_numpy(np.repeat(weights, 2, axis=0).astype(np.float32))  # (2 * bins, n_mels)
         self.bands = [
-            (slice(lo, hi), slice(2 * cols_lo, 2 * cols_hi), repeated[lo:hi, 2 * cols_lo : 2 * cols_hi].contiguous())
-            for lo, hi, cols_lo, cols_hi in _split(first, end, groups)
+            (slice(2 * bin_lo, 2 * bin_hi), slice(lo, hi), self.dense[2 * bin_lo : 2 * bin_hi, lo:hi].contiguous())
+            for lo, hi, bin_lo, bin_hi in _split(first, end, groups)
         ]
 
     def project(self, spectrum: torch.Tensor, out: torch.Tensor) -> None:
-        """Mel power of a ``(n, bins)`` complex64 spectrum into ``(n_mels, n)`` float32 ``out``.
+        """Mel power of a ``(n, bins)`` complex64 spectrum into ``(n, n_mels)`` float32 ``out``.
 
         The spectrum is overwritten (squared in place).
         """
         squares = torch.view_as_real(spectrum).reshape(len(spectrum), -1).square_()
         if len(spectrum) < BANDED_FROM_FRAMES:
-            torch.matmul(self.dense, squares.T, out=out)
+            torch.matmul(squares, self.dense, out=out)
             return
-        for rows, cols, weights in self.bands:
-            torch.matmul(weights, squares[:, cols].T, out=out[rows])
+        for columns, filters, weights in self.bands:
+            torch.matmul(squares[:, columns], weights, out=out[:, filters])
 
 
 def _split(first: np.ndarray, end: np.ndarray, groups: int) -> list[tuple[int, int, int, int]]:
@@ -143,7 +144,7 @@ class Frontend(ABC):
 
     @abstractmethod
     def _mel_power_into(self, signal: torch.Tensor, frames: int, out: torch.Tensor) -> None:
-        """Mel power of ``frames`` frames into ``(n_mels, frames)`` float32 ``out``.
+        """Mel power of ``frames`` frames into ``(frames, n_mels)`` float32 ``out``.
 
         ``signal`` is 1-D float32 of ``hop * (frames - 1) + win`` samples;
         frame ``j`` is ``signal[hop * j : hop * j + win]``.
@@ -154,7 +155,7 @@ class Frontend(ABC):
         """Clamp and take the log of mel power in place."""
 
     def _finish(self, batch: torch.Tensor, counts: np.ndarray, state: np.ndarray | None) -> None:
-        """Post-process a ``(S, n_mels, width)`` batch in place; row ``s`` holds ``counts[s]`` frames, zeros after.
+        """Post-process a ``(S, width, n_mels)`` batch in place; row ``s`` holds ``counts[s]`` frames, zeros after.
 
         ``state`` is None for whole utterances, else the per-stream state from
         :meth:`_new_state`. The zeros past ``counts`` must stay zeros.
@@ -181,32 +182,31 @@ class Frontend(ABC):
         """Every segment's features, zero-padded to ``width`` frames, time on :attr:`time_axis`."""
         batch = self._layout(self._log_mel(packed), packed.counts, width)
         self._finish(batch, packed.counts, state)
-        if self.time_axis == 0:
+        if self.time_axis == 1:
             batch = batch.transpose(1, 2)
         return batch.contiguous().numpy()
 
     def _log_mel(self, packed: PackedFrames) -> torch.Tensor:
-        """``(n_mels, K)`` float32 log-mel of every segment's frames, in segment order."""
+        """``(K, n_mels)`` float32 log-mel of every segment's frames, in segment order."""
         win, hop = self.framing.win, self.framing.hop
         total = packed.total_frames()
-        mel = torch.empty((self.n_mels, total), dtype=torch.float32)
+        mel = torch.empty((total, self.n_mels), dtype=torch.float32)
         for start in range(0, total, SLAB_FRAMES):
             frames = min(SLAB_FRAMES, total - start)
             signal = packed.flat[hop * start : hop * (start + frames - 1) + win]
-            self._mel_power_into(signal, frames, mel[:, start : start + frames])
+            self._mel_power_into(signal, frames, mel[start : start + frames])
         self._log_(mel)
-        columns = packed.rows()
-        return mel if columns is None else mel.index_select(1, columns)
+        rows = packed.rows()
+        return mel if rows is None else mel.index_select(0, rows)
 
     def _layout(self, features: torch.Tensor, counts: np.ndarray, width: int) -> torch.Tensor:
-        """Scatter ``(n_mels, K)`` segment-ordered features into a zero-padded ``(S, n_mels, width)`` batch."""
-        if len(counts) == 1 and width == features.shape[1]:
-            batch = features[None]
-        else:
-            batch = torch.zeros((len(counts), self.n_mels, width), dtype=torch.float32)
-            row = np.repeat(np.arange(len(counts)), counts)
-            col = np.arange(features.shape[1]) - np.repeat(np.cumsum(counts) - counts, counts)
-            batch.transpose(1, 2)[torch.from_numpy(row), torch.from_numpy(col)] = features.T
+        """Scatter ``(K, n_mels)`` segment-ordered features into a zero-padded ``(S, width, n_mels)`` batch."""
+        if len(counts) == 1 and width == len(features):
+            return features[None]
+        batch = torch.zeros((len(counts), width, self.n_mels), dtype=torch.float32)
+        row = np.repeat(np.arange(len(counts)), counts)
+        col = np.arange(len(features)) - np.repeat(np.cumsum(counts) - counts, counts)
+        batch[torch.from_numpy(row), torch.from_numpy(col)] = features
         return batch
 
     def __call__(self, samples: object) -> np.ndarray:
@@ -271,6 +271,13 @@ class FeatureStreams:
     Args:
         frontend: the front end whose features to compute.
         count: number of streams, ``>= 1``.
+
+    >>> import numpy as np
+    >>> from audiomask.features import Phi4MMFrontend
+    >>> streams = Phi4MMFrontend().streams(3)
+    >>> features, counts = streams.push([np.zeros(1600, np.float32), np.zeros(0, np.float32), np.zeros(560, np.float32)])
+    >>> features.shape, counts.tolist()   # (S, T_max, 80): 8, 0 and 2 new frames
+    ((3, 8, 80), [8, 0, 2])
     """
 
     def __init__(self, frontend: Frontend, count: int) -> None:
@@ -301,11 +308,8 @@ class FeatureStreams:
             raise ValueError("push after flush: these streams have ended")
         if len(chunks) != len(self._framers):
             raise ValueError(f"chunks must hold one chunk per stream ({len(self._framers)}), got {len(chunks)}")
-        pieces = [
-            framer.push(as_samples(f"chunks[{index}]", chunk))
-            for index, (framer, chunk) in enumerate(zip(self._framers, chunks))
-        ]
-        return self._emit(pieces)
+        checked = [as_samples(f"chunks[{index}]", chunk) for index, chunk in enumerate(chunks)]  # all, before any push
+        return self._emit([framer.push(chunk) for framer, chunk in zip(self._framers, checked)])
 
     def flush(self) -> tuple[np.ndarray, np.ndarray]:
         """End every stream: the remaining frames, as :meth:`push` returns them.

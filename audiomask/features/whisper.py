@@ -152,10 +152,10 @@ class WhisperFrontend(Frontend):
         return np.full(count, self.peak_prior, dtype=np.float32)
 
     def _finish(self, batch: torch.Tensor, counts: np.ndarray, state: np.ndarray | None) -> None:
-        width = batch.shape[2]
+        width = batch.shape[1]
         if width == 0:
             return
-        frame_peak = batch.amax(dim=1)  # (S, width)
+        frame_peak = batch.amax(dim=2)  # (S, width)
         padding = None
         if (counts < width).any():  # rows shorter than the batch: their padding must not count, nor change
             padding = torch.arange(width)[None, :] >= torch.from_numpy(counts)[:, None]
@@ -167,7 +167,7 @@ class WhisperFrontend(Frontend):
             peak = torch.cummax(frame_peak, dim=1).values.clamp_(min=seed[:, None])
             if state is not None:
                 state[:] = peak[:, -1].numpy()  # padding is -inf: the last column holds the last frame's peak
-        torch.maximum(batch, peak.sub_(DYNAMIC_RANGE)[:, None, :], out=batch)
+        torch.maximum(batch, peak.sub_(DYNAMIC_RANGE)[:, :, None], out=batch)
         batch.add_(LOG_OFFSET).div_(LOG_SCALE)
         if padding is not None:
-            batch.masked_fill_(padding[:, None, :], 0.0)
+            batch.masked_fill_(padding[:, :, None], 0.0)
