@@ -86,6 +86,17 @@ class FrameBuffer:
     def push(self, features: torch.Tensor, lengths: np.ndarray) -> None:
         """Append the first ``lengths[b]`` frames of ``features[b]`` ``(B, t, F)`` to slot ``b``."""
         batch, capacity, feature_size = self.frames.shape
+        if batch and (lengths == lengths[0]).all() and (self.counts == self.counts[0]).all():
+            # Lock step (every slot holds as many frames and gets as many): append along time,
+            # no scatter and no index arrays to move. (The common case: equal pushes, full chunks.)
+            count, length = int(self.counts[0]), int(lengths[0])
+            moved = to_device(features[:, :length], self.frames.device, dtype=self.frames.dtype)
+            if count:
+                self.frames = torch.cat([self.frames[:, :count], moved], dim=1)
+            else:  # an empty buffer: the moved frames are the buffer (a copy, never the caller's tensor)
+                self.frames = moved.clone() if moved.data_ptr() == features.data_ptr() else moved
+            self.counts += length
+            return
         needed = int((self.counts + lengths).max(initial=0))
         if needed > capacity:
             grown = self.frames.new_zeros(batch, needed - capacity, feature_size)

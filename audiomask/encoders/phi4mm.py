@@ -53,7 +53,6 @@ from audiomask.encoders.attention import (
     MaskMode,
     attend,
     check_mask_mode,
-    may_attend_to_additive_bias,
     may_attend_to_compat_bias,
     split_heads,
 )
@@ -186,23 +185,27 @@ class _ConvSubsampling(nn.Module):
         features: torch.Tensor,
         frame_valid: torch.Tensor | None = None,
         caches: list[torch.Tensor] | None = None,
+        *,
+        exact: bool = False,
     ) -> torch.Tensor:
         """Subsample normalised features ``(B, T, F)`` to tokens ``(B, L, D)``.
 
         Args:
             features: ``(B, T, F)`` float.
-            frame_valid: ``None`` for upstream's computation (``L = ceil(T / r)``,
-                padding values take part). Otherwise ``(B, T)`` bool, ``True`` on
-                each utterance's frames, ``T`` a multiple of ``r = time_reduction``:
-                every stage's input beyond the utterance is zeroed, as if it
-                were alone, and ``L = T / r``.
-            caches: with ``frame_valid``, one ``(B, C_in, 1, F_in)`` tensor per
-                stage holding the last input step of the previous chunk (zeros
-                at the start of an utterance); updated in place. ``None``:
-                zeros (a whole utterance).
+            frame_valid: ``(B, T)`` bool, ``True`` on each utterance's frames,
+                ``T`` a multiple of ``r = time_reduction``: every stage's input
+                beyond the utterance is zeroed, as if it were alone, and
+                ``L = T / r``. ``None`` and not ``exact``: upstream's computation
+                (``L = ceil(T / r)``, padding values take part).
+            caches: with ``frame_valid`` or ``exact``, one ``(B, C_in, 1, F_in)``
+                tensor per stage holding the last input step of the previous
+                chunk (zeros at the start of an utterance); updated in place.
+                ``None``: zeros (a whole utterance).
+            exact: the exact computation with every frame real (no masking:
+                the caller knows on the host that no frame is padding).
         """
         hidden = features.unsqueeze(1)  # (B, 1, T, F): time on dim 2, mel bins on dim 3
-        if frame_valid is None:
+        if frame_valid is None and not exact:
             hidden = self.conv(hidden)
         else:
             hidden = self._exact(hidden, frame_valid, caches)
@@ -210,25 +213,33 @@ class _ConvSubsampling(nn.Module):
         return self.out(hidden.transpose(1, 2).reshape(batch, length, channels * bins))
 
     def _exact(
-        self, hidden: torch.Tensor, frame_valid: torch.Tensor, caches: list[torch.Tensor] | None
+        self, hidden: torch.Tensor, frame_valid: torch.Tensor | None, caches: list[torch.Tensor] | None
     ) -> torch.Tensor:
+        """``frame_valid`` ``None`` here: every frame is real (the caller knows it on the host), no masking."""
         stride = 1  # input frames per step of `hidden`
-        hidden = hidden * frame_valid[:, None, :, None]
+        if frame_valid is not None:
+            hidden = hidden * frame_valid[:, None, :, None]
         for module in self.conv:
             if isinstance(module, nn.Conv2d) and module.stride[0] == 2:
-                # Output p reads inputs 2p - 1 .. 2p + 1: the one step before this
-                # even-aligned block comes from the cache, none is needed after it.
+                # Output p reads inputs 2p - 1 .. 2p + 1: the one step before this even-aligned
+                # block is zero padding (a whole utterance) or comes from the cache. The conv runs
+                # on the block itself with zero padding, and the cached step's contribution to
+                # output 0 is added after (no concatenated copy of the stage input).
                 stage = stride.bit_length() - 1
-                left = hidden.new_zeros(hidden[:, :, :1].shape) if caches is None else caches[stage]
-                joined = torch.cat([left, hidden], dim=2)
+                out = F.conv2d(hidden, module.weight, module.bias, stride=2, padding=1, groups=module.groups)
                 if caches is not None:
-                    caches[stage].copy_(hidden[:, :, -1:])
-                hidden = F.conv2d(joined, module.weight, module.bias, stride=2, padding=(0, 1), groups=module.groups)
+                    cache = caches[stage]
+                    top = F.conv2d(cache, module.weight[:, :, :1], None, stride=(1, 2), padding=(0, 1), groups=module.groups)
+                    out[:, :, :1] += top
+                    cache.copy_(hidden[:, :, -1:])
+                hidden = out
                 stride *= 2
             elif isinstance(module, nn.Conv2d):
                 hidden = module(hidden)
             else:  # the activation ends a stage: zero its outputs beyond the utterance
-                hidden = module(hidden) * frame_valid[:, None, ::stride, None]
+                hidden = module(hidden)
+                if frame_valid is not None:
+                    hidden = hidden * frame_valid[:, None, ::stride, None]
         return hidden
 
 
@@ -280,22 +291,25 @@ class _Attention(nn.Module):
         self.v_proj = nn.Linear(dim, dim)
         self.o_proj = nn.Linear(dim, dim)
 
-    def forward(self, hidden: torch.Tensor, bias: torch.Tensor, cache: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, hidden: torch.Tensor, bias: torch.Tensor, cache: torch.Tensor | None = None, slot: int = 0
+    ) -> torch.Tensor:
         """``hidden`` ``(B, T, D)``, ``bias`` ``(B or 1, H, T, T_k)``.
 
-        ``cache`` ``(2, B, H, S, D / H)``: keys and values of the last ``S >= T``
-        tokens, oldest first. The ``T`` new tokens enter at its end (the
-        oldest ``T`` leave) and the queries attend to all ``S``.
+        ``cache`` ``(2, B, H, S, D / H)``: keys and values of ``S >= T`` token
+        slots, a ring in any order (``bias`` says which token each slot holds).
+        The ``T`` new tokens overwrite slots ``slot .. slot + T - 1`` (a host
+        int) and the queries attend to all ``S``: nothing else of the cache is
+        moved, whatever its size.
         """
         query, key, value = (
             split_heads(proj(hidden), self.num_heads) for proj in (self.q_proj, self.k_proj, self.v_proj)
         )
         if cache is not None:
             new = hidden.shape[1]
-            key = torch.cat([cache[0, :, :, new:], key], dim=2)
-            value = torch.cat([cache[1, :, :, new:], value], dim=2)
-            cache[0].copy_(key)
-            cache[1].copy_(value)
+            cache[0, :, :, slot : slot + new].copy_(key)
+            cache[1, :, :, slot : slot + new].copy_(value)
+            key, value = cache[0], cache[1]
         return self.o_proj(attend(query, key, value, bias))
 
 
@@ -311,9 +325,18 @@ class _GluPointwiseConv(nn.Module):
         self.b2 = nn.Parameter(torch.zeros(1, channels, 1))
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        """``(B, D, T)`` -> ``(B, D, T)``."""
-        linear, gate = self.ext_pw_conv_1d(hidden).chunk(2, dim=1)
-        return (linear + self.b1) * self.glu_act(gate + self.b2)
+        """``(B, T, D)`` -> ``(B, T, D)``, time-major: the pointwise conv is one GEMM (no transposes),
+        with ``b1`` and ``b2`` folded into its bias."""
+        conv = self.ext_pw_conv_1d
+        bias = torch.cat([self.b1, self.b2], dim=1).flatten()
+        bias = bias if conv.bias is None else conv.bias + bias
+        linear, gate = F.linear(hidden, conv.weight.flatten(1), bias).chunk(2, dim=-1)
+        return linear * self.glu_act(gate)
+
+
+def _pointwise(conv: nn.Conv1d, hidden: torch.Tensor) -> torch.Tensor:
+    """A kernel-1 ``Conv1d`` applied time-major, ``(B, T, C_in) -> (B, T, C_out)``: one GEMM."""
+    return F.linear(hidden, conv.weight.flatten(1), conv.bias)
 
 
 class _DepthwiseSeparableConv(nn.Module):
@@ -324,11 +347,27 @@ class _DepthwiseSeparableConv(nn.Module):
         dim = config.hidden_size
         # Upstream pads both sides and drops the right end; here the input
         # arrives already left-padded (zeros or the stream's cache), so no padding.
+        self.multiplier = config.depthwise_multiplier
         self.dw_conv = nn.Conv1d(dim, dim * config.depthwise_multiplier, config.kernel_size, groups=dim)
         self.pw_conv = nn.Conv1d(dim * config.depthwise_multiplier, config.depthwise_separable_out_channel, 1)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.pw_conv(self.dw_conv(hidden))
+        """Time-major ``(B, T + kernel_size - 1, D)`` -> ``(B, T, D)``.
+
+        The depthwise conv is ``kernel_size`` multiply-adds of shifted views
+        (elementwise, no layout change), the pointwise conv one GEMM.
+        """
+        if self.multiplier > 1:
+            hidden = hidden.repeat_interleave(self.multiplier, dim=-1)  # output channel o reads input o // m
+        weight, kernel = self.dw_conv.weight, self.dw_conv.kernel_size[0]
+        length = hidden.shape[1] - kernel + 1
+        if self.dw_conv.bias is None:
+            out = hidden[:, :length] * weight[:, 0, 0]
+        else:
+            out = torch.addcmul(self.dw_conv.bias, hidden[:, :length], weight[:, 0, 0])
+        for tap in range(1, kernel):
+            out.addcmul_(hidden[:, tap : tap + length], weight[:, 0, tap])
+        return _pointwise(self.pw_conv, out)
 
 
 class _ConvModule(nn.Module):
@@ -344,15 +383,15 @@ class _ConvModule(nn.Module):
         self.ext_pw_conv_1d = nn.Conv1d(config.hidden_size, config.ext_pw_out_channel, kernel_size=1)
 
     def forward(self, hidden: torch.Tensor, cache: torch.Tensor | None = None) -> torch.Tensor:
-        """``(B, T, D)`` -> ``(B, T, D)``; ``cache`` ``(B, D, kernel_size - 1)``: the GLU outputs of the
-        previous tokens (zeros at the start), updated in place; ``None``: zeros."""
-        glu = self.glu(self.layer_norm(hidden).transpose(1, 2))  # (B, D, T)
-        left = glu.new_zeros(*glu.shape[:2], self.context) if cache is None else cache
-        joined = torch.cat([left, glu], dim=2)
-        if cache is not None:
-            cache.copy_(joined[:, :, joined.shape[2] - self.context :])
-        out = self.ext_pw_conv_1d(self.act(self.dw_sep_conv_1d(joined)))
-        return out.transpose(1, 2)
+        """``(B, T, D)`` -> ``(B, T, D)``; ``cache`` ``(B, kernel_size - 1, D)``: the GLU outputs of the
+        previous tokens (zeros at the start), updated in place; ``None``: zeros. Time-major throughout."""
+        glu = self.glu(self.layer_norm(hidden))  # (B, T, D)
+        if cache is None:
+            joined = F.pad(glu, (0, 0, self.context, 0))
+        else:
+            joined = torch.cat([cache, glu], dim=1)
+            cache.copy_(joined[:, joined.shape[1] - self.context :])
+        return _pointwise(self.ext_pw_conv_1d, self.act(self.dw_sep_conv_1d(joined)))
 
 
 class _ConformerBlock(nn.Module):
@@ -371,11 +410,13 @@ class _ConformerBlock(nn.Module):
         bias: torch.Tensor,
         kv_cache: torch.Tensor | None = None,
         conv_cache: torch.Tensor | None = None,
+        kv_slot: int = 0,
     ) -> torch.Tensor:
-        residual = hidden + 0.5 * self.feed_forward_in(hidden)
-        hidden = residual + self.self_attn(self.layer_norm_att(residual), bias, kv_cache)
+        # add(alpha=0.5): one kernel, the same rounding as hidden + 0.5 * x (scaling by 0.5 is exact).
+        residual = torch.add(hidden, self.feed_forward_in(hidden), alpha=0.5)
+        hidden = residual + self.self_attn(self.layer_norm_att(residual), bias, kv_cache, kv_slot)
         hidden = hidden + self.conv(hidden, conv_cache)
-        hidden = hidden + 0.5 * self.feed_forward_out(hidden)
+        hidden = torch.add(hidden, self.feed_forward_out(hidden), alpha=0.5)
         return self.layer_norm(hidden)
 
 
@@ -473,10 +514,12 @@ class Phi4MMEncoder(nn.Module):
         """Run the blocks over ``hidden`` ``(N, L, D)`` under the host mask ``(N, L, L)`` (True = may attend)."""
         length = hidden.shape[1]
         positions = torch.arange(length, device=hidden.device)
-        convert = may_attend_to_additive_bias if hard else may_attend_to_compat_bias
-        bias = self.relative_attention_bias_layer(positions, positions) + convert(
-            to_device(mask, hidden.device), hidden.dtype
-        ).unsqueeze(1)
+        relative = self.relative_attention_bias_layer(positions, positions)
+        mask = to_device(mask, hidden.device).unsqueeze(1)
+        if hard:  # finfo.min where masked: what relative + finfo.min rounds to, in one kernel
+            bias = torch.where(mask, relative, torch.finfo(hidden.dtype).min)
+        else:
+            bias = relative + may_attend_to_compat_bias(mask, hidden.dtype)
         for block in self.encoders:
             hidden = block(hidden, bias)
         return hidden

@@ -24,7 +24,6 @@ import torch
 
 from audiomask._validate import check_int
 from audiomask.encoders._common import FrameBuffer, host_lengths
-from audiomask.encoders.attention import may_attend_to_additive_bias
 from audiomask.masks import padding_mask
 from audiomask.transfer import to_device
 
@@ -105,11 +104,15 @@ class Phi4MMStream(_Stream):
     State per slot: for every block the keys/values of the last
     ``(left_chunk + 1) * chunk_size`` tokens ``(2, B, H, S, D / H)`` and the
     conv module's last ``kernel_size - 1`` GLU outputs; for every stride-2
-    stage of the subsampling its last input step. A chunk's
+    stage of the subsampling its last input step. The key/value cache is a
+    ring of ``left_chunk + 1`` chunks (a step writes only its own chunk's
+    keys). A chunk's
     ``chunk_size * time_reduction`` frames are all its tokens need (the
     subsampling has no lookahead beyond them), so each chunk is emitted as
     soon as its frames are in. The relative position bias depends only on
-    key-minus-query distances: one ``(1, H, C, S)`` tensor serves every step.
+    key-minus-query distances: one ``(H, C, S)`` tensor per ring phase serves every step.
+    Every length and mask is built on the host; masks that are all True
+    (full chunks, full caches) are not built, moved or applied.
 
     ``push(features (B, t, 80), lengths=None) -> (B, n, D)``: ``n`` is a
     multiple of ``chunk_size``, possibly 0. ``flush() -> (B, n, D)``: the rest,
@@ -135,22 +138,31 @@ class Phi4MMStream(_Stream):
         self.left_chunk = check_int("left_chunk", left_chunk, minimum=0)
         self.encoder = encoder
         self._chunk_frames = self.chunk_size * config.time_reduction
-        self._keys = (self.left_chunk + 1) * self.chunk_size  # S: cached tokens plus the chunk's own
+        self._blocks = self.left_chunk + 1  # chunks held by the key/value ring
+        self._keys = self._blocks * self.chunk_size  # S: cached tokens plus the chunk's own
         batch, heads = self.batch_size, config.num_attention_heads
         like = {"device": self.device, "dtype": self.dtype}
         self._kv = [
             torch.zeros(2, batch, heads, self._keys, config.hidden_size // heads, **like) for _ in encoder.encoders
         ]
-        self._conv = [torch.zeros(batch, config.hidden_size, config.kernel_size - 1, **like) for _ in encoder.encoders]
+        self._conv = [torch.zeros(batch, config.kernel_size - 1, config.hidden_size, **like) for _ in encoder.encoders]
         self._subsampling = []
         bins = config.input_size
         for conv in encoder.embed.strided_convs():
             self._subsampling.append(torch.zeros(batch, conv.in_channels, 1, bins, **like))
             bins = -(-bins // 2)
+        # The key/value cache is a ring of `blocks` chunks: chunk c goes to block c % blocks, so a
+        # step writes only its own keys. Per phase p = c % blocks, key slot j holds the token
+        # c * C + offsets[p, j] (offsets <= 0 for the older chunks), and the relative bias depends
+        # only on these offsets: one (H, C, S) tensor per phase serves every step.
+        block = np.arange(self._blocks)
+        back = (np.arange(self._blocks)[:, None] - block[None, :]) % self._blocks  # (phase, block): chunks ago
+        self._offsets = (-back[:, :, None] * self.chunk_size + np.arange(self.chunk_size)).reshape(self._blocks, -1)
         with torch.no_grad():
-            # Queries are the last chunk_size of the S key slots.
-            keys = torch.arange(self._keys, device=self.device)
-            self._bias = encoder.relative_attention_bias_layer(keys[-self.chunk_size :], keys)
+            queries = to_device(np.arange(self.chunk_size), self.device)
+            offsets = to_device(self._offsets, self.device)
+            layer = encoder.relative_attention_bias_layer
+            self._bias = torch.cat([layer(queries, offsets[p]) for p in range(self._blocks)])  # (blocks, H, C, S)
         self._chunks = 0  # chunk steps since the last flush
 
     def _valid_tokens(self) -> np.ndarray:
@@ -161,6 +173,7 @@ class Phi4MMStream(_Stream):
 
         ``lengths`` ``(B,)``: how many of the ``t`` frames are real in each
         slot (default all). Returns ``(B, n, D)``, ``n`` a multiple of ``chunk_size``.
+        Nothing here waits for the GPU: every length and index is on the host.
         """
         self._push_frames(features, lengths)
         steps = []
@@ -187,23 +200,23 @@ class Phi4MMStream(_Stream):
         """Encode the next chunk of every slot: ``(B, chunk_size, D)``."""
         encoder = self.encoder
         chunk, valid = self._buffer.take(self._chunk_frames)
-        # Both masks in one host array, one copy: the chunk's real frames, then the valid key slots.
-        # Key slot j holds token (chunks + 1) * C - S + j: valid from token 0 to each utterance's last.
-        first = (self._chunks + 1) * self.chunk_size - self._keys
-        masks = np.concatenate(
-            [
-                padding_mask(valid, self._chunk_frames),
-                padding_mask(np.clip(self._valid_tokens() - first, 0, self._keys), self._keys),
-            ],
-            axis=1,
-        )
-        masks[:, self._chunk_frames : self._chunk_frames + max(-first, 0)] = False
-        masks = to_device(masks, self.device)
-        frame_valid, keys_valid = masks[:, : self._chunk_frames], masks[:, self._chunk_frames :]
-        hidden = encoder.embed(encoder.encoder_embedding(chunk), frame_valid, self._subsampling)
-        bias = self._bias + may_attend_to_additive_bias(keys_valid, self.dtype)[:, None, None]
+        phase = self._chunks % self._blocks
+        # Token held by each key slot; valid from token 0 to each utterance's last (host numpy).
+        tokens = self._chunks * self.chunk_size + self._offsets[phase]
+        keys_valid = (tokens >= 0) & (tokens < self._valid_tokens()[:, None])
+        frames_full, keys_full = bool(valid.min() == self._chunk_frames), bool(keys_valid.all())
+        # The masks that are not all True, in one host array and one copy.
+        host = ([] if frames_full else [padding_mask(valid, self._chunk_frames)]) + ([] if keys_full else [keys_valid])
+        masks = to_device(np.concatenate(host, axis=1), self.device) if host else None
+        frame_valid = None if frames_full else masks[:, : self._chunk_frames]  # type: ignore[index]
+        hidden = encoder.embed(encoder.encoder_embedding(chunk), frame_valid, self._subsampling, exact=True)
+        bias = self._bias[phase : phase + 1]  # (1, H, C, S)
+        if not keys_full:
+            key_mask = masks[:, masks.shape[1] - self._keys :]  # type: ignore[index]
+            bias = torch.where(key_mask[:, None, None], bias, torch.finfo(self.dtype).min)  # (B, H, C, S)
+        slot = phase * self.chunk_size
         for block, kv, conv in zip(encoder.encoders, self._kv, self._conv):
-            hidden = block(hidden, bias, kv, conv)
+            hidden = block(hidden, bias, kv, conv, slot)
         self._chunks += 1
         return hidden
 
