@@ -39,7 +39,7 @@ and the left context is one cached step per stage.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -143,6 +143,28 @@ class Phi4MMAudioConfig:
     def from_dict(cls, values: Mapping[str, Any]) -> Phi4MMAudioConfig:
         """From a transformers ``Phi4MultimodalAudioConfig`` dict (``config.json``)."""
         return config_from_dict(cls, values)
+
+
+def _derived(owner: nn.Module, sources: tuple[torch.Tensor, ...], build: Callable[[], Any]) -> Any:
+    """``build()`` (tensors computed from ``sources``), cached on ``owner`` while no source changes.
+
+    Inference only: with autograd on, it is rebuilt on every call (gradients
+    reach the parameters). A source is unchanged while its storage and its
+    version counter (bumped by every in-place write: ``load_state_dict``,
+    ``copy_``) are; ``.to()`` makes new storage. Saves per-step kernels such
+    as the concatenated q/k/v weight.
+    """
+    if torch.is_grad_enabled():
+        return build()
+    try:
+        key = tuple((t.data_ptr(), t._version, t.dtype, t.device) for t in sources)
+    except RuntimeError:  # inference tensors have no version counter
+        return build()
+    cached = owner.__dict__.get("_derived_cache")
+    if cached is None or cached[0] != key:
+        cached = (key, build())
+        owner.__dict__["_derived_cache"] = cached
+    return cached[1]
 
 
 class _MeanVarianceNorm(nn.Module):
@@ -302,8 +324,16 @@ class _Attention(nn.Module):
         int) and the queries attend to all ``S``: nothing else of the cache is
         moved, whatever its size.
         """
+        projections = (self.q_proj, self.k_proj, self.v_proj)
+        sources = tuple(t for proj in projections for t in (proj.weight, proj.bias))
+        weight, bias_qkv = _derived(
+            self,
+            sources,
+            lambda: (torch.cat([p.weight for p in projections]), torch.cat([p.bias for p in projections])),
+        )
+        # One GEMM for queries, keys and values.
         query, key, value = (
-            split_heads(proj(hidden), self.num_heads) for proj in (self.q_proj, self.k_proj, self.v_proj)
+            split_heads(part, self.num_heads) for part in F.linear(hidden, weight, bias_qkv).chunk(3, dim=-1)
         )
         if cache is not None:
             new = hidden.shape[1]
@@ -328,8 +358,13 @@ class _GluPointwiseConv(nn.Module):
         """``(B, T, D)`` -> ``(B, T, D)``, time-major: the pointwise conv is one GEMM (no transposes),
         with ``b1`` and ``b2`` folded into its bias."""
         conv = self.ext_pw_conv_1d
-        bias = torch.cat([self.b1, self.b2], dim=1).flatten()
-        bias = bias if conv.bias is None else conv.bias + bias
+        sources = (self.b1, self.b2) if conv.bias is None else (self.b1, self.b2, conv.bias)
+
+        def fold() -> torch.Tensor:
+            bias = torch.cat([self.b1, self.b2], dim=1).flatten()
+            return bias if conv.bias is None else conv.bias + bias
+
+        bias = _derived(self, sources, fold)
         linear, gate = F.linear(hidden, conv.weight.flatten(1), bias).chunk(2, dim=-1)
         return linear * self.glu_act(gate)
 
