@@ -134,3 +134,86 @@ def test_qwen3_asr_bf16_within_tolerance(no_tf32):
         low, _ = encoder.to(torch.bfloat16)(features, lengths)
     output_lengths = output_lengths.tolist()
     assert_bf16_close(valid_rows(low, output_lengths), valid_rows(reference, output_lengths))
+
+
+# --- No host-device synchronisation in the steady state -------------------------------------------
+#
+# torch.cuda.set_sync_debug_mode("error") raises on the calls that synchronise (.item(), D2H copies,
+# nonzero, ...), but not on everything (a pageable non_blocking copy, a full launch queue); so each
+# test also queues ~100 ms of GPU work first (torch.cuda._sleep) and checks that the call returns
+# while it is still running. The tiny models launch a few hundred kernels per call, well below the
+# ~1000 pending launches after which the host blocks in any launch (the full-size 24-block encoder
+# launches ~800-900 per chunk step: scripts/bench_encoders.py counts them).
+
+GATE_MS = 100.0
+
+
+@pytest.fixture(scope="module")
+def filler():
+    from audiomask.transfer.harness import QueueFiller
+
+    return QueueFiller("cuda")
+
+
+def assert_never_waits(filler, call):
+    """``call()`` behind ``GATE_MS`` of queued GPU work: no synchronising CUDA call, returns before the gate ends."""
+    torch.cuda.synchronize()
+    previous = torch.cuda.get_sync_debug_mode()
+    filler.fill(GATE_MS)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        result = call()  # a synchronising call raises here
+        still_running = not torch.cuda.current_stream().query()
+    finally:
+        torch.cuda.set_sync_debug_mode(previous)
+        torch.cuda.synchronize()
+    assert still_running, "the call waited for the GPU: the gate had completed when it returned"
+    return result
+
+
+@pytest.mark.parametrize("lengths", [None, [50, 45, 41]], ids=["lock-step", "ragged"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_phi4mm_stream_push_and_flush_never_wait_for_the_gpu(filler, lengths, dtype):
+    encoder = tiny_phi4mm().to("cuda", dtype)
+    stream = encoder.stream(batch_size=3, chunk_size=2, left_chunk=2)
+    features = torch.randn(3, 50, 80)  # host features, as the front end makes them: 3 chunks of 16 frames
+    with torch.no_grad():
+        for _ in range(2):  # warm up (first-use allocations and library handles), then a fresh utterance
+            for _ in range(4):
+                stream.push(features, lengths)
+            stream.flush()
+        for _ in range(4):  # the cache fills (left_chunk = 2) and the steady state follows
+            outputs = assert_never_waits(filler, lambda: stream.push(features, lengths))
+            assert outputs.shape[1] % 2 == 0 and outputs.shape[1] > 0
+        outputs = assert_never_waits(filler, lambda: torch.cat([stream.push(features, lengths), stream.flush()], 1))
+    assert torch.isfinite(outputs).all()
+
+
+@pytest.mark.parametrize("mask_mode", ["hard", "phi4mm_compat"])
+def test_phi4mm_forward_never_waits_for_the_gpu(filler, mask_mode):
+    encoder = tiny_phi4mm().to("cuda")
+    features = torch.randn(3, 97, 80)
+    with torch.no_grad():
+        encoder(features, [97, 50, 3], chunk_size=3, left_chunk=1, mask_mode=mask_mode)  # warm up
+        outputs, _ = assert_never_waits(
+            filler, lambda: encoder(features, [97, 50, 3], chunk_size=3, left_chunk=1, mask_mode=mask_mode)
+        )
+    assert torch.isfinite(outputs).all()
+
+
+def test_qwen3_asr_forward_and_stream_never_wait_for_the_gpu(filler):
+    encoder = tiny_qwen3_asr().to("cuda")
+    features = torch.randn(2, 128, 900)
+    with torch.no_grad():
+        encoder(features, [900, 450])  # warm up
+        assert_never_waits(filler, lambda: encoder(features, [900, 450]))
+        stream = encoder.stream(batch_size=2)
+        for _ in range(2):
+            assert_never_waits(filler, lambda: stream.push(features[:, :, :450], [450, 300]))
+        assert_never_waits(filler, lambda: (stream.partial(), stream.flush()))
+
+
+def test_lengths_on_the_gpu_are_refused():
+    encoder = tiny_phi4mm().to("cuda")
+    with pytest.raises(ValueError, match="feature_lengths must be on the host"):
+        encoder(torch.randn(1, 40, 80), torch.tensor([40], device="cuda"))

@@ -56,10 +56,17 @@ def config_from_dict(cls: type[ConfigT], values: Mapping[str, Any]) -> ConfigT:
 def host_lengths(name: str, lengths: object, maximum: int, maximum_name: str) -> np.ndarray:
     """``lengths`` as a host ``(B,)`` int64 array, each ``<= maximum``; accepts lists, numpy arrays and tensors.
 
-    A device tensor is copied back to the host (the masks are built there).
+    A tensor must be on the CPU: reading a device tensor would block the host
+    until the GPU has caught up (a hidden synchronisation), and lengths are
+    known on the host anyway (the masks are built there).
     """
     if isinstance(lengths, torch.Tensor):
-        lengths = lengths.detach().cpu().numpy()
+        if lengths.device.type != "cpu":
+            raise ValueError(
+                f"{name} must be on the host (numpy, a list or a CPU tensor), got a tensor on {lengths.device}: "
+                "reading it would wait for the GPU"
+            )
+        lengths = lengths.detach().numpy()
     return check_lengths(name, lengths, maximum=maximum, maximum_name=maximum_name)
 
 

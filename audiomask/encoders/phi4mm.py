@@ -251,8 +251,8 @@ class _ConvSubsampling(nn.Module):
                 out = F.conv2d(hidden, module.weight, module.bias, stride=2, padding=1, groups=module.groups)
                 if caches is not None:
                     cache = caches[stage]
-                    top = F.conv2d(cache, module.weight[:, :, :1], None, stride=(1, 2), padding=(0, 1), groups=module.groups)
-                    out[:, :, :1] += top
+                    top_tap = module.weight[:, :, :1]
+                    out[:, :, :1] += F.conv2d(cache, top_tap, None, stride=(1, 2), padding=(0, 1), groups=module.groups)
                     cache.copy_(hidden[:, :, -1:])
                 hidden = out
                 stride *= 2
