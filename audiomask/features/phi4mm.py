@@ -56,7 +56,7 @@ MEL_HIGH_HZ = 7690.0  # the reference's upper filter edge, below the 8 kHz Nyqui
 PREEMPHASIS = 0.97
 PCM_SCALE = 32768.0  # float samples -> 16-bit PCM range, the scale the model was trained on
 POWER_FLOOR = 1.0  # clamp before the log: log(1) = 0 for silence
-MEL_GROUPS = 4  # filter groups of the banded mel product (fastest measured: 3-5 tie, dense is 2x slower)
+MEL_GROUPS = 3  # filter groups of the banded mel product (measured at 512 frames: 3-4 fastest, ~320 ns a frame; dense 470)
 
 
 def kaldi_mel(hz: np.ndarray | float) -> np.ndarray:
