@@ -20,6 +20,17 @@ step. Each chunk is timed three ways:
 Every chunk's figures are in the report, with p50/p95/p99 per batch size,
 and ``audio_s_per_s``: seconds of audio encoded per second of ``gpu_busy_ms``.
 
+Why a push waited, when ``gate_held`` is below 1 (CUDA only, one extra push each):
+
+- ``sync_calls``: ``"none"`` if a push runs under
+  ``torch.cuda.set_sync_debug_mode("error")`` without raising, else the error
+  (a synchronising call: ``.item()``, a D2H copy, ``nonzero``, ...).
+- ``kernels_per_push``: CUDA kernels and memcpy/memset a push launches
+  (torch.profiler). The host blocks in a launch once ~1000 launches are
+  pending (the device's launch queue), so an eager step of more than that many
+  kernels queued behind a gate waits for the GPU without any synchronising call.
+- ``top_kernels``: the largest GPU-time entries of that push (profiler table).
+
 Usage (the H200): python3 scripts/bench_encoders.py --out bench/results/encoders_h200.json
 Smoke test on a CPU: python3 scripts/bench_encoders.py --tiny --chunks 3 --batch-sizes 2
 """
@@ -74,6 +85,7 @@ def run(
     cuda = filler is not None
     times: dict[str, list[float]] = {"host_ms": [], "gpu_ms": [], "gpu_busy_ms": []}
     gate_held = []
+    diagnostics: dict = {}
     for gated in (False, True) if cuda else (False,):
         for index in range(args.warmup + args.chunks):
             if cuda:
@@ -99,6 +111,8 @@ def run(
                 times["gpu_busy_ms" if gated else "gpu_ms"].append(start.elapsed_time(end))
                 if gated:
                     gate_held.append(held)
+        if gated:  # in the steady state: the caches are full, every chunk whole
+            diagnostics = diagnose(stream, features)
         stream.flush()
     row: dict = {"batch_size": batch_size, "chunks": args.chunks}
     for name, samples in times.items():
@@ -108,8 +122,31 @@ def run(
         row["gate_held"] = float(np.mean(gate_held))
         chunk_audio_s = chunk_frames * FEATURE_HOP_MS / 1e3
         row["audio_s_per_s"] = batch_size * chunk_audio_s / (row["gpu_busy_ms"]["p50"] / 1e3)
+    row.update(diagnostics)
     row["per_chunk"] = times
     return row
+
+
+def diagnose(stream, features: torch.Tensor) -> dict:
+    """Whether a push makes a synchronising call, and what it launches (see the module docstring)."""
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        stream.push(features)
+        sync_calls = "none"
+    except RuntimeError as error:
+        sync_calls = str(error).splitlines()[0]
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    torch.cuda.synchronize()
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        stream.push(features)
+        torch.cuda.synchronize()
+    device_events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    table = prof.key_averages().table(sort_by="device_time_total", row_limit=15, max_name_column_width=60)
+    return {"sync_calls": sync_calls, "kernels_per_push": len(device_events), "top_kernels": table}
 
 
 def main() -> None:
@@ -149,7 +186,8 @@ def main() -> None:
             row = run(encoder, batch_size, args, filler)
             report["runs"].append(row)
             summary = {key: value["p50"] for key, value in row.items() if isinstance(value, dict) and "p50" in value}
-            print(f"B={batch_size}: p50 " + ", ".join(f"{key} {value:.3f}" for key, value in summary.items()))
+            extra = {key: row[key] for key in ("gate_held", "sync_calls", "kernels_per_push") if key in row}
+            print(f"B={batch_size}: p50 " + ", ".join(f"{key} {value:.3f}" for key, value in summary.items()), extra)
     report["seconds"] = time.perf_counter() - began
     if args.out:
         write_result(args.out, report)
