@@ -162,7 +162,9 @@ def _derived(owner: nn.Module, sources: tuple[torch.Tensor, ...], build: Callabl
         return build()
     cached = owner.__dict__.get("_derived_cache")
     if cached is None or cached[0] != key:
-        cached = (key, build())
+        # The cache holds the sources' storage too, so that no new storage can reuse their
+        # addresses (say after .to(bfloat16).to(float32)) and pass for them while it is kept.
+        cached = (key, build(), [t.detach() for t in sources])
         owner.__dict__["_derived_cache"] = cached
     return cached[1]
 
