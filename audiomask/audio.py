@@ -78,8 +78,8 @@ def _open(path: str | os.PathLike) -> tuple[sf.SoundFile, Path]:
     if path.is_dir():
         raise _fail(path, "is a directory, not an audio file")
     try:
-        with path.open("rb") as handle:
-            head = handle.read(4)
+        with path.open("rb") as raw:
+            head = raw.read(4)
     except OSError as err:
         raise _fail(path, f"cannot be read ({err.strerror})") from None
     if not head:
@@ -91,14 +91,14 @@ def _open(path: str | os.PathLike) -> tuple[sf.SoundFile, Path]:
             raise _fail(path, f"corrupt or truncated header ({err.error_string})") from None
         raise _fail(path, f"not an audio file ({err.error_string})") from None
     try:
-        _check_layout(handle, path)
+        _check_header(handle, path)
     except AudioError:
         handle.close()
         raise
     return handle, path
 
 
-def _check_layout(handle: sf.SoundFile, path: Path) -> None:
+def _check_header(handle: sf.SoundFile, path: Path) -> None:
     """Refuse what cannot become mono samples; warn about data cut short."""
     if not 1 <= handle.channels <= MAX_CHANNELS:
         raise _fail(
