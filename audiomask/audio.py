@@ -236,7 +236,7 @@ def iter_blocks(
     handle, path = _open(path)
     with handle:
         rate = handle.samplerate
-        resampler = None if target_sr in (None, rate) else Resampler(rate, target_sr)
+        resampler = Resampler(rate, target_sr or rate)
         # Input frames that make about one output block (at least one frame).
         read_frames = max(1, math.ceil(block_samples * rate / (target_sr or rate)))
         pending = np.empty(0, dtype=np.float32)
@@ -251,7 +251,7 @@ def iter_blocks(
             samples = _mono(block)
             _check_finite(samples, path, offset, rate)
             offset += len(samples)
-            out = samples if resampler is None else resampler.push(samples)
+            out = resampler.push(samples)
             pending = np.concatenate((pending, out)) if len(pending) else out
             full = len(pending) // block_samples * block_samples
             for start in range(0, full, block_samples):
@@ -259,8 +259,7 @@ def iter_blocks(
             pending = pending[full:]
         declared = handle.frames
     _check_count(path, offset, declared)
-    if resampler is not None:
-        pending = np.concatenate((pending, resampler.flush()))
+    pending = np.concatenate((pending, resampler.flush()))
     for start in range(0, len(pending), block_samples):
         yield pending[start : start + block_samples]
 
@@ -276,7 +275,8 @@ class Resampler:
     ``2 * width + orig_sr / g`` input samples, ``width`` = the kernel's half
     span); ``flush`` pads the end with zeros, as the offline call does, and cuts
     the output to ``ceil(N * new_sr / orig_sr)`` samples for ``N`` pushed.
-    Latency: ``width + orig_sr / g`` input samples.
+    Latency: ``width + orig_sr / g`` input samples. Equal rates pass the
+    samples through unchanged, as ``torchaudio.functional.resample`` does.
 
     Args:
         orig_sr: input rate in Hz, ``>= 1``.
@@ -295,6 +295,12 @@ class Resampler:
     def __init__(self, orig_sr: int, new_sr: int) -> None:
         orig_sr = check_int("orig_sr", orig_sr, minimum=1)
         new_sr = check_int("new_sr", new_sr, minimum=1)
+        self._identity = orig_sr == new_sr
+        self._pushed = 0
+        self._emitted = 0
+        self._flushed = False
+        if self._identity:
+            return
         reference = torchaudio.transforms.Resample(orig_sr, new_sr, dtype=torch.float64)
         self._stride = orig_sr // reference.gcd  # input samples per group of new_sr / g outputs
         self._ratio = (new_sr // reference.gcd, self._stride)
@@ -302,9 +308,6 @@ class Resampler:
         self._width = reference.width
         self._span = self._kernel.shape[-1]
         self._held = torch.zeros(self._width, dtype=torch.float64)  # the offline call's left zero padding
-        self._pushed = 0
-        self._emitted = 0
-        self._flushed = False
 
     def _convolve(self, tail: torch.Tensor) -> np.ndarray:
         """Outputs of every full window of ``self._held + tail``; keep what the next windows need."""
@@ -325,6 +328,8 @@ class Resampler:
         samples = np.asarray(samples)
         if samples.ndim != 1:
             raise ValueError(f"samples must be 1-D, got shape {samples.shape}")
+        if self._identity:
+            return samples.astype(np.float32, copy=False)
         self._pushed += len(samples)
         out = self._convolve(torch.from_numpy(samples.astype(np.float64)))
         self._emitted += len(out)
@@ -335,6 +340,8 @@ class Resampler:
         if self._flushed:
             raise ValueError("flush called twice: this Resampler's stream has already ended")
         self._flushed = True
+        if self._identity:
+            return np.empty(0, dtype=np.float32)
         new, orig = self._ratio
         total = -(-self._pushed * new // orig)  # ceil, in exact integers
         out = self._convolve(torch.zeros(self._width + self._stride, dtype=torch.float64))

@@ -270,6 +270,12 @@ def test_resampler_short_and_empty_signals():
             assert np.abs(out - ref).max() <= ULP
 
 
+def test_resampler_passes_equal_rates_through():
+    x = speech_like(0.1, seed=9)
+    r = Resampler(16000, 16000)
+    np.testing.assert_array_equal(np.concatenate([r.push(x[:700]), r.push(x[700:]), r.flush()]), x)
+
+
 def test_resampler_refuses_use_after_flush():
     r = Resampler(8000, 16000)
     r.flush()
