@@ -1,7 +1,8 @@
 """audiomask: streaming masks and stall-free host-to-device transfer for speech encoders.
 
 Importing :mod:`audiomask` or :mod:`audiomask.masks` does not import torch;
-the torch-based stages (:mod:`audiomask.transfer`) load on first use.
+the torch-based stages (audio, features, transfer, encoders) load on first use
+of one of their names here.
 """
 
 from __future__ import annotations
@@ -19,6 +20,13 @@ _LAZY = {
     "PinnedRing": "audiomask.transfer",
     "sync_check": "audiomask.transfer",
     "is_dense": "audiomask.transfer",
+    "load": "audiomask.audio",
+    "iter_blocks": "audiomask.audio",
+    "Phi4MMFrontend": "audiomask.features",
+    "WhisperFrontend": "audiomask.features",
+    "Phi4MMEncoder": "audiomask.encoders",
+    "Qwen3ASREncoder": "audiomask.encoders",
+    "from_pretrained": "audiomask.encoders",
 }
 
 __all__ = ["AudioError", "__version__", *_LAZY]
