@@ -117,6 +117,21 @@ def test_mel_bands_equal_the_dense_product(groups, frames):
         torch.testing.assert_close(out, dense, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.filterwarnings("ignore:At least one mel filterbank has all zero values")
+@pytest.mark.parametrize("groups", [1, 3, 9])
+@pytest.mark.parametrize("frames", [1, BANDED_FROM_FRAMES - 1, BANDED_FROM_FRAMES])  # dense, then banded
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+def test_mel_bands_power_equals_the_dense_product(groups, frames, dtype):
+    spectrum = torch.randn(frames, 201, dtype=dtype)
+    for weights in (kaldi_mel_banks()[:201], slaney_banks(201, 128), slaney_banks(201, 200)):
+        out = torch.empty(frames, weights.shape[1])
+        power = torch.empty(frames, 201)
+        MelBands(weights, groups).project_power(spectrum.clone(), power, out)
+        torch.testing.assert_close(power, (spectrum.abs() ** 2).float(), rtol=1e-5, atol=1e-5)
+        dense = (spectrum.abs() ** 2).double() @ torch.from_numpy(weights)
+        torch.testing.assert_close(out, dense.float(), rtol=1e-5, atol=1e-5)
+
+
 def brute_force_split_cost(first, end, groups):
     """Cheapest cost over every way of cutting the filters into <= groups consecutive runs."""
     from itertools import combinations
