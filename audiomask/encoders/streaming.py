@@ -164,6 +164,8 @@ class Phi4MMStream(_Stream):
             layer = encoder.relative_attention_bias_layer
             self._bias = torch.cat([layer(queries, offsets[p]) for p in range(self._blocks)])  # (blocks, H, C, S)
         self._chunks = 0  # chunk steps since the last flush
+        # Per slot: the chunk step at which its utterance began (reset_slots); 0 for all after a flush.
+        self._start = np.zeros(self.batch_size, np.int64)
 
     def _valid_tokens(self) -> np.ndarray:
         return -(-self._frames // self.encoder.config.time_reduction)
@@ -193,7 +195,47 @@ class Phi4MMStream(_Stream):
         for cache in (*self._kv, *self._conv, *self._subsampling):
             cache.zero_()
         self._chunks = 0
+        self._start[:] = 0
         return self._emit(steps, final=True)
+
+    def reset_slots(self, slots: object) -> None:
+        """Start new utterances in ``slots`` (slot indices) while the other slots go on.
+
+        The slots' caches are zeroed and their token positions count from the
+        next step, so a slot's outputs equal the forward of its own utterance
+        whichever step it starts at. The slots must hold no buffered frames.
+        For drivers that manage slots one by one with :meth:`step`; mixing this
+        with :meth:`push`'s lock-step accounting (``last_lengths``) is not supported.
+        """
+        index = np.unique(np.asarray(slots, dtype=np.int64).reshape(-1))
+        if index.size == 0:
+            return
+        if index.min() < 0 or index.max() >= self.batch_size:
+            raise ValueError(f"slots must lie in [0, {self.batch_size}), got {index.tolist()}")
+        if self._buffer.counts[index].any():
+            raise ValueError(f"slots must hold no buffered frames to be reset, got {index.tolist()}")
+        rows = to_device(index, self.device)
+        with torch.no_grad():
+            for kv in self._kv:
+                kv[:, rows] = 0
+            for cache in (*self._conv, *self._subsampling):
+                cache[rows] = 0
+        self._frames[index] = 0
+        self._start[index] = self._chunks
+
+    def step(self) -> torch.Tensor:
+        """Encode the next chunk of every slot now: ``(B, chunk_size, D)``.
+
+        Slots holding fewer than a chunk of frames are zero-padded, as the last
+        chunk of an utterance is (a driver calls this only when each slot holds
+        a whole chunk, its utterance's last frames, or nothing).
+        :attr:`last_lengths` counts each slot's real tokens of this chunk.
+        """
+        position = self._chunks - self._start  # each slot's chunk index within its utterance
+        valid = np.clip(self._valid_tokens() - position * self.chunk_size, 0, self.chunk_size)
+        outputs = self._step()
+        self.last_lengths = valid
+        return outputs
 
     @torch.no_grad()
     def _step(self) -> torch.Tensor:
@@ -202,7 +244,7 @@ class Phi4MMStream(_Stream):
         chunk, valid = self._buffer.take(self._chunk_frames)
         phase = self._chunks % self._blocks
         # Token held by each key slot; valid from token 0 to each utterance's last (host numpy).
-        tokens = self._chunks * self.chunk_size + self._offsets[phase]
+        tokens = ((self._chunks - self._start) * self.chunk_size)[:, None] + self._offsets[phase]
         keys_valid = (tokens >= 0) & (tokens < self._valid_tokens()[:, None])
         frames_full, keys_full = bool(valid.min() == self._chunk_frames), bool(keys_valid.all())
         # The masks that are not all True, in one host array and one copy.

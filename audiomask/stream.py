@@ -1,0 +1,474 @@
+"""The streaming driver: CPU features of cycle N+1 overlap the encoder step of cycle N, for many streams.
+
+:class:`StreamingDriver` owns ``batch_size`` encoder slots
+(:class:`~audiomask.encoders.streaming.Phi4MMStream`: preallocated caches,
+static shapes) and advances every stream that occupies a slot by one encoder
+chunk per *cycle*:
+
+1. **plan** (main thread, host bookkeeping only): admit waiting streams into
+   free slots; take each occupied slot's next block of samples (a stream's
+   first block is ``chunk_frames * hop + (win - hop)`` samples, later blocks
+   ``chunk_frames * hop``, so every block but the last yields exactly one
+   encoder chunk of frames, whatever sizes the samples arrived in).
+2. **features** (worker thread): the frames of every slot's block in ONE
+   batched front-end call (:class:`~audiomask.features.Phi4MMFrontend`), laid
+   out as a ``(B, chunk_frames, 80)`` host batch.
+3. **encode** (main thread): the batch is staged to the device with
+   :func:`audiomask.transfer.to_device` (the only host->device path); slots
+   whose stream starts this cycle are reset
+   (:meth:`~audiomask.encoders.streaming.Phi4MMStream.reset_slots`); one
+   chunk step runs for all ``B`` slots, then the CTC head and the per-frame
+   argmax. On CUDA the step runs on a compute stream between two CUDA events
+   and the small argmax result is copied back non-blocking.
+4. **collect** (main thread, one cycle later): read cycle N-1's argmax (its
+   event has long completed when cycle N has been enqueued), greedy-CTC decode
+   each slot's real frames, append text (and, with ``keep_outputs``, the
+   encoder outputs).
+
+Why a worker thread: the front end is the CPU's share (log-mel of every
+stream's block, one batched torch computation) and the encoder step is the
+device's share. They depend on each other only through the per-cycle batch:
+the features of cycle N+1 need only samples (host), never results of cycle N.
+So the main thread plans cycle N+1 and hands its features to a single worker
+thread, then encodes cycle N; both spend their time inside torch kernels,
+which release the GIL, so on CUDA the host work of N+1 hides behind the GPU
+work of N, and on a multi-core CPU the two run on different cores. One
+worker (not a pool) keeps the front-end state of each slot (its
+:class:`~audiomask.features._framing.StreamFramer`) touched by one thread in
+cycle order; all slot resets are applied in cycle order by the stage that owns
+the state (framers: features; caches: encode; decoder rows: collect), so a
+slot freed in cycle N can be reused in cycle N+1.
+
+Batching: a stream's row of the batch sees only its own caches, masks and
+token positions (its start step is recorded per slot), so its outputs do not
+depend on which streams share the batch, up to float rounding of batched
+GEMMs. The cycle is a barrier: it runs only when every occupied slot has its
+next block (or has ended). Streams are admitted only once their first block
+is there, so a slow live stream holds back its batch only mid-utterance;
+per-slot ring phases (so that a slot can skip a step) are future work.
+
+Instrumentation: one :class:`CycleTiming` per cycle (CPU feature time,
+host enqueue time, encode time — CUDA events on CUDA, ``perf_counter`` on the
+CPU, wait time) and :meth:`RunStats.overlap`,
+``(T_cpu + T_gpu - T_wall) / min(T_cpu, T_gpu)``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import deque
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from audiomask._validate import check_int
+from audiomask.decode import BLANK_ID, CTCHead
+from audiomask.encoders.phi4mm import Phi4MMEncoder
+from audiomask.features import Phi4MMFrontend
+from audiomask.features._framing import StreamFramer, pack
+from audiomask.features.frontend import as_samples
+from audiomask.transfer import to_device
+
+__all__ = ["CycleTiming", "DriverStream", "RunStats", "StreamingDriver"]
+
+
+@dataclass
+class CycleTiming:
+    """Seconds spent on one cycle (one encoder chunk step for all its streams)."""
+
+    cycle: int
+    streams: int  # occupied slots
+    cpu_s: float  # front end (worker thread)
+    enqueue_s: float  # host time to stage, reset, launch the step, head and argmax
+    encode_s: float  # the step on the device (CUDA events) or on the CPU (perf_counter)
+    wait_s: float  # main thread blocked on the worker's features or on results
+
+
+@dataclass
+class RunStats:
+    """Timings of every cycle and the wall time of the driver's loops."""
+
+    cycles: list[CycleTiming] = field(default_factory=list)
+    wall_s: float = 0.0
+
+    @property
+    def cpu_s(self) -> float:
+        return sum(c.cpu_s for c in self.cycles)
+
+    @property
+    def gpu_s(self) -> float:
+        return sum(c.encode_s for c in self.cycles)
+
+    def overlap(self) -> float:
+        """``(T_cpu + T_gpu - T_wall) / min(T_cpu, T_gpu)``: 1 = the shorter side fully hidden, 0 = serial."""
+        shorter = min(self.cpu_s, self.gpu_s)
+        return (self.cpu_s + self.gpu_s - self.wall_s) / shorter if shorter > 0 else 0.0
+
+
+class DriverStream:
+    """One utterance inside a :class:`StreamingDriver`: samples in, token ids (and outputs) out."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.ids: list[int] = []  # greedy CTC token ids so far
+        self.tokens = 0  # encoder output tokens so far
+        self.outputs: list[torch.Tensor] = []  # with keep_outputs: (n, D) pieces on the CPU
+        self.ended = False  # no more samples will come
+        self.done = False  # every output has been collected
+        self._queue: deque[np.ndarray] = deque()
+        self._queued = 0
+        self._fed = 0  # samples handed to the front end
+        self._slot: int | None = None
+
+    def __repr__(self) -> str:
+        return f"DriverStream({self.name!r}, tokens={self.tokens}, done={self.done})"
+
+    def _take(self, count: int) -> np.ndarray:
+        """The next ``count`` queued samples (all of them if fewer)."""
+        pieces, need = [], count
+        while need > 0 and self._queue:
+            head = self._queue[0]
+            if len(head) <= need:
+                pieces.append(self._queue.popleft())
+                need -= len(head)
+            else:
+                pieces.append(head[:need])
+                self._queue[0] = head[need:]
+                need = 0
+        if not pieces:
+            block = np.zeros(0, np.float32)
+        else:
+            block = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+        self._queued -= len(block)
+        self._fed += len(block)
+        return block
+
+
+@dataclass
+class _Cycle:
+    index: int
+    slots: np.ndarray  # (S,) occupied slots, ascending
+    streams: list[DriverStream]
+    blocks: list[np.ndarray]
+    final: np.ndarray  # (S,) bool: the stream's last block
+    joins: np.ndarray  # slots whose stream starts in this cycle
+    features: np.ndarray | None = None  # (B, chunk_frames, F) host batch, set by the worker
+    counts: np.ndarray | None = None  # (B,) frames per slot
+    cpu_s: float = 0.0
+
+
+@dataclass
+class _InFlight:
+    cycle: _Cycle
+    best: torch.Tensor  # (B, C) argmax ids (host tensor once the copy has landed)
+    outputs: torch.Tensor | None  # (B, C, D), with keep_outputs
+    valid: np.ndarray  # (B,) real tokens per slot
+    done: object  # CUDA event after the copy back, or None
+    events: tuple[object, object] | None  # CUDA events around the step
+    enqueue_s: float
+    encode_s: float
+
+
+class StreamingDriver:
+    """Advance many streams through front end, encoder step, CTC head and greedy decoding, pipelined.
+
+    Args:
+        encoder: a :class:`~audiomask.encoders.phi4mm.Phi4MMEncoder` (on ``device``, eval mode).
+        head: the :class:`~audiomask.decode.CTCHead` over the encoder outputs (on ``device``).
+        frontend: the 80-mel front end (default :class:`~audiomask.features.Phi4MMFrontend`).
+        batch_size: encoder slots (concurrent streams), ``>= 1``.
+        chunk_size: encoder tokens per chunk (default: the encoder config's).
+        left_chunk: chunks of left context (default: the config's).
+        keep_outputs: keep every stream's encoder outputs (``DriverStream.outputs``), for tests and analysis.
+        overlap: compute the next cycle's features on a worker thread (``False``: serial, for comparison).
+
+    >>> import numpy as np
+    >>> from audiomask.encoders.phi4mm import Phi4MMAudioConfig, Phi4MMEncoder
+    >>> config = Phi4MMAudioConfig(hidden_size=8, intermediate_size=8, num_blocks=1, num_attention_heads=2,
+    ...                            ext_pw_out_channel=8, depthwise_separable_out_channel=8, nemo_conv_channels=2)
+    >>> driver = StreamingDriver(Phi4MMEncoder(config).eval(), CTCHead(8, 5), batch_size=2, chunk_size=2, left_chunk=1)
+    >>> streams = driver.run([np.zeros(8000, np.float32), np.zeros(3000, np.float32)])
+    >>> [s.tokens for s in streams]  # ceil(frames / 8): 48 and 17 frames
+    [6, 3]
+    """
+
+    def __init__(
+        self,
+        encoder: Phi4MMEncoder,
+        head: CTCHead,
+        frontend: Phi4MMFrontend | None = None,
+        *,
+        batch_size: int = 1,
+        chunk_size: int | None = None,
+        left_chunk: int | None = None,
+        keep_outputs: bool = False,
+        overlap: bool = True,
+    ) -> None:
+        if not isinstance(encoder, Phi4MMEncoder):
+            raise ValueError(f"encoder must be a Phi4MMEncoder, got {type(encoder).__name__}")
+        if not isinstance(head, CTCHead):
+            raise ValueError(f"head must be a CTCHead, got {type(head).__name__}")
+        self.frontend = Phi4MMFrontend() if frontend is None else frontend
+        if self.frontend.framing.pad != 0 or self.frontend.frame_multiple != 1:
+            raise ValueError("frontend must frame without centring or frame padding (a Phi4MMFrontend)")
+        self.batch_size = check_int("batch_size", batch_size, minimum=1)
+        self.encoder, self.head = encoder, head
+        if chunk_size is None and encoder.config.chunk_size < 1:
+            raise ValueError(
+                f"chunk_size must be given: the encoder config's ({encoder.config.chunk_size}) means full attention"
+            )
+        self.stream = encoder.stream(self.batch_size, chunk_size, left_chunk)
+        self.device = self.stream.device
+        self.chunk_size, self.left_chunk = self.stream.chunk_size, self.stream.left_chunk
+        self.chunk_frames = self.chunk_size * encoder.config.time_reduction
+        framing = self.frontend.framing
+        self.block_samples = self.chunk_frames * framing.hop  # samples per cycle after the first
+        self.first_block_samples = self.block_samples + framing.win - framing.hop
+        self.keep_outputs = bool(keep_outputs)
+        self.stats = RunStats()
+        self._previous = np.full(self.batch_size, BLANK_ID, np.int64)  # greedy CTC: last frame's best id per slot
+        self._slots: list[DriverStream | None] = [None] * self.batch_size
+        self._framers: list[StreamFramer | None] = [None] * self.batch_size
+        self._waiting: deque[DriverStream] = deque()
+        self._cycles = 0
+        self._names = itertools.count()
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="audiomask-features") if overlap else None
+        cuda = self.device.type == "cuda"
+        self._compute = torch.cuda.Stream(self.device) if cuda else None
+
+    # -- streams -------------------------------------------------------------------------------
+
+    def open(self, name: str | None = None) -> DriverStream:
+        """A new stream; it takes a slot once its first block of samples (or its end) has arrived."""
+        stream = DriverStream(f"stream-{next(self._names)}" if name is None else str(name))
+        self._waiting.append(stream)
+        return stream
+
+    def feed(self, stream: DriverStream, samples: object) -> None:
+        """Queue 16 kHz float samples for ``stream`` (any number, empty allowed); nothing is computed here."""
+        if stream.ended:
+            raise ValueError(f"accept after finish: stream {stream.name!r} has ended")
+        samples = as_samples("samples", samples)
+        if len(samples):
+            stream._queue.append(samples.copy())
+            stream._queued += len(samples)
+
+    def end(self, stream: DriverStream) -> None:
+        """No more samples for ``stream``: its last block is processed by the next cycles."""
+        stream.ended = True
+
+    def run(self, signals: Sequence[object], starts: Sequence[int] | None = None) -> list[DriverStream]:
+        """Stream whole signals; ``starts[i]``: the cycle at which signal ``i`` opens (default all at 0).
+
+        Returns the finished streams in the order of ``signals``.
+        """
+        starts = [0] * len(signals) if starts is None else [check_int("starts", s, minimum=0) for s in starts]
+        if len(starts) != len(signals):
+            raise ValueError(f"starts must have {len(signals)} entries (one per signal), got {len(starts)}")
+        checked = [as_samples(f"signals[{i}]", s) for i, s in enumerate(signals)]
+        streams: list[DriverStream | None] = [None] * len(checked)
+        order = sorted(range(len(checked)), key=lambda i: starts[i])
+        pending = deque(order)
+
+        def admit(cycle: int) -> None:
+            while pending and starts[pending[0]] <= cycle:
+                index = pending.popleft()
+                stream = self.open(f"signal-{index}")
+                self.feed(stream, checked[index])
+                self.end(stream)
+                streams[index] = stream
+
+        admit(self._cycles)
+        while pending or any(s is not None and not s.done for s in streams):
+            before = self._cycles
+            self.advance(before_plan=admit)
+            if self._cycles == before and not pending:
+                break
+            if self._cycles == before:  # nothing to run until the next start: skip ahead
+                admit(starts[pending[0]])
+        return [s for s in streams if s is not None]
+
+    # -- the pipelined loop --------------------------------------------------------------------
+
+    def advance(self, before_plan=None) -> int:  # noqa: ANN001 - an optional callable(cycle)
+        """Run every cycle that can run now (each occupied slot has its next block or has ended).
+
+        ``before_plan(cycle)`` is called before each cycle is planned (to
+        admit streams that start then). Returns the number of cycles run.
+        """
+        start_wall = time.perf_counter()
+        ran = 0
+        plan = self._plan(before_plan)
+        future = self._submit(plan)
+        in_flight: _InFlight | None = None
+        while plan is not None:
+            waited = time.perf_counter()
+            self._features_result(plan, future)
+            wait_s = time.perf_counter() - waited
+            upcoming = self._plan(before_plan)
+            upcoming_future = self._submit(upcoming)  # the worker computes N+1 ...
+            record = self._encode(plan)  # ... while cycle N is encoded
+            if in_flight is not None:
+                wait_s += self._collect(in_flight)
+            self.stats.cycles.append(
+                CycleTiming(plan.index, len(plan.slots), plan.cpu_s, record.enqueue_s, record.encode_s, wait_s)
+            )
+            in_flight, plan, future = record, upcoming, upcoming_future
+            ran += 1
+        if in_flight is not None:
+            self.stats.cycles[-1].wait_s += self._collect(in_flight)
+        self.stats.wall_s += time.perf_counter() - start_wall
+        return ran
+
+    def close(self) -> None:
+        """Stop the worker thread."""
+        if self._worker is not None:
+            self._worker.shutdown(wait=True)
+            self._worker = None
+
+    def _submit(self, plan: _Cycle | None) -> Future | None:
+        if plan is None or self._worker is None:
+            return None
+        return self._worker.submit(self._features, plan)
+
+    def _features_result(self, plan: _Cycle, future: Future | None) -> None:
+        if future is None:
+            self._features(plan)
+        else:
+            future.result()
+
+    def _plan(self, before_plan) -> _Cycle | None:  # noqa: ANN001
+        """Host bookkeeping of the next cycle: admissions, barrier, blocks. None when it cannot run yet."""
+        if before_plan is not None:
+            before_plan(self._cycles)
+        joins = []
+        for slot, occupant in enumerate(self._slots):
+            if occupant is not None or not self._waiting:
+                continue
+            candidate = self._waiting[0]
+            if not (candidate.ended or candidate._queued >= self.first_block_samples):
+                break  # admitted in order of opening
+            self._waiting.popleft()
+            candidate._slot = slot
+            self._slots[slot] = candidate
+            joins.append(slot)
+        occupied = [s for s in range(self.batch_size) if self._slots[s] is not None]
+        if not occupied:
+            return None
+        needs = {s: self.first_block_samples if self._slots[s]._fed == 0 else self.block_samples for s in occupied}
+        if not all(self._slots[s].ended or self._slots[s]._queued >= needs[s] for s in occupied):
+            for slot in joins:  # not this cycle after all: back to waiting, slot free again
+                stream = self._slots[slot]
+                self._slots[slot], stream._slot = None, None
+                self._waiting.appendleft(stream)
+            return None
+        streams = [self._slots[s] for s in occupied]
+        blocks = [stream._take(needs[s]) for s, stream in zip(occupied, streams)]
+        final = np.array([stream.ended and stream._queued == 0 for stream in streams])
+        for slot, last in zip(occupied, final):
+            if last:
+                self._slots[slot] = None  # free for the next plan: every reset is applied in cycle order
+        cycle = _Cycle(self._cycles, np.array(occupied), streams, blocks, final, np.array(joins, np.int64))
+        self._cycles += 1
+        return cycle
+
+    def _features(self, plan: _Cycle) -> None:
+        """Worker: the frames of every slot's block in one batched front-end call, as a ``(B, F, mel)`` batch."""
+        started = time.perf_counter()
+        framing = self.frontend.framing
+        for slot in plan.joins:
+            self._framers[slot] = StreamFramer(framing)
+        segments, counts, owners = [], [], []
+        for slot, block, last in zip(plan.slots, plan.blocks, plan.final):
+            framer = self._framers[slot]
+            for segment, count in [framer.push(block)] + ([framer.flush(self.frontend.min_samples)] if last else []):
+                segments.append(segment)
+                counts.append(count)
+                owners.append(slot)
+        batch = np.zeros((self.batch_size, self.chunk_frames, self.frontend.n_mels), np.float32)
+        frames = np.zeros(self.batch_size, np.int64)
+        if sum(counts):
+            keep = [i for i, c in enumerate(counts) if c > 0]
+            packed = pack([segments[i] for i in keep], [counts[i] for i in keep], framing)
+            features = self.frontend._features(packed, max(counts), None)  # (S', width, mel), one call
+            for row, i in enumerate(keep):
+                slot, count = owners[i], counts[i]
+                if frames[slot] + count > self.chunk_frames:
+                    raise RuntimeError(f"slot {slot} got more than one chunk of frames in a cycle (a bug)")
+                batch[slot, frames[slot] : frames[slot] + count] = features[row, :count]
+                frames[slot] += count
+        plan.features, plan.counts = batch, frames
+        plan.cpu_s = time.perf_counter() - started
+
+    @torch.no_grad()
+    def _encode(self, plan: _Cycle) -> _InFlight:
+        """Stage the batch, reset starting slots, one chunk step, head and argmax; nothing waits for the device."""
+        started = time.perf_counter()
+        events = None
+        context = torch.cuda.stream(self._compute) if self._compute is not None else _nullcontext()
+        with context:
+            features = to_device(plan.features, self.device, dtype=self.stream.dtype)
+            if plan.joins.size:
+                self.stream.reset_slots(plan.joins)
+            # Into the slots' frame buffers without push()'s lock-step stepping: the driver steps itself.
+            self.stream._push_frames(features, plan.counts)
+            if self._compute is not None:
+                events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                events[0].record()
+            step_started = time.perf_counter()
+            outputs = self.stream.step()
+            best = self.head(outputs).argmax(dim=-1)
+            encode_s = time.perf_counter() - step_started
+            done = None
+            if self._compute is not None:
+                events[1].record()
+                best = best.to("cpu", non_blocking=True)
+                done = torch.cuda.Event()
+                done.record()
+                encode_s = 0.0  # read from the events at collection
+        valid = self.stream.last_lengths.copy()
+        kept = outputs if self.keep_outputs else None
+        return _InFlight(plan, best, kept, valid, done, events, time.perf_counter() - started, encode_s)
+
+    def _collect(self, record: _InFlight) -> float:
+        """Decode a cycle's argmax into each stream's ids (one cycle later); returns the time spent waiting."""
+        waited = 0.0
+        if record.done is not None:
+            started = time.perf_counter()
+            record.done.synchronize()
+            waited = time.perf_counter() - started
+            record.encode_s = record.events[0].elapsed_time(record.events[1]) / 1000.0
+            for timing in reversed(self.stats.cycles):
+                if timing.cycle == record.cycle.index:
+                    timing.encode_s = record.encode_s
+                    break
+        plan = record.cycle
+        # Greedy CTC, GreedyCTCDecoder's rule on the argmax ids: a frame's best id is emitted when it
+        # is not the blank and differs from the previous frame's (remembered per slot across cycles).
+        self._previous[plan.joins] = BLANK_ID  # new utterances in these rows
+        best = record.best.cpu().numpy()  # (B, C)
+        for slot, stream, last in zip(plan.slots, plan.streams, plan.final):
+            count = int(record.valid[slot])
+            if count:
+                row = best[slot, :count]
+                before = np.concatenate(([self._previous[slot]], row[:-1]))
+                stream.ids.extend(row[(row != BLANK_ID) & (row != before)].tolist())
+                self._previous[slot] = row[-1]
+            stream.tokens += count
+            if record.outputs is not None and count:
+                stream.outputs.append(record.outputs[slot, :count].cpu())
+            if last:
+                stream.done = True
+        return waited
+
+
+class _nullcontext:  # noqa: N801 - contextlib.nullcontext without the import
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *args: object) -> None:
+        return None
