@@ -144,12 +144,16 @@ class StreamingRecognizer:
         reduction = model.encoder.config.time_reduction
         chunk_size = None
         if chunk_ms is None and model.encoder.config.chunk_size < 1:
-            raise ValueError("chunk_ms must be given: the encoder config's chunk_size means full attention")
+            raise ValueError(
+                "chunk_ms must be given: the encoder config's chunk_size means full attention"
+            )
         if chunk_ms is not None:
             chunk_ms = check_int("chunk_ms", chunk_ms, minimum=1)
             unit = FRAME_MS * reduction
             if chunk_ms % unit:
-                raise ValueError(f"chunk_ms must be a multiple of {unit} (one encoder token), got {chunk_ms}")
+                raise ValueError(
+                    f"chunk_ms must be a multiple of {unit} (one encoder token), got {chunk_ms}"
+                )
             chunk_size = chunk_ms // unit
         if left_chunks is not None:
             left_chunks = check_int("left_chunks", left_chunks, minimum=0)

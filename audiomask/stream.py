@@ -55,6 +55,7 @@ CPU, wait time) and :meth:`RunStats.overlap`,
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import time
 from collections import deque
@@ -116,7 +117,9 @@ class DriverStream:
         self.name = name
         self.ids: list[int] = []  # greedy CTC token ids so far
         self.tokens = 0  # encoder output tokens so far
-        self.outputs: list[torch.Tensor] = []  # with keep_outputs: (n, D) pieces on the CPU
+        self.outputs: list[
+            torch.Tensor
+        ] = []  # with keep_outputs: (n, D) pieces on the CPU
         self.ended = False  # no more samples will come
         self.done = False  # every output has been collected
         self._queue: deque[np.ndarray] = deque()
@@ -156,7 +159,9 @@ class _Cycle:
     blocks: list[np.ndarray]
     final: np.ndarray  # (S,) bool: the stream's last block
     joins: np.ndarray  # slots whose stream starts in this cycle
-    features: np.ndarray | None = None  # (B, chunk_frames, F) host batch, set by the worker
+    features: np.ndarray | None = (
+        None  # (B, chunk_frames, F) host batch, set by the worker
+    )
     counts: np.ndarray | None = None  # (B,) frames per slot
     cpu_s: float = 0.0
 
@@ -209,12 +214,16 @@ class StreamingDriver:
         overlap: bool = True,
     ) -> None:
         if not isinstance(encoder, Phi4MMEncoder):
-            raise ValueError(f"encoder must be a Phi4MMEncoder, got {type(encoder).__name__}")
+            raise ValueError(
+                f"encoder must be a Phi4MMEncoder, got {type(encoder).__name__}"
+            )
         if not isinstance(head, CTCHead):
             raise ValueError(f"head must be a CTCHead, got {type(head).__name__}")
         self.frontend = Phi4MMFrontend() if frontend is None else frontend
         if self.frontend.framing.pad != 0 or self.frontend.frame_multiple != 1:
-            raise ValueError("frontend must frame without centring or frame padding (a Phi4MMFrontend)")
+            raise ValueError(
+                "frontend must frame without centring or frame padding (a Phi4MMFrontend)"
+            )
         self.batch_size = check_int("batch_size", batch_size, minimum=1)
         self.encoder, self.head = encoder, head
         if chunk_size is None and encoder.config.chunk_size < 1:
@@ -223,20 +232,31 @@ class StreamingDriver:
             )
         self.stream = encoder.stream(self.batch_size, chunk_size, left_chunk)
         self.device = self.stream.device
-        self.chunk_size, self.left_chunk = self.stream.chunk_size, self.stream.left_chunk
+        self.chunk_size, self.left_chunk = (
+            self.stream.chunk_size,
+            self.stream.left_chunk,
+        )
         self.chunk_frames = self.chunk_size * encoder.config.time_reduction
         framing = self.frontend.framing
-        self.block_samples = self.chunk_frames * framing.hop  # samples per cycle after the first
+        self.block_samples = (
+            self.chunk_frames * framing.hop
+        )  # samples per cycle after the first
         self.first_block_samples = self.block_samples + framing.win - framing.hop
         self.keep_outputs = bool(keep_outputs)
         self.stats = RunStats()
-        self._previous = np.full(self.batch_size, BLANK_ID, np.int64)  # greedy CTC: last frame's best id per slot
+        self._previous = np.full(
+            self.batch_size, BLANK_ID, np.int64
+        )  # greedy CTC: last frame's best id per slot
         self._slots: list[DriverStream | None] = [None] * self.batch_size
         self._framers: list[StreamFramer | None] = [None] * self.batch_size
         self._waiting: deque[DriverStream] = deque()
         self._cycles = 0
         self._names = itertools.count()
-        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="audiomask-features") if overlap else None
+        self._worker = (
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="audiomask-features")
+            if overlap
+            else None
+        )
         cuda = self.device.type == "cuda"
         self._compute = torch.cuda.Stream(self.device) if cuda else None
 
@@ -244,7 +264,9 @@ class StreamingDriver:
 
     def open(self, name: str | None = None) -> DriverStream:
         """A new stream; it takes a slot once its first block of samples (or its end) has arrived."""
-        stream = DriverStream(f"stream-{next(self._names)}" if name is None else str(name))
+        stream = DriverStream(
+            f"stream-{next(self._names)}" if name is None else str(name)
+        )
         self._waiting.append(stream)
         return stream
 
@@ -261,14 +283,22 @@ class StreamingDriver:
         """No more samples for ``stream``: its last block is processed by the next cycles."""
         stream.ended = True
 
-    def run(self, signals: Sequence[object], starts: Sequence[int] | None = None) -> list[DriverStream]:
+    def run(
+        self, signals: Sequence[object], starts: Sequence[int] | None = None
+    ) -> list[DriverStream]:
         """Stream whole signals; ``starts[i]``: the cycle at which signal ``i`` opens (default all at 0).
 
         Returns the finished streams in the order of ``signals``.
         """
-        starts = [0] * len(signals) if starts is None else [check_int("starts", s, minimum=0) for s in starts]
+        starts = (
+            [0] * len(signals)
+            if starts is None
+            else [check_int("starts", s, minimum=0) for s in starts]
+        )
         if len(starts) != len(signals):
-            raise ValueError(f"starts must have {len(signals)} entries (one per signal), got {len(starts)}")
+            raise ValueError(
+                f"starts must have {len(signals)} entries (one per signal), got {len(starts)}"
+            )
         checked = [as_samples(f"signals[{i}]", s) for i, s in enumerate(signals)]
         streams: list[DriverStream | None] = [None] * len(checked)
         order = sorted(range(len(checked)), key=lambda i: starts[i])
@@ -288,13 +318,15 @@ class StreamingDriver:
             self.advance(before_plan=admit)
             if self._cycles == before and not pending:
                 break
-            if self._cycles == before:  # nothing to run until the next start: skip ahead
+            if (
+                self._cycles == before
+            ):  # nothing to run until the next start: skip ahead
                 admit(starts[pending[0]])
         return [s for s in streams if s is not None]
 
     # -- the pipelined loop --------------------------------------------------------------------
 
-    def advance(self, before_plan=None) -> int:  # noqa: ANN001 - an optional callable(cycle)
+    def advance(self, before_plan=None) -> int:
         """Run every cycle that can run now (each occupied slot has its next block or has ended).
 
         ``before_plan(cycle)`` is called before each cycle is planned (to
@@ -315,7 +347,14 @@ class StreamingDriver:
             if in_flight is not None:
                 wait_s += self._collect(in_flight)
             self.stats.cycles.append(
-                CycleTiming(plan.index, len(plan.slots), plan.cpu_s, record.enqueue_s, record.encode_s, wait_s)
+                CycleTiming(
+                    plan.index,
+                    len(plan.slots),
+                    plan.cpu_s,
+                    record.enqueue_s,
+                    record.encode_s,
+                    wait_s,
+                )
             )
             in_flight, plan, future = record, upcoming, upcoming_future
             ran += 1
@@ -341,7 +380,7 @@ class StreamingDriver:
         else:
             future.result()
 
-    def _plan(self, before_plan) -> _Cycle | None:  # noqa: ANN001
+    def _plan(self, before_plan) -> _Cycle | None:
         """Host bookkeeping of the next cycle: admissions, barrier, blocks. None when it cannot run yet."""
         if before_plan is not None:
             before_plan(self._cycles)
@@ -359,9 +398,18 @@ class StreamingDriver:
         occupied = [s for s in range(self.batch_size) if self._slots[s] is not None]
         if not occupied:
             return None
-        needs = {s: self.first_block_samples if self._slots[s]._fed == 0 else self.block_samples for s in occupied}
-        if not all(self._slots[s].ended or self._slots[s]._queued >= needs[s] for s in occupied):
-            for slot in joins:  # not this cycle after all: back to waiting, slot free again
+        needs = {
+            s: self.first_block_samples
+            if self._slots[s]._fed == 0
+            else self.block_samples
+            for s in occupied
+        }
+        if not all(
+            self._slots[s].ended or self._slots[s]._queued >= needs[s] for s in occupied
+        ):
+            for (
+                slot
+            ) in joins:  # not this cycle after all: back to waiting, slot free again
                 stream = self._slots[slot]
                 self._slots[slot], stream._slot = None, None
                 self._waiting.appendleft(stream)
@@ -371,8 +419,17 @@ class StreamingDriver:
         final = np.array([stream.ended and stream._queued == 0 for stream in streams])
         for slot, last in zip(occupied, final):
             if last:
-                self._slots[slot] = None  # free for the next plan: every reset is applied in cycle order
-        cycle = _Cycle(self._cycles, np.array(occupied), streams, blocks, final, np.array(joins, np.int64))
+                self._slots[slot] = (
+                    None  # free for the next plan: every reset is applied in cycle order
+                )
+        cycle = _Cycle(
+            self._cycles,
+            np.array(occupied),
+            streams,
+            blocks,
+            final,
+            np.array(joins, np.int64),
+        )
         self._cycles += 1
         return cycle
 
@@ -385,20 +442,30 @@ class StreamingDriver:
         segments, counts, owners = [], [], []
         for slot, block, last in zip(plan.slots, plan.blocks, plan.final):
             framer = self._framers[slot]
-            for segment, count in [framer.push(block)] + ([framer.flush(self.frontend.min_samples)] if last else []):
+            for segment, count in [framer.push(block)] + (
+                [framer.flush(self.frontend.min_samples)] if last else []
+            ):
                 segments.append(segment)
                 counts.append(count)
                 owners.append(slot)
-        batch = np.zeros((self.batch_size, self.chunk_frames, self.frontend.n_mels), np.float32)
+        batch = np.zeros(
+            (self.batch_size, self.chunk_frames, self.frontend.n_mels), np.float32
+        )
         frames = np.zeros(self.batch_size, np.int64)
         if sum(counts):
             keep = [i for i, c in enumerate(counts) if c > 0]
-            packed = pack([segments[i] for i in keep], [counts[i] for i in keep], framing)
-            features = self.frontend._features(packed, max(counts), None)  # (S', width, mel), one call
+            packed = pack(
+                [segments[i] for i in keep], [counts[i] for i in keep], framing
+            )
+            features = self.frontend._features(
+                packed, max(counts), None
+            )  # (S', width, mel), one call
             for row, i in enumerate(keep):
                 slot, count = owners[i], counts[i]
                 if frames[slot] + count > self.chunk_frames:
-                    raise RuntimeError(f"slot {slot} got more than one chunk of frames in a cycle (a bug)")
+                    raise RuntimeError(
+                        f"slot {slot} got more than one chunk of frames in a cycle (a bug)"
+                    )
                 batch[slot, frames[slot] : frames[slot] + count] = features[row, :count]
                 frames[slot] += count
         plan.features, plan.counts = batch, frames
@@ -409,7 +476,11 @@ class StreamingDriver:
         """Stage the batch, reset starting slots, one chunk step, head and argmax; nothing waits for the device."""
         started = time.perf_counter()
         events = None
-        context = torch.cuda.stream(self._compute) if self._compute is not None else _nullcontext()
+        context = (
+            torch.cuda.stream(self._compute)
+            if self._compute is not None
+            else contextlib.nullcontext()
+        )
         with context:
             features = to_device(plan.features, self.device, dtype=self.stream.dtype)
             if plan.joins.size:
@@ -417,7 +488,10 @@ class StreamingDriver:
             # Into the slots' frame buffers without push()'s lock-step stepping: the driver steps itself.
             self.stream._push_frames(features, plan.counts)
             if self._compute is not None:
-                events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                events = (
+                    torch.cuda.Event(enable_timing=True),
+                    torch.cuda.Event(enable_timing=True),
+                )
                 events[0].record()
             step_started = time.perf_counter()
             outputs = self.stream.step()
@@ -432,7 +506,16 @@ class StreamingDriver:
                 encode_s = 0.0  # read from the events at collection
         valid = self.stream.last_lengths.copy()
         kept = outputs if self.keep_outputs else None
-        return _InFlight(plan, best, kept, valid, done, events, time.perf_counter() - started, encode_s)
+        return _InFlight(
+            plan,
+            best,
+            kept,
+            valid,
+            done,
+            events,
+            time.perf_counter() - started,
+            encode_s,
+        )
 
     def _collect(self, record: _InFlight) -> float:
         """Decode a cycle's argmax into each stream's ids (one cycle later); returns the time spent waiting."""
@@ -464,11 +547,3 @@ class StreamingDriver:
             if last:
                 stream.done = True
         return waited
-
-
-class _nullcontext:  # noqa: N801 - contextlib.nullcontext without the import
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *args: object) -> None:
-        return None

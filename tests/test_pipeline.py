@@ -25,7 +25,13 @@ def model():
     # so that the argmax changes from token to token and the texts are not a single character.
     features = torch.from_numpy(Phi4MMFrontend()(noise(100, 32000)))
     with torch.no_grad():
-        outputs, _ = encoder(features[None], [len(features)], chunk_size=2, left_chunk=1, mask_mode="hard")
+        outputs, _ = encoder(
+            features[None],
+            [len(features)],
+            chunk_size=2,
+            left_chunk=1,
+            mask_mode="hard",
+        )
         mean, spread = outputs[0].mean(0), outputs[0].std(0) + 1e-6
         head.proj.weight.copy_(head.proj.weight / spread * 3.0)
         head.proj.bias.copy_(-head.proj.weight @ mean)
@@ -39,11 +45,17 @@ def noise(seed: int, n: int) -> np.ndarray:
     return (envelope * rng.standard_normal(n)).astype(np.float32)
 
 
-def offline_text(model: ASRModel, samples: np.ndarray, chunk_size: int, left_chunk: int) -> str:
+def offline_text(
+    model: ASRModel, samples: np.ndarray, chunk_size: int, left_chunk: int
+) -> str:
     features = torch.from_numpy(Phi4MMFrontend()(samples))
     with torch.no_grad():
         outputs, lengths = model.encoder(
-            features[None], [len(features)], chunk_size=chunk_size, left_chunk=left_chunk, mask_mode="hard"
+            features[None],
+            [len(features)],
+            chunk_size=chunk_size,
+            left_chunk=left_chunk,
+            mask_mode="hard",
         )
         ids = greedy_decode(model.head(outputs), lengths.numpy())[0]
     return model.tokenizer.decode(ids)
@@ -54,7 +66,9 @@ def test_stream_text_equals_offline_greedy(model, chunk_ms, left_chunks):
     samples = noise(chunk_ms, 21000)
     expected = offline_text(model, samples, chunk_ms // 80, left_chunks)
     assert len(expected) > 1
-    with StreamingRecognizer(model, chunk_ms=chunk_ms, left_chunks=left_chunks) as recognizer:
+    with StreamingRecognizer(
+        model, chunk_ms=chunk_ms, left_chunks=left_chunks
+    ) as recognizer:
         stream = recognizer.open_stream("s1")
         cuts = np.sort(np.random.default_rng(0).integers(0, len(samples), 9))
         partials = []
@@ -63,21 +77,27 @@ def test_stream_text_equals_offline_greedy(model, chunk_ms, left_chunks):
             partials.append(stream.partial())
         text = stream.finish()
         assert text == expected
-        assert all(expected.startswith(p) for p in partials)  # greedy CTC partials only grow
+        assert all(
+            expected.startswith(p) for p in partials
+        )  # greedy CTC partials only grow
         assert stream.finish() == text  # idempotent
         assert recognizer.transcribe(samples) == expected
 
 
 def test_many_streams_interleaved(model):
     signals = [noise(s, n) for s, n in zip(range(5), (9000, 17000, 4000, 12000, 600))]
-    with StreamingRecognizer(model, chunk_ms=160, left_chunks=2, max_streams=3) as recognizer:
+    with StreamingRecognizer(
+        model, chunk_ms=160, left_chunks=2, max_streams=3
+    ) as recognizer:
         streams = [recognizer.open_stream(f"u{i}") for i in range(len(signals))]
         for position in range(0, 17000, 2500):
             for stream, samples in zip(streams, signals):
                 if position < len(samples):
                     stream.accept(samples[position : position + 2500])
         with pytest.raises(RuntimeError, match="u0"):
-            streams[0].finish()  # u1 and u2 share its step and have not ended: the batch cannot advance
+            streams[
+                0
+            ].finish()  # u1 and u2 share its step and have not ended: the batch cannot advance
         for stream in streams:
             stream.input_finished()
         texts = [stream.finish() for stream in streams]
