@@ -500,6 +500,8 @@ class StreamingDriver:
             done = None
             if self._compute is not None:
                 events[1].record()
+                # Device -> host, not host -> device: torch lands a non_blocking D2H copy in pinned
+                # memory, and `_collect` reads it only after `done` (recorded after it) has completed.
                 best = best.to("cpu", non_blocking=True)
                 done = torch.cuda.Event()
                 done.record()
