@@ -1,7 +1,7 @@
 """audiomask: streaming masks and stall-free host-to-device transfer for speech encoders.
 
 Importing :mod:`audiomask` or :mod:`audiomask.masks` does not import torch;
-the torch-based stages (audio, features, transfer, encoders) load on first use
+the torch-based stages (audio, features, transfer, encoders, pipeline) load on first use
 of one of their names here.
 """
 
@@ -27,6 +27,8 @@ _LAZY = {
     "Phi4MMEncoder": "audiomask.encoders",
     "Qwen3ASREncoder": "audiomask.encoders",
     "from_pretrained": "audiomask.encoders",
+    "ASRModel": "audiomask.pipeline",
+    "StreamingRecognizer": "audiomask.pipeline",
 }
 
 __all__ = ["AudioError", "__version__", *_LAZY]

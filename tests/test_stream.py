@@ -114,11 +114,11 @@ def test_batch_independence(encoder, head):
     )
     (single,) = alone.run([target])
     alone.close()
-    others = signals(5, 23, 400, 20000)
+    others = signals(5, 63, 400, 20000)
     rng = np.random.default_rng(5)
     starts = [*rng.integers(0, 4, len(others)).tolist(), 2]
-    crowd = StreamingDriver(
-        encoder, head, batch_size=16, chunk_size=2, left_chunk=1, keep_outputs=True
+    crowd = StreamingDriver(  # issue 5: a batch of 64 streams
+        encoder, head, batch_size=64, chunk_size=2, left_chunk=1, keep_outputs=True
     )
     streams = crowd.run([*others, target], starts)
     crowd.close()
