@@ -72,7 +72,7 @@ from audiomask.encoders.phi4mm import Phi4MMEncoder
 from audiomask.features import Phi4MMFrontend
 from audiomask.features._framing import StreamFramer, pack
 from audiomask.features.frontend import as_samples
-from audiomask.transfer import to_device
+from audiomask.transfer import to_device, to_host
 
 __all__ = ["CycleTiming", "DriverStream", "RunStats", "StreamingDriver"]
 
@@ -500,11 +500,7 @@ class StreamingDriver:
             done = None
             if self._compute is not None:
                 events[1].record()
-                # Device -> host, not host -> device: torch lands a non_blocking D2H copy in pinned
-                # memory, and `_collect` reads it only after `done` (recorded after it) has completed.
-                best = best.to("cpu", non_blocking=True)
-                done = torch.cuda.Event()
-                done.record()
+                best, done = to_host(best)  # read at collection, after `done`
                 encode_s = 0.0  # read from the events at collection
         valid = self.stream.last_lengths.copy()
         kept = outputs if self.keep_outputs else None

@@ -21,6 +21,7 @@ from audiomask.transfer import (
     UnsafeCopyError,
     sync_check,
     to_device,
+    to_host,
 )
 from audiomask.transfer.harness import COPY_METHODS, QueueFiller, direct_copy, mask_builder, pin_per_copy
 
@@ -274,3 +275,12 @@ def test_sync_check_is_silent_for_to_device_and_ring_slots() -> None:
         pin_per_copy(torch.ones(16), "cuda")  # costly on the host, but it does not stall
         torch.cuda.synchronize()
     assert check.flagged == []
+
+
+def test_to_host_returns_before_the_queue_and_lands_in_pinned_memory(filler: QueueFiller) -> None:
+    source = torch.arange(1 << 20, device="cuda", dtype=torch.int32)
+    torch.cuda.synchronize()
+    elapsed, still_busy, (host, done) = behind_busy_queue(filler, lambda: to_host(source))
+    assert still_busy, f"to_host waited for the queue ({elapsed:.2f} ms)"
+    done.synchronize()
+    assert host.is_pinned() and torch.equal(host, source.cpu())

@@ -29,7 +29,7 @@ from audiomask.transfer.ring import (
     RingStats,
     Staged,
 )
-from audiomask.transfer.staging import PARALLEL_COPY_BYTES, default_ring, stage_copy, to_device
+from audiomask.transfer.staging import PARALLEL_COPY_BYTES, default_ring, stage_copy, to_device, to_host
 from audiomask.transfer.sync import (
     CopyVerdict,
     FlaggedCopy,
@@ -60,4 +60,5 @@ __all__ = [
     "stage_copy",
     "sync_check",
     "to_device",
+    "to_host",
 ]

@@ -11,7 +11,7 @@ import torch
 from audiomask.transfer._resolve import as_torch_dtype, check_out_tensor, check_stream, numpy_dtype, resolve_device
 from audiomask.transfer.ring import MiB, PinnedRing
 
-__all__ = ["PARALLEL_COPY_BYTES", "default_ring", "stage_copy", "to_device"]
+__all__ = ["PARALLEL_COPY_BYTES", "default_ring", "stage_copy", "to_device", "to_host"]
 
 # From this size the staging memcpy goes to torch's multi-threaded copy. Chosen by p99 on the
 # H200's 16-vCPU VM (bench/results/transfer_h200*.json, bench/probes): torch's copy has multi-ms
@@ -186,3 +186,26 @@ def to_device(
         if array is not None and isinstance(source, np.ndarray) and tensor.nbytes < PARALLEL_COPY_BYTES:
             return staged._to(target, out, stream, lambda: np.copyto(array, source, casting="unsafe"))
         return staged._to(target, out, stream, lambda: stage_copy(tensor, source))
+
+
+def to_host(tensor: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
+    """Start a copy of ``tensor`` to host memory without waiting for it; return ``(host, done)``.
+
+    For a CUDA tensor the copy is ``non_blocking`` on the current stream into a
+    fresh pinned tensor (from torch's pinned-memory cache, so no page locking
+    per call once warm; a pageable destination would make the copy block).
+    ``done`` is a CUDA event recorded after it: read ``host`` only once
+    ``done`` has completed (``done.synchronize()`` or ``done.query()``). A CPU
+    tensor comes back as a copy with ``done=None``.
+
+    >>> host, done = to_host(torch.arange(3))
+    >>> host, done
+    (tensor([0, 1, 2]), None)
+    """
+    if tensor.device.type == "cpu":
+        return tensor.clone(), None
+    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+    host.copy_(tensor, non_blocking=True)
+    done = torch.cuda.Event()
+    done.record()
+    return host, done
