@@ -72,7 +72,7 @@ from audiomask.encoders.phi4mm import Phi4MMEncoder
 from audiomask.features import Phi4MMFrontend
 from audiomask.features._framing import StreamFramer, pack
 from audiomask.features.frontend import as_samples
-from audiomask.transfer import to_device, to_host
+from audiomask.transfer import pinned_empty, to_host
 
 __all__ = ["CycleTiming", "DriverStream", "RunStats", "StreamingDriver"]
 
@@ -117,9 +117,7 @@ class DriverStream:
         self.name = name
         self.ids: list[int] = []  # greedy CTC token ids so far
         self.tokens = 0  # encoder output tokens so far
-        self.outputs: list[
-            torch.Tensor
-        ] = []  # with keep_outputs: (n, D) pieces on the CPU
+        self.outputs: list[torch.Tensor] = []  # with keep_outputs: (n, D) pieces on the CPU
         self.ended = False  # no more samples will come
         self.done = False  # every output has been collected
         self._queue: deque[np.ndarray] = deque()
@@ -159,9 +157,7 @@ class _Cycle:
     blocks: list[np.ndarray]
     final: np.ndarray  # (S,) bool: the stream's last block
     joins: np.ndarray  # slots whose stream starts in this cycle
-    features: np.ndarray | None = (
-        None  # (B, chunk_frames, F) host batch, set by the worker
-    )
+    features: np.ndarray | None = None  # (B, chunk_frames, F) host batch, set by the worker
     counts: np.ndarray | None = None  # (B,) frames per slot
     cpu_s: float = 0.0
 
@@ -190,6 +186,7 @@ class StreamingDriver:
         left_chunk: chunks of left context (default: the config's).
         keep_outputs: keep every stream's encoder outputs (``DriverStream.outputs``), for tests and analysis.
         overlap: compute the next cycle's features on a worker thread (``False``: serial, for comparison).
+        cuda_graph: replay the encoder's chunk step as CUDA graphs (default: on CUDA; ``False``: eager).
 
     >>> import numpy as np
     >>> from audiomask.encoders.phi4mm import Phi4MMAudioConfig, Phi4MMEncoder
@@ -212,25 +209,24 @@ class StreamingDriver:
         left_chunk: int | None = None,
         keep_outputs: bool = False,
         overlap: bool = True,
+        cuda_graph: bool | None = None,
     ) -> None:
         if not isinstance(encoder, Phi4MMEncoder):
-            raise ValueError(
-                f"encoder must be a Phi4MMEncoder, got {type(encoder).__name__}"
-            )
+            raise ValueError(f"encoder must be a Phi4MMEncoder, got {type(encoder).__name__}")
         if not isinstance(head, CTCHead):
             raise ValueError(f"head must be a CTCHead, got {type(head).__name__}")
         self.frontend = Phi4MMFrontend() if frontend is None else frontend
         if self.frontend.framing.pad != 0 or self.frontend.frame_multiple != 1:
-            raise ValueError(
-                "frontend must frame without centring or frame padding (a Phi4MMFrontend)"
-            )
+            raise ValueError("frontend must frame without centring or frame padding (a Phi4MMFrontend)")
         self.batch_size = check_int("batch_size", batch_size, minimum=1)
         self.encoder, self.head = encoder, head
         if chunk_size is None and encoder.config.chunk_size < 1:
             raise ValueError(
                 f"chunk_size must be given: the encoder config's ({encoder.config.chunk_size}) means full attention"
             )
-        self.stream = encoder.stream(self.batch_size, chunk_size, left_chunk)
+        cuda = next(encoder.parameters()).device.type == "cuda"
+        self.cuda_graph = cuda if cuda_graph is None else bool(cuda_graph)
+        self.stream = encoder.stream(self.batch_size, chunk_size, left_chunk, cuda_graph=self.cuda_graph)
         self.device = self.stream.device
         self.chunk_size, self.left_chunk = (
             self.stream.chunk_size,
@@ -238,35 +234,29 @@ class StreamingDriver:
         )
         self.chunk_frames = self.chunk_size * encoder.config.time_reduction
         framing = self.frontend.framing
-        self.block_samples = (
-            self.chunk_frames * framing.hop
-        )  # samples per cycle after the first
+        self.block_samples = self.chunk_frames * framing.hop  # samples per cycle after the first
         self.first_block_samples = self.block_samples + framing.win - framing.hop
         self.keep_outputs = bool(keep_outputs)
         self.stats = RunStats()
-        self._previous = np.full(
-            self.batch_size, BLANK_ID, np.int64
-        )  # greedy CTC: last frame's best id per slot
+        self._previous = np.full(self.batch_size, BLANK_ID, np.int64)  # greedy CTC: last frame's best id per slot
         self._slots: list[DriverStream | None] = [None] * self.batch_size
         self._framers: list[StreamFramer | None] = [None] * self.batch_size
         self._waiting: deque[DriverStream] = deque()
         self._cycles = 0
         self._names = itertools.count()
-        self._worker = (
-            ThreadPoolExecutor(max_workers=1, thread_name_prefix="audiomask-features")
-            if overlap
-            else None
-        )
-        cuda = self.device.type == "cuda"
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="audiomask-features") if overlap else None
         self._compute = torch.cuda.Stream(self.device) if cuda else None
+        # Two of each, alternating by cycle: cycle N's are read at its collection, before cycle N + 2 reuses them.
+        self._best_host = [pinned_empty((self.batch_size, self.chunk_size), torch.int64) for _ in range(2 * cuda)]
+        self._step_events = [
+            (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(2 * cuda)
+        ]
 
     # -- streams -------------------------------------------------------------------------------
 
     def open(self, name: str | None = None) -> DriverStream:
         """A new stream; it takes a slot once its first block of samples (or its end) has arrived."""
-        stream = DriverStream(
-            f"stream-{next(self._names)}" if name is None else str(name)
-        )
+        stream = DriverStream(f"stream-{next(self._names)}" if name is None else str(name))
         self._waiting.append(stream)
         return stream
 
@@ -283,22 +273,14 @@ class StreamingDriver:
         """No more samples for ``stream``: its last block is processed by the next cycles."""
         stream.ended = True
 
-    def run(
-        self, signals: Sequence[object], starts: Sequence[int] | None = None
-    ) -> list[DriverStream]:
+    def run(self, signals: Sequence[object], starts: Sequence[int] | None = None) -> list[DriverStream]:
         """Stream whole signals; ``starts[i]``: the cycle at which signal ``i`` opens (default all at 0).
 
         Returns the finished streams in the order of ``signals``.
         """
-        starts = (
-            [0] * len(signals)
-            if starts is None
-            else [check_int("starts", s, minimum=0) for s in starts]
-        )
+        starts = [0] * len(signals) if starts is None else [check_int("starts", s, minimum=0) for s in starts]
         if len(starts) != len(signals):
-            raise ValueError(
-                f"starts must have {len(signals)} entries (one per signal), got {len(starts)}"
-            )
+            raise ValueError(f"starts must have {len(signals)} entries (one per signal), got {len(starts)}")
         checked = [as_samples(f"signals[{i}]", s) for i, s in enumerate(signals)]
         streams: list[DriverStream | None] = [None] * len(checked)
         order = sorted(range(len(checked)), key=lambda i: starts[i])
@@ -318,9 +300,7 @@ class StreamingDriver:
             self.advance(before_plan=admit)
             if self._cycles == before and not pending:
                 break
-            if (
-                self._cycles == before
-            ):  # nothing to run until the next start: skip ahead
+            if self._cycles == before:  # nothing to run until the next start: skip ahead
                 admit(starts[pending[0]])
         return [s for s in streams if s is not None]
 
@@ -398,18 +378,9 @@ class StreamingDriver:
         occupied = [s for s in range(self.batch_size) if self._slots[s] is not None]
         if not occupied:
             return None
-        needs = {
-            s: self.first_block_samples
-            if self._slots[s]._fed == 0
-            else self.block_samples
-            for s in occupied
-        }
-        if not all(
-            self._slots[s].ended or self._slots[s]._queued >= needs[s] for s in occupied
-        ):
-            for (
-                slot
-            ) in joins:  # not this cycle after all: back to waiting, slot free again
+        needs = {s: self.first_block_samples if self._slots[s]._fed == 0 else self.block_samples for s in occupied}
+        if not all(self._slots[s].ended or self._slots[s]._queued >= needs[s] for s in occupied):
+            for slot in joins:  # not this cycle after all: back to waiting, slot free again
                 stream = self._slots[slot]
                 self._slots[slot], stream._slot = None, None
                 self._waiting.appendleft(stream)
@@ -419,9 +390,7 @@ class StreamingDriver:
         final = np.array([stream.ended and stream._queued == 0 for stream in streams])
         for slot, last in zip(occupied, final):
             if last:
-                self._slots[slot] = (
-                    None  # free for the next plan: every reset is applied in cycle order
-                )
+                self._slots[slot] = None  # free for the next plan: every reset is applied in cycle order
         cycle = _Cycle(
             self._cycles,
             np.array(occupied),
@@ -442,30 +411,20 @@ class StreamingDriver:
         segments, counts, owners = [], [], []
         for slot, block, last in zip(plan.slots, plan.blocks, plan.final):
             framer = self._framers[slot]
-            for segment, count in [framer.push(block)] + (
-                [framer.flush(self.frontend.min_samples)] if last else []
-            ):
+            for segment, count in [framer.push(block)] + ([framer.flush(self.frontend.min_samples)] if last else []):
                 segments.append(segment)
                 counts.append(count)
                 owners.append(slot)
-        batch = np.zeros(
-            (self.batch_size, self.chunk_frames, self.frontend.n_mels), np.float32
-        )
+        batch = np.zeros((self.batch_size, self.chunk_frames, self.frontend.n_mels), np.float32)
         frames = np.zeros(self.batch_size, np.int64)
         if sum(counts):
             keep = [i for i, c in enumerate(counts) if c > 0]
-            packed = pack(
-                [segments[i] for i in keep], [counts[i] for i in keep], framing
-            )
-            features = self.frontend._features(
-                packed, max(counts), None
-            )  # (S', width, mel), one call
+            packed = pack([segments[i] for i in keep], [counts[i] for i in keep], framing)
+            features = self.frontend._features(packed, max(counts), None)  # (S', width, mel), one call
             for row, i in enumerate(keep):
                 slot, count = owners[i], counts[i]
                 if frames[slot] + count > self.chunk_frames:
-                    raise RuntimeError(
-                        f"slot {slot} got more than one chunk of frames in a cycle (a bug)"
-                    )
+                    raise RuntimeError(f"slot {slot} got more than one chunk of frames in a cycle (a bug)")
                 batch[slot, frames[slot] : frames[slot] + count] = features[row, :count]
                 frames[slot] += count
         plan.features, plan.counts = batch, frames
@@ -476,31 +435,22 @@ class StreamingDriver:
         """Stage the batch, reset starting slots, one chunk step, head and argmax; nothing waits for the device."""
         started = time.perf_counter()
         events = None
-        context = (
-            torch.cuda.stream(self._compute)
-            if self._compute is not None
-            else contextlib.nullcontext()
-        )
+        context = torch.cuda.stream(self._compute) if self._compute is not None else contextlib.nullcontext()
         with context:
-            features = to_device(plan.features, self.device, dtype=self.stream.dtype)
             if plan.joins.size:
                 self.stream.reset_slots(plan.joins)
-            # Into the slots' frame buffers without push()'s lock-step stepping: the driver steps itself.
-            self.stream._push_frames(features, plan.counts)
             if self._compute is not None:
-                events = (
-                    torch.cuda.Event(enable_timing=True),
-                    torch.cuda.Event(enable_timing=True),
-                )
+                events = self._step_events[plan.index % 2]
                 events[0].record()
             step_started = time.perf_counter()
-            outputs = self.stream.step()
+            outputs = self.stream.step_frames(plan.features, plan.counts)
             best = self.head(outputs).argmax(dim=-1)
             encode_s = time.perf_counter() - step_started
             done = None
             if self._compute is not None:
                 events[1].record()
-                best, done = to_host(best)  # read at collection, after `done`
+                # Read at collection, after `done`; the buffer is reused two cycles later.
+                best, done = to_host(best, out=self._best_host[plan.index % 2])
                 encode_s = 0.0  # read from the events at collection
         valid = self.stream.last_lengths.copy()
         kept = outputs if self.keep_outputs else None

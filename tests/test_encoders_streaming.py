@@ -222,3 +222,41 @@ def test_qwen3_asr_partial_window(qwen):
 def test_qwen3_asr_stream_bad_push(qwen):
     with pytest.raises(ValueError, match=r"features must be a tensor of shape \(1, 128, t\), got \(1, 100, 128\)"):
         qwen.stream().push(torch.zeros(1, 100, QWEN_MEL))
+
+
+def test_phi4mm_step_frames_equals_push_and_step(phi4mm):
+    """A driver's whole-chunk steps (host frames, per-slot valid counts, slots reset mid-way) equal push + step."""
+    chunk_frames = 3 * 8
+    rng = np.random.default_rng(7)
+    by_push = phi4mm.stream(batch_size=3, chunk_size=3, left_chunk=1)
+    by_chunk = phi4mm.stream(batch_size=3, chunk_size=3, left_chunk=1)
+    for step in range(6):
+        frames = rng.standard_normal((3, chunk_frames, PHI_MEL)).astype(np.float32)
+        valid = np.array([chunk_frames, rng.integers(0, chunk_frames + 1), chunk_frames])
+        frames[np.arange(chunk_frames)[None, :] >= valid[:, None]] = 0.0  # a driver's batch is zero-padded
+        if step == 3:
+            for stream in (by_push, by_chunk):
+                stream.reset_slots([1])
+        by_push._push_frames(torch.from_numpy(frames), valid)
+        expected = by_push.step()
+        outputs = by_chunk.step_frames(frames, valid)
+        assert by_chunk.last_lengths.tolist() == by_push.last_lengths.tolist()
+        torch.testing.assert_close(outputs, expected, rtol=0, atol=0)
+
+
+def test_phi4mm_step_frames_refuses_bad_input(phi4mm):
+    stream = phi4mm.stream(batch_size=2, chunk_size=2, left_chunk=1)
+    with pytest.raises(ValueError, match=r"chunk must have shape \(2, 16, 80\), got \(2, 15, 80\)"):
+        stream.step_frames(np.zeros((2, 15, PHI_MEL), np.float32), [15, 15])
+    with pytest.raises(ValueError, match="valid"):
+        stream.step_frames(np.zeros((2, 16, PHI_MEL), np.float32), [17, 3])
+    stream.push(torch.zeros(2, 5, PHI_MEL))
+    with pytest.raises(ValueError, match="empty frame buffer"):
+        stream.step_frames(np.zeros((2, 16, PHI_MEL), np.float32), [16, 16])
+
+
+def test_phi4mm_cuda_graph_needs_cuda(phi4mm):
+    if torch.cuda.is_available():
+        pytest.skip("checks the error without CUDA")
+    with pytest.raises(ValueError, match="cuda_graph needs the encoder on a CUDA device, got cpu"):
+        phi4mm.stream(cuda_graph=True, chunk_size=2, left_chunk=1)

@@ -561,11 +561,19 @@ class Phi4MMEncoder(nn.Module):
             hidden = block(hidden, bias)
         return hidden
 
-    def stream(self, batch_size: int = 1, chunk_size: int | None = None, left_chunk: int | None = None) -> Phi4MMStream:
+    def stream(
+        self,
+        batch_size: int = 1,
+        chunk_size: int | None = None,
+        left_chunk: int | None = None,
+        *,
+        cuda_graph: bool = False,
+    ) -> Phi4MMStream:
         """A cache-aware stream of ``batch_size`` utterances: see :class:`audiomask.encoders.streaming.Phi4MMStream`.
 
         ``chunk_size`` (tokens, ``>= 1``) and ``left_chunk`` (chunks) default to
         the config's; the outputs equal ``forward(..., mask_mode="hard")`` with
-        the same settings.
+        the same settings. ``cuda_graph``: replay the chunk step as a CUDA graph
+        (one launch instead of hundreds; CUDA only).
         """
-        return Phi4MMStream(self, batch_size, *self._chunking(chunk_size, left_chunk))
+        return Phi4MMStream(self, batch_size, *self._chunking(chunk_size, left_chunk), cuda_graph=cuda_graph)

@@ -131,7 +131,9 @@ class Phi4MMStream(_Stream):
     (1, 2, 8)
     """
 
-    def __init__(self, encoder: Phi4MMEncoder, batch_size: int, chunk_size: int, left_chunk: int) -> None:
+    def __init__(
+        self, encoder: Phi4MMEncoder, batch_size: int, chunk_size: int, left_chunk: int, *, cuda_graph: bool = False
+    ) -> None:
         config = encoder.config
         super().__init__(encoder, batch_size, config.input_size, time_dim=1, output_size=config.hidden_size)
         self.chunk_size = check_int("chunk_size", chunk_size, minimum=1)
@@ -166,6 +168,16 @@ class Phi4MMStream(_Stream):
         self._chunks = 0  # chunk steps since the last flush
         # Per slot: the chunk step at which its utterance began (reset_slots); 0 for all after a flush.
         self._start = np.zeros(self.batch_size, np.int64)
+        # CUDA graphs of the chunk step, one per ring phase, captured on first use (None: eager).
+        self._graphs: list[tuple[torch.cuda.CUDAGraph, torch.Tensor]] | None = None
+        if cuda_graph:
+            if self.device.type != "cuda":
+                raise ValueError(f"cuda_graph needs the encoder on a CUDA device, got {self.device}")
+            self._graphs = []
+            self._static_chunk = torch.zeros(batch, self._chunk_frames, config.input_size, **like)
+            self._static_masks = torch.ones(
+                batch, self._chunk_frames + self._keys, dtype=torch.bool, device=self.device
+            )
 
     def _valid_tokens(self) -> np.ndarray:
         return -(-self._frames // self.encoder.config.time_reduction)
@@ -237,30 +249,106 @@ class Phi4MMStream(_Stream):
         self.last_lengths = valid
         return outputs
 
-    @torch.no_grad()
+    def step_frames(self, chunk: object, valid: object) -> torch.Tensor:
+        """Encode one chunk given whole, bypassing the frame buffer: ``(B, chunk_size, D)``.
+
+        For drivers that assemble each step's batch themselves (one chunk per
+        slot per step). ``chunk``: ``(B, chunk_size * time_reduction, F)``
+        frames, a host array or tensor (moved with
+        :func:`~audiomask.transfer.to_device`) or a device tensor; ``valid``
+        ``(B,)``: real frames per slot, at the start of its row (the rest is
+        ignored). The stream must hold no buffered frames. Equals
+        ``push(chunk, valid)`` followed by :meth:`step`.
+        """
+        if self._buffer.counts.any():
+            raise ValueError("step_frames needs an empty frame buffer: finish what push() buffered with flush()")
+        shape = (self.batch_size, self._chunk_frames, self._feature_size)
+        if tuple(getattr(chunk, "shape", ())) != shape:
+            raise ValueError(f"chunk must have shape {shape}, got {tuple(getattr(chunk, 'shape', ()))}")
+        valid = host_lengths("valid", valid, self._chunk_frames, "chunk_size * time_reduction")
+        if valid.size != self.batch_size:
+            raise ValueError(f"valid must have {self.batch_size} entries (batch_size), got {valid.size}")
+        self._frames += valid
+        position = self._chunks - self._start
+        tokens = np.clip(self._valid_tokens() - position * self.chunk_size, 0, self.chunk_size)
+        outputs = self._encode_chunk(chunk, valid)
+        self.last_lengths = tokens
+        return outputs
+
     def _step(self) -> torch.Tensor:
-        """Encode the next chunk of every slot: ``(B, chunk_size, D)``."""
-        encoder = self.encoder
-        chunk, valid = self._buffer.take(self._chunk_frames)
+        """Encode the next chunk of every slot from the frame buffer: ``(B, chunk_size, D)``."""
+        return self._encode_chunk(*self._buffer.take(self._chunk_frames))
+
+    @torch.no_grad()
+    def _encode_chunk(self, chunk: object, valid: np.ndarray) -> torch.Tensor:
+        """Encode ``chunk`` ``(B, chunk_frames, F)`` with ``valid`` real frames per slot; advance one chunk."""
         phase = self._chunks % self._blocks
         # Token held by each key slot; valid from token 0 to each utterance's last (host numpy).
         tokens = ((self._chunks - self._start) * self.chunk_size)[:, None] + self._offsets[phase]
         keys_valid = (tokens >= 0) & (tokens < self._valid_tokens()[:, None])
+        if self._graphs is not None:
+            if not self._graphs:
+                self._capture()
+            to_device(chunk, self.device, dtype=self.dtype, out=self._static_chunk)
+            to_device(
+                np.concatenate([padding_mask(valid, self._chunk_frames), keys_valid], axis=1),
+                self.device,
+                out=self._static_masks,
+            )
+            graph, outputs = self._graphs[phase]
+            graph.replay()
+            self._chunks += 1
+            return outputs.clone()  # the graph's output is overwritten by its next replay
+        chunk = to_device(chunk, self.device, dtype=self.dtype)
         frames_full, keys_full = bool(valid.min() == self._chunk_frames), bool(keys_valid.all())
         # The masks that are not all True, in one host array and one copy.
         host = ([] if frames_full else [padding_mask(valid, self._chunk_frames)]) + ([] if keys_full else [keys_valid])
         masks = to_device(np.concatenate(host, axis=1), self.device) if host else None
         frame_valid = None if frames_full else masks[:, : self._chunk_frames]  # type: ignore[index]
+        key_mask = None if keys_full else masks[:, masks.shape[1] - self._keys :]  # type: ignore[index]
+        outputs = self._run_chunk(chunk, frame_valid, key_mask, phase)
+        self._chunks += 1
+        return outputs
+
+    def _run_chunk(
+        self, chunk: torch.Tensor, frame_valid: torch.Tensor | None, key_mask: torch.Tensor | None, phase: int
+    ) -> torch.Tensor:
+        """The device work of a chunk step (``None`` masks: all True); what a CUDA graph captures per phase."""
+        encoder = self.encoder
         hidden = encoder.embed(encoder.encoder_embedding(chunk), frame_valid, self._subsampling, exact=True)
         bias = self._bias[phase : phase + 1]  # (1, H, C, S)
-        if not keys_full:
-            key_mask = masks[:, masks.shape[1] - self._keys :]  # type: ignore[index]
+        if key_mask is not None:
             bias = torch.where(key_mask[:, None, None], bias, torch.finfo(self.dtype).min)  # (B, H, C, S)
         slot = phase * self.chunk_size
         for block, kv, conv in zip(encoder.encoders, self._kv, self._conv):
             hidden = block(hidden, bias, kv, conv, slot)
-        self._chunks += 1
         return hidden
+
+    def _capture(self) -> None:
+        """Capture one CUDA graph of :meth:`_run_chunk` per key/value ring phase, on static inputs.
+
+        The graphs always apply both masks (an all-True mask changes no value),
+        so one graph per phase serves every step. Capturing needs warm-up runs,
+        which write the caches: they are saved before and restored after.
+        """
+        caches = (*self._kv, *self._conv, *self._subsampling)
+        saved = [cache.clone() for cache in caches]
+        frame_valid = self._static_masks[:, : self._chunk_frames]
+        key_mask = self._static_masks[:, self._chunk_frames :]
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for phase in range(self._blocks):  # warm-up: lazy initialisation stays out of the graphs
+                self._run_chunk(self._static_chunk, frame_valid, key_mask, phase)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        pool = torch.cuda.graph_pool_handle()
+        for phase in range(self._blocks):
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                outputs = self._run_chunk(self._static_chunk, frame_valid, key_mask, phase)
+            self._graphs.append((graph, outputs))
+        for cache, value in zip(caches, saved):
+            cache.copy_(value)
 
 
 class Qwen3ASRStream(_Stream):

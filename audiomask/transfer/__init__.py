@@ -29,7 +29,14 @@ from audiomask.transfer.ring import (
     RingStats,
     Staged,
 )
-from audiomask.transfer.staging import PARALLEL_COPY_BYTES, default_ring, stage_copy, to_device, to_host
+from audiomask.transfer.staging import (
+    PARALLEL_COPY_BYTES,
+    default_ring,
+    pinned_empty,
+    stage_copy,
+    to_device,
+    to_host,
+)
 from audiomask.transfer.sync import (
     CopyVerdict,
     FlaggedCopy,
@@ -57,6 +64,7 @@ __all__ = [
     "classify_copy",
     "default_ring",
     "is_dense",
+    "pinned_empty",
     "stage_copy",
     "sync_check",
     "to_device",

@@ -11,7 +11,7 @@ import torch
 from audiomask.transfer._resolve import as_torch_dtype, check_out_tensor, check_stream, numpy_dtype, resolve_device
 from audiomask.transfer.ring import MiB, PinnedRing
 
-__all__ = ["PARALLEL_COPY_BYTES", "default_ring", "stage_copy", "to_device", "to_host"]
+__all__ = ["PARALLEL_COPY_BYTES", "default_ring", "pinned_empty", "stage_copy", "to_device", "to_host"]
 
 # From this size the staging memcpy goes to torch's multi-threaded copy. Chosen by p99 on the
 # H200's 16-vCPU VM (bench/results/transfer_h200*.json, bench/probes): torch's copy has multi-ms
@@ -188,23 +188,41 @@ def to_device(
         return staged._to(target, out, stream, lambda: stage_copy(tensor, source))
 
 
-def to_host(tensor: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
+def pinned_empty(shape: int | tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """An uninitialised host tensor of ``shape`` and ``dtype``, page-locked where CUDA is available.
+
+    For results that come back from the device again and again (:func:`to_host`
+    with ``out=``): allocate once, reuse every step.
+
+    >>> pinned_empty((2, 3), torch.int64).shape
+    torch.Size([2, 3])
+    """
+    return torch.empty(shape, dtype=dtype, pin_memory=torch.cuda.is_available())
+
+
+def to_host(tensor: torch.Tensor, *, out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.cuda.Event | None]:
     """Start a copy of ``tensor`` to host memory without waiting for it; return ``(host, done)``.
 
-    For a CUDA tensor the copy is ``non_blocking`` on the current stream into a
-    fresh pinned tensor (from torch's pinned-memory cache, so no page locking
-    per call once warm; a pageable destination would make the copy block).
-    ``done`` is a CUDA event recorded after it: read ``host`` only once
-    ``done`` has completed (``done.synchronize()`` or ``done.query()``). A CPU
-    tensor comes back as a copy with ``done=None``.
+    For a CUDA tensor the copy is ``non_blocking`` on the current stream into
+    ``out`` (a pinned CPU tensor of the same shape and dtype, e.g. from
+    :func:`pinned_empty`, reused by the caller once it has read it) or else a
+    fresh pinned tensor (from torch's pinned-memory cache); a pageable
+    destination would make the copy block. ``done`` is a CUDA event recorded
+    after it: read ``host`` only once ``done`` has completed
+    (``done.synchronize()`` or ``done.query()``). A CPU tensor comes back as a
+    copy (into ``out`` if given) with ``done=None``.
 
     >>> host, done = to_host(torch.arange(3))
     >>> host, done
     (tensor([0, 1, 2]), None)
     """
+    if out is not None:
+        check_out_tensor(out, tuple(tensor.shape), tensor.dtype, torch.device("cpu"))
+        if tensor.device.type != "cpu" and not out.is_pinned():
+            raise ValueError("out must be pinned host memory (pinned_empty): a pageable destination blocks the host")
     if tensor.device.type == "cpu":
-        return tensor.clone(), None
-    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+        return (tensor.clone() if out is None else out.copy_(tensor)), None
+    host = pinned_empty(tuple(tensor.shape), tensor.dtype) if out is None else out
     host.copy_(tensor, non_blocking=True)
     done = torch.cuda.Event()
     done.record()
