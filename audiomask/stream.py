@@ -185,7 +185,8 @@ class StreamingDriver:
         chunk_size: encoder tokens per chunk (default: the encoder config's).
         left_chunk: chunks of left context (default: the config's).
         keep_outputs: keep every stream's encoder outputs (``DriverStream.outputs``), for tests and analysis.
-        overlap: compute the next cycle's features on a worker thread (``False``: serial, for comparison).
+        overlap: compute the next cycle's features on a worker thread while the device encodes (``False``:
+            serial, for comparison: features, encode, wait for the results, cycle after cycle).
         cuda_graph: replay the encoder's chunk step as CUDA graphs (default: on CUDA; ``False``: eager).
 
     >>> import numpy as np
@@ -320,23 +321,20 @@ class StreamingDriver:
         while plan is not None:
             waited = time.perf_counter()
             self._features_result(plan, future)
-            wait_s = time.perf_counter() - waited
+            wait_s = time.perf_counter() - waited if future is not None else 0.0  # serial: that was the work
             upcoming = self._plan(before_plan)
             upcoming_future = self._submit(upcoming)  # the worker computes N+1 ...
             record = self._encode(plan)  # ... while cycle N is encoded
             if in_flight is not None:
                 wait_s += self._collect(in_flight)
+            in_flight = record
+            if self._worker is None:  # serial: a cycle ends (results on the host) before the next one's features
+                wait_s += self._collect(record)
+                in_flight = None
             self.stats.cycles.append(
-                CycleTiming(
-                    plan.index,
-                    len(plan.slots),
-                    plan.cpu_s,
-                    record.enqueue_s,
-                    record.encode_s,
-                    wait_s,
-                )
+                CycleTiming(plan.index, len(plan.slots), plan.cpu_s, record.enqueue_s, record.encode_s, wait_s)
             )
-            in_flight, plan, future = record, upcoming, upcoming_future
+            plan, future = upcoming, upcoming_future
             ran += 1
         if in_flight is not None:
             self.stats.cycles[-1].wait_s += self._collect(in_flight)
