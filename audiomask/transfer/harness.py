@@ -15,7 +15,7 @@ import torch
 
 from audiomask.transfer._resolve import resolve_device
 
-__all__ = ["COPY_METHODS", "QueueFiller", "direct_copy", "mask_builder", "pin_per_copy"]
+__all__ = ["COPY_METHODS", "HostWorkload", "QueueFiller", "direct_copy", "mask_builder", "pin_per_copy"]
 
 COPY_METHODS = ("to", "cuda", "copy_")
 _CALIBRATION_CYCLES = 20_000_000  # ~10 ms of torch.cuda._sleep at H200 clocks: long enough to time well
@@ -24,6 +24,7 @@ _CALIBRATION_ROUNDS = 2  # the first round also warms the clocks up; the last on
 _TIME_REDUCTION = 8
 _CHUNK_SIZE = 16
 _LEFT_CHUNK = 4
+_HOST_WORK_ELEMENTS = 1 << 18  # float32 operands of the host workload: 1 MiB each, enough for intra-op threads
 
 
 def direct_copy(t: torch.Tensor, device: object, *, method: str = "to", non_blocking: bool = True) -> torch.Tensor:
@@ -84,6 +85,48 @@ class QueueFiller:
             end.record(stream)
         end.synchronize()
         return start.elapsed_time(end)
+
+
+class HostWorkload:
+    """Keeps the host busy the way a streaming server's is, while it waits for the GPU to drain.
+
+    A driver's host never idles between chunks: it computes the next chunk's
+    features with torch's intra-op threads. A measurement that instead blocks in
+    ``torch.cuda.synchronize()`` for tens of ms leaves the cores, their caches
+    and torch's thread pool cold, and the next call of *any* strategy then costs
+    10-20x more (bench/probes/submit_costs). ``wait_idle()`` waits for the device
+    while running small torch CPU kernels (front-end-like work), so the timed
+    call that follows starts on a hot host.
+
+    >>> HostWorkload("cpu").wait_idle()  # no CUDA device to wait for: one round of work
+    1
+    """
+
+    def __init__(self, device: object = "cuda") -> None:
+        self.device = resolve_device(device)
+        self._left = torch.rand(_HOST_WORK_ELEMENTS)
+        self._right = torch.rand(_HOST_WORK_ELEMENTS)
+        self._out = torch.empty(_HOST_WORK_ELEMENTS)
+
+    def wait_idle(self) -> int:
+        """Run host work until the device's current stream has drained, then synchronise; return the rounds done.
+
+        The final ``torch.cuda.synchronize()`` only catches short work left on
+        other streams (copies), so the host does not go idle in it.
+        """
+        done = None
+        if self.device.type == "cuda":
+            done = torch.cuda.Event()
+            done.record(torch.cuda.current_stream(self.device))
+        rounds = 0
+        while True:
+            torch.mul(self._left, self._right, out=self._out)
+            rounds += 1
+            if done is None or done.query():
+                break
+        if done is not None:
+            torch.cuda.synchronize(self.device)
+        return rounds
 
 
 def mask_builder() -> tuple[str, Callable[[np.ndarray, np.random.Generator], None]]:
