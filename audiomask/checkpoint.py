@@ -134,9 +134,12 @@ def _resolve(path: str | os.PathLike | None) -> Path:
     """``path`` as a :class:`Path` (``None``: the shipped model); a missing file is a ``ValueError``."""
     resolved = DEFAULT_MODEL_PATH if path is None else Path(path)
     if not resolved.is_file():
-        what = "the shipped model" if path is None else "model"
+        if path is None:
+            raise ValueError(
+                f"the shipped model {str(resolved)!r} is missing from this install (pass a model file: load_model(path), audiomask ... --model PATH)"
+            )
         reason = "is a directory, not a model file" if resolved.is_dir() else "no such file"
-        raise ValueError(f"{what} {str(resolved)!r}: {reason}")
+        raise ValueError(f"model {str(resolved)!r}: {reason}")
     return resolved
 
 
@@ -223,7 +226,7 @@ def model_info(path: str | os.PathLike | None = None) -> dict[str, Any]:
     """What a model file holds, read without loading its weights (``None``: the shipped model).
 
     Returns a dict: ``path`` (str), ``format``, ``encoder_config`` (dict of the
-    config fields as stored), ``alphabet``, ``vocab_size`` (characters + blank),
+    config fields, ``chunk_size`` / ``left_chunk`` set to the streaming defaults), ``alphabet``, ``vocab_size`` (characters + blank),
     ``chunk_ms`` / ``left_chunks`` (the streaming defaults; ``chunk_ms`` is
     ``None`` for a full-attention model without one), ``parameters`` (number of
     stored elements, buffers included), ``dtypes`` (sorted storage dtype names),
@@ -235,7 +238,7 @@ def model_info(path: str | os.PathLike | None = None) -> dict[str, Any]:
     return {
         "path": str(header.path),
         "format": FORMAT,
-        "encoder_config": _json_field(header.path, header.metadata, "encoder_config"),
+        "encoder_config": dataclasses.asdict(config),
         "alphabet": header.tokenizer.alphabet,
         "vocab_size": header.tokenizer.vocab_size,
         "chunk_ms": config.chunk_size * _token_ms(config) if config.chunk_size >= 1 else None,

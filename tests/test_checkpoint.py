@@ -22,22 +22,28 @@ CONFIG = Phi4MMAudioConfig(
     ext_pw_out_channel=16,
     depthwise_separable_out_channel=16,
     nemo_conv_channels=4,
-    chunk_size=2,
-    left_chunk=3,
+    time_reduction=4,  # 40 ms tokens, 320 ms chunks: the shipped model's streaming layout, tiny
+    chunk_size=8,
+    left_chunk=4,
 )
 ALPHABET = "abcdefghijklmnopqrstuvwxyz' "
 CARD = {"data": "random weights", "cer": {"offline": 0.5, "streaming": {"640": 0.6}}}
 
 
-@pytest.fixture
-def model() -> ASRModel:
-    torch.manual_seed(0)
+def tiny_model(seed: int = 0) -> ASRModel:
+    """A random model of :data:`CONFIG` (the CLI tests use it too)."""
+    torch.manual_seed(seed)
     encoder = Phi4MMEncoder(CONFIG).eval()
     with torch.no_grad():  # non-trivial normalisation buffers, so that a lost buffer shows
         encoder.encoder_embedding.global_mean.normal_()
         encoder.encoder_embedding.global_invstd.uniform_(0.5, 2.0)
     tokenizer = CharTokenizer(ALPHABET)
     return ASRModel(encoder, CTCHead(CONFIG.hidden_size, tokenizer.vocab_size).eval(), tokenizer)
+
+
+@pytest.fixture
+def model() -> ASRModel:
+    return tiny_model()
 
 
 def _log_probs(model: ASRModel, features: torch.Tensor) -> torch.Tensor:
@@ -62,7 +68,7 @@ def test_round_trip_gives_equal_outputs_and_metadata(model: ASRModel, tmp_path: 
     expected_parameters = sum(t.numel() for m in (model.encoder, model.head) for t in m.state_dict().values())
     assert info["parameters"] == expected_parameters
     assert info["card"] == CARD and info["format"] == FORMAT and info["dtypes"] == ["F32"]
-    assert (info["chunk_ms"], info["left_chunks"]) == (2 * 80, 3)  # the config's chunk of 2 tokens of 80 ms
+    assert (info["chunk_ms"], info["left_chunks"]) == (8 * 40, 4)  # the config's chunk of 8 tokens of 40 ms
     assert info["encoder_config"]["num_blocks"] == 2 and info["vocab_size"] == len(ALPHABET) + 1
 
 
@@ -82,7 +88,7 @@ def test_float16_storage_is_half_the_size_and_close(model: ASRModel, tmp_path: P
 
 def test_streaming_defaults_reach_the_recognizer(model: ASRModel, tmp_path: Path) -> None:
     path = tmp_path / "model.safetensors"
-    save_model(model, path, chunk_ms=640, left_chunks=1)
+    save_model(model, path, chunk_ms=640, left_chunks=1)  # 16 tokens
     assert (model_info(path)["chunk_ms"], model_info(path)["left_chunks"]) == (640, 1)
     with StreamingRecognizer(load_model(path), overlap=False) as recognizer:
         assert (recognizer.chunk_ms, recognizer.left_chunks) == (640, 1)
@@ -94,14 +100,14 @@ def test_full_attention_config_has_no_default_chunk(model: ASRModel, tmp_path: P
     save_model(ASRModel(full_attention, model.head, model.tokenizer), path)
     assert model_info(path)["chunk_ms"] is None
     save_model(ASRModel(full_attention, model.head, model.tokenizer), path, chunk_ms=320)
-    assert load_model(path).encoder.config.chunk_size == 4
+    assert load_model(path).encoder.config.chunk_size == 8
 
 
 @pytest.mark.parametrize(
     ("keywords", "message"),
     [
         ({"dtype": torch.int8}, "dtype must be one of"),
-        ({"chunk_ms": 100}, "chunk_ms must be a multiple of 80 (one encoder token), got 100"),
+        ({"chunk_ms": 100}, "chunk_ms must be a multiple of 40 (one encoder token), got 100"),
         ({"left_chunks": -1}, "left_chunks must be >= 0, got -1"),
         ({"card": ["not", "a", "mapping"]}, "card must be a mapping"),
         ({"card": {"when": object()}}, "card must be JSON-serialisable"),
@@ -146,7 +152,7 @@ def _metadata_variant(model: ASRModel, tmp_path: Path, **changes: str | None) ->
         ({"encoder_config": "{not json"}, "metadata 'encoder_config' is not valid JSON"),
         ({"encoder_config": json.dumps({"hidden_size": 16, "dropout": 0.1})}, "lacks: ['dropout']"),
         ({"encoder_config": json.dumps({"hidden_size": 32})}, "bad encoder_config"),
-        ({"chunk_ms": "100"}, "chunk_ms must be a multiple of 80"),
+        ({"chunk_ms": "100"}, "chunk_ms must be a multiple of 40"),
         ({"left_chunks": "many"}, "metadata 'left_chunks' must be an integer, got 'many'"),
         ({"card": "[1,"}, "metadata 'card' is not valid JSON"),
         ({"card": "[1]"}, "metadata 'card' must be a JSON object, got list"),
