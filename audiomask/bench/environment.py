@@ -1,0 +1,108 @@
+"""What every benchmark result records about its run, and how it is written.
+
+``capture_environment(argv)`` returns the command, the date, the git commit
+and the machine: Python, numpy, torch and torchaudio versions, torch's thread
+count, the CPU and its core count, and the GPU and driver where CUDA is
+available. ``write_result(path, payload)`` writes a report as indented JSON,
+creating its folder.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["capture_environment", "cpu_model", "driver_version", "git_commit", "write_result"]
+
+_REPOSITORY = Path(__file__).resolve().parents[2]  # the checkout this module was imported from
+_COMMAND_TIMEOUT_S = 30  # nvidia-smi / git: never hang a benchmark on them
+
+
+def cpu_model() -> str:
+    """The CPU's model name from ``/proc/cpuinfo`` (Linux), else what :mod:`platform` knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _command_output(command: Sequence[str], cwd: Path | None = None) -> str | None:
+    """First line of ``command``'s output, or ``None`` where it cannot run or fails."""
+    try:
+        result = subprocess.run(
+            list(command), capture_output=True, text=True, timeout=_COMMAND_TIMEOUT_S, check=True, cwd=cwd
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = result.stdout.strip().splitlines()
+    return lines[0] if lines else None
+
+
+def driver_version() -> str | None:
+    """The NVIDIA driver's version from ``nvidia-smi``, or ``None`` where it cannot be read."""
+    return _command_output(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
+
+
+def git_commit() -> str | None:
+    """The checkout's commit (``HEAD``), with ``+dirty`` when tracked files differ from it; ``None`` outside git."""
+    commit = _command_output(["git", "rev-parse", "HEAD"], cwd=_REPOSITORY)
+    if commit is None:
+        return None
+    dirty = _command_output(["git", "status", "--porcelain", "--untracked-files=no"], cwd=_REPOSITORY)
+    return commit + ("+dirty" if dirty else "")
+
+
+def capture_environment(argv: Sequence[str]) -> dict:
+    """The run's command (``argv`` as given to the script), date, commit, versions and hardware, JSON-ready."""
+    env: dict = {
+        "command": " ".join([Path(sys.executable).name, *argv]),
+        "argv": list(argv),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "git_commit": git_commit(),
+        "host": socket.gethostname(),
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "cpu_model": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "numpy_version": np.__version__,
+        "torch_version": None,
+        "torchaudio_version": None,
+        "torch_threads": None,
+        "cuda_version": None,
+        "gpu": None,
+        "driver": None,
+    }
+    try:
+        import torch
+    except ImportError:
+        return env
+    env.update(torch_version=torch.__version__, torch_threads=torch.get_num_threads(), cuda_version=torch.version.cuda)
+    try:
+        import torchaudio
+
+        env["torchaudio_version"] = torchaudio.__version__
+    except ImportError:
+        pass
+    if torch.cuda.is_available():
+        env.update(gpu=torch.cuda.get_device_name(), driver=driver_version())
+    return env
+
+
+def write_result(path: Path, payload: dict) -> None:
+    """Write ``payload`` to ``path`` as indented JSON (folders created) and say where."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=2) + "\n")
+    print(f"wrote {path}")

@@ -1,0 +1,423 @@
+"""The streaming latency benchmark (``audiomask bench``, ``scripts/bench_latency.py``): one run, side by side.
+
+Sections (each in the JSON report under its name):
+
+1. ``transfer``: the mask of a chunk moved to the device four ways, or
+   built there: ``pageable``, ``pin_per_copy``, ``ring``, ``ring_in_place``,
+   ``on_device`` (:mod:`audiomask.bench.transfer`), one entry per strategy,
+   payload size and GPU state (idle / busy): host time per chunk (p50/p99),
+   GPU time, and the end-to-end time from the lengths on the host to the mask
+   on the device. Without CUDA, only what means something on the CPU runs.
+2. ``pipeline``: serial versus overlapped driver, the overlap figure and
+   the host time per chunk (:mod:`audiomask.bench.overlap`).
+3. ``latency``: one stream per chunk size (160, 320, 640, 1280 ms) through
+   :class:`~audiomask.pipeline.StreamingRecognizer`: algorithmic latency,
+   compute latency p50/p95/p99, first-partial latency, real-time factor
+   (:mod:`audiomask.bench.single_stream`).
+4. ``throughput``: the most concurrent real-time streams (p99 chunk latency
+   below the chunk's duration) of the shipped model, the full-size Phi-4MM
+   encoder (bf16) and the Qwen3-ASR-0.6B encoder (bf16)
+   (:mod:`audiomask.bench.throughput`).
+
+Beside them: ``environment`` (command, date, git commit, versions, CPU, GPU,
+driver), ``settings``, ``models``, ``verdicts`` (issue 7's acceptance checks),
+``notes`` (what was skipped and why) and ``section_seconds``. Every section has
+a time budget, a share of ``--seconds`` (time a section leaves unused goes to
+the later ones), and prints progress. ``--quick`` is a smoke test of every
+section (tiny stand-ins for the full-size encoders, few repetitions) that
+finishes in under a minute on a 2-core CPU: not a measurement. PNG plots
+(matplotlib: the ``plot`` extra) are written beside the JSON, or later from
+it with ``--plot``.
+
+Usage (the H200):   python3 scripts/bench_latency.py --out bench/results/latency_h200.json
+CPU smoke test:     python3 scripts/bench_latency.py --quick --out /tmp/latency.json
+Plots from a JSON:  python3 scripts/bench_latency.py --plot bench/results/latency_h200.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from audiomask.bench import plots
+from audiomask.bench import transfer as transfer_bench
+from audiomask.bench.environment import capture_environment, write_result
+from audiomask.bench.models import SHIPPED_CONFIG, BenchModel, build_model
+from audiomask.bench.overlap import pipeline_section
+from audiomask.bench.single_stream import measure_latency
+from audiomask.bench.throughput import ProbePlan, make_probe, search
+from audiomask.bench.timing import Budget, log
+from audiomask.pipeline import FRAME_MS
+from audiomask.transfer import KiB, MiB, default_ring
+from audiomask.transfer.harness import QueueFiller
+
+__all__ = ["main"]
+
+SECTIONS = ("transfer", "pipeline", "latency", "throughput")
+SECTION_SHARES = {"transfer": 0.15, "pipeline": 0.10, "latency": 0.12, "throughput": 0.63}  # of --seconds
+TRANSFER_STRATEGIES = ("pageable", "pin_per_copy", "ring", "ring_in_place", "on_device")
+TRANSFER_CONDITIONS = ("idle", "busy")
+PER_CHUNK_BYTES = 1 * MiB  # issue 7: payloads up to this size are one chunk's masks
+IN_PLACE_P99_BOUND_MS = 0.1  # issue 7: ring_in_place host p99 with the GPU busy, per-chunk payloads
+CHUNK_MS = (160, 320, 640, 1280)  # single-stream latency rows
+SHIPPED_CHUNK_MS = SHIPPED_CONFIG.chunk_size * SHIPPED_CONFIG.time_reduction * FRAME_MS  # 320 ms
+LEFT_CONTEXT_MS = SHIPPED_CHUNK_MS * SHIPPED_CONFIG.left_chunk  # 1280 ms of left context at every chunk size
+PHI4MM_THROUGHPUT_CHUNK_MS = 1280  # full-size Phi-4MM throughput: 16 tokens of 80 ms per chunk
+PHI4MM_THROUGHPUT_LEFT_CHUNKS = 4  # 5.12 s of left context (key/value cache: 80 tokens per stream and block)
+# (model, path, share of the throughput budget)
+THROUGHPUT_RUNS = (
+    ("shipped", "driver", 0.2),
+    ("phi4mm_full", "encoder_step", 0.3),
+    ("phi4mm_full", "driver", 0.2),
+    ("qwen3_asr_0.6b", "encoder_step", 0.3),
+)
+FULL_SIZE_MODELS = ("phi4mm_full", "qwen3_asr_0.6b")
+STREAMS_AIM = 10_000  # issue 7: concurrent real-time streams of the full-size Phi-4MM encoder on one H200
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """Everything a run's size depends on (``FULL`` or ``QUICK``); recorded in the report."""
+
+    seconds: float  # time budget of all sections together
+    transfer_sizes: tuple[int, ...]  # bytes per payload
+    transfer_repeats: transfer_bench.Repeats
+    latency_models: tuple[str, ...]
+    latency_chunks: int  # chunks per single-stream row (the first is the first partial)
+    pipeline_cycles: int
+    pipeline_repeats: int
+    pipeline_max_batch: int
+    probe: ProbePlan
+    max_streams: int
+
+
+FULL = RunSettings(
+    seconds=450.0,
+    transfer_sizes=(16 * KiB, 64 * KiB, 256 * KiB, 1 * MiB, 4 * MiB, 16 * MiB),
+    transfer_repeats=transfer_bench.Repeats(idle=50, busy=20, gpu=5, staging=0, warmup=2),
+    latency_models=("shipped", "phi4mm_full"),
+    latency_chunks=40,
+    pipeline_cycles=24,
+    pipeline_repeats=3,
+    pipeline_max_batch=4096,
+    probe=ProbePlan(warmup=2, chunks=8),
+    max_streams=65_536,
+)
+QUICK = RunSettings(
+    seconds=35.0,
+    transfer_sizes=(16 * KiB, 256 * KiB, 1 * MiB),
+    transfer_repeats=transfer_bench.Repeats(idle=8, busy=3, gpu=2, staging=0, warmup=1),
+    latency_models=("shipped",),
+    latency_chunks=3,
+    pipeline_cycles=4,
+    pipeline_repeats=1,
+    pipeline_max_batch=2,
+    probe=ProbePlan(warmup=0, chunks=2),
+    max_streams=2,
+)
+
+
+class Models:
+    """Each model built once, on first use."""
+
+    def __init__(self, device: torch.device, quick: bool) -> None:
+        self.device, self.quick = device, quick
+        self._built: dict[str, BenchModel] = {}
+
+    def __getitem__(self, name: str) -> BenchModel:
+        if name not in self._built:
+            log(f"building {name} on {self.device}")
+            self._built[name] = build_model(name, self.device, quick=self.quick)
+        return self._built[name]
+
+    def info(self) -> dict[str, dict]:
+        return {name: model.info() for name, model in self._built.items()}
+
+
+def transfer_section(settings: RunSettings, device: torch.device, budget: Budget, notes: list[str]) -> list[dict]:
+    """One entry per strategy, size and GPU state; sizes the budget cannot reach are skipped with a note."""
+    cuda = device.type == "cuda"
+    names = TRANSFER_STRATEGIES if cuda else transfer_bench.CPU_STRATEGIES
+    if not cuda:
+        notes.append(
+            "transfer: no CUDA, so the device is the CPU: pageable and pin_per_copy (host->device copies) "
+            "are skipped, the GPU is never busy, and ring / ring_in_place are host copies"
+        )
+    rng = np.random.default_rng(0)
+    strategies = transfer_bench.make_strategies(device, default_ring(device), rng)
+    entries: list[dict] = []
+    gc.collect()
+    gc.disable()  # no collector pauses inside timed loops
+    try:
+        for size in settings.transfer_sizes:
+            if budget.expired():
+                notes.append(f"transfer: out of time before {size} bytes; larger sizes skipped")
+                break
+            case = transfer_bench.make_case(size, rng)
+            entries += transfer_bench.measure(
+                [case],
+                names,
+                strategies,
+                settings.transfer_repeats,
+                transfer_bench.BUSY_MS,
+                device,
+                conditions=TRANSFER_CONDITIONS,
+                end_to_end=True,
+            )
+            log(f"  transfer {size} bytes done")
+    finally:
+        gc.enable()
+    return entries
+
+
+def latency_section(
+    settings: RunSettings, models: Models, budget: Budget, notes: list[str], names: Sequence[str]
+) -> list[dict]:
+    rows = []
+    for name in names:
+        for chunk_ms in CHUNK_MS:
+            if budget.expired():
+                notes.append(f"latency: out of time before {name} at {chunk_ms} ms; skipped")
+                continue
+            left_chunks = max(1, LEFT_CONTEXT_MS // chunk_ms)
+            row = measure_latency(models[name], chunk_ms, left_chunks, settings.latency_chunks)
+            rows.append(row)
+            log(
+                f"  latency {name} {chunk_ms} ms: compute p50 {row['compute_ms_p50']:.1f} / "
+                f"p99 {row['compute_ms_p99']:.1f} ms, first partial {row['first_partial_ms']:.0f} ms"
+            )
+    return rows
+
+
+def throughput_section(settings: RunSettings, models: Models, budget: Budget) -> list[dict]:
+    results = []
+    shares_left = sum(share for _, _, share in THROUGHPUT_RUNS)
+    for name, path, share in THROUGHPUT_RUNS:
+        model = models[name]
+        run_budget = Budget(max(budget.left(), 1e-3) * share / shares_left)
+        shares_left -= share
+        if name == "phi4mm_full":
+            tokens = PHI4MM_THROUGHPUT_CHUNK_MS // (FRAME_MS * model.asr.encoder.config.time_reduction)
+            chunking = {"chunk_size": tokens, "left_chunk": PHI4MM_THROUGHPUT_LEFT_CHUNKS}
+        elif model.asr is not None:
+            chunking = {
+                "chunk_size": model.asr.encoder.config.chunk_size,
+                "left_chunk": model.asr.encoder.config.left_chunk,
+            }
+        else:
+            chunking = {}
+        probe, probe_settings = make_probe(model, path, settings.probe, **chunking)
+        log(f"  throughput {name}/{path}: budget {run_budget.seconds:.0f} s")
+        results.append(search(probe, probe_settings, model.device, run_budget, settings.max_streams))
+    return results
+
+
+def _check(ok: bool | None, **details: object) -> dict:
+    return {"ok": ok, **details}
+
+
+def verdicts(report: dict) -> dict[str, dict]:
+    """Issue 7's acceptance checks on the figures of this run (``ok`` None: not measured here, and why)."""
+    found: dict[str, dict] = {}
+    rows = {(e["strategy"], e["bytes"], e["condition"]): e for e in report["transfer"]}
+    sizes = sorted({e["bytes"] for e in report["transfer"]})
+    if any(e["strategy"] == "pageable" for e in report["transfer"]):
+        for stat in ("p50", "p99"):
+            lowest = {
+                f"{n}/{c}": {s: rows[s, n, c][f"host_ms_{stat}"] for s in transfer_bench.COPY_STRATEGIES}
+                for n in sizes
+                for c in TRANSFER_CONDITIONS
+            }
+            found[f"ring has the lowest host {stat} of the copy strategies at every size (idle and busy)"] = _check(
+                all(min(times, key=times.get) == "ring" for times in lowest.values()), ms=lowest
+            )
+        in_place = {n: rows["ring_in_place", n, "busy"]["host_ms_p99"] for n in sizes if n <= PER_CHUNK_BYTES}
+        found[f"ring_in_place host p99 <= {IN_PLACE_P99_BOUND_MS} ms with the GPU busy, payloads <= 1 MiB"] = _check(
+            all(value <= IN_PLACE_P99_BOUND_MS for value in in_place.values()), ms=in_place
+        )
+    elif report["transfer"]:
+        found["transfer strategies against each other"] = _check(None, why="needs CUDA (host->device copies)")
+    pipeline = report["pipeline"]
+    if pipeline:
+        found["overlapped pipeline wall within 10% of max(T_cpu, T_gpu)"] = _check(
+            pipeline["within_10pct_of_max_cpu_gpu"], ratio=pipeline["pipelined_over_max_of_sums"]
+        )
+    reported = {r["model"] for r in report["throughput"] if r["max_streams"] > 0}
+    found["throughput reported for both full-size configs"] = _check(
+        all(name in reported for name in FULL_SIZE_MODELS), models=sorted(reported)
+    )
+    phi4mm = [r["max_streams"] for r in report["throughput"] if r["model"] == "phi4mm_full"]
+    found[f"aim: >= {STREAMS_AIM} concurrent real-time streams of the full-size Phi-4MM encoder"] = _check(
+        max(phi4mm, default=0) >= STREAMS_AIM,
+        max_streams={r["path"]: r["max_streams"] for r in report["throughput"] if r["model"] == "phi4mm_full"},
+    )
+    return found
+
+
+def print_tables(report: dict) -> None:
+    """The report's figures as fixed-width tables on stdout."""
+    if report["transfer"]:
+        print("\ntransfer (ms; e2e = lengths on the host -> mask on the device, idle GPU)")
+        transfer_bench.print_table(report["transfer"])
+    pipeline = report["pipeline"]
+    if pipeline:
+        print(
+            f"\npipeline ({pipeline['model']}, B={pipeline['batch']}, {pipeline['cycles']} cycles of "
+            f"{pipeline['chunk_ms']} ms): serial {pipeline['serial_wall_s']:.3f} s, overlapped "
+            f"{pipeline['pipelined_wall_s']:.3f} s (x{pipeline['speedup']:.2f}); cpu {pipeline['cpu_s']:.3f} s, "
+            f"gpu {pipeline['gpu_s']:.3f} s, overlap {pipeline['overlap']:.2f}, wall / max(cpu, gpu) "
+            f"{pipeline['pipelined_over_max_of_sums']:.2f}; host per chunk p50 {pipeline['host_ms_per_chunk_p50']:.2f} "
+            f"/ p99 {pipeline['host_ms_per_chunk_p99']:.2f} ms"
+        )
+    if report["latency"]:
+        print(
+            f"\n{'latency':<14}{'chunk ms':>9}{'left':>6}{'algo ms':>9}{'p50 ms':>9}{'p95 ms':>9}{'p99 ms':>9}"
+            f"{'first partial':>15}{'RTF':>8}"
+        )
+        for row in report["latency"]:
+            print(
+                f"{row['model']:<14}{row['chunk_ms']:>9}{row['left_chunks']:>6}{row['algorithmic_latency_ms']:>9.0f}"
+                f"{row['compute_ms_p50']:>9.2f}{row['compute_ms_p95']:>9.2f}{row['compute_ms_p99']:>9.2f}"
+                f"{row['first_partial_ms']:>15.1f}{row['rtf']:>8.4f}"
+            )
+    if report["throughput"]:
+        print(
+            f"\n{'throughput':<16}{'path':<14}{'chunk ms':>9}{'streams':>9}{'p99 ms':>9}{'first fail':>11}  limited by"
+        )
+        for row in report["throughput"]:
+            p99 = row["max_streams_chunk_ms_p99"]
+            print(
+                f"{row['model']:<16}{row['path']:<14}{row['chunk_ms']:>9}{row['max_streams']:>9}"
+                f"{p99 if p99 is None else f'{p99:.1f}':>9}{row['first_failing']!s:>11}  {row['limited_by']}"
+            )
+
+
+def _write_plots(report: dict, json_path: Path, notes: list[str]) -> list[str]:
+    try:
+        return plots.write_plots(report, json_path)
+    except ImportError:
+        notes.append("plots skipped: matplotlib is not installed (pip install 'audiomask[plot]', then --plot FILE)")
+        print(notes[-1])
+        return []
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="bench_latency.py", description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, help="write the JSON report here (and its PNG plots beside it)")
+    parser.add_argument("--quick", action="store_true", help="a smoke test of every section (< 1 min on 2 cores)")
+    parser.add_argument("--device", default="auto", help="auto (CUDA where available), cpu or cuda[:N]")
+    parser.add_argument("--seconds", type=float, help="time budget of all sections (default: 450, quick: 35)")
+    parser.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS), help="run only these")
+    parser.add_argument("--max-streams", type=int, help="throughput search bound (default: 65536, quick: 2)")
+    parser.add_argument("--plot", type=Path, metavar="JSON", help="only write the PNG plots of an existing report")
+    parser.add_argument("--no-plots", action="store_true", help="do not write PNG plots")
+    args = parser.parse_args(argv)
+    if args.seconds is not None and not args.seconds > 0:
+        parser.error(f"--seconds must be > 0, got {args.seconds}")
+    if args.max_streams is not None and args.max_streams < 1:
+        parser.error(f"--max-streams must be >= 1, got {args.max_streams}")
+    if args.device != "auto" and args.device.startswith("cuda") and not torch.cuda.is_available():
+        parser.error(f"--device {args.device}: CUDA is not available on this machine (use cpu or auto)")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the benchmark (``argv`` without the program name; default ``sys.argv[1:]``); returns the exit status."""
+    args = _parse(argv)
+    if args.plot is not None:
+        report = json.loads(args.plot.read_text())
+        notes: list[str] = []
+        for path in _write_plots(report, args.plot, notes):
+            print(f"wrote {path}")
+        return 1 if notes else 0
+    began = time.perf_counter()
+    device = (
+        torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if args.device == "auto"
+        else torch.device(args.device)
+    )
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        device = torch.device("cuda", torch.cuda.current_device())
+    base = QUICK if args.quick else FULL
+    settings = replace(base, seconds=args.seconds or base.seconds, max_streams=args.max_streams or base.max_streams)
+    command = sys.argv if argv is None else ["bench_latency.py", *argv]
+    report: dict = {
+        "environment": capture_environment(command),
+        "settings": {
+            **asdict(settings),
+            "quick": args.quick,
+            "device": str(device),
+            "sections": args.sections,
+            "chunk_ms": list(CHUNK_MS),
+            "left_context_ms": LEFT_CONTEXT_MS,
+            "phi4mm_throughput_chunk_ms": PHI4MM_THROUGHPUT_CHUNK_MS,
+            "phi4mm_throughput_left_chunks": PHI4MM_THROUGHPUT_LEFT_CHUNKS,
+            "busy_ms": transfer_bench.BUSY_MS,
+        },
+        "models": {},
+        "transfer": [],
+        "pipeline": {},
+        "latency": [],
+        "throughput": [],
+        "notes": [],
+        "section_seconds": {},
+    }
+    if args.quick:
+        report["notes"].append(
+            "--quick: a smoke test of every section (tiny stand-ins, few repetitions), not a measurement"
+        )
+    if device.type == "cuda":
+        report["settings"]["busy_ms_measured"] = QueueFiller(device).measure(transfer_bench.BUSY_MS)
+    models = Models(device, args.quick)
+    notes = report["notes"]
+    shares_left = sum(SECTION_SHARES[name] for name in args.sections)
+    for section in SECTIONS:
+        if section not in args.sections:
+            continue
+        left = settings.seconds - (time.perf_counter() - began)
+        budget = Budget(max(left, 1e-3) * SECTION_SHARES[section] / shares_left)
+        shares_left -= SECTION_SHARES[section]
+        log(f"{section}: budget {budget.seconds:.0f} s")
+        started = time.perf_counter()
+        if section == "transfer":
+            report["transfer"] = transfer_section(settings, device, budget, notes)
+        elif section == "pipeline":
+            shipped = models["shipped"]
+            config = shipped.asr.encoder.config
+            report["pipeline"] = pipeline_section(
+                shipped,
+                config.chunk_size,
+                config.left_chunk,
+                settings.pipeline_cycles,
+                settings.pipeline_repeats,
+                settings.pipeline_max_batch,
+                budget,
+            )
+        elif section == "latency":
+            report["latency"] = latency_section(settings, models, budget, notes, settings.latency_models)
+        else:
+            report["throughput"] = throughput_section(settings, models, budget)
+        report["section_seconds"][section] = time.perf_counter() - started
+    report["models"] = models.info()
+    report["verdicts"] = verdicts(report)
+    report["seconds"] = time.perf_counter() - began
+    print_tables(report)
+    print()
+    for claim, result in report["verdicts"].items():
+        print(f"{claim}: {'n/a' if result['ok'] is None else 'yes' if result['ok'] else 'no'}")
+    if args.out is not None and not args.no_plots:
+        report["plots"] = _write_plots(report, args.out, notes)
+    print(f"\n{report['seconds']:.1f} s")
+    if args.out is not None:
+        write_result(args.out, report)
+    return 0

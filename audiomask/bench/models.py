@@ -1,0 +1,150 @@
+"""The encoders the latency benchmark measures, by name, built once per run.
+
+- ``shipped``: :func:`audiomask.checkpoint.load_model` (the model inside the
+  package) where it is there; until it is, a random model of the shipped
+  architecture (:data:`SHIPPED_CONFIG`), said so in the report. Float32, as shipped.
+- ``phi4mm_full``: the full-size Phi-4MM encoder (``Phi4MMAudioConfig()``,
+  441M parameters), random weights, bf16 on CUDA (float32 on the CPU).
+- ``qwen3_asr_0.6b``: the Qwen3-ASR-0.6B audio encoder (:data:`QWEN3_ASR_06B`),
+  random weights, bf16 on CUDA (float32 on the CPU).
+
+With ``quick`` the two full-size encoders are replaced by tiny stand-ins of the
+same architecture (a smoke test of the code paths, not a measurement), which
+the report says.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from audiomask.decode import CharTokenizer, CTCHead
+from audiomask.encoders import (
+    Phi4MMAudioConfig,
+    Phi4MMEncoder,
+    Qwen3ASRConfig,
+    Qwen3ASREncoder,
+)
+from audiomask.pipeline import ASRModel
+from audiomask.stream import StreamingDriver
+
+__all__ = ["MODEL_NAMES", "QWEN3_ASR_06B", "SHIPPED_CONFIG", "BenchModel", "build_model"]
+
+MODEL_NAMES = ("shipped", "phi4mm_full", "qwen3_asr_0.6b")
+# The shipped model's architecture (audiomask.checkpoint): 4 frames (40 ms) per token, 320 ms chunks
+# (8 tokens), 4 chunks of left context.
+SHIPPED_CONFIG = Phi4MMAudioConfig(
+    hidden_size=256,
+    intermediate_size=1024,
+    num_blocks=8,
+    num_attention_heads=4,
+    ext_pw_out_channel=256,
+    depthwise_separable_out_channel=256,
+    nemo_conv_channels=256,
+    time_reduction=4,
+    chunk_size=8,
+    left_chunk=4,
+)
+# Qwen3-ASR-0.6B's audio encoder (Qwen/Qwen3-ASR-0.6B config.json, audio_config); the defaults are 1.7B's.
+QWEN3_ASR_06B = Qwen3ASRConfig(encoder_layers=18, encoder_attention_heads=14, encoder_ffn_dim=3584, d_model=896)
+RANDOM_ALPHABET = "abcdefghijklmnopqrstuvwxyz' "  # the CTC vocabulary of random models
+_QUICK_PHI4MM = Phi4MMAudioConfig(
+    hidden_size=32,
+    intermediate_size=48,
+    num_blocks=2,
+    num_attention_heads=2,
+    ext_pw_out_channel=32,
+    depthwise_separable_out_channel=32,
+    nemo_conv_channels=8,
+)
+_QUICK_QWEN3 = Qwen3ASRConfig(
+    encoder_layers=2, encoder_attention_heads=2, encoder_ffn_dim=48, d_model=32, downsample_hidden_size=4
+)
+_SEED = 0  # random weights: the same every run
+
+
+@dataclass
+class BenchModel:
+    """A model to measure: ``asr`` (Phi-4MM encoder, CTC head, tokenizer) or ``encoder`` (Qwen3-ASR), and its facts."""
+
+    name: str
+    device: torch.device
+    dtype: torch.dtype
+    source: str  # where the weights come from, in words
+    asr: ASRModel | None = None
+    encoder: Qwen3ASREncoder | None = None
+
+    @property
+    def module(self) -> torch.nn.Module:
+        return self.asr.encoder if self.asr is not None else self.encoder  # type: ignore[return-value]
+
+    def driver(self, batch_size: int, chunk_size: int, left_chunk: int, **options: object) -> StreamingDriver:
+        """A :class:`~audiomask.stream.StreamingDriver` of ``batch_size`` slots over this (Phi-4MM) model."""
+        if self.asr is None:
+            raise ValueError(f"the driver runs Phi-4MM ASR models only, got {self.name!r}")
+        asr = self.asr
+        return StreamingDriver(
+            asr.encoder,
+            asr.head,
+            asr.frontend,
+            batch_size=batch_size,
+            chunk_size=chunk_size,
+            left_chunk=left_chunk,
+            **options,
+        )
+
+    def info(self) -> dict:
+        """JSON-ready: name, source, dtype, parameter count and the encoder config."""
+        return {
+            "name": self.name,
+            "source": self.source,
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "parameters": sum(p.numel() for p in self.module.parameters()),
+            "config": dataclasses.asdict(self.module.config),
+        }
+
+
+def _random_asr(config: Phi4MMAudioConfig) -> ASRModel:
+    tokenizer = CharTokenizer(RANDOM_ALPHABET)
+    return ASRModel(Phi4MMEncoder(config).eval(), CTCHead(config.hidden_size, tokenizer.vocab_size).eval(), tokenizer)
+
+
+def _shipped() -> tuple[ASRModel, str]:
+    """The packaged model where it is there, else a random one of its architecture."""
+    try:
+        from audiomask.checkpoint import DEFAULT_MODEL_PATH, load_model
+    except ImportError:
+        DEFAULT_MODEL_PATH = None
+    if DEFAULT_MODEL_PATH is not None and DEFAULT_MODEL_PATH.is_file():
+        return load_model(), f"audiomask.checkpoint.load_model() ({DEFAULT_MODEL_PATH.name})"
+    return _random_asr(SHIPPED_CONFIG), "random weights of the shipped architecture (no packaged model yet)"
+
+
+def build_model(name: str, device: torch.device, *, quick: bool = False) -> BenchModel:
+    """The model ``name`` (one of :data:`MODEL_NAMES`) on ``device``, eval mode.
+
+    Full-size encoders are bf16 on CUDA and float32 on the CPU; with ``quick``
+    they are tiny stand-ins (see the module docstring).
+    """
+    if name not in MODEL_NAMES:
+        raise ValueError(f"model must be one of {MODEL_NAMES}, got {name!r}")
+    torch.manual_seed(_SEED)
+    low_precision = torch.bfloat16 if device.type == "cuda" else torch.float32
+    stand_in = "tiny stand-in of the architecture (--quick: not a measurement)"
+    if name == "shipped":
+        asr, source = _shipped()
+        model = BenchModel(name, device, torch.float32, source, asr=asr)
+    elif name == "phi4mm_full":
+        config = _QUICK_PHI4MM if quick else Phi4MMAudioConfig()
+        model = BenchModel(
+            name, device, low_precision, stand_in if quick else "random weights", asr=_random_asr(config)
+        )
+    else:
+        encoder = Qwen3ASREncoder(_QUICK_QWEN3 if quick else QWEN3_ASR_06B).eval()
+        model = BenchModel(name, device, low_precision, stand_in if quick else "random weights", encoder=encoder)
+    # Weights are moved once, at load time, as StreamingRecognizer does with a model it is given.
+    for module in (model.asr.encoder, model.asr.head) if model.asr is not None else (model.encoder,):
+        module.to(device, model.dtype)
+    return model

@@ -1,0 +1,110 @@
+"""Serial versus overlapped driver: does the CPU's front end hide behind the encoder step?
+
+The workload is a batch of ``B`` streams through
+:class:`~audiomask.stream.StreamingDriver`, with every stream's audio there
+from the start (so that the next cycle's features *can* be computed while the
+current cycle is encoded: a server catching up, or batch transcription). ``B``
+comes from a short serial calibration, doubling from 1, that makes the front
+end's time per cycle (``cpu_s``, worker thread) and the encoder's (``gpu_s``:
+CUDA events on CUDA, ``perf_counter`` on the CPU) comparable, where overlap
+matters most. Then the same workload runs serial (``overlap=False``: features,
+encode, wait for the results, cycle after cycle) and overlapped. Reported:
+``cpu_s``, ``gpu_s``, ``serial_wall_s``, ``pipelined_wall_s``, ``overlap = (T_cpu
++ T_gpu - T_wall) / min(T_cpu, T_gpu)`` of the overlapped run, its wall time
+over ``max(T_cpu, T_gpu)`` (issue 5's acceptance: within 10 %) and over the sum
+of per-cycle maxima (a perfect two-stage pipeline), and the host time per
+chunk (``enqueue_s``: staging, launching the step, head and argmax). Each mode
+runs ``repeats`` times, interleaved; the run with the median wall time is kept.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from audiomask.bench.models import BenchModel
+from audiomask.bench.signals import shared_noise
+from audiomask.bench.timing import Budget, log, percentiles
+from audiomask.pipeline import FRAME_MS
+from audiomask.stream import RunStats
+
+__all__ = ["WITHIN", "drive", "pipeline_section"]
+
+WITHIN = 0.10  # acceptance: overlapped wall within 10 % of max(T_cpu, T_gpu)
+CALIBRATION_CYCLES = 6
+MS_PER_S = 1000
+
+
+def drive(model: BenchModel, batch: int, cycles: int, chunk_size: int, left_chunk: int, *, overlap: bool) -> RunStats:
+    """``batch`` streams of ``cycles`` chunks each through a fresh driver, after a warm-up; the timed run's stats.
+
+    The warm-up runs every ring phase of the key/value cache once (each a CUDA
+    graph of its own, captured on first use), so no timed cycle pays a capture.
+    """
+    driver = model.driver(batch, chunk_size, left_chunk, overlap=overlap)
+    try:
+        source, starts = shared_noise(batch, (left_chunk + 2 + cycles) * driver.block_samples)
+        warmup = (left_chunk + 2) * driver.block_samples
+        driver.run([source[start : start + warmup] for start in starts])
+        driver.stats = RunStats()
+        length = cycles * driver.block_samples
+        driver.run([source[start + warmup : start + warmup + length] for start in starts])
+        return driver.stats
+    finally:
+        driver.close()
+
+
+def _median_run(runs: list[RunStats]) -> RunStats:
+    return sorted(runs, key=lambda stats: stats.wall_s)[len(runs) // 2]
+
+
+def pipeline_section(
+    model: BenchModel, chunk_size: int, left_chunk: int, cycles: int, repeats: int, max_batch: int, budget: Budget
+) -> dict:
+    """Calibrate ``B``, then serial versus overlapped runs of ``cycles`` cycles; JSON-ready."""
+    calibration: list[dict] = []
+    batch = 1
+    while True:
+        stats = drive(model, batch, CALIBRATION_CYCLES, chunk_size, left_chunk, overlap=False)
+        calibration.append({"batch": batch, "cpu_s": stats.cpu_s, "gpu_s": stats.gpu_s})
+        log(f"  pipeline calibration B={batch}: cpu {stats.cpu_s:.3f} s, gpu {stats.gpu_s:.3f} s")
+        if stats.cpu_s >= stats.gpu_s or 2 * batch > max_batch or budget.left() < budget.seconds / 2:
+            break
+        batch *= 2
+    best = min(calibration, key=lambda row: abs(np.log(max(row["cpu_s"], 1e-9) / max(row["gpu_s"], 1e-9))))
+    batch = best["batch"]
+    serial_runs, pipelined_runs = [], []
+    for _ in range(repeats):
+        serial_runs.append(drive(model, batch, cycles, chunk_size, left_chunk, overlap=False))
+        pipelined_runs.append(drive(model, batch, cycles, chunk_size, left_chunk, overlap=True))
+    serial, pipelined = _median_run(serial_runs), _median_run(pipelined_runs)
+    sum_of_max = sum(max(c.cpu_s, c.encode_s) for c in pipelined.cycles)
+    max_of_sums = max(pipelined.cpu_s, pipelined.gpu_s)
+    enqueue = percentiles([c.enqueue_s * MS_PER_S for c in pipelined.cycles])
+    return {
+        "model": model.name,
+        "batch": batch,
+        "cycles": len(pipelined.cycles),
+        "chunk_ms": chunk_size * model.asr.encoder.config.time_reduction * FRAME_MS,
+        "left_chunk": left_chunk,
+        "repeats": repeats,
+        "cpu_s": pipelined.cpu_s,
+        "gpu_s": pipelined.gpu_s,
+        "enqueue_s": sum(c.enqueue_s for c in pipelined.cycles),
+        "host_ms_per_chunk_p50": enqueue["p50"],
+        "host_ms_per_chunk_p99": enqueue["p99"],
+        "serial_cpu_s": serial.cpu_s,
+        "serial_gpu_s": serial.gpu_s,
+        "serial_wall_s": serial.wall_s,
+        "pipelined_wall_s": pipelined.wall_s,
+        "serial_wall_s_runs": [run.wall_s for run in serial_runs],
+        "pipelined_wall_s_runs": [run.wall_s for run in pipelined_runs],
+        "overlap": pipelined.overlap(),
+        "serial_overlap": serial.overlap(),
+        "sum_of_max_s": sum_of_max,
+        "max_of_sums_s": max_of_sums,
+        "pipelined_over_sum_of_max": pipelined.wall_s / sum_of_max,
+        "pipelined_over_max_of_sums": pipelined.wall_s / max_of_sums,
+        "within_10pct_of_max_cpu_gpu": pipelined.wall_s <= (1 + WITHIN) * max_of_sums,
+        "speedup": serial.wall_s / pipelined.wall_s,
+        "calibration": calibration,
+    }
