@@ -128,6 +128,7 @@ def test_plot_from_a_report_needs_matplotlib_or_writes_pngs(quick_report: tuple[
         (["--seconds", "0"], "--seconds must be > 0, got 0.0"),
         (["--max-streams", "0"], "--max-streams must be >= 1, got 0"),
         (["--sections", "nonsense"], "invalid choice: 'nonsense'"),
+        (["--device", "tpu:0"], "--device must be auto, cpu or cuda[:N], got 'tpu:0'"),
     ],
 )
 def test_bad_arguments_are_one_line_errors(argv: list[str], message: str) -> None:
