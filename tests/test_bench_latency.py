@@ -252,3 +252,39 @@ def test_a_probe_plan_with_early_exceedances_fails_the_probe() -> None:
 
     seconds, stopped = _timed_chunks(step, warmup=1, plan=ProbePlan(warmup=0, chunks=6), duration_s=0.02)
     assert stopped and len(seconds) == 4
+
+
+# --------------------------------------------------------------------------- CUDA (the H200)
+
+
+@pytest.mark.gpu
+def test_hs_mask_torch_on_cuda_equals_numpy() -> None:
+    from audiomask.transfer import to_device
+
+    lengths = np.array([3000, 1230, 8, 0], dtype=np.int64)
+    built = hs_mask_torch(to_device(lengths, "cuda"), 3000, chunk_size=16, left_chunk=4)
+    assert built.device.type == "cuda"
+    np.testing.assert_array_equal(built.cpu().numpy(), hs_mask(lengths, 3000, 16, 4))
+
+
+@pytest.mark.gpu
+def test_quick_runs_every_cuda_path(tmp_path: Path) -> None:
+    out = tmp_path / "latency_cuda.json"
+    completed = subprocess.run(
+        [sys.executable, str(SCRIPT), "--quick", "--device", "cuda", "--no-plots", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=QUICK_TIMEOUT_S,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stderr
+    report = json.loads(out.read_text())
+    entries = report["transfer"]
+    assert {e["strategy"] for e in entries} == {"pageable", "pin_per_copy", "ring", "ring_in_place", "on_device"}
+    assert {e["busy_gpu"] for e in entries} == {False, True}
+    assert all("gpu_ms_p50" in e and "end_to_end_ms_p50" in e for e in entries)
+    assert all(e["queue_still_busy"] == 1.0 for e in entries if e["busy_gpu"] and e["strategy"] == "ring_in_place")
+    assert report["environment"]["gpu"] and report["settings"]["busy_ms_measured"] > 0
+    assert report["pipeline"]["gpu_s"] > 0
+    assert all(run["max_streams"] >= 1 for run in report["throughput"]), report["throughput"]
+    assert all("peak_bytes" in probe for run in report["throughput"] for probe in run["probes"])

@@ -109,7 +109,7 @@ FULL = RunSettings(
     pipeline_cycles=24,
     pipeline_repeats=3,
     pipeline_max_batch=4096,
-    probe=ProbePlan(warmup=2, chunks=8),
+    probe=ProbePlan(warmup=0, chunks=8),
     max_streams=65_536,
 )
 QUICK = RunSettings(
@@ -146,6 +146,14 @@ class Models:
 
     def info(self) -> dict[str, dict]:
         return {name: model.info() for name, model in self._built.items()}
+
+
+def _streaming_chunking(model: BenchModel) -> tuple[int, int]:
+    """``(chunk_size, left_chunk)`` of a Phi-4MM model's config; the shipped architecture's where it has none."""
+    config = model.asr.encoder.config
+    if config.chunk_size >= 1:
+        return config.chunk_size, config.left_chunk
+    return SHIPPED_CONFIG.chunk_size, SHIPPED_CONFIG.left_chunk
 
 
 def transfer_section(settings: RunSettings, device: torch.device, budget: Budget, notes: list[str]) -> list[dict]:
@@ -214,10 +222,7 @@ def throughput_section(settings: RunSettings, models: Models, budget: Budget) ->
             tokens = PHI4MM_THROUGHPUT_CHUNK_MS // (FRAME_MS * model.asr.encoder.config.time_reduction)
             chunking = {"chunk_size": tokens, "left_chunk": PHI4MM_THROUGHPUT_LEFT_CHUNKS}
         elif model.asr is not None:
-            chunking = {
-                "chunk_size": model.asr.encoder.config.chunk_size,
-                "left_chunk": model.asr.encoder.config.left_chunk,
-            }
+            chunking = dict(zip(("chunk_size", "left_chunk"), _streaming_chunking(model)))
         else:
             chunking = {}
         probe, probe_settings = make_probe(model, path, settings.probe, **chunking)
@@ -414,11 +419,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             report["transfer"] = transfer_section(settings, device, budget, notes)
         elif section == "pipeline":
             shipped = models["shipped"]
-            config = shipped.asr.encoder.config
+            chunk_size, left_chunk = _streaming_chunking(shipped)
             report["pipeline"] = pipeline_section(
                 shipped,
-                config.chunk_size,
-                config.left_chunk,
+                chunk_size,
+                left_chunk,
                 settings.pipeline_cycles,
                 settings.pipeline_repeats,
                 settings.pipeline_max_batch,
