@@ -329,7 +329,7 @@ def _write_plots(report: dict, json_path: Path, notes: list[str]) -> list[str]:
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="bench_latency.py", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, help="write the JSON report here (and its PNG plots beside it)")
     parser.add_argument("--quick", action="store_true", help="a smoke test of every section (< 1 min on 2 cores)")
     parser.add_argument("--device", default="auto", help="auto (CUDA where available), cpu or cuda[:N]")
@@ -374,9 +374,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     device = args.device
     base = QUICK if args.quick else FULL
     settings = replace(base, seconds=args.seconds or base.seconds, max_streams=args.max_streams or base.max_streams)
-    command = sys.argv if argv is None else ["bench_latency.py", *argv]
     report: dict = {
-        "environment": capture_environment(command),
+        "environment": capture_environment(sys.argv),  # the process's command line: the script or the CLI
         "settings": {
             **asdict(settings),
             "quick": args.quick,

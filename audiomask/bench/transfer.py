@@ -586,7 +586,7 @@ def print_table(entries: list[dict], staging: list[dict] = ()) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``scripts/bench_transfer.py``: every strategy and floor at every size and condition; returns the exit status."""
-    parser = argparse.ArgumentParser(prog="bench_transfer.py", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, help="write the JSON report here")
     parser.add_argument("--quick", action="store_true", help="few repetitions: a smoke test, not a measurement")
     parser.add_argument("--busy-ms", type=float, default=BUSY_MS, help="GPU work queued for busy cases (ms)")
@@ -596,7 +596,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rng = np.random.default_rng(0)
     cuda = torch.cuda.is_available()
     report: dict = {
-        **capture_environment(sys.argv if argv is None else ["bench_transfer.py", *argv]),
+        **capture_environment(sys.argv),
         "repeats": dataclasses.asdict(repeats),
         "busy_ms": args.busy_ms,
         "gate_ms": GATE_MS,
