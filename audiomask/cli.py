@@ -13,7 +13,9 @@ JSON object a line instead: ``{"kind": "final", "file", "text", "duration_s",
 stdout before the file's final line (``audio_s``: seconds read so far);
 without, on stderr: one live line on a terminal, else a line
 ``partial<TAB>FILE<TAB>TEXT`` each time the text grows. On a terminal, stderr
-also shows a progress line for several files or a long one.
+also shows a progress line for several files or a long one. ``--threads``
+sets torch's threads (default :data:`TRANSCRIBE_THREADS`, the fastest for
+one stream's small chunk steps).
 
 Exit status: 0 all files transcribed; 1 a file could not be (one line
 ``audiomask: error: FILE: reason`` on stderr each, the other files are still
@@ -70,6 +72,11 @@ STDIN = "-"
 AUDIO_SUFFIXES = frozenset(
     ".wav .wave .flac .ogg .oga .opus .mp3 .aiff .aif .aifc .au .snd .caf .w64 .rf64 .sph".split()  # noqa: SIM905
 )
+# torch intra-op threads while transcribing. A chunk step multiplies matrices of a few tokens,
+# too small to share out, and the front end runs on a second thread beside it (audiomask.stream):
+# on the shared 2-core CPU the shipped architecture's CLI RTF was 0.14 with one thread against
+# 0.25 with two (bench/results/cli_rtf_cpu_2core.json).
+TRANSCRIBE_THREADS = 1
 PROGRESS_MIN_AUDIO_S = 10.0  # on a terminal, one file this long (or several files) gets a progress line
 _DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
 
@@ -92,7 +99,7 @@ def _device_name(device: str) -> str:
 
     if device.startswith("cuda"):
         return f"{device} ({torch.cuda.get_device_name(device)})"
-    return f"cpu ({torch.get_num_threads()} threads)"
+    return f"cpu ({os.cpu_count()} cores)"
 
 
 # -- transcribe --------------------------------------------------------------------------------
@@ -277,7 +284,12 @@ def _recognizer(args: argparse.Namespace, device: str) -> Any:
 
 
 def _transcribe(args: argparse.Namespace) -> int:
+    import torch
+
+    from audiomask._validate import check_int
+
     device = _pick_device(args.device)
+    torch.set_num_threads(check_int("--threads", args.threads, minimum=1))
     sources = _sources(args.files)
     failed = False
     output = _Output(
@@ -354,6 +366,7 @@ def _info_lines(args: argparse.Namespace) -> Iterator[str]:
     left = info["left_chunks"]
     context = f" ({left * chunk} ms of left context)" if chunk is not None else ""
     yield f"  {'left_chunks':<12}{left}{context}"
+    yield f"  {'threads':<12}{TRANSCRIBE_THREADS} (torch threads of transcribe: --threads)"
 
 
 def _info(args: argparse.Namespace) -> int:
@@ -459,6 +472,12 @@ def _parser() -> argparse.ArgumentParser:
     transcribe.add_argument("--json", action="store_true", help="JSON lines instead of FILE<TAB>TEXT")
     transcribe.add_argument("--partials", action="store_true", help="show the text while each file is transcribed")
     transcribe.add_argument("--model", help=model_help)
+    transcribe.add_argument(
+        "--threads",
+        type=int,
+        default=TRANSCRIBE_THREADS,
+        help=f"torch threads for the encoder (default {TRANSCRIBE_THREADS}: faster for single-stream chunks)",
+    )
     transcribe.set_defaults(run=_transcribe)
 
     info = commands.add_parser("info", help="print the model, device, versions and streaming settings")

@@ -250,6 +250,7 @@ def test_broken_pipe_is_quiet(model_path: Path) -> None:
         (["--chunk-ms", "100"], "audiomask: error: --chunk-ms/--left-chunks: chunk_ms must be a multiple of 40"),
         (["--left-chunks", "-1"], "audiomask: error: --chunk-ms/--left-chunks: left_chunks must be >= 0, got -1"),
         (["--device", "tpu"], "audiomask: error: --device must be auto, cpu, cuda or cuda:N, got 'tpu'"),
+        (["--threads", "0"], "audiomask: error: --threads must be >= 1, got 0"),
     ],
 )
 def test_bad_settings_are_one_line_and_status_2(model_path: Path, arguments: list[str], message: str) -> None:
@@ -308,7 +309,8 @@ def test_info_describes_model_device_versions_and_settings(model_path: Path) -> 
     fields = {line.split()[0]: line.split(None, 1)[1] for line in lines if line.startswith("  ") and line.split()}
     info = model_info(model_path)
     assert fields["torch"] == torch.__version__ and fields["numpy"] == np.__version__
-    assert fields["name"].startswith("cpu (")
+    assert fields["name"] == f"cpu ({os.cpu_count()} cores)"
+    assert fields["threads"].startswith("1 ")
     assert fields["path"].startswith(f"{model_path} (") and fields["parameters"] == f"{info['parameters']:,}"
     assert fields["encoder"].startswith("Phi-4MM Conformer: 2 blocks of 16, 2 heads, feed-forward 24, 40 ms per token")
     assert fields["card"] == "data: none: random weights"
