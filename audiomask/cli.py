@@ -137,8 +137,7 @@ def _sources(arguments: Sequence[str]) -> list[_Source]:
 
 def _reason(message: str, path: Path) -> str:
     """``message`` without the leading ``"{path}: "`` the audio reader puts on its errors and warnings."""
-    prefix = f"{path}: "
-    return message.removeprefix(prefix)
+    return message.removeprefix(f"{path}: ")
 
 
 class _Output:
@@ -254,7 +253,8 @@ def _transcribe_file(recognizer: Any, name: str, path: Path, output: _Output) ->
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", TruncatedAudioWarning)  # one line per file, however often it recurs
             for block in iter_blocks(path, block_samples):
-                stream = stream or recognizer.open_stream(name)
+                if stream is None:  # opened with its first samples: a file that fails to open holds no slot
+                    stream = recognizer.open_stream(name)
                 stream.accept(block)
                 read += len(block)
                 output.warnings(name, path, caught)
