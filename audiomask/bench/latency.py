@@ -25,7 +25,8 @@ driver), ``settings``, ``models``, ``verdicts`` (issue 7's acceptance checks),
 a time budget, a share of ``--seconds`` (time a section leaves unused goes to
 the later ones), and prints progress. ``--quick`` is a smoke test of every
 section (tiny stand-ins for the full-size encoders, few repetitions) that
-finishes in under a minute on a 2-core CPU: not a measurement. PNG plots
+finishes in under a minute on a 2-core CPU: not a measurement. The JSON is
+rewritten after every section, so a run stopped early keeps what it measured. PNG plots
 (matplotlib: the ``plot`` extra) are written beside the JSON, or later from
 it with ``--plot``.
 
@@ -433,6 +434,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             report["throughput"] = throughput_section(settings, models, budget)
         report["section_seconds"][section] = time.perf_counter() - started
+        if args.out is not None:  # a run stopped later (a wall-clock limit) still leaves what it measured
+            report["models"] = models.info()
+            write_result(args.out, report)
     report["models"] = models.info()
     report["verdicts"] = verdicts(report)
     report["seconds"] = time.perf_counter() - began

@@ -14,10 +14,13 @@ encode, wait for the results, cycle after cycle) and overlapped. Reported:
 over ``max(T_cpu, T_gpu)`` (issue 5's acceptance: within 10 %) and over the sum
 of per-cycle maxima (a perfect two-stage pipeline), and the host time per
 chunk (``enqueue_s``: staging, launching the step, head and argmax). Each mode
-runs ``repeats`` times, interleaved; the run with the median wall time is kept.
+runs ``repeats`` times (fewer where the budget is short), interleaved; the run
+with the median wall time is kept.
 """
 
 from __future__ import annotations
+
+import time
 
 import numpy as np
 
@@ -62,16 +65,25 @@ def pipeline_section(
 ) -> dict:
     """Calibrate ``B``, then serial versus overlapped runs of ``cycles`` cycles; JSON-ready."""
     calibration: list[dict] = []
+    warmup = left_chunk + 2  # cycles each drive() runs before its timed ones
+    # A final run costs this many calibration runs of the same B (cycles scale the time, warm-up included).
+    final_runs = 2 * repeats * (warmup + cycles) / (warmup + CALIBRATION_CYCLES)
     batch = 1
     while True:
+        began = time.perf_counter()
         stats = drive(model, batch, CALIBRATION_CYCLES, chunk_size, left_chunk, overlap=False)
-        calibration.append({"batch": batch, "cpu_s": stats.cpu_s, "gpu_s": stats.gpu_s})
+        spent = time.perf_counter() - began
+        calibration.append({"batch": batch, "cpu_s": stats.cpu_s, "gpu_s": stats.gpu_s, "seconds": spent})
         log(f"  pipeline calibration B={batch}: cpu {stats.cpu_s:.3f} s, gpu {stats.gpu_s:.3f} s")
-        if stats.cpu_s >= stats.gpu_s or 2 * batch > max_batch or budget.left() < budget.seconds / 2:
+        # Doubling B about doubles the cost of a run: stop while the next B and its final runs still fit.
+        if stats.cpu_s >= stats.gpu_s or 2 * batch > max_batch or budget.left() < 2 * spent * (1 + final_runs):
             break
         batch *= 2
     best = min(calibration, key=lambda row: abs(np.log(max(row["cpu_s"], 1e-9) / max(row["gpu_s"], 1e-9))))
     batch = best["batch"]
+    # As many repeats as the budget affords (at least one of each mode).
+    affordable = int(budget.left() / (best["seconds"] * final_runs / repeats)) if best["seconds"] > 0 else repeats
+    repeats = max(1, min(repeats, affordable))
     serial_runs, pipelined_runs = [], []
     for _ in range(repeats):
         serial_runs.append(drive(model, batch, cycles, chunk_size, left_chunk, overlap=False))
