@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the checkout, installed or not
 
 SAMPLE_RATE = 16000  # Hz
-SPEED_FACTORS = (0.9, 0.95, 1.0, 1.05, 1.1)  # speed perturbation (tempo and pitch together), drawn uniformly
+SPEED_FACTORS = (0.85, 0.9, 0.95, 1.0, 1.05, 1.1, 1.15)  # tempo, pitch and formants together: bridges voices
 GAIN_DB = (-15.0, 5.0)  # volume change, uniform; the result is clipped to [-1, 1] as a recording would be
 NOISE_SHARE = 0.5  # of augmented copies: additive noise
 NOISE_SNR_DB = (5.0, 30.0)  # speech-to-noise power ratio, uniform

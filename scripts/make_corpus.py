@@ -195,13 +195,15 @@ class SentenceSource:
     """Distinct random sentences: each ``next()`` is a sentence never returned before."""
 
     def __init__(self, words: Sequence[str], rng: np.random.Generator) -> None:
-        self.words, self.weights, self.rng = list(words), word_weights(words), rng
+        self.words, self.rng = list(words), rng
+        self.cumulative = np.cumsum(word_weights(words))  # inverse-CDF sampling: O(log V) a word
         self.seen: set[str] = set()
 
     def next(self) -> str:
         while True:
             count = int(self.rng.integers(WORDS_PER_SENTENCE[0], WORDS_PER_SENTENCE[1] + 1))
-            text = " ".join(self.words[i] for i in self.rng.choice(len(self.words), count, p=self.weights))
+            picks = np.searchsorted(self.cumulative, self.rng.random(count) * self.cumulative[-1], side="right")
+            text = " ".join(self.words[min(i, len(self.words) - 1)] for i in picks)
             if text not in self.seen:
                 self.seen.add(text)
                 return text

@@ -78,7 +78,7 @@ FRAMES_PER_S = 1000 // FRAME_MS  # 100 feature frames a second
 SPEED_PROBE_STEPS = 40  # steps timed (after PROBE_SKIP_STEPS) to plan a deadline-bound run
 PROBE_SKIP_STEPS = 10  # first steps: allocator and kernel warm-up
 PLAN_SAFETY = 0.92  # of the time left that the planned steps may take
-EVAL_RESERVE_S = 100  # kept for the evaluation and the final save before --deadline
+EVAL_RESERVE_S = 90  # kept for the evaluation and the final save before --deadline
 LOG_EVERY_S = 15.0
 CHECKPOINT_EVERY_S = 60.0
 EVAL_MAX_STREAMS = 64  # streams sharing each encoder step in the streaming evaluation
@@ -581,7 +581,7 @@ def render_card(train_report: dict, eval_reports: Sequence[dict]) -> str:
         + ", ".join(f"`{v}`" for v in held["flite voices"])
         + ". "
         f"Training saw {training['feature_copies']:,} feature copies of the training utterances (one clean, "
-        f"{config['feature_copies'] - 1} augmented: speed 0.9-1.1x, gain -15 to +5 dB, colored noise at 5-30 dB SNR "
+        f"{config['feature_copies'] - 1} augmented: speed 0.85-1.15x, gain -15 to +5 dB, colored noise at 5-30 dB SNR "
         "on half), SpecAugment on top.",
         "",
         "## Training",
