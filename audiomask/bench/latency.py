@@ -72,8 +72,8 @@ IN_PLACE_P99_BOUND_MS = 0.1  # issue 7: ring_in_place host p99 with the GPU busy
 CHUNK_MS = (160, 320, 640, 1280)  # single-stream latency rows
 SHIPPED_CHUNK_MS = SHIPPED_CONFIG.chunk_size * SHIPPED_CONFIG.time_reduction * FRAME_MS  # 320 ms
 LEFT_CONTEXT_MS = SHIPPED_CHUNK_MS * SHIPPED_CONFIG.left_chunk  # 1280 ms of left context at every chunk size
-PHI4MM_THROUGHPUT_CHUNK_MS = 1280  # full-size Phi-4MM throughput: 16 tokens of 80 ms per chunk
-PHI4MM_THROUGHPUT_LEFT_CHUNKS = 4  # 5.12 s of left context (key/value cache: 80 tokens per stream and block)
+PHI4MM_FULL_CHUNK_MS = 1280  # full-size Phi-4MM in the pipeline and throughput: 16 tokens of 80 ms per chunk
+PHI4MM_FULL_LEFT_CHUNKS = 4  # 5.12 s of left context (key/value cache: 80 tokens per stream and block)
 # (model, path, share of the throughput budget)
 THROUGHPUT_RUNS = (
     ("shipped", "driver", 0.2),
@@ -82,6 +82,7 @@ THROUGHPUT_RUNS = (
     ("qwen3_asr_0.6b", "encoder_step", 0.3),
 )
 FULL_SIZE_MODELS = ("phi4mm_full", "qwen3_asr_0.6b")
+PIPELINE_MODELS = ("shipped", "phi4mm_full")  # models the driver runs (Phi-4MM)
 STREAMS_AIM = 10_000  # issue 7: concurrent real-time streams of the full-size Phi-4MM encoder on one H200
 
 
@@ -150,8 +151,14 @@ class Models:
 
 
 def _streaming_chunking(model: BenchModel) -> tuple[int, int]:
-    """``(chunk_size, left_chunk)`` of a Phi-4MM model's config; the shipped architecture's where it has none."""
+    """``(chunk_size, left_chunk)`` a Phi-4MM model streams with in the pipeline and throughput sections.
+
+    The full-size encoder: :data:`PHI4MM_FULL_CHUNK_MS` and :data:`PHI4MM_FULL_LEFT_CHUNKS`; others
+    their config's, or the shipped architecture's where the config has none (full attention).
+    """
     config = model.asr.encoder.config
+    if model.name == "phi4mm_full":
+        return PHI4MM_FULL_CHUNK_MS // (FRAME_MS * config.time_reduction), PHI4MM_FULL_LEFT_CHUNKS
     if config.chunk_size >= 1:
         return config.chunk_size, config.left_chunk
     return SHIPPED_CONFIG.chunk_size, SHIPPED_CONFIG.left_chunk
@@ -219,13 +226,7 @@ def throughput_section(settings: RunSettings, models: Models, budget: Budget) ->
         model = models[name]
         run_budget = Budget(max(budget.left(), 1e-3) * share / shares_left)
         shares_left -= share
-        if name == "phi4mm_full":
-            tokens = PHI4MM_THROUGHPUT_CHUNK_MS // (FRAME_MS * model.asr.encoder.config.time_reduction)
-            chunking = {"chunk_size": tokens, "left_chunk": PHI4MM_THROUGHPUT_LEFT_CHUNKS}
-        elif model.asr is not None:
-            chunking = dict(zip(("chunk_size", "left_chunk"), _streaming_chunking(model)))
-        else:
-            chunking = {}
+        chunking = dict(zip(("chunk_size", "left_chunk"), _streaming_chunking(model))) if model.asr else {}
         probe, probe_settings = make_probe(model, path, settings.probe, **chunking)
         log(f"  throughput {name}/{path}: budget {run_budget.seconds:.0f} s")
         results.append(search(probe, probe_settings, model.device, run_budget, settings.max_streams))
@@ -312,9 +313,9 @@ def print_tables(report: dict) -> None:
             )
 
 
-def _models_needed(sections: Sequence[str], settings: RunSettings) -> list[str]:
+def _models_needed(sections: Sequence[str], settings: RunSettings, pipeline_model: str) -> list[str]:
     """The models the chosen sections measure, in order of first use."""
-    needed = ["shipped"] if "pipeline" in sections else []
+    needed = [pipeline_model] if "pipeline" in sections else []
     needed += list(settings.latency_models) if "latency" in sections else []
     needed += [name for name, _, _ in THROUGHPUT_RUNS] if "throughput" in sections else []
     return list(dict.fromkeys(needed))
@@ -337,6 +338,9 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--seconds", type=float, help="time budget of all sections (default: 420, quick: 35)")
     parser.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS), help="run only these")
     parser.add_argument("--max-streams", type=int, help="throughput search bound (default: 65536, quick: 2)")
+    parser.add_argument(
+        "--pipeline-model", choices=PIPELINE_MODELS, default="shipped", help="the model of the pipeline section"
+    )
     parser.add_argument("--plot", type=Path, metavar="JSON", help="only write the PNG plots of an existing report")
     parser.add_argument("--no-plots", action="store_true", help="do not write PNG plots")
     args = parser.parse_args(argv)
@@ -382,10 +386,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             "quick": args.quick,
             "device": str(device),
             "sections": args.sections,
+            "pipeline_model": args.pipeline_model,
             "chunk_ms": list(CHUNK_MS),
             "left_context_ms": LEFT_CONTEXT_MS,
-            "phi4mm_throughput_chunk_ms": PHI4MM_THROUGHPUT_CHUNK_MS,
-            "phi4mm_throughput_left_chunks": PHI4MM_THROUGHPUT_LEFT_CHUNKS,
+            "phi4mm_full_chunk_ms": PHI4MM_FULL_CHUNK_MS,
+            "phi4mm_full_left_chunks": PHI4MM_FULL_LEFT_CHUNKS,
             "busy_ms": transfer_bench.BUSY_MS,
         },
         "models": {},
@@ -403,7 +408,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if device.type == "cuda":
         report["settings"]["busy_ms_measured"] = QueueFiller(device).measure(transfer_bench.BUSY_MS)
     models = Models(device, args.quick)
-    models.build(_models_needed(args.sections, settings))  # before the sections' clocks start
+    models.build(_models_needed(args.sections, settings, args.pipeline_model))  # before the sections' clocks start
     notes = report["notes"]
     shares_left = sum(SECTION_SHARES[name] for name in args.sections)
     sections_began = time.perf_counter()
@@ -418,10 +423,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if section == "transfer":
             report["transfer"] = transfer_section(settings, device, budget, notes)
         elif section == "pipeline":
-            shipped = models["shipped"]
-            chunk_size, left_chunk = _streaming_chunking(shipped)
+            model = models[args.pipeline_model]
+            chunk_size, left_chunk = _streaming_chunking(model)
             report["pipeline"] = pipeline_section(
-                shipped,
+                model,
                 chunk_size,
                 left_chunk,
                 settings.pipeline_cycles,
