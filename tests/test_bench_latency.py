@@ -23,12 +23,11 @@ SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_latency.py"
 QUICK_TIMEOUT_S = 120  # issue 7: under a minute on a 2-core machine; the margin is for a loaded one
 
 
-@pytest.fixture(scope="module")
-def quick_report(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, str]:
-    out = tmp_path_factory.mktemp("latency") / "latency.json"
+def run_quick(out: Path, device: str) -> tuple[dict, str]:
+    """``bench_latency.py --quick`` on ``device``: the report it wrote and what it printed."""
     environment = {**os.environ, "OMP_NUM_THREADS": "1"}  # small models: extra threads only spin on a shared machine
     completed = subprocess.run(
-        [sys.executable, str(SCRIPT), "--quick", "--device", "cpu", "--no-plots", "--out", str(out)],
+        [sys.executable, str(SCRIPT), "--quick", "--device", device, "--no-plots", "--out", str(out)],
         capture_output=True,
         text=True,
         timeout=QUICK_TIMEOUT_S,
@@ -37,6 +36,11 @@ def quick_report(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, str]:
     )
     assert completed.returncode == 0, completed.stderr
     return json.loads(out.read_text()), completed.stdout
+
+
+@pytest.fixture(scope="module")
+def quick_report(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, str]:
+    return run_quick(tmp_path_factory.mktemp("latency") / "latency.json", "cpu")
 
 
 def test_quick_report_has_every_section(quick_report: tuple[dict, str]) -> None:
@@ -269,16 +273,7 @@ def test_hs_mask_torch_on_cuda_equals_numpy() -> None:
 
 @pytest.mark.gpu
 def test_quick_runs_every_cuda_path(tmp_path: Path) -> None:
-    out = tmp_path / "latency_cuda.json"
-    completed = subprocess.run(
-        [sys.executable, str(SCRIPT), "--quick", "--device", "cuda", "--no-plots", "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=QUICK_TIMEOUT_S,
-        check=False,
-    )
-    assert completed.returncode == 0, completed.stderr
-    report = json.loads(out.read_text())
+    report, _ = run_quick(tmp_path / "latency_cuda.json", "cuda")
     entries = report["transfer"]
     assert {e["strategy"] for e in entries} == {"pageable", "pin_per_copy", "ring", "ring_in_place", "on_device"}
     assert {e["busy_gpu"] for e in entries} == {False, True}
