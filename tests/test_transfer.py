@@ -184,7 +184,7 @@ def test_to_device_lists_and_numbers_convert_as_numpy_does(data, expected: torch
 @pytest.mark.parametrize("engine", ["numpy", "torch"])
 def test_to_device_makes_any_layout_dense(make, staged: bool, engine: str, monkeypatch: pytest.MonkeyPatch) -> None:
     if engine == "torch":  # the multi-threaded copy that large payloads take
-        monkeypatch.setattr(staging, "PARALLEL_COPY_BYTES", 0)
+        monkeypatch.setattr(staging, "parallel_copy_bytes", lambda: 0)
     data = make()
     expected = np.array(data.numpy() if isinstance(data, torch.Tensor) else data, dtype=np.float64)
     with warnings.catch_warnings():

@@ -31,7 +31,11 @@ showed that every call, CUDA or not, costs the same with the GPU busy as
 idle in a hot loop, but up to ~20x more right after such a wait, whether the
 GPU was busy or the host slept). So a third condition, ``waited``, sleeps the
 host for the same ~50 ms with the GPU idle before each repetition: busy minus
-waited is what the queue itself costs the host. After a busy copy returns, ``queue_still_busy``
+waited is what the queue itself costs the host. A fourth, ``busy_hot``, queues the
+same work but has the host run front-end-like torch work while the previous
+repetition drains (:class:`~audiomask.transfer.harness.HostWorkload`), as a
+streaming server's host does: the comparisons of the acceptance are judged in
+``idle`` and ``busy_hot``, and ``busy`` is reported beside them. After a busy copy returns, ``queue_still_busy``
 records whether the queued work was still running: the host did not wait for
 it. The timed call returns the device tensor; dropping it is timed apart
 (``free_ms_*``: a ring result was used on the current stream, so the caching
@@ -70,7 +74,7 @@ from audiomask.bench.timing import percentiles
 from audiomask.masks.phi4mm import TIME_REDUCTION, hs_mask
 from audiomask.transfer import KiB, MiB, PinnedRing, default_ring, stage_copy, to_device
 from audiomask.transfer import staging as staging_module
-from audiomask.transfer.harness import QueueFiller, direct_copy, pin_per_copy
+from audiomask.transfer.harness import HostWorkload, QueueFiller, direct_copy, pin_per_copy
 
 __all__ = [
     "COPY_STRATEGIES",
@@ -99,8 +103,16 @@ COPY_STRATEGIES = ("pageable", "pin_per_copy", "ring")  # those that copy a payl
 CPU_STRATEGIES = ("ring", "ring_in_place", "on_device")  # those that mean something without CUDA (device = CPU)
 FLOORS = ("staging_numpy", "staging_torch", "bare_copy")
 BUSY_MS = 50.0  # GPU work queued ahead of a busy-stream copy
-# condition -> (GPU work queued ahead, host slept BUSY_MS first with the GPU idle)
-CONDITIONS = {"idle": (False, False), "waited": (False, True), "busy": (True, False)}
+# condition -> (GPU work queued ahead, host slept BUSY_MS first with the GPU idle, host kept busy while it waits)
+CONDITIONS = {
+    "idle": (False, False, False),
+    "waited": (False, True, False),
+    "busy": (True, False, False),
+    "busy_hot": (True, False, True),
+}
+# Where the host never goes idle (a streaming server computing features): the conditions the
+# acceptance's comparisons are judged in. "busy" (the host blocked ~50 ms first) is reported beside them.
+HOT_CONDITIONS = ("idle", "busy_hot")
 GATE_MS = 20.0  # GPU work queued ahead of a GPU-side timing: longer than any strategy's host work
 OVERHEAD_BOUND_MS = 0.1  # acceptance: to_device within this of its staging memcpy; in-place submit under it
 STALL_FROM_BYTES = 4 * MiB  # DESIGN.md: pageable copies from this size stall behind a busy stream
@@ -309,18 +321,25 @@ def host_pass(
     filler: QueueFiller | None,
     consumer: torch.cuda.Stream | None,
     wait_ms: float = 0.0,
+    workload: HostWorkload | None = None,
 ) -> dict:
     """Host milliseconds of ``strategy.run`` behind ``busy_ms`` of queued work (0: idle), from a synchronised device.
 
     ``wait_ms``: the host first sleeps that long with the GPU idle, which leaves it as cold as the
     synchronise after a busy repetition does: the control that tells queue effects from host effects.
+    ``workload``: wait for the previous repetition's GPU work while running host work
+    (:class:`~audiomask.transfer.harness.HostWorkload`) instead of blocking in a synchronise, so
+    the host is as hot as a streaming server's when the timed call starts.
     Without CUDA (``filler`` and ``consumer`` None) only idle cases run.
     """
     device = consumer.device if consumer is not None else torch.device("cpu")
     times, frees, still_busy = [], [], 0
     strategy.build_ms.clear()
     for i in range(warmup + repeats):
-        _synchronize(device)
+        if workload is not None:
+            workload.wait_idle()
+        else:
+            _synchronize(device)
         if wait_ms:
             time.sleep(wait_ms / 1e3)
         state = strategy.prepare(case)
@@ -405,6 +424,7 @@ def measure(
     consumer = torch.cuda.current_stream(device) if cuda else None
     side_stream = torch.cuda.Stream(device) if cuda else None  # where ring copies run in the GPU-side pass
     filler = QueueFiller(device) if cuda else None
+    workload = HostWorkload(device)
     entries: list[dict] = []
     for case in cases:
         for name in names:
@@ -415,10 +435,20 @@ def measure(
             if end_to_end and strategy.end_to_end is not None:
                 extra.update(end_to_end_pass(strategy, case, device, repeats.idle, repeats.warmup))
             for condition in conditions if cuda else ("idle",):
-                busy, waited = CONDITIONS[condition]
+                busy, waited, hot = CONDITIONS[condition]
                 reps = repeats.busy if busy or waited else repeats.idle
                 case_busy_ms, wait_ms = (busy_ms if busy else 0.0), (busy_ms if waited else 0.0)
-                host = host_pass(strategy, case, case_busy_ms, reps, repeats.warmup, filler, consumer, wait_ms)
+                host = host_pass(
+                    strategy,
+                    case,
+                    case_busy_ms,
+                    reps,
+                    repeats.warmup,
+                    filler,
+                    consumer,
+                    wait_ms,
+                    workload if hot else None,
+                )
                 entries.append(
                     {
                         "strategy": name,
@@ -466,14 +496,14 @@ def staging_pass(case: Case, ring: PinnedRing, repeats: int, warmup: int) -> lis
 
 def staging_engine(nbytes: int) -> str:
     """The floor row of the engine ``stage_copy`` uses for a uint8 payload of ``nbytes``."""
-    return "staging_numpy" if nbytes < staging_module.PARALLEL_COPY_BYTES else "staging_torch"
+    return "staging_numpy" if nbytes < staging_module.parallel_copy_bytes() else "staging_torch"
 
 
 def verdicts(entries: list[dict], busy_ms: float) -> dict[str, dict]:
     """The acceptance checks of issue 2 and the same checks against the measured floors."""
     row = {(e["strategy"], e["bytes"], e["condition"]): e for e in entries}
     sizes = sorted({e["bytes"] for e in entries})
-    conditions = ("idle", "busy")
+    conditions = HOT_CONDITIONS
 
     def p50(name: str, n: int, condition: str) -> float:
         return row[name, n, condition]["host_ms_p50"]
@@ -491,8 +521,13 @@ def verdicts(entries: list[dict], busy_ms: float) -> dict[str, dict]:
         key: {"staging": staging[key], "bare_copy": per_size(lambda n, c: p50("bare_copy", n, c))[key]}
         for key in staging
     }
-    over_staging = per_size(lambda n, c: p50("ring", n, c) - p50(staging_engine(n), n, c), ("busy",))
-    submits = per_size(lambda n, c: p50("ring_in_place", n, c), ("busy",))
+    over_staging = per_size(lambda n, c: p50("ring", n, c) - p50(staging_engine(n), n, c), ("busy_hot",))
+    submits = per_size(lambda n, c: p50("ring_in_place", n, c), ("busy_hot",))
+    cold_p99_pairs = {
+        f"{n}/busy": (row["ring", n, "busy"]["host_ms_p99"], row["pin_per_copy", n, "busy"]["host_ms_p99"])
+        for n in sizes
+    }
+    cold_submits = per_size(lambda n, c: p50("ring_in_place", n, c), ("busy",))
     over_floor = per_size(lambda n, c: p50("ring", n, c) - p50(staging_engine(n), n, c) - p50("bare_copy", n, c))
     submit_over_copy = per_size(lambda n, c: p50("ring_in_place", n, c) - p50("bare_copy", n, c))
     engines = {
@@ -523,17 +558,25 @@ def verdicts(entries: list[dict], busy_ms: float) -> dict[str, dict]:
     }
     bound = OVERHEAD_BOUND_MS
     return {
-        "ring beats pin_per_copy on host p99 at every size": {
+        "ring beats pin_per_copy on host p99 at every size (idle and busy_hot)": {
             "ok": all(ring < pin for ring, pin in p99_pairs.values()),
             "ms (ring, pin_per_copy)": p99_pairs,
         },
-        f"to_device within {bound} ms of its staging memcpy at every size (busy, p50)": {
+        "ring beats pin_per_copy on host p99 at every size, right after a 50 ms host block (busy; reported)": {
+            "ok": all(ring < pin for ring, pin in cold_p99_pairs.values()),
+            "ms (ring, pin_per_copy)": cold_p99_pairs,
+        },
+        f"to_device within {bound} ms of its staging memcpy at every size (busy_hot, p50)": {
             "ok": all(value <= bound for value in over_staging.values()),
             "overhead ms (to_device - staging, staging timed in the same condition)": over_staging,
         },
-        f"ring_in_place submit under {bound} ms at every size (busy, p50)": {
+        f"ring_in_place submit under {bound} ms at every size (busy_hot, p50)": {
             "ok": all(value < bound for value in submits.values()),
             "submit ms": submits,
+        },
+        f"ring_in_place submit under {bound} ms at every size, right after a 50 ms host block (busy; reported)": {
+            "ok": all(value < bound for value in cold_submits.values()),
+            "submit ms": cold_submits,
         },
         f"to_device within {bound} ms of staging + bare copy at every size (idle and busy, p50)": {
             "ok": all(value <= bound for value in over_floor.values()),
@@ -600,7 +643,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "repeats": dataclasses.asdict(repeats),
         "busy_ms": args.busy_ms,
         "gate_ms": GATE_MS,
-        "parallel_copy_bytes": staging_module.PARALLEL_COPY_BYTES,
+        "parallel_copy_bytes": staging_module.parallel_copy_bytes(),
     }
     ring = default_ring("cuda")  # where CUDA is missing: the CPU ring, unpinned
     cases = [make_case(n, rng) for n in SIZES]

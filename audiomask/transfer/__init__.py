@@ -32,6 +32,7 @@ from audiomask.transfer.ring import (
 from audiomask.transfer.staging import (
     PARALLEL_COPY_BYTES,
     default_ring,
+    parallel_copy_bytes,
     pinned_empty,
     stage_copy,
     to_device,
@@ -64,6 +65,7 @@ __all__ = [
     "classify_copy",
     "default_ring",
     "is_dense",
+    "parallel_copy_bytes",
     "pinned_empty",
     "stage_copy",
     "sync_check",

@@ -11,15 +11,41 @@ import torch
 from audiomask.transfer._resolve import as_torch_dtype, check_out_tensor, check_stream, numpy_dtype, resolve_device
 from audiomask.transfer.ring import MiB, PinnedRing
 
-__all__ = ["PARALLEL_COPY_BYTES", "default_ring", "pinned_empty", "stage_copy", "to_device", "to_host"]
+__all__ = [
+    "FEW_THREADS_PARALLEL_COPY_BYTES",
+    "PARALLEL_COPY_BYTES",
+    "PARALLEL_COPY_MIN_THREADS",
+    "default_ring",
+    "parallel_copy_bytes",
+    "pinned_empty",
+    "stage_copy",
+    "to_device",
+    "to_host",
+]
 
-# From this size the staging memcpy goes to torch's multi-threaded copy. Chosen by p99 on the
-# H200's 16-vCPU VM (bench/results/transfer_h200*.json, bench/probes): torch's copy has multi-ms
-# p99 tails at every size from 64 KiB (3-9 ms, whether its threads idled ~50 ms before or not: a
-# parallel region waits for its slowest thread), numpy's single-threaded copy has none but moves
-# only ~5-13 GB/s. Worst p99 (idle or busy), numpy vs torch: 4 MiB ~0.8 vs ~3.8 ms; 16 MiB
-# ~3.4 vs 3.9-5.8 ms; 64 MiB ~14 vs 2.4-7.6 ms.
-PARALLEL_COPY_BYTES = 32 * MiB
+# From this size the staging memcpy goes to torch's multi-threaded copy, when torch has at least
+# PARALLEL_COPY_MIN_THREADS intra-op threads. Chosen on the H200's 16-vCPU VM
+# (bench/results/transfer_h200*.json): with the host busy, as a streaming server's is, torch's
+# copy moves 70-110 GB/s from 1 MiB (1 MiB p99 0.04 ms, 16 MiB 0.24 ms) against numpy's single
+# thread at 10-18 GB/s (0.08 ms, 1.5 ms); below 1 MiB numpy's copy is as fast and has no
+# parallel region to wake. A parallel region waits for its slowest thread: right after the host
+# idled ~50 ms, torch's copy had 3-6 ms p99 tails there, and on a loaded 2-core machine ~8 ms a
+# call, so with few threads numpy copies everything under FEW_THREADS_PARALLEL_COPY_BYTES.
+PARALLEL_COPY_BYTES = 1 * MiB
+PARALLEL_COPY_MIN_THREADS = 4
+FEW_THREADS_PARALLEL_COPY_BYTES = 32 * MiB
+
+
+def parallel_copy_bytes() -> int:
+    """The payload size from which :func:`stage_copy` uses torch's multi-threaded copy, for this process now.
+
+    >>> parallel_copy_bytes() in (PARALLEL_COPY_BYTES, FEW_THREADS_PARALLEL_COPY_BYTES)
+    True
+    """
+    return (
+        PARALLEL_COPY_BYTES if torch.get_num_threads() >= PARALLEL_COPY_MIN_THREADS else FEW_THREADS_PARALLEL_COPY_BYTES
+    )
+
 
 _DEFAULT_RINGS: dict[torch.device, PinnedRing] = {}
 _DEFAULT_RINGS_LOCK = threading.Lock()
@@ -75,12 +101,10 @@ def stage_copy(dst: torch.Tensor, source: np.ndarray | torch.Tensor) -> None:
     """Copy ``source`` into the host tensor ``dst`` of the same shape, converting the dtype: the staging memcpy.
 
     ``source`` is a numpy array (any strides, read-only included) or a CPU
-    tensor. Payloads under ``PARALLEL_COPY_BYTES`` are copied by numpy,
-    single-threaded: their host time stays steady when other threads load
-    the cores (feature extraction does) and after the host idled, whereas
-    torch's multi-threaded CPU copy waits for its slowest thread in every
-    parallel region (~8 ms a call on a loaded 2-core machine, 3-6 ms p99 on
-    the H200's VM). Larger payloads are bandwidth-bound and go to torch's
+    tensor. Payloads under :func:`parallel_copy_bytes` are copied by numpy,
+    single-threaded: small copies have no parallel region to wake, and with
+    few torch threads the single thread stays steady when other threads load
+    the cores. Larger payloads are bandwidth-bound and go to torch's
     multi-threaded copy, as do dtypes numpy lacks (bfloat16).
 
     >>> dst = torch.empty(2, 3)
@@ -90,7 +114,7 @@ def stage_copy(dst: torch.Tensor, source: np.ndarray | torch.Tensor) -> None:
             [1., 3., 5.]])
     """
     if isinstance(source, np.ndarray):
-        if dst.nbytes < PARALLEL_COPY_BYTES and numpy_dtype(dst.dtype) is not None:
+        if dst.nbytes < parallel_copy_bytes() and numpy_dtype(dst.dtype) is not None:
             np.copyto(dst.detach().numpy(), source, casting="unsafe")
             return
         if not source.dtype.isnative or any(stride < 0 for stride in source.strides):
@@ -183,7 +207,7 @@ def to_device(
     ring = ring or default_ring(target)
     with ring._stage_checked(tuple(source.shape), dtype) as staged:
         tensor, array = ring._staging_views(staged)
-        if array is not None and isinstance(source, np.ndarray) and tensor.nbytes < PARALLEL_COPY_BYTES:
+        if array is not None and isinstance(source, np.ndarray) and staged.nbytes < parallel_copy_bytes():
             return staged._to(target, out, stream, lambda: np.copyto(array, source, casting="unsafe"))
         return staged._to(target, out, stream, lambda: stage_copy(tensor, source))
 

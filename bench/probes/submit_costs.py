@@ -200,7 +200,7 @@ def section_submit() -> None:
                 result = torch.empty((n,), dtype=torch.uint8, device=DEV)
                 mark("empty")
                 tensor, array = ring._staging_views(staged)
-                if n < staging_module.PARALLEL_COPY_BYTES:
+                if n < staging_module.parallel_copy_bytes():
                     np.copyto(array, data, casting="unsafe")
                 else:
                     stage_copy(tensor, data)
