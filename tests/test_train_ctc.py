@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import doctest
 import json
 import math
@@ -216,3 +217,27 @@ def test_planned_steps_fill_the_time_left() -> None:
     expected = 50 + int(train_ctc.PLAN_SAFETY * 100 / 0.02)
     assert train_ctc.planned_steps(done=50, step_s=0.02, seconds_left=100.0) == expected
     assert train_ctc.planned_steps(done=50, step_s=0.02, seconds_left=-5.0) == 51
+
+
+def test_continue_from_loads_a_model_file_of_the_same_architecture(tmp_path: Path) -> None:
+    path = tmp_path / "start.safetensors"
+    train_ctc.save(train_ctc.build_model(TINY), path, TINY, card={})
+    model = train_ctc.build_model(dataclasses.replace(TINY, seed=1))
+    train_ctc.continue_from(model, path)
+    saved = load_model(path)
+    for mine, theirs in zip(model.encoder.state_dict().values(), saved.encoder.state_dict().values()):
+        torch.testing.assert_close(mine, theirs, rtol=0, atol=0)
+    wider = train_ctc.build_model(dataclasses.replace(TINY, hidden_size=32, intermediate_size=32))
+    with pytest.raises(ValueError, match="architecture differs"):
+        train_ctc.continue_from(wider, path)
+
+
+def test_profile_lists_the_busiest_operators(tmp_path: Path) -> None:
+    model = train_ctc.build_model(TINY)
+    labels = [CharTokenizer(make_corpus.ALPHABET).encode("a cat")]
+    with torch.profiler.profile(activities=train_ctc.profiled_activities(torch.device("cpu"))) as profiler:
+        train_ctc.ctc_loss(model, torch.randn(1, 80, 80), np.array([80]), labels, chunk_size=4, left_chunk=1).backward()
+    train_ctc.write_profile(profiler, tmp_path / "profile.txt", steps=1)
+    text = (tmp_path / "profile.txt").read_text()
+    assert text.startswith("1 training steps") and text.count("by self_cpu_time_total") == 2  # no GPU: host twice
+    assert "aten::" in text
