@@ -12,9 +12,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["check_int", "check_lengths", "check_out"]
+__all__ = ["INT64_MAX", "INT64_MIN", "check_int", "check_lengths", "check_out"]
 
 _MAX_SHOWN = 8  # elements of an array quoted in an error message
+INT64_MAX = int(np.iinfo(np.int64).max)
+INT64_MIN = int(np.iinfo(np.int64).min)
 
 
 def _show(value: object) -> str:
@@ -26,8 +28,12 @@ def _show(value: object) -> str:
     return text if len(text) <= 120 else text[:117] + "..."
 
 
-def check_int(name: str, value: object, *, minimum: int | None = None) -> int:
-    """Return ``value`` as a Python ``int``; reject bools, floats and values below ``minimum``.
+def check_int(name: str, value: object, *, minimum: int | None = None, maximum: int = INT64_MAX) -> int:
+    """Return ``value`` as a Python ``int``; reject bools, floats and values outside ``[minimum, maximum]``.
+
+    ``maximum`` defaults to the int64 maximum, and values below the int64
+    minimum are refused too: every integer argument ends up in numpy or torch
+    arithmetic, where a larger one would overflow.
 
     >>> check_int("chunk_size", np.int64(4), minimum=1)
     4
@@ -35,6 +41,10 @@ def check_int(name: str, value: object, *, minimum: int | None = None) -> int:
     Traceback (most recent call last):
     ...
     ValueError: chunk_size must be an integer, got 2.5
+    >>> check_int("size", 2**64)
+    Traceback (most recent call last):
+    ...
+    ValueError: size must be <= 9223372036854775807, got 18446744073709551616
     """
     if isinstance(value, (bool, np.bool_)):
         raise ValueError(f"{name} must be an integer, got {value!r}")
@@ -44,6 +54,10 @@ def check_int(name: str, value: object, *, minimum: int | None = None) -> int:
         raise ValueError(f"{name} must be an integer, got {_show(value)}") from None
     if minimum is not None and number < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {number}")
+    if number < INT64_MIN:
+        raise ValueError(f"{name} must be >= {INT64_MIN}, got {number}")
+    if number > maximum:
+        raise ValueError(f"{name} must be <= {maximum}, got {number}")
     return number
 
 
@@ -76,6 +90,9 @@ def check_lengths(
         raise ValueError(f"{name} must be 1-D, got shape {array.shape}")
     if array.size and not np.issubdtype(array.dtype, np.integer):
         raise ValueError(f"{name} must hold integers, got {_show(array)}")
+    if array.size and array.dtype.kind == "u" and array.max() > INT64_MAX:  # would wrap to negative int64
+        index = int(np.argmax(array))
+        raise ValueError(f"{name} must be <= {INT64_MAX}, got {array[index]} at index {index}")
     lengths = np.ascontiguousarray(array, dtype=np.int64)
     if lengths.size and lengths.min() < 0:
         index = int(np.argmin(lengths))

@@ -18,6 +18,17 @@ half a float32 ulp; the tests assert equality to within one ulp).
 Every unusable input raises :class:`audiomask.AudioError` naming the file and
 the reason. A file whose data ends before its header says it should is read
 as far as its data goes, with a :class:`TruncatedAudioWarning` naming it.
+
+Hostile files cannot make a reader allocate without bound: files are read in
+blocks of :data:`READ_BLOCK_FRAMES`, never as one array of the size their
+header declares (a FLAC header may declare 2^36 frames); sample rates outside
+:data:`MIN_SAMPLE_RATE` .. :data:`MAX_SAMPLE_RATE` are refused (a 1 Hz header
+would make every frame 16,000 output samples); and so are rate pairs whose
+resampling filter exceeds :data:`MAX_RESAMPLE_FILTER_BYTES` (16001 -> 16000 Hz
+needs a 2 GB filter: coprime rates make one filter phase per output sample).
+Samples must be finite and within :data:`MAX_SAMPLE_MAGNITUDE`
+(:func:`check_samples`): NaN, Inf or absurd values are refused, never
+sanitised, so the front ends never turn them into NaN features.
 """
 
 from __future__ import annotations
@@ -39,9 +50,15 @@ from audiomask.errors import AudioError
 
 __all__ = [
     "MAX_CHANNELS",
+    "MAX_RESAMPLE_FILTER_BYTES",
+    "MAX_SAMPLE_MAGNITUDE",
+    "MAX_SAMPLE_RATE",
+    "MIN_SAMPLE_RATE",
+    "READ_BLOCK_FRAMES",
     "TARGET_SR",
     "Resampler",
     "TruncatedAudioWarning",
+    "check_samples",
     "iter_blocks",
     "load",
 ]
@@ -50,6 +67,23 @@ TARGET_SR = 16000  # Hz: the rate both front ends take
 # 7.1 surround. Files with more channels are microphone arrays or ambisonics,
 # whose channels cancel each other in a plain average: refused, not mixed.
 MAX_CHANNELS = 8
+# Hz. Below 4 kHz a recording holds no speech band at all (it would keep 0-2 kHz only); above
+# 768 kHz (the highest rate converters offer) a header is corrupt, not audio.
+MIN_SAMPLE_RATE = 4000
+MAX_SAMPLE_RATE = 768000
+# Full scale is +-1.0; float files may exceed it, and integer PCM written as float without
+# scaling reaches 2^31 (32-bit). Beyond that a value is garbage, and near 1e12 the front ends'
+# float32 power overflows to inf (measured): refused like NaN.
+MAX_SAMPLE_MAGNITUDE = 2.0**31
+# torchaudio's resampling filter holds (new / g) phases of (orig / g + 2 * width) float64 taps,
+# g = gcd of the rates, and building it takes ~5x that (measured: 86 MB for a 16 MiB filter).
+# Every standard rate from 8 to 768 kHz needs at most 2.2 MiB (11.025 kHz); exotic 44.056 kHz
+# needs 85 MiB and coprime rates such as 16001 Hz 2 GB (15 s and 8.6 GB to build, measured).
+MAX_RESAMPLE_FILTER_BYTES = 16 * 2**20
+_LOWPASS_FILTER_WIDTH = 6  # torchaudio.functional.resample's defaults, which the filter size follows
+_ROLLOFF = 0.99
+# Frames per read: whatever a header declares, memory follows the data actually there.
+READ_BLOCK_FRAMES = 2**20
 # Leading bytes of the containers libsndfile reads: a file that starts like one
 # but does not open has a corrupt header rather than being "not audio".
 _AUDIO_MAGIC = (b"RIFF", b"RIFX", b"RF64", b"FORM", b"fLaC", b"OggS", b".snd", b"caff", b"riff", b"NIST")
@@ -70,8 +104,8 @@ def _fail(path: Path, reason: str) -> AudioError:
     return AudioError(f"{path}: {reason}")
 
 
-def _open(path: str | os.PathLike) -> tuple[sf.SoundFile, Path]:
-    """Open ``path`` for reading, turning every failure into an :class:`AudioError`."""
+def _open(path: str | os.PathLike, target_sr: int | None) -> tuple[sf.SoundFile, Path]:
+    """Open ``path`` to be read at ``target_sr`` Hz (``None``: its own), turning every failure into an AudioError."""
     path = Path(path)
     if not path.exists():
         raise _fail(path, "no such file")
@@ -91,20 +125,29 @@ def _open(path: str | os.PathLike) -> tuple[sf.SoundFile, Path]:
             raise _fail(path, f"corrupt or truncated header ({err.error_string})") from None
         raise _fail(path, f"not an audio file ({err.error_string})") from None
     try:
-        _check_header(handle, path)
+        _check_header(handle, path, target_sr)
     except AudioError:
         handle.close()
         raise
     return handle, path
 
 
-def _check_header(handle: sf.SoundFile, path: Path) -> None:
-    """Refuse what cannot become mono samples; warn about data cut short."""
+def _check_header(handle: sf.SoundFile, path: Path, target_sr: int | None) -> None:
+    """Refuse what cannot become mono samples at ``target_sr`` in bounded memory; warn about data cut short."""
     if not 1 <= handle.channels <= MAX_CHANNELS:
         raise _fail(
             path,
             f"unsupported channel layout: {handle.channels} channels (1 to {MAX_CHANNELS} are mixed down to mono)",
         )
+    if not MIN_SAMPLE_RATE <= handle.samplerate <= MAX_SAMPLE_RATE:
+        raise _fail(
+            path,
+            f"unsupported sample rate: {handle.samplerate} Hz (audio is read at {MIN_SAMPLE_RATE} to "
+            f"{MAX_SAMPLE_RATE} Hz; the header is likely corrupt)",
+        )
+    refusal = None if target_sr is None else _resample_refusal(handle.samplerate, target_sr)
+    if refusal:
+        raise _fail(path, refusal)
     log = handle.extra_info
     truncated = None
     for declared, actual in _SHORT_CHUNK.findall(log):
@@ -133,12 +176,76 @@ def _mono(block: np.ndarray) -> np.ndarray:
     return block.mean(axis=1, dtype=np.float32)
 
 
-def _check_finite(samples: np.ndarray, path: Path, offset: int, sample_rate: int) -> None:
-    finite = np.isfinite(samples)
-    if not finite.all():
-        index = offset + int(np.argmin(finite))
-        value = samples[index - offset]
-        raise _fail(path, f"non-finite sample ({value}) at frame {index} ({index / sample_rate:.3f} s)")
+def check_samples(samples: np.ndarray, source: object, offset: int = 0, sample_rate: int = TARGET_SR) -> None:
+    """Refuse NaN, Inf and samples beyond ``+-MAX_SAMPLE_MAGNITUDE``, naming ``source`` and where.
+
+    Args:
+        samples: ``(n,)`` float samples, full scale ``+-1.0``.
+        source: the file or stream they come from, quoted first in the message.
+        offset: frames of ``source`` before ``samples`` (for the reported position).
+        sample_rate: Hz, for the reported time.
+
+    Raises:
+        AudioError: ``"<source>: non-finite sample (nan) at frame F (T s)"`` or
+            ``"<source>: sample V at frame F (T s) is beyond +-2^31 ..."``.
+
+    >>> check_samples(np.array([0.5, np.inf], np.float32), "live-3", offset=16000)
+    Traceback (most recent call last):
+    ...
+    audiomask.errors.AudioError: live-3: non-finite sample (inf) at frame 16001 (1.000 s)
+    """
+    magnitude = np.abs(samples)
+    # One comparison finds both kinds: NaN compares False, so "not <=" flags it with Inf and huge values.
+    usable = magnitude <= MAX_SAMPLE_MAGNITUDE
+    if usable.all():
+        return
+    first = int(np.argmin(usable))
+    value = samples[first]
+    index = offset + first
+    where = f"at frame {index} ({index / sample_rate:.3f} s)"
+    if not np.isfinite(value):
+        raise AudioError(f"{source}: non-finite sample ({value}) {where}")
+    raise AudioError(
+        f"{source}: sample {value:.6g} {where} is beyond +-2^31 (full scale is +-1.0; not audio in any known scale)"
+    )
+
+
+def _resample_filter_bytes(orig_sr: int, new_sr: int) -> int:
+    """Bytes of the float64 filter torchaudio builds to resample ``orig_sr`` to ``new_sr`` Hz."""
+    gcd = math.gcd(orig_sr, new_sr)
+    orig, new = orig_sr // gcd, new_sr // gcd
+    width = math.ceil(_LOWPASS_FILTER_WIDTH * orig / (min(orig, new) * _ROLLOFF))
+    return new * (orig + 2 * width) * 8
+
+
+def _resample_refusal(orig_sr: int, new_sr: int) -> str | None:
+    """Why ``orig_sr`` -> ``new_sr`` Hz is refused (its filter is too large), or ``None`` when it is not."""
+    if orig_sr == new_sr:
+        return None
+    nbytes = _resample_filter_bytes(orig_sr, new_sr)
+    if nbytes <= MAX_RESAMPLE_FILTER_BYTES:
+        return None
+    return (
+        f"cannot resample {orig_sr} Hz to {new_sr} Hz: their ratio needs a {nbytes / 2**20:,.0f} MiB filter "
+        f"(limit {MAX_RESAMPLE_FILTER_BYTES // 2**20} MiB); convert the audio to a common rate first"
+    )
+
+
+def _mono_blocks(handle: sf.SoundFile, path: Path, frames: int) -> Iterator[np.ndarray]:
+    """The file's mono float32 samples, ``frames`` frames per read, each block checked before it is yielded."""
+    rate = handle.samplerate
+    offset = 0
+    while True:
+        try:
+            block = handle.read(frames, dtype="float32", always_2d=True)
+        except sf.LibsndfileError as err:
+            raise _read_error(path, err, offset, rate) from None
+        if len(block) == 0:
+            return
+        samples = _mono(block)
+        check_samples(samples, path, offset, rate)
+        offset += len(samples)
+        yield samples
 
 
 def _read_error(path: Path, err: sf.LibsndfileError, offset: int, sample_rate: int) -> AudioError:
@@ -158,6 +265,13 @@ def _check_count(path: Path, read: int, declared: int) -> None:
         )
 
 
+def _check_target_sr(target_sr: object) -> int:
+    target_sr = check_int("target_sr", target_sr, minimum=1)
+    if target_sr > MAX_SAMPLE_RATE:
+        raise ValueError(f"target_sr must be <= MAX_SAMPLE_RATE ({MAX_SAMPLE_RATE} Hz), got {target_sr}")
+    return target_sr
+
+
 def load(path: str | os.PathLike, target_sr: int | None = TARGET_SR) -> tuple[np.ndarray, int]:
     """Read a whole audio file as mono float32 samples at ``target_sr``.
 
@@ -173,28 +287,30 @@ def load(path: str | os.PathLike, target_sr: int | None = TARGET_SR) -> tuple[np
 
     Raises:
         AudioError: missing, not audio, corrupt header or data, zero samples,
-            NaN/Inf samples, or too many channels; the message names the file.
+            NaN/Inf or absurd samples, too many channels, a sample rate outside
+            ``MIN_SAMPLE_RATE .. MAX_SAMPLE_RATE`` or one that cannot be
+            resampled to ``target_sr`` in bounded memory; the message names the file.
+        ValueError: ``target_sr`` not an integer in ``1 .. MAX_SAMPLE_RATE``.
+
+    Memory: the samples read (in blocks, so a header cannot inflate it) plus
+    their concatenation, at most twice the mono float32 samples.
 
     >>> samples, sr = load("samples/stereo_44k.wav")   # 44.1 kHz stereo, 3.04 s
     >>> samples.dtype, samples.shape, sr
     (dtype('float32'), (48561,), 16000)
     """
-    handle, path = _open(path)
+    if target_sr is not None:
+        target_sr = _check_target_sr(target_sr)
+    handle, path = _open(path, target_sr)
     with handle:
         rate = handle.samplerate
-        try:
-            block = handle.read(dtype="float32", always_2d=True)
-        except sf.LibsndfileError as err:
-            raise _read_error(path, err, handle.tell(), rate) from None
+        pieces = list(_mono_blocks(handle, path, READ_BLOCK_FRAMES))
         declared = handle.frames
-    samples = _mono(block)
-    del block
-    _check_count(path, len(samples), declared)
-    _check_finite(samples, path, 0, rate)
-    if target_sr is None:
-        return samples, rate
-    target_sr = check_int("target_sr", target_sr, minimum=1)
-    if target_sr == rate:
+    read = sum(len(piece) for piece in pieces)
+    _check_count(path, read, declared)
+    samples = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+    del pieces
+    if target_sr is None or target_sr == rate:
         return samples, rate
     resampled = torchaudio.functional.resample(torch.from_numpy(samples).double(), rate, target_sr)
     return resampled.float().numpy(), target_sr
@@ -232,8 +348,8 @@ def iter_blocks(
     """
     block_samples = check_int("block_samples", block_samples, minimum=1)
     if target_sr is not None:
-        target_sr = check_int("target_sr", target_sr, minimum=1)
-    handle, path = _open(path)
+        target_sr = _check_target_sr(target_sr)
+    handle, path = _open(path, target_sr)
     with handle:
         rate = handle.samplerate
         resampler = Resampler(rate, target_sr or rate)
@@ -241,15 +357,7 @@ def iter_blocks(
         read_frames = max(1, math.ceil(block_samples * rate / (target_sr or rate)))
         pending = np.empty(0, dtype=np.float32)
         offset = 0
-        while True:
-            try:
-                block = handle.read(read_frames, dtype="float32", always_2d=True)
-            except sf.LibsndfileError as err:
-                raise _read_error(path, err, offset, rate) from None
-            if len(block) == 0:
-                break
-            samples = _mono(block)
-            _check_finite(samples, path, offset, rate)
+        for samples in _mono_blocks(handle, path, read_frames):
             offset += len(samples)
             out = resampler.push(samples)
             pending = np.concatenate((pending, out)) if len(pending) else out
@@ -295,6 +403,9 @@ class Resampler:
     def __init__(self, orig_sr: int, new_sr: int) -> None:
         orig_sr = check_int("orig_sr", orig_sr, minimum=1)
         new_sr = check_int("new_sr", new_sr, minimum=1)
+        refusal = _resample_refusal(orig_sr, new_sr)
+        if refusal:
+            raise ValueError(f"orig_sr and new_sr: {refusal}")
         self._identity = orig_sr == new_sr
         self._pushed = 0
         self._emitted = 0

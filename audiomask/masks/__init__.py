@@ -9,6 +9,10 @@ Polarity everywhere: ``True`` = the query row MAY attend to the key column
 - :mod:`audiomask.masks.phi4mm`: Phi-4-multimodal streaming and hidden-state masks.
 - :mod:`audiomask.masks.qwen3_asr`: Qwen3-ASR chunk/token lengths, ``cu_seqlens``, window mask.
 
+No builder allocates a result above :func:`max_mask_bytes` (1 GiB by default,
+:func:`set_max_mask_bytes` to change): larger requests raise ``ValueError``
+naming the arguments, before any allocation.
+
 >>> from audiomask.masks import phi4mm
 >>> phi4mm.streaming_mask(4, 2, chunk_size=2, left_chunk=0).shape
 (2, 4, 4)
@@ -17,6 +21,21 @@ Polarity everywhere: ``True`` = the query row MAY attend to the key column
 from __future__ import annotations
 
 from audiomask.masks import chunk, phi4mm, qwen3_asr
-from audiomask.masks.chunk import padding_mask, subsequent_chunk_mask
+from audiomask.masks.chunk import (
+    DEFAULT_MAX_MASK_BYTES,
+    max_mask_bytes,
+    padding_mask,
+    set_max_mask_bytes,
+    subsequent_chunk_mask,
+)
 
-__all__ = ["chunk", "padding_mask", "phi4mm", "qwen3_asr", "subsequent_chunk_mask"]
+__all__ = [
+    "DEFAULT_MAX_MASK_BYTES",
+    "chunk",
+    "max_mask_bytes",
+    "padding_mask",
+    "phi4mm",
+    "qwen3_asr",
+    "set_max_mask_bytes",
+    "subsequent_chunk_mask",
+]

@@ -15,26 +15,90 @@ all ``T_q x T_k`` cells:
 - ``_regular_band`` (equal chunks, the streaming hot path): the first batch
   row is one broadcast copy of a strided view of a tiny template, the other
   rows block copies of it.
+
+Allocation bound: a builder refuses, before allocating, a result larger than
+:func:`max_mask_bytes` (default :data:`DEFAULT_MAX_MASK_BYTES`, 1 GiB), with a
+``ValueError`` naming the arguments that set its size, so hostile or mistaken
+lengths cannot exhaust memory. Temporaries are at most a few times the result
+(``adaptive_enc_mask``'s per-chunk patterns). Raise the bound with
+:func:`set_max_mask_bytes`, or pass ``out=`` (the caller's own array is never
+refused).
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
 from audiomask._validate import check_int, check_lengths, check_out
 
-__all__ = ["padding_mask", "subsequent_chunk_mask"]
+__all__ = ["DEFAULT_MAX_MASK_BYTES", "max_mask_bytes", "padding_mask", "set_max_mask_bytes", "subsequent_chunk_mask"]
+
+# A (32768, 32768) bool mask: full attention over 44 minutes of Phi-4MM tokens (80 ms each), or
+# a batch of 477 masks of 1,500 tokens (2 minutes). Larger is a bug or a hostile length.
+DEFAULT_MAX_MASK_BYTES = 2**30
+_max_mask_bytes = DEFAULT_MAX_MASK_BYTES
 
 # Template of ones then zeros; row ``r`` of a stride-(1, 1) view is ``_STEP[r:r + width]``.
 # Kept between calls (read-only, replaced when too short, never written) so a mask
 # build allocates nothing but its result and the small per-chunk pattern.
 _STEP = np.zeros(0, dtype=np.bool_)
 _STEP_MIN_CAPACITY = 1024  # columns; the first call allocates at least this much
+# Widths up to this are served from the kept template; wider rows (rare: a padding mask
+# of over 2^20 frames) get a template of their own, so no hostile width stays allocated.
+_STEP_MAX_KEPT = 2**20
 
 
-def _output(out: np.ndarray | None, shape: tuple[int, ...], dtype: type = np.bool_) -> np.ndarray:
-    """A fresh array when ``out`` is None, else ``out`` once checked to take the result in place."""
-    return np.empty(shape, dtype) if out is None else check_out(out, shape, dtype)
+def max_mask_bytes() -> int:
+    """The largest result, in bytes, a mask builder allocates (``out=`` arrays are not bounded).
+
+    >>> max_mask_bytes() == DEFAULT_MAX_MASK_BYTES
+    True
+    """
+    return _max_mask_bytes
+
+
+def set_max_mask_bytes(limit: int) -> int:
+    """Set the bound :func:`max_mask_bytes` (bytes, ``>= 0``) for every builder; return the previous one.
+
+    Process-wide, like numpy's print options.
+
+    >>> previous = set_max_mask_bytes(100)
+    >>> subsequent_chunk_mask(11, 2)
+    Traceback (most recent call last):
+    ...
+    ValueError: size gives a (11, 11) bool array of 121 bytes, more than max_mask_bytes() = 100; pass out= or raise the bound with audiomask.masks.set_max_mask_bytes
+    >>> set_max_mask_bytes(previous)
+    100
+    """
+    global _max_mask_bytes
+    previous = _max_mask_bytes
+    _max_mask_bytes = check_int("limit", limit, minimum=0)
+    return previous
+
+
+def check_alloc(names: str, shape: tuple[int, ...], dtype: type = np.bool_) -> None:
+    """Refuse, before allocating, an array of ``shape`` larger than :func:`max_mask_bytes`.
+
+    ``names``: the arguments that set ``shape``, quoted in the ``ValueError``.
+    Sizes are Python integers, so no product overflows.
+    """
+    nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+    if nbytes > _max_mask_bytes:
+        raise ValueError(
+            f"{names} gives a {shape} {np.dtype(dtype)} array of {nbytes:,} bytes, more than "
+            f"max_mask_bytes() = {_max_mask_bytes:,}; pass out= or raise the bound with "
+            "audiomask.masks.set_max_mask_bytes"
+        )
+
+
+def _output(out: np.ndarray | None, shape: tuple[int, ...], names: str, dtype: type = np.bool_) -> np.ndarray:
+    """A fresh array when ``out`` is None (within :func:`max_mask_bytes`), else ``out`` once checked."""
+    if out is not None:
+        return check_out(out, shape, dtype)
+    check_alloc(names, shape, dtype)
+    return np.empty(shape, dtype)
 
 
 def _less_than_rows(bounds: np.ndarray, width: int) -> np.ndarray:
@@ -50,7 +114,8 @@ def _less_than_rows(bounds: np.ndarray, width: int) -> np.ndarray:
         capacity = max(width, 2 * capacity, _STEP_MIN_CAPACITY)
         step = np.concatenate([np.ones(capacity, np.bool_), np.zeros(capacity, np.bool_)])
         step.flags.writeable = False
-        _STEP = step
+        if capacity <= _STEP_MAX_KEPT:
+            _STEP = step
     # Row r is step[r:r + width]: True where r + j < capacity, i.e. j < capacity - r.
     windows = np.ndarray((capacity + 1, width), np.bool_, step, 0, (1, 1))
     return windows[capacity - bounds]
@@ -165,7 +230,7 @@ def subsequent_chunk_mask(
     size = check_int("size", size, minimum=0)
     chunk_size = check_int("chunk_size", chunk_size, minimum=1)
     num_left_chunks = check_int("num_left_chunks", num_left_chunks)
-    return _regular_band(size, chunk_size, num_left_chunks, _output(out, (size, size)))
+    return _regular_band(size, chunk_size, num_left_chunks, _output(out, (size, size), "size"))
 
 
 def padding_mask(
@@ -199,6 +264,7 @@ def padding_mask(
     else:
         max_len = check_int("max_len", max_len, minimum=0)
         lengths = check_lengths("lengths", lengths, maximum=max_len, maximum_name="max_len")
-    out = _output(out, (lengths.size, max_len))
-    out[...] = _less_than_rows(lengths, max_len)
+    out = _output(out, (lengths.size, max_len), "lengths and max_len")
+    if out.size:  # (0, T) or (B, 0): no template of T columns for nothing
+        out[...] = _less_than_rows(lengths, max_len)
     return out

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from audiomask._validate import check_int, check_lengths
-from audiomask.masks.chunk import _chunk_band, _output, padding_mask
+from audiomask._validate import INT64_MAX, check_int, check_lengths
+from audiomask.masks.chunk import _chunk_band, _output, check_alloc, padding_mask
 
 __all__ = [
     "CHUNK_FRAMES",
@@ -61,18 +61,23 @@ WINDOW_TOKENS = TOKENS_PER_CHUNK * (N_WINDOW_INFER // CHUNK_FRAMES)  # 104 token
 def _check_feature_lens(feature_lens: object, n_window: int) -> tuple[np.ndarray, int]:
     """Validated ``(feature_lens, chunk_frames)``."""
     lengths = check_lengths("feature_lens", feature_lens)
-    n_window = check_int("n_window", n_window, minimum=1)
+    n_window = check_int("n_window", n_window, minimum=1, maximum=INT64_MAX // 2)  # doubled into int64 below
     return lengths, 2 * n_window
 
 
-def _split(totals: np.ndarray, piece: int) -> np.ndarray:
+def _split(totals: np.ndarray, piece: int, names: str) -> np.ndarray:
     """Cut each total into pieces of ``piece`` plus a shorter remainder; all pieces, in order.
 
     ``_split([250, 0, 100], 100) -> [100, 100, 50, 100]``: a zero total gives
-    no piece, an exact multiple no remainder.
+    no piece, an exact multiple no remainder. The pieces' array is bounded like
+    a mask (``check_alloc``, quoting ``names``).
     """
     counts = -(-totals // piece)
-    pieces = np.full(int(counts.sum()), piece, dtype=np.int64)
+    largest = int(counts.max()) if counts.size else 0
+    check_alloc(names, (largest,), np.int64)  # each count bounded first: their sum cannot overflow
+    total = int(counts.sum())
+    check_alloc(names, (total,), np.int64)
+    pieces = np.full(total, piece, dtype=np.int64)
     has_pieces = counts > 0
     last = np.cumsum(counts)[has_pieces] - 1
     pieces[last] = totals[has_pieces] - (counts[has_pieces] - 1) * piece
@@ -98,7 +103,7 @@ def chunk_lengths(feature_lens: object, n_window: int = N_WINDOW) -> np.ndarray:
     array([100, 100,  50, 100])
     """
     lengths, chunk_frames = _check_feature_lens(feature_lens, n_window)
-    return _split(lengths, chunk_frames)
+    return _split(lengths, chunk_frames, "feature_lens and n_window")
 
 
 def _output_lengths(lengths: np.ndarray, chunk_frames: int) -> np.ndarray:
@@ -152,8 +157,10 @@ def padded_mask_after_cnn(
            [1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0]])
     """
     lengths, chunk_frames = _check_feature_lens(feature_lens, n_window)
-    tokens = _conv_lengths(_split(lengths, chunk_frames))
-    return padding_mask(tokens, out=out)
+    tokens = _conv_lengths(_split(lengths, chunk_frames, "feature_lens and n_window"))
+    width = int(tokens.max()) if tokens.size else 0
+    out = _output(out, (tokens.size, width), "feature_lens and n_window")  # bounded under this call's names
+    return padding_mask(tokens, width, out=out)
 
 
 def _window_lengths(feature_lens: object, n_window: int, n_window_infer: int) -> np.ndarray:
@@ -171,7 +178,7 @@ def _window_lengths(feature_lens: object, n_window: int, n_window_infer: int) ->
     total = int(tokens.sum())
     if total > np.iinfo(np.int32).max:
         raise ValueError(f"feature_lens give {total} tokens, more than int32 cu_seqlens can hold")
-    return _split(tokens, window_tokens)
+    return _split(tokens, window_tokens, "feature_lens, n_window and n_window_infer")
 
 
 def cu_seqlens(
@@ -204,7 +211,7 @@ def cu_seqlens(
     array([  0, 104, 208, 312, 390], dtype=int32)
     """
     windows = _window_lengths(feature_lens, n_window, n_window_infer)
-    out = _output(out, (windows.size + 1,), np.int32)
+    out = _output(out, (windows.size + 1,), "feature_lens", np.int32)
     out[0] = 0
     np.cumsum(windows, out=out[1:])
     return out
@@ -246,7 +253,7 @@ def window_mask(
     """
     windows = _window_lengths(feature_lens, n_window, n_window_infer)
     total = int(windows.sum())
-    out = _output(out, (total, total))
+    out = _output(out, (total, total), "feature_lens")
     bounds = np.zeros(windows.size + 1, np.int64)
     np.cumsum(windows, out=bounds[1:])
     return _chunk_band(bounds, 0, 0, out)
