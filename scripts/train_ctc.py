@@ -41,6 +41,7 @@ The shipped model (H200; the corpus made in the same call):
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import json
 import math
@@ -53,7 +54,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+from torch.optim.swa_utils import get_ema_multi_avg_fn
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the checkout, installed or not
@@ -123,6 +124,7 @@ class TrainConfig:
     freq_mask_bins: int = 12  # widest, of 80 mel bins
     time_masks_per_s: float = 0.5
     time_mask_frames: int = 20  # widest: 200 ms (wider hides whole words, which random sentences cannot predict)
+    mel_warp: tuple[float, float] = (0.9, 1.1)  # vocal-tract-length perturbation factor, uniform per utterance
     seed: int = 0
 
     def encoder_config(self) -> Phi4MMAudioConfig:
@@ -195,21 +197,46 @@ def draw_chunking(config: TrainConfig, rng: np.random.Generator, tokens: int) ->
 def spec_augment(
     config: TrainConfig, features: torch.Tensor, lengths: np.ndarray, fill: torch.Tensor, rng: np.random.Generator
 ) -> torch.Tensor:
-    """``features`` ``(B, T, 80)`` with random mel bands and short time spans set to ``fill`` ``(80,)`` (the mean)."""
+    """``features`` ``(B, T, 80)`` with random mel bands and short time spans set to ``fill`` ``(80,)`` (the mean).
+
+    Per utterance: ``freq_masks`` bands of up to ``freq_mask_bins`` bins, and a Poisson number (``time_masks_per_s``
+    a second) of spans of up to ``time_mask_frames`` frames. Drawn on the host in a few vector calls.
+    """
     batch, frames, bins = features.shape
-    bands = np.zeros((batch, bins), np.bool_)
-    spans = np.zeros((batch, frames), np.bool_)
-    for row, length in enumerate(lengths):
-        for _ in range(config.freq_masks):
-            width = int(rng.integers(0, config.freq_mask_bins + 1))
-            start = int(rng.integers(0, bins - width + 1))
-            bands[row, start : start + width] = True
-        for _ in range(int(rng.poisson(config.time_masks_per_s * length / FRAMES_PER_S))):
-            width = int(rng.integers(0, config.time_mask_frames + 1))
-            start = int(rng.integers(0, max(1, length - width)))
-            spans[row, start : start + width] = True
+    widths = rng.integers(0, config.freq_mask_bins + 1, (batch, config.freq_masks))
+    starts = rng.integers(0, bins - widths + 1)
+    band_index = np.arange(bins)[None, None, :]
+    bands = ((band_index >= starts[..., None]) & (band_index < (starts + widths)[..., None])).any(axis=1)
+    counts = rng.poisson(config.time_masks_per_s * lengths / FRAMES_PER_S)
+    rows = np.repeat(np.arange(batch), counts)
+    widths = rng.integers(0, config.time_mask_frames + 1, len(rows))
+    starts = rng.integers(0, np.maximum(1, lengths[rows] - widths))
+    edges = np.zeros((batch, frames + 1), np.int64)  # +1 where a span starts, -1 after it ends
+    np.add.at(edges, (rows, starts), 1)
+    np.add.at(edges, (rows, np.minimum(starts + widths, frames)), -1)
+    spans = np.cumsum(edges[:, :frames], axis=1) > 0
     bands, spans = to_device(bands, features.device), to_device(spans, features.device)
     return torch.where(bands[:, None, :] | spans[:, :, None], fill, features)
+
+
+def warp_mel(features: torch.Tensor, factors: torch.Tensor) -> torch.Tensor:
+    """Vocal-tract-length perturbation: each utterance's mel axis stretched by its factor, linearly interpolated.
+
+    ``features`` ``(B, T, 80)``, ``factors`` ``(B,)`` on the same device: output bin ``k`` reads input bin
+    ``k / factor`` (a factor above 1 moves formants up, as a shorter vocal tract does), clamped to the top bin.
+
+    >>> ramp = torch.arange(4.0).expand(1, 2, 4)
+    >>> warp_mel(ramp, torch.tensor([2.0]))[0, 0].tolist()
+    [0.0, 0.5, 1.0, 1.5]
+    """
+    bins = features.shape[-1]
+    source = (torch.arange(bins, device=features.device) / factors[:, None]).clamp(max=bins - 1)  # (B, 80)
+    low = source.floor().long()
+    high = (low + 1).clamp(max=bins - 1)
+    weight = (source - low)[:, None, :]
+    index = low[:, None, :].expand(-1, features.shape[1], -1)
+    upper = high[:, None, :].expand(-1, features.shape[1], -1)
+    return torch.lerp(features.gather(2, index), features.gather(2, upper), weight)
 
 
 def ctc_loss(
@@ -220,19 +247,19 @@ def ctc_loss(
     chunk_size: int,
     left_chunk: int,
 ) -> torch.Tensor:
-    """CTC loss per label character of a batch: ``features`` ``(B, T, 80)``, ``lengths`` ``(B,)`` frames (host)."""
-    device = features.device
-    outputs, output_lengths = model.encoder(
-        features, lengths, chunk_size=chunk_size, left_chunk=left_chunk, mask_mode="hard"
-    )
+    """CTC loss per label character of a batch: ``features`` ``(B, T, 80)``, ``lengths`` ``(B,)`` frames (host).
+
+    The lengths go to ``ctc_loss`` as host tensors: it reads them on the host, so device ones would make every
+    step wait for the GPU.
+    """
+    outputs, _ = model.encoder(features, lengths, chunk_size=chunk_size, left_chunk=left_chunk, mask_mode="hard")
     log_probs = model.head(outputs)  # (B, L, V) float32
-    targets = to_device(np.concatenate([np.asarray(label, np.int64) for label in labels]), device)
-    target_lengths = to_device(np.array([len(label) for label in labels], np.int64), device)
+    targets = to_device(np.concatenate([np.asarray(label, np.int64) for label in labels]), features.device)
     total = F.ctc_loss(
         log_probs.transpose(0, 1),
         targets,
-        output_lengths,
-        target_lengths,
+        torch.from_numpy(subsampled_lengths(lengths, model.encoder.config.time_reduction)),
+        torch.tensor([len(label) for label in labels], dtype=torch.int64),
         blank=BLANK_ID,
         reduction="sum",
         zero_infinity=True,
@@ -366,10 +393,11 @@ def train(args: argparse.Namespace) -> int:
     batch_frames = int(config.batch_audio_s * FRAMES_PER_S)
     batcher = Batcher(features.lengths[kept], batch_frames, config.seed)
     rng = np.random.default_rng(config.seed)
-    train_end = None if args.deadline is None else args.deadline - EVAL_RESERVE_S
+    train_end = None if args.deadline is None else args.deadline - args.eval_reserve_s
     total_steps = args.steps if args.steps is not None else None
     both = nn.ModuleDict({"encoder": model.encoder, "head": model.head})
-    ema: AveragedModel | None = None
+    ema: nn.ModuleDict | None = None  # the exponential moving average of `both`
+    ema_update = None
     curve, window, step, epoch = [], [], 0, 0
     train_started = last_log = last_checkpoint = time.time()
     path = args.out / MODEL_FILE
@@ -386,7 +414,8 @@ def train(args: argparse.Namespace) -> int:
                 break
             members = kept[batch]
             inputs, lengths = store.batch(members)
-            inputs = spec_augment(config, inputs, lengths, fill, rng)
+            factors = to_device(rng.uniform(*config.mel_warp, len(members)).astype(np.float32), device)
+            inputs = spec_augment(config, warp_mel(inputs, factors), lengths, fill, rng)
             chunk_size, left_chunk = draw_chunking(config, rng, int(inputs.shape[1]) // config.time_reduction + 1)
             lr = learning_rate(config, step, total_steps or config.warmup_steps * 10)
             for group in optimizer.param_groups:
@@ -409,9 +438,10 @@ def train(args: argparse.Namespace) -> int:
                 print(f"{step_s * 1000:.1f} ms a step: {total_steps} steps planned", flush=True)
             if ema is None and total_steps is not None:
                 horizon = max(1.0, config.ema_horizon_share * total_steps)
-                ema = AveragedModel(both, multi_avg_fn=get_ema_multi_avg_fn(1.0 - 1.0 / horizon))
+                ema = copy.deepcopy(both)
+                ema_update = get_ema_multi_avg_fn(1.0 - 1.0 / horizon)  # foreach lerp: no host sync per step
             if ema is not None:
-                ema.update_parameters(both)
+                ema_update(list(ema.parameters()), list(both.parameters()), None)
             if args.profile_steps and step == PROBE_SKIP_STEPS + SPEED_PROBE_STEPS:
                 profiler = torch.profiler.profile(activities=profiled_activities(device))
                 profiler.start()
@@ -442,14 +472,14 @@ def train(args: argparse.Namespace) -> int:
                     raise SystemExit("train_ctc: error: the loss is not finite")
             if ema is not None and now - last_checkpoint >= CHECKPOINT_EVERY_S:
                 save(
-                    ASRModel(ema.module["encoder"], ema.module["head"], tokenizer),
+                    ASRModel(ema["encoder"], ema["head"], tokenizer),
                     path,
                     config,
                     {"status": f"checkpoint at step {step}"},
                 )
                 last_checkpoint = now
     train_s = time.time() - train_started
-    final = ema.module if ema is not None else both
+    final = ema if ema is not None else both
     report["training"] = {
         "steps": step,
         "planned_steps": total_steps,
@@ -641,7 +671,9 @@ def render_card(train_report: dict, eval_reports: Sequence[dict]) -> str:
         + ". "
         f"Training saw {training['feature_copies']:,} feature copies of the training utterances (one clean, "
         f"{config['feature_copies'] - 1} augmented: speed 0.85-1.15x, gain -15 to +5 dB, colored noise at 5-30 dB SNR "
-        "on half), SpecAugment on top.",
+        "on half), then "
+        + (f"mel-axis warping {config['mel_warp'][0]}-{config['mel_warp'][1]} and " if "mel_warp" in config else "")
+        + "SpecAugment on the device.",
         "",
         "## Training",
         "",
@@ -743,7 +775,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     budget.add_argument(
         "--deadline",
         type=float,
-        help=f"unix time by which training and evaluation end (training stops {EVAL_RESERVE_S} s before)",
+        help="unix time by which training and evaluation end (training stops --eval-reserve-s before)",
     )
     trainer.add_argument("--workers", type=int, default=1, help="feature processes")
     trainer.add_argument(
@@ -751,6 +783,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     )
     trainer.add_argument("--batch-audio-s", type=float, default=TrainConfig.batch_audio_s)
     trainer.add_argument("--model-size", choices=sorted(MODEL_SIZES), help="a smaller architecture (tests)")
+    trainer.add_argument(
+        "--eval-reserve-s", type=float, default=EVAL_RESERVE_S, help="with --deadline: seconds kept for the evaluation"
+    )
     trainer.add_argument("--seed", type=int, default=0)
     trainer.add_argument("--peak-lr", type=float, default=TrainConfig.peak_lr)
     trainer.add_argument("--init", type=Path, help="a model file to continue training (same architecture)")

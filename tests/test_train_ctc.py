@@ -241,3 +241,26 @@ def test_profile_lists_the_busiest_operators(tmp_path: Path) -> None:
     text = (tmp_path / "profile.txt").read_text()
     assert text.startswith("1 training steps") and text.count("by self_cpu_time_total") == 2  # no GPU: host twice
     assert "aten::" in text
+
+
+def test_spec_augment_masks_bands_and_spans_within_each_utterance() -> None:
+    config = train_ctc.TrainConfig(time_masks_per_s=5.0)
+    features = torch.ones(3, 400, 80)
+    lengths = np.array([400, 250, 100])
+    fill = torch.zeros(80)
+    masked = train_ctc.spec_augment(config, features, lengths, fill, np.random.default_rng(0)) == 0
+    bands = masked.all(dim=1)  # (B, 80): bins masked at every frame
+    spans = masked.all(dim=2)  # (B, T): frames masked in every bin
+    assert bands.any() and spans.any()
+    assert (bands.sum(dim=1) <= config.freq_masks * config.freq_mask_bins).all()
+    for row, length in enumerate(lengths):
+        assert not spans[row, length:].any()  # spans start inside the utterance and end by its last frame
+    assert (masked == (bands[:, None, :] | spans[:, :, None])).all()  # nothing else is touched
+
+
+def test_warp_mel_is_identity_at_one_and_moves_energy_up_above_one() -> None:
+    features = torch.randn(2, 5, 80)
+    torch.testing.assert_close(train_ctc.warp_mel(features, torch.ones(2)), features, rtol=0, atol=0)
+    peak = torch.zeros(1, 1, 80)
+    peak[..., 20] = 1.0
+    assert int(train_ctc.warp_mel(peak, torch.tensor([1.1])).argmax()) == 22  # bin 22 reads 20
