@@ -134,6 +134,11 @@ def _open(path: str | os.PathLike, target_sr: int | None) -> tuple[sf.SoundFile,
 
 def _check_header(handle: sf.SoundFile, path: Path, target_sr: int | None) -> None:
     """Refuse what cannot become mono samples at ``target_sr`` in bounded memory; warn about data cut short."""
+    if handle.format == "RAW":
+        # libsndfile guesses headerless data from the extension (.au -> 8 kHz u-law, .vox -> ADPCM):
+        # a file with no header it knows is not audio to us, and its guessed decoding even changes
+        # with the read sizes (measured on a .au file whose magic was zeroed).
+        raise _fail(path, f"not an audio file (no header libsndfile recognises; it would guess {handle.subtype})")
     if not 1 <= handle.channels <= MAX_CHANNELS:
         raise _fail(
             path,

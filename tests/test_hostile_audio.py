@@ -1,0 +1,376 @@
+"""Hostile audio files and samples: a clear AudioError naming the file, or correct samples; never more.
+
+Every property writes the file it draws (random bytes, valid files of 13
+formats cut short or with header fields overwritten by extreme values, huge
+declared sizes and rates, NaN/Inf/denormal/huge samples, 8 channels, 8 and
+192 kHz) and reads it with :func:`load` and :func:`iter_blocks` inside an
+address space only ``HEADROOM_BYTES`` larger than the process's, so an
+unbounded allocation fails the test. Accepted files must give the same
+samples both ways (to within one float32 ulp), finite and 16 kHz, whose
+features are finite. ``scripts/fuzz_inputs.py`` runs the same properties for
+many more examples.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import math
+import re
+import struct
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+import torchaudio
+from encoder_models import torch_one_thread  # noqa: F401 (an autouse fixture: tiny front-end calls)
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_hostile_masks import HEADROOM_BYTES, bounded_address_space
+
+from audiomask import AudioError
+from audiomask.audio import (
+    MAX_CHANNELS,
+    MAX_SAMPLE_MAGNITUDE,
+    MAX_SAMPLE_RATE,
+    MIN_SAMPLE_RATE,
+    TARGET_SR,
+    Resampler,
+    TruncatedAudioWarning,
+    check_samples,
+    iter_blocks,
+    load,
+)
+from audiomask.features import Phi4MMFrontend, WhisperFrontend
+
+ULP = float(np.spacing(np.float32(1.0)))  # iter_blocks' documented bound against load
+BLOCK_SAMPLES = 4000
+EXAMPLES = 100  # per property in CI; scripts/fuzz_inputs.py runs thousands
+# (format, subtype, rate, channels): what libsndfile writes, each a different header and decoder.
+FORMATS = [
+    ("WAV", "PCM_16", 16000, 1),
+    ("WAV", "FLOAT", 44100, 2),
+    ("WAV", "PCM_24", 8000, 1),
+    ("WAVEX", "PCM_16", 48000, MAX_CHANNELS),
+    ("FLAC", "PCM_16", 22050, 1),
+    ("OGG", "VORBIS", 16000, 1),
+    ("MP3", "MPEG_LAYER_III", 16000, 1),
+    ("AIFF", "PCM_16", 16000, 1),
+    ("AU", "FLOAT", 16000, 1),
+    ("CAF", "ALAC_16", 44100, 1),
+    ("W64", "PCM_16", 16000, 1),
+    ("RF64", "PCM_16", 192000, 1),
+    ("NIST", "PCM_16", 16000, 1),
+]
+# 16-, 32- and 64-bit patterns written over header fields: sizes, rates, channel counts.
+EXTREME_FIELDS = [0, 1, 2, 3, 7, 8, 9, 0x7F, 0x80, 0xFF, 0x7FFF, 0x8000, 0xFFFF, 0x10000, 0x7FFFFFFF, 0x80000000]
+EXTREME_FIELDS += [0xFFFFFFFF, 0x100000000, 2**62, 2**63 - 1, 2**64 - 1, 16001, 44101, 768001, 3999]
+
+
+def signal(rate: int, channels: int, seconds: float = 0.3, seed: int = 0) -> np.ndarray:
+    """A tone plus noise, ``(frames, channels)`` float32 within +-0.5."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(int(rate * seconds)) / rate
+    tone = 0.3 * np.sin(2 * np.pi * 440 * t)[:, None] + 0.1 * rng.standard_normal((len(t), channels))
+    return tone.clip(-0.5, 0.5).astype(np.float32)
+
+
+@functools.cache
+def encoded(index: int) -> bytes:
+    """The bytes of ``FORMATS[index]`` holding :func:`signal`."""
+    fmt, subtype, rate, channels = FORMATS[index]
+    buffer = io.BytesIO()
+    sf.write(buffer, signal(rate, channels), rate, format=fmt, subtype=subtype)
+    return buffer.getvalue()
+
+
+@functools.cache
+def frontends() -> tuple[Phi4MMFrontend, WhisperFrontend]:
+    return Phi4MMFrontend(), WhisperFrontend()
+
+
+def features_are_finite(samples: np.ndarray) -> bool:
+    return all(bool(np.isfinite(frontend(samples)).all()) for frontend in frontends())
+
+
+def check_file(path: Path) -> tuple[str, np.ndarray | None]:
+    """Read ``path`` both ways; assert a clear refusal or the same correct samples. ``("refused" | "accepted", samples)``.
+
+    Truncation warnings are allowed (the data that is there is used). Any
+    exception other than AudioError fails the caller, MemoryError included.
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TruncatedAudioWarning)
+        try:
+            samples, rate = load(path)
+        except AudioError as error:
+            assert str(error).startswith(f"{path}: "), str(error)
+            with pytest.raises(AudioError, match="^" + re.escape(str(path))):
+                list(iter_blocks(path, BLOCK_SAMPLES))
+            return "refused", None
+        blocks = list(iter_blocks(path, BLOCK_SAMPLES))
+    assert rate == TARGET_SR and samples.dtype == np.float32 and samples.ndim == 1 and len(samples) > 0
+    assert np.isfinite(samples).all() and np.abs(samples).max() <= MAX_SAMPLE_MAGNITUDE * 2  # resampling overshoot
+    assert all(len(b) == BLOCK_SAMPLES for b in blocks[:-1])
+    np.testing.assert_allclose(np.concatenate(blocks), samples, rtol=0, atol=ULP * max(1.0, np.abs(samples).max()))
+    assert features_are_finite(samples)
+    return "accepted", samples
+
+
+def check_bytes(data: bytes, directory: Path, suffix: str = ".wav") -> tuple[str, np.ndarray | None]:
+    path = directory / f"hostile{suffix}"
+    path.write_bytes(data)
+    with bounded_address_space(HEADROOM_BYTES):
+        return check_file(path)
+
+
+def overwrite(data: bytes, offset: int, value: int, width: int, order: str) -> bytes:
+    """``data`` with ``value`` (two's complement, truncated to ``width`` bytes) written at ``offset``."""
+    field = (value % 2 ** (8 * width)).to_bytes(width, order)
+    return data[:offset] + field + data[offset + width :]
+
+
+# ---- properties over hostile bytes ----
+
+magic = st.sampled_from([b"", b"RIFF", b"RIFF\xff\xff\xff\xffWAVEfmt ", b"fLaC", b"OggS", b"FORM", b".snd", b"caff"])
+
+
+@settings(max_examples=EXAMPLES)
+@given(head=magic, body=st.binary(max_size=600))
+def test_random_bytes_are_refused_or_read(tmp_path_factory, head, body):
+    check_bytes(head + body, tmp_path_factory.mktemp("bytes"))
+
+
+@settings(max_examples=EXAMPLES)
+@given(index=st.integers(0, len(FORMATS) - 1), fraction=st.floats(0, 1))
+def test_files_cut_at_any_byte(tmp_path_factory, index, fraction):
+    data = encoded(index)
+    cut = int(len(data) * fraction)
+    outcome, samples = check_bytes(data[:cut], tmp_path_factory.mktemp("cut"), "." + FORMATS[index][0].lower())
+    if outcome == "accepted" and index == 0:  # 16 kHz PCM: what is read is the start of the whole signal
+        whole = load_bytes(data)
+        assert len(samples) <= len(whole)
+        np.testing.assert_array_equal(samples, whole[: len(samples)])
+
+
+@settings(max_examples=EXAMPLES)
+@given(
+    index=st.integers(0, len(FORMATS) - 1),
+    offset=st.integers(0, 79),
+    value=st.sampled_from(EXTREME_FIELDS),
+    width=st.sampled_from([2, 4, 8]),
+    order=st.sampled_from(["little", "big"]),
+)
+def test_header_fields_overwritten_with_extreme_values(tmp_path_factory, index, offset, value, width, order):
+    data = overwrite(encoded(index), offset, value, width, order)
+    check_bytes(data, tmp_path_factory.mktemp("field"), "." + FORMATS[index][0].lower())
+
+
+@settings(max_examples=EXAMPLES)
+@given(
+    index=st.integers(0, len(FORMATS) - 1), flips=st.lists(st.tuples(st.floats(0, 1), st.integers(1, 255)), max_size=8)
+)
+def test_bytes_flipped_anywhere(tmp_path_factory, index, flips):
+    data = bytearray(encoded(index))
+    for where, mask in flips:
+        data[min(int(where * len(data)), len(data) - 1)] ^= mask
+    check_bytes(bytes(data), tmp_path_factory.mktemp("flip"), "." + FORMATS[index][0].lower())
+
+
+def load_bytes(data: bytes) -> np.ndarray:
+    with sf.SoundFile(io.BytesIO(data)) as handle:
+        return handle.read(dtype="float32")
+
+
+# ---- declared sizes and rates ----
+
+
+def flac_total_samples(data: bytes, total: int) -> bytes:
+    """FLAC STREAMINFO's 36-bit total-samples field (after 'fLaC', the block header and 10 bytes) set to ``total``."""
+    offset = 4 + 4 + 10
+    bits = int.from_bytes(data[offset : offset + 8], "big")
+    bits = (bits & ~(2**36 - 1)) | total
+    return data[:offset] + bits.to_bytes(8, "big") + data[offset + 8 :]
+
+
+def chunk_field(data: bytes, chunk: bytes, after: int, value: int, width: int, order: str) -> bytes:
+    """Overwrite the field ``after`` bytes past the first occurrence of ``chunk``."""
+    return overwrite(data, data.index(chunk) + after, value, width, order)
+
+
+HUGE_SIZES = {
+    "wav data size": (0, lambda d: chunk_field(d, b"data", 4, 0xFFFFFFF0, 4, "little")),
+    "wav riff size": (0, lambda d: overwrite(d, 4, 0xFFFFFFF0, 4, "little")),
+    "wav data size just past the file": (0, lambda d: chunk_field(d, b"data", 4, len(d) * 2, 4, "little")),
+    "flac 2^36 - 1 frames": (4, lambda d: flac_total_samples(d, 2**36 - 1)),
+    "flac 2^32 frames": (4, lambda d: flac_total_samples(d, 2**32)),
+    "aiff 2^31 frames": (7, lambda d: chunk_field(d, b"COMM", 10, 2**31, 4, "big")),
+    "aiff ssnd size": (7, lambda d: chunk_field(d, b"SSND", 4, 0xFFFFFFF0, 4, "big")),
+    "au data size": (8, lambda d: overwrite(d, 8, 0xFFFFFFF0, 4, "big")),
+    "w64 data size": (10, lambda d: chunk_field(d, b"data", 16, 2**62, 8, "little")),
+    "rf64 ds64 sizes": (11, lambda d: chunk_field(d, b"ds64", 16, 2**62, 8, "little")),
+    "nist sample_count": (  # the header keeps its 1024 bytes: the 8 more digits take 8 of its padding zeros
+        12,
+        lambda d: d.replace(
+            b"sample_count -i 4800\nend_head\n" + bytes(8), b"sample_count -i 999999999999\nend_head\n"
+        ),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(HUGE_SIZES))
+def test_huge_declared_sizes_read_what_is_there(tmp_path, case):
+    index, mutate = HUGE_SIZES[case]
+    data = encoded(index)
+    mutated = mutate(data)
+    assert mutated != data
+    outcome, samples = check_bytes(mutated, tmp_path, "." + FORMATS[index][0].lower())
+    if outcome == "accepted":  # never more than the data holds (resampled to 16 kHz)
+        rate = FORMATS[index][2]
+        assert len(samples) <= math.ceil(len(load_bytes(data)) * TARGET_SR / rate)
+
+
+def wav_with_rate(rate: int) -> bytes:
+    data = bytearray(encoded(0))
+    data[24:28] = struct.pack("<I", rate)
+    data[28:32] = struct.pack("<I", rate * 2)  # byte rate, kept consistent
+    return bytes(data)
+
+
+@pytest.mark.parametrize(
+    ("rate", "reason"),
+    [
+        (1, "unsupported sample rate: 1 Hz"),
+        (MIN_SAMPLE_RATE - 1, f"unsupported sample rate: {MIN_SAMPLE_RATE - 1} Hz"),
+        (MAX_SAMPLE_RATE + 1, f"unsupported sample rate: {MAX_SAMPLE_RATE + 1} Hz"),
+        (2**31 - 1, "unsupported sample rate: 2147483647 Hz"),
+        (16001, "cannot resample 16001 Hz to 16000 Hz: their ratio needs a 1,955 MiB filter"),
+        (44101, "cannot resample 44101 Hz to 16000 Hz"),
+    ],
+)
+def test_hostile_header_rates_are_refused_before_allocating(tmp_path, rate, reason):
+    """16001 Hz took 15 s and 8.6 GB before it was refused; now nothing is attempted (128 MiB to spare)."""
+    path = tmp_path / "rate.wav"
+    path.write_bytes(wav_with_rate(rate))
+    for read in (load, lambda p: list(iter_blocks(p, BLOCK_SAMPLES))):
+        with bounded_address_space(128 * 2**20), pytest.raises(AudioError, match=f"^{re.escape(str(path))}: ") as caught:
+            read(path)
+        assert reason in str(caught.value)
+    if MIN_SAMPLE_RATE <= rate <= MAX_SAMPLE_RATE:  # a plausible rate: read as it is, no filter needed
+        samples, native = load(path, target_sr=None)
+        assert native == rate and len(samples) == len(signal(16000, 1))
+
+
+def test_rate_arguments_are_bounded():
+    with pytest.raises(ValueError, match=f"target_sr must be <= MAX_SAMPLE_RATE \\({MAX_SAMPLE_RATE} Hz\\), got"):
+        load("samples/numbers.wav", target_sr=10**9)
+    with pytest.raises(AudioError, match="cannot resample 16000 Hz to 16001 Hz"):
+        load("samples/numbers.wav", target_sr=16001)
+    with pytest.raises(ValueError, match="orig_sr and new_sr: cannot resample 16001 Hz to 16000 Hz"):
+        Resampler(16001, 16000)
+
+
+# ---- lengths, channels, rates ----
+
+
+@pytest.mark.parametrize("index", range(len(FORMATS)))
+def test_zero_frames_are_refused(tmp_path, index):
+    fmt, subtype, rate, channels = FORMATS[index]
+    path = tmp_path / f"empty.{fmt.lower()}"
+    sf.write(path, np.zeros((0, channels), np.float32), rate, format=fmt, subtype=subtype)
+    reasons = "zero samples|empty file|truncated|corrupt|not an audio file"
+    with pytest.raises(AudioError, match=f"^{re.escape(str(path))}: .*({reasons})"):
+        load(path)
+
+
+@pytest.mark.parametrize("rate", [8000, 16000, 44100, 192000])
+@pytest.mark.parametrize("fmt", ["WAV", "FLAC", "AIFF"])
+def test_a_single_frame_gives_its_resampled_length(tmp_path, rate, fmt):
+    path = tmp_path / f"one.{fmt.lower()}"
+    sf.write(path, np.array([0.25], np.float32), rate, format=fmt, subtype="PCM_16")
+    outcome, samples = check_file(path)
+    assert outcome == "accepted" and len(samples) == math.ceil(TARGET_SR / rate)
+    if rate == TARGET_SR:
+        assert samples.tolist() == [0.25]
+
+
+@pytest.mark.parametrize("rate", [8000, 192000])
+def test_eight_channels_at_8_and_192_khz_mix_and_resample_exactly(tmp_path, rate):
+    x = signal(rate, MAX_CHANNELS, seconds=0.5, seed=rate)
+    path = tmp_path / "octo.wav"
+    sf.write(path, x, rate, subtype="FLOAT")
+    outcome, samples = check_file(path)
+    mono = torch.from_numpy(x.mean(axis=1, dtype=np.float32).astype(np.float64))
+    expected = torchaudio.functional.resample(mono, rate, TARGET_SR).float().numpy()
+    assert outcome == "accepted"
+    np.testing.assert_allclose(samples, expected, rtol=0, atol=ULP)
+
+
+# ---- sample values ----
+
+# Huge values at least 4x the bound: mixed down with a normal channel they stay beyond it.
+special_values = st.sampled_from([np.nan, np.inf, -np.inf, 1e20, -3.4e38, MAX_SAMPLE_MAGNITUDE * 4])
+
+
+@settings(max_examples=EXAMPLES)
+@given(
+    positions=st.lists(st.floats(0, 1), min_size=1, max_size=4),
+    value=special_values,
+    rate=st.sampled_from([16000, 44100]),
+    channels=st.sampled_from([1, 2]),
+)
+def test_non_finite_or_absurd_samples_are_refused_naming_the_first(tmp_path_factory, positions, value, rate, channels):
+    x = signal(rate, channels, seconds=0.4)
+    frames = sorted({min(int(p * len(x)), len(x) - 1) for p in positions})
+    x[frames, 0] = value
+    path = tmp_path_factory.mktemp("special") / "special.wav"
+    sf.write(path, x, rate, subtype="FLOAT")
+    for read in (load, lambda p: list(iter_blocks(p, BLOCK_SAMPLES))):
+        with pytest.raises(AudioError) as caught:
+            read(path)
+        message = str(caught.value)
+        assert message.startswith(f"{path}: ") and f"at frame {frames[0]} ({frames[0] / rate:.3f} s)" in message
+        assert ("non-finite" in message) == (not np.isfinite(value))
+
+
+@settings(max_examples=EXAMPLES)
+@given(exponent=st.integers(-149, -126), sign=st.sampled_from([-1.0, 1.0]), rate=st.sampled_from([16000, 8000]))
+def test_denormal_samples_are_read_exactly_and_give_finite_features(tmp_path_factory, exponent, sign, rate):
+    x = np.full((rate // 4, 1), sign * 2.0**exponent, np.float32)
+    x[::3] = 0.0
+    path = tmp_path_factory.mktemp("denormal") / "denormal.wav"
+    sf.write(path, x, rate, subtype="FLOAT")
+    outcome, samples = check_file(path)
+    assert outcome == "accepted"
+    if rate == TARGET_SR:
+        np.testing.assert_array_equal(samples, x[:, 0])
+
+
+finite_samples = st.lists(
+    st.one_of(
+        st.floats(-MAX_SAMPLE_MAGNITUDE, MAX_SAMPLE_MAGNITUDE, width=32),
+        st.sampled_from([MAX_SAMPLE_MAGNITUDE, -MAX_SAMPLE_MAGNITUDE, 2.0**-149, 0.0]),
+    ),
+    min_size=1,
+    max_size=64,
+)
+
+
+@settings(max_examples=EXAMPLES)
+@given(pattern=finite_samples, repeats=st.integers(1, 200))
+def test_front_ends_stay_finite_on_every_sample_check_samples_accepts(pattern, repeats):
+    """The bound is safe: the loudest accepted waveforms (square waves at +-2^31 too) give finite features."""
+    samples = np.tile(np.array(pattern, np.float32), repeats)
+    check_samples(samples, "pattern")
+    assert features_are_finite(samples)
+
+
+def test_check_samples_names_the_source_and_position():
+    with pytest.raises(AudioError, match=r"^live: non-finite sample \(nan\) at frame 16002 \(1\.000 s\)$"):
+        check_samples(np.array([0.0, 0.0, np.nan], np.float32), "live", offset=16000)
+    with pytest.raises(AudioError, match=r"^live: sample 3e\+09 at frame 1 \(0\.000 s\) is beyond \+-2\^31"):
+        check_samples(np.array([0.0, 3e9], np.float32), "live")
+    check_samples(np.array([MAX_SAMPLE_MAGNITUDE, -MAX_SAMPLE_MAGNITUDE, 2.0**-149], np.float32), "live")
