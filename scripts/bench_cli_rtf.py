@@ -101,8 +101,11 @@ def breakdown(audio: Path, model_path: Path | None, overlap: bool) -> dict:
         stream.finish()
         wall_s = time.perf_counter() - started
         stats = recognizer.stats
+    audio_s = sum(len(samples) for samples in iter_blocks(audio, block)) / TARGET_SR
     return {
         "wall_s": wall_s,
+        "rtf": wall_s / audio_s,
+        "encode_ms_per_cycle": MS_PER_S * stats.gpu_s / len(stats.cycles),
         "frontend_s": stats.cpu_s,
         "encode_s": stats.gpu_s,
         "other_s": wall_s - stats.cpu_s - stats.gpu_s if not overlap else None,
