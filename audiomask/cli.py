@@ -74,8 +74,8 @@ AUDIO_SUFFIXES = frozenset(
 )
 # torch intra-op threads while transcribing. A chunk step multiplies matrices of a few tokens,
 # too small to share out, and the front end runs on a second thread beside it (audiomask.stream):
-# on the shared 2-core CPU the shipped architecture's CLI RTF was 0.14 with one thread against
-# 0.25 with two (bench/results/cli_rtf_cpu_2core.json).
+# on the shared 2-core CPU the shipped architecture's CLI RTF was 0.10 with one thread against
+# 0.12 with two (bench/results/cli_rtf_cpu_2core.json; 0.14 against 0.25 when the load was higher).
 TRANSCRIBE_THREADS = 1
 PROGRESS_MIN_AUDIO_S = 10.0  # on a terminal, one file this long (or several files) gets a progress line
 _DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
