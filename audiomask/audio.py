@@ -82,8 +82,11 @@ MAX_SAMPLE_MAGNITUDE = 2.0**31
 MAX_RESAMPLE_FILTER_BYTES = 16 * 2**20
 _LOWPASS_FILTER_WIDTH = 6  # torchaudio.functional.resample's defaults, which the filter size follows
 _ROLLOFF = 0.99
-# Frames per read: whatever a header declares, memory follows the data actually there.
-READ_BLOCK_FRAMES = 2**20
+# Frames per read, for load and iter_blocks alike: whatever a header declares, memory follows the
+# data actually there (2 MiB a read at 8 channels). At least FLAC's largest block (65535 frames):
+# when a corrupt header misstates block sizes, libsndfile fails reads shorter than a block
+# (measured). The same reads in both readers make them agree on whatever a damaged file gives.
+READ_BLOCK_FRAMES = 2**16
 # Leading bytes of the containers libsndfile reads: a file that starts like one
 # but does not open has a corrupt header rather than being "not audio".
 _AUDIO_MAGIC = (b"RIFF", b"RIFX", b"RF64", b"FORM", b"fLaC", b"OggS", b".snd", b"caff", b"riff", b"NIST")
@@ -181,6 +184,13 @@ def _mono(block: np.ndarray) -> np.ndarray:
     return block.mean(axis=1, dtype=np.float32)
 
 
+def _first_unusable(samples: np.ndarray) -> int | None:
+    """Index of the first NaN, Inf or sample beyond ``+-MAX_SAMPLE_MAGNITUDE``; ``None`` when all are usable."""
+    # One comparison finds all three: NaN compares False, so "not <=" flags it with Inf and huge values.
+    usable = np.abs(samples) <= MAX_SAMPLE_MAGNITUDE
+    return None if usable.all() else int(np.argmin(usable))
+
+
 def check_samples(samples: np.ndarray, source: object, offset: int = 0, sample_rate: int = TARGET_SR) -> None:
     """Refuse NaN, Inf and samples beyond ``+-MAX_SAMPLE_MAGNITUDE``, naming ``source`` and where.
 
@@ -199,12 +209,9 @@ def check_samples(samples: np.ndarray, source: object, offset: int = 0, sample_r
     ...
     audiomask.errors.AudioError: live-3: non-finite sample (inf) at frame 16001 (1.000 s)
     """
-    magnitude = np.abs(samples)
-    # One comparison finds both kinds: NaN compares False, so "not <=" flags it with Inf and huge values.
-    usable = magnitude <= MAX_SAMPLE_MAGNITUDE
-    if usable.all():
+    first = _first_unusable(samples)
+    if first is None:
         return
-    first = int(np.argmin(usable))
     value = samples[first]
     index = offset + first
     where = f"at frame {index} ({index / sample_rate:.3f} s)"
@@ -236,19 +243,27 @@ def _resample_refusal(orig_sr: int, new_sr: int) -> str | None:
     )
 
 
-def _mono_blocks(handle: sf.SoundFile, path: Path, frames: int) -> Iterator[np.ndarray]:
-    """The file's mono float32 samples, ``frames`` frames per read, each block checked before it is yielded."""
+def _mono_blocks(handle: sf.SoundFile, path: Path) -> Iterator[np.ndarray]:
+    """The file's mono float32 samples, ``READ_BLOCK_FRAMES`` per read; the usable ones before a refusal.
+
+    A read holding an unusable sample yields the samples before it, then
+    raises the :class:`AudioError` of :func:`check_samples`.
+    """
     rate = handle.samplerate
     offset = 0
     while True:
         try:
-            block = handle.read(frames, dtype="float32", always_2d=True)
+            block = handle.read(READ_BLOCK_FRAMES, dtype="float32", always_2d=True)
         except sf.LibsndfileError as err:
             raise _read_error(path, err, offset, rate) from None
         if len(block) == 0:
             return
         samples = _mono(block)
-        check_samples(samples, path, offset, rate)
+        first = _first_unusable(samples)
+        if first is not None:
+            if first:
+                yield samples[:first]
+            check_samples(samples[first:], path, offset + first, rate)
         offset += len(samples)
         yield samples
 
@@ -309,7 +324,7 @@ def load(path: str | os.PathLike, target_sr: int | None = TARGET_SR) -> tuple[np
     handle, path = _open(path, target_sr)
     with handle:
         rate = handle.samplerate
-        pieces = list(_mono_blocks(handle, path, READ_BLOCK_FRAMES))
+        pieces = list(_mono_blocks(handle, path))
         declared = handle.frames
     read = sum(len(piece) for piece in pieces)
     _check_count(path, read, declared)
@@ -358,18 +373,20 @@ def iter_blocks(
     with handle:
         rate = handle.samplerate
         resampler = Resampler(rate, target_sr or rate)
-        # Input frames that make about one output block (at least one frame).
-        read_frames = max(1, math.ceil(block_samples * rate / (target_sr or rate)))
+        # Input frames that make about one output block: the resampler's float64 temporaries
+        # stay a few blocks in size whatever the size of a read.
+        push_frames = max(1, math.ceil(block_samples * rate / (target_sr or rate)))
         pending = np.empty(0, dtype=np.float32)
         offset = 0
-        for samples in _mono_blocks(handle, path, read_frames):
+        for samples in _mono_blocks(handle, path):
             offset += len(samples)
-            out = resampler.push(samples)
-            pending = np.concatenate((pending, out)) if len(pending) else out
-            full = len(pending) // block_samples * block_samples
-            for start in range(0, full, block_samples):
-                yield pending[start : start + block_samples]
-            pending = pending[full:]
+            for first in range(0, len(samples), push_frames):
+                out = resampler.push(samples[first : first + push_frames])
+                pending = np.concatenate((pending, out)) if len(pending) else out
+                full = len(pending) // block_samples * block_samples
+                for start in range(0, full, block_samples):
+                    yield pending[start : start + block_samples]
+                pending = pending[full:]
         declared = handle.frames
     _check_count(path, offset, declared)
     pending = np.concatenate((pending, resampler.flush()))

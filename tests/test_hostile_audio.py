@@ -19,6 +19,7 @@ import math
 import re
 import struct
 import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -133,51 +134,118 @@ def overwrite(data: bytes, offset: int, value: int, width: int, order: str) -> b
     return data[:offset] + field + data[offset + width :]
 
 
-# ---- properties over hostile bytes ----
-
-magic = st.sampled_from([b"", b"RIFF", b"RIFF\xff\xff\xff\xffWAVEfmt ", b"fLaC", b"OggS", b"FORM", b".snd", b"caff"])
+# ---- properties over hostile files ----
 
 
-@settings(max_examples=EXAMPLES)
-@given(head=magic, body=st.binary(max_size=600))
-def test_random_bytes_are_refused_or_read(tmp_path_factory, head, body):
-    check_bytes(head + body, tmp_path_factory.mktemp("bytes"))
+@dataclass(frozen=True)
+class HostileFile:
+    """A drawn file and what reading it must give besides a clear refusal or correct samples."""
+
+    data: bytes = field(repr=False)
+    suffix: str = ".wav"  # libsndfile guesses some formats from it
+    prefix_of: np.ndarray | None = field(default=None, repr=False)  # accepted samples must start this signal
+    refusal: str | None = None  # the file must be refused with this in the message
+    accepted: bool = False  # the file must be read
 
 
-@settings(max_examples=EXAMPLES)
-@given(index=st.integers(0, len(FORMATS) - 1), fraction=st.floats(0, 1))
-def test_files_cut_at_any_byte(tmp_path_factory, index, fraction):
+def check_hostile_file(drawn: HostileFile, directory: Path) -> str:
+    """Write ``drawn`` in ``directory`` and check reading it; ``"refused"`` or ``"accepted"``."""
+    outcome, samples = check_bytes(drawn.data, directory, drawn.suffix)
+    if drawn.refusal is not None:
+        assert outcome == "refused", f"accepted a file that must be refused for {drawn.refusal!r}"
+        with pytest.raises(AudioError, match=re.escape(drawn.refusal)):
+            load(directory / f"hostile{drawn.suffix}")
+    assert outcome == "accepted" or not drawn.accepted, "refused a file that must be read"
+    if outcome == "accepted" and drawn.prefix_of is not None:
+        assert len(samples) <= len(drawn.prefix_of)
+        np.testing.assert_array_equal(samples, drawn.prefix_of[: len(samples)])
+    return outcome
+
+
+def suffix(index: int) -> str:
+    return "." + FORMATS[index][0].lower()
+
+
+def cut(index: int, fraction: float) -> HostileFile:
     data = encoded(index)
-    cut = int(len(data) * fraction)
-    outcome, samples = check_bytes(data[:cut], tmp_path_factory.mktemp("cut"), "." + FORMATS[index][0].lower())
-    if outcome == "accepted" and index == 0:  # 16 kHz PCM: what is read is the start of the whole signal
-        whole = load_bytes(data)
-        assert len(samples) <= len(whole)
-        np.testing.assert_array_equal(samples, whole[: len(samples)])
+    prefix_of = load_bytes(data) if FORMATS[index][:3] == ("WAV", "PCM_16", TARGET_SR) else None
+    return HostileFile(data[: int(len(data) * fraction)], suffix(index), prefix_of)
 
 
-@settings(max_examples=EXAMPLES)
-@given(
-    index=st.integers(0, len(FORMATS) - 1),
-    offset=st.integers(0, 79),
-    value=st.sampled_from(EXTREME_FIELDS),
-    width=st.sampled_from([2, 4, 8]),
-    order=st.sampled_from(["little", "big"]),
-)
-def test_header_fields_overwritten_with_extreme_values(tmp_path_factory, index, offset, value, width, order):
-    data = overwrite(encoded(index), offset, value, width, order)
-    check_bytes(data, tmp_path_factory.mktemp("field"), "." + FORMATS[index][0].lower())
-
-
-@settings(max_examples=EXAMPLES)
-@given(
-    index=st.integers(0, len(FORMATS) - 1), flips=st.lists(st.tuples(st.floats(0, 1), st.integers(1, 255)), max_size=8)
-)
-def test_bytes_flipped_anywhere(tmp_path_factory, index, flips):
+def flipped(index: int, flips: list[tuple[float, int]]) -> HostileFile:
     data = bytearray(encoded(index))
     for where, mask in flips:
         data[min(int(where * len(data)), len(data) - 1)] ^= mask
-    check_bytes(bytes(data), tmp_path_factory.mktemp("flip"), "." + FORMATS[index][0].lower())
+    return HostileFile(bytes(data), suffix(index))
+
+
+def with_special_samples(positions: list[float], value: float, rate: int, channels: int) -> HostileFile:
+    """A float WAV with ``value`` (NaN, Inf, huge) in channel 0 at ``positions``: refused at the first."""
+    x = signal(rate, channels, seconds=0.4)
+    frames = sorted({min(int(p * len(x)), len(x) - 1) for p in positions})
+    x[frames, 0] = value
+    buffer = io.BytesIO()
+    sf.write(buffer, x, rate, format="WAV", subtype="FLOAT")
+    where = f"at frame {frames[0]} ({frames[0] / rate:.3f} s)"
+    refusal = f"non-finite sample ({value}) {where}" if not np.isfinite(value) else f"{where} is beyond +-2^31"
+    return HostileFile(buffer.getvalue(), ".wav", refusal=refusal)
+
+
+def with_denormals(exponent: int, sign: float, rate: int) -> HostileFile:
+    """A float WAV of denormal samples (and zeros): read exactly at 16 kHz."""
+    x = np.full(rate // 4, sign * 2.0**exponent, np.float32)
+    x[::3] = 0.0
+    buffer = io.BytesIO()
+    sf.write(buffer, x, rate, format="WAV", subtype="FLOAT")
+    return HostileFile(buffer.getvalue(), ".wav", prefix_of=x if rate == TARGET_SR else None, accepted=True)
+
+
+magic = st.sampled_from([b"", b"RIFF", b"RIFF\xff\xff\xff\xffWAVEfmt ", b"fLaC", b"OggS", b"FORM", b".snd", b"caff"])
+format_index = st.integers(0, len(FORMATS) - 1)
+# Huge values at least 4x the bound: mixed down with a normal channel they stay beyond it.
+special_values = st.sampled_from([np.nan, np.inf, -np.inf, 1e20, -3.4e38, MAX_SAMPLE_MAGNITUDE * 4])
+# Case name -> strategy of hostile files; scripts/fuzz_inputs.py runs the same table.
+HOSTILE_FILES: dict[str, st.SearchStrategy[HostileFile]] = {
+    "random bytes": st.builds(lambda head, body: HostileFile(head + body, ".wav"), magic, st.binary(max_size=600)),
+    "cut at any byte": st.builds(cut, format_index, st.floats(0, 1)),
+    "header field overwritten": st.builds(
+        lambda index, offset, value, width, order: HostileFile(
+            overwrite(encoded(index), offset, value, width, order), suffix(index)
+        ),
+        format_index,
+        st.integers(0, 79),
+        st.sampled_from(EXTREME_FIELDS),
+        st.sampled_from([2, 4, 8]),
+        st.sampled_from(["little", "big"]),
+    ),
+    "bytes flipped": st.builds(
+        flipped, format_index, st.lists(st.tuples(st.floats(0, 1), st.integers(1, 255)), max_size=8)
+    ),
+    "NaN, Inf or huge samples": st.builds(
+        with_special_samples,
+        st.lists(st.floats(0, 1), min_size=1, max_size=4),
+        special_values,
+        st.sampled_from([16000, 44100]),
+        st.sampled_from([1, 2]),
+    ),
+    "denormal samples": st.builds(
+        with_denormals, st.integers(-149, -126), st.sampled_from([-1.0, 1.0]), st.sampled_from([16000, 8000])
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(HOSTILE_FILES))
+def test_hostile_files_are_refused_clearly_or_read_correctly(tmp_path_factory, case):
+    outcomes = []
+
+    @settings(max_examples=EXAMPLES)
+    @given(drawn=HOSTILE_FILES[case])
+    def property_(drawn):
+        outcomes.append(check_hostile_file(drawn, tmp_path_factory.mktemp("hostile")))
+
+    property_()
+    reached = {"random bytes": {"refused"}, "NaN, Inf or huge samples": {"refused"}, "denormal samples": {"accepted"}}
+    assert reached.get(case, {"refused", "accepted"}) <= set(outcomes)  # the strategies reach both sides
 
 
 def load_bytes(data: bytes) -> np.ndarray:
@@ -256,7 +324,10 @@ def test_hostile_header_rates_are_refused_before_allocating(tmp_path, rate, reas
     path = tmp_path / "rate.wav"
     path.write_bytes(wav_with_rate(rate))
     for read in (load, lambda p: list(iter_blocks(p, BLOCK_SAMPLES))):
-        with bounded_address_space(128 * 2**20), pytest.raises(AudioError, match=f"^{re.escape(str(path))}: ") as caught:
+        with (
+            bounded_address_space(128 * 2**20),
+            pytest.raises(AudioError, match=f"^{re.escape(str(path))}: ") as caught,
+        ):
             read(path)
         assert reason in str(caught.value)
     if MIN_SAMPLE_RATE <= rate <= MAX_SAMPLE_RATE:  # a plausible rate: read as it is, no filter needed
@@ -310,44 +381,6 @@ def test_eight_channels_at_8_and_192_khz_mix_and_resample_exactly(tmp_path, rate
 
 
 # ---- sample values ----
-
-# Huge values at least 4x the bound: mixed down with a normal channel they stay beyond it.
-special_values = st.sampled_from([np.nan, np.inf, -np.inf, 1e20, -3.4e38, MAX_SAMPLE_MAGNITUDE * 4])
-
-
-@settings(max_examples=EXAMPLES)
-@given(
-    positions=st.lists(st.floats(0, 1), min_size=1, max_size=4),
-    value=special_values,
-    rate=st.sampled_from([16000, 44100]),
-    channels=st.sampled_from([1, 2]),
-)
-def test_non_finite_or_absurd_samples_are_refused_naming_the_first(tmp_path_factory, positions, value, rate, channels):
-    x = signal(rate, channels, seconds=0.4)
-    frames = sorted({min(int(p * len(x)), len(x) - 1) for p in positions})
-    x[frames, 0] = value
-    path = tmp_path_factory.mktemp("special") / "special.wav"
-    sf.write(path, x, rate, subtype="FLOAT")
-    for read in (load, lambda p: list(iter_blocks(p, BLOCK_SAMPLES))):
-        with pytest.raises(AudioError) as caught:
-            read(path)
-        message = str(caught.value)
-        assert message.startswith(f"{path}: ") and f"at frame {frames[0]} ({frames[0] / rate:.3f} s)" in message
-        assert ("non-finite" in message) == (not np.isfinite(value))
-
-
-@settings(max_examples=EXAMPLES)
-@given(exponent=st.integers(-149, -126), sign=st.sampled_from([-1.0, 1.0]), rate=st.sampled_from([16000, 8000]))
-def test_denormal_samples_are_read_exactly_and_give_finite_features(tmp_path_factory, exponent, sign, rate):
-    x = np.full((rate // 4, 1), sign * 2.0**exponent, np.float32)
-    x[::3] = 0.0
-    path = tmp_path_factory.mktemp("denormal") / "denormal.wav"
-    sf.write(path, x, rate, subtype="FLOAT")
-    outcome, samples = check_file(path)
-    assert outcome == "accepted"
-    if rate == TARGET_SR:
-        np.testing.assert_array_equal(samples, x[:, 0])
-
 
 finite_samples = st.lists(
     st.one_of(
