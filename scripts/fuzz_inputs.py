@@ -85,7 +85,7 @@ def fuzz(name: str, strategy: st.SearchStrategy, check: Callable[[object], objec
     failure = None
     try:
         target()
-    except Exception as error:  # hypothesis re-raises the shrunk failure: record it and go on
+    except Exception as error:  # noqa: BLE001 (hypothesis re-raises the shrunk failure: record it, go on)
         failure = "".join(traceback.format_exception_only(type(error), error)).strip()[-4000:]
     seconds = time.perf_counter() - started
     print(f"{name:45s} {executions:7d} executions {seconds:7.1f} s {'FAILED' if failure else 'ok'}", flush=True)
