@@ -35,6 +35,7 @@ from __future__ import annotations
 import math
 import operator
 import threading
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -44,6 +45,7 @@ import numpy as np
 import torch
 
 from audiomask._validate import check_int
+from audiomask.errors import PinnedMemoryWarning
 from audiomask.transfer._resolve import (
     as_torch_dtype,
     check_out_tensor,
@@ -312,7 +314,20 @@ class PinnedRing:
         return stream
 
     def _new_slot(self, nbytes: int) -> _Slot:
-        buffer = torch.empty(nbytes, dtype=torch.uint8, pin_memory=self.pinned)
+        try:
+            buffer = torch.empty(nbytes, dtype=torch.uint8, pin_memory=self.pinned)
+        except RuntimeError as error:
+            if not self.pinned:
+                raise
+            # Locked memory is a limited resource (ulimit -l, containers): a pageable slot keeps
+            # copies correct (the event guard is unchanged), only no longer stall-free.
+            warnings.warn(
+                f"could not pin a {nbytes}-byte ring slot ({str(error).strip().splitlines()[0]}); "
+                "using pageable memory: copies from it make the host wait for the GPU queue",
+                PinnedMemoryWarning,
+                stacklevel=4,
+            )
+            buffer = torch.empty(nbytes, dtype=torch.uint8)
         return _Slot(buffer, buffer.numpy(), nbytes)
 
     def _held_bytes(self) -> int:
