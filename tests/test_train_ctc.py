@@ -264,3 +264,10 @@ def test_warp_mel_is_identity_at_one_and_moves_energy_up_above_one() -> None:
     peak = torch.zeros(1, 1, 80)
     peak[..., 20] = 1.0
     assert int(train_ctc.warp_mel(peak, torch.tensor([1.1])).argmax()) == 22  # bin 22 reads 20
+
+
+def test_the_benchmarks_stand_in_has_the_trained_architecture():
+    """The latency benchmark measures a random model of the shipped architecture until one ships: the same one."""
+    from audiomask.bench.models import SHIPPED_CONFIG
+
+    assert train_ctc.TrainConfig().encoder_config() == SHIPPED_CONFIG

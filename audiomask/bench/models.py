@@ -33,19 +33,21 @@ from audiomask.stream import StreamingDriver
 __all__ = ["MODEL_NAMES", "QWEN3_ASR_06B", "SHIPPED_CONFIG", "BenchModel", "build_model"]
 
 MODEL_NAMES = ("shipped", "phi4mm_full", "qwen3_asr_0.6b")
-# The shipped model's architecture (audiomask.checkpoint): 4 frames (40 ms) per token, 320 ms chunks
-# (8 tokens), 4 chunks of left context.
+# The shipped model's architecture (scripts/train_ctc.py TrainConfig, audiomask.checkpoint): 4 frames
+# (40 ms) per token, 320 ms chunks (8 tokens), 8 chunks of left context.
 SHIPPED_CONFIG = Phi4MMAudioConfig(
-    hidden_size=256,
-    intermediate_size=1024,
-    num_blocks=8,
+    hidden_size=192,
+    intermediate_size=512,
+    num_blocks=6,
     num_attention_heads=4,
-    ext_pw_out_channel=256,
-    depthwise_separable_out_channel=256,
-    nemo_conv_channels=256,
+    ext_pw_out_channel=192,
+    depthwise_separable_out_channel=192,
+    kernel_size=9,
+    nemo_conv_channels=64,
     time_reduction=4,
+    bias_max_distance=128,
     chunk_size=8,
-    left_chunk=4,
+    left_chunk=8,
 )
 # Qwen3-ASR-0.6B's audio encoder (Qwen/Qwen3-ASR-0.6B config.json, audio_config); the defaults are 1.7B's.
 QWEN3_ASR_06B = Qwen3ASRConfig(encoder_layers=18, encoder_attention_heads=14, encoder_ffn_dim=3584, d_model=896)
