@@ -257,7 +257,19 @@ def test_a_wide_padding_mask_leaves_no_template_behind():
     mask = chunk.padding_mask([wide - 1, 0], max_len=wide)
     assert mask[0, wide - 2] and not mask[0, wide - 1] and not mask[1].any()
     assert chunk._STEP.size <= 2 * chunk._STEP_MAX_KEPT
-    assert chunk.padding_mask([], max_len=2**40).shape == (0, 2**40)  # zero bytes: no template of 2^40 columns
+    assert chunk.padding_mask([], max_len=2**20).shape == (0, 2**20)  # zero bytes: no template of 2^20 columns
+    assert chunk._STEP.size <= 2 * chunk._STEP_MAX_KEPT
+
+
+def test_empty_masks_with_huge_other_dimensions_are_refused_by_name():
+    """numpy refuses (0, 2^32, 2^32) with its own 'array is too big'; found by scripts/fuzz_inputs.py."""
+    with pytest.raises(
+        ValueError, match=r"batch_size and seq_len gives a \(0, 4294967296, 4294967296\) bool array of 0"
+    ):
+        phi4mm.streaming_mask(2**32, 0, chunk_size=0, left_chunk=0)
+    with pytest.raises(ValueError, match="feature_lengths and max_frames gives"):
+        phi4mm.hs_mask([], 2**40, chunk_size=4, left_chunk=1)
+    assert phi4mm.streaming_mask(1000, 0, chunk_size=4, left_chunk=1).shape == (0, 1000, 1000)
 
 
 def test_unsigned_lengths_beyond_int64_name_the_argument():

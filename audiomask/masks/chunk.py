@@ -84,10 +84,15 @@ def check_alloc(names: str, shape: tuple[int, ...], dtype: type = np.bool_) -> N
     ``names``: the arguments that set ``shape``, quoted in the ``ValueError``.
     Sizes are Python integers, so no product overflows.
     """
-    nbytes = math.prod(shape) * np.dtype(dtype).itemsize
-    if nbytes > _max_mask_bytes:
+    itemsize = np.dtype(dtype).itemsize
+    nbytes = math.prod(shape) * itemsize
+    # An empty array is refused too when its other dimensions alone exceed the bound: numpy
+    # refuses (0, 2^32, 2^32) itself ("array is too big"), and one more row would be refused here.
+    span = math.prod(max(n, 1) for n in shape) * itemsize
+    if nbytes > _max_mask_bytes or span > _max_mask_bytes:
+        size = f"{nbytes:,} bytes" if nbytes else f"0 bytes, but {span:,} bytes with one element on its empty axes"
         raise ValueError(
-            f"{names} gives a {shape} {np.dtype(dtype)} array of {nbytes:,} bytes, more than "
+            f"{names} gives a {shape} {np.dtype(dtype)} array of {size}, more than "
             f"max_mask_bytes() = {_max_mask_bytes:,}; pass out= or raise the bound with "
             "audiomask.masks.set_max_mask_bytes"
         )
