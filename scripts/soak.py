@@ -167,7 +167,7 @@ def memory_snapshot(chunks: int, rings: list[PinnedRing]) -> dict:
     snapshot = {"chunks": chunks, "rss_bytes": rss_bytes()}
     snapshot["rings"] = [dataclasses.asdict(ring.stats()) for ring in rings]
     snapshot["pinned_bytes"] = sum(ring.stats().pinned_bytes for ring in rings)
-    if torch.cuda.is_available():
+    if torch.cuda.is_available() and hasattr(torch.cuda, "host_memory_stats"):  # torch >= 2.6
         stats = torch.cuda.host_memory_stats()
         snapshot["cuda_host_memory"] = {k: v for k, v in stats.items() if k.endswith(".current") or "peak" in k}
         snapshot["cuda_allocated_bytes"] = torch.cuda.memory_allocated()

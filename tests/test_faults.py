@@ -96,8 +96,10 @@ def test_real_cuda_out_of_memory_names_what_to_reduce(model):  # noqa: F811
         with StreamingRecognizer(
             model, "cuda", chunk_ms=CHUNK_MS, left_chunks=LEFT_CHUNKS, max_streams=4
         ) as recognizer:
+            recognizer.transcribe(noise(4, 8000))  # warm: CUDA graphs captured before memory runs out
             stream = recognizer.open_stream("filled")
-            for block in (2**30, 2**25, 2**21):  # bytes: fill down to the allocator's granularity
+            torch.cuda.empty_cache()  # no cached block left for the step to take
+            for block in (2**30, 2**25, 2**21, 2**12):  # bytes: large pool down to its granularity, then small
                 while True:
                     try:
                         hog.append(torch.empty(block, dtype=torch.uint8, device="cuda"))
