@@ -275,8 +275,9 @@ class StreamingRecognizer:
         return stream.finish()
 
     def close(self) -> None:
-        """Stop the feature worker thread."""
-        self._driver.close()
+        """Stop the feature worker thread (after the call another thread may be running)."""
+        with self._changed:
+            self._driver.close()
 
     def __enter__(self) -> StreamingRecognizer:
         return self
