@@ -182,6 +182,8 @@ class StreamingRecognizer:
         left_chunks: chunks of left context each chunk attends to; default: the config's.
         max_streams: encoder slots: streams decoded together in one step (more wait for a free slot).
         overlap: compute the next chunk's features on a worker thread while the encoder runs.
+        cuda_graph: replay the encoder's chunk step as CUDA graphs (default: on CUDA); their memory is
+            taken once, at the first step, so later steps never allocate for the encoder.
         idle_timeout_s: a stream that has not sent audio for this many seconds
             is ended (as by :meth:`RecognizerStream.input_finished`) the next
             time any stream of the recognizer is used or waits, so that it no
@@ -212,6 +214,7 @@ class StreamingRecognizer:
         *,
         max_streams: int = 1,
         overlap: bool = True,
+        cuda_graph: bool | None = None,
         idle_timeout_s: float | None = None,
     ) -> None:
         if not isinstance(model, ASRModel):
@@ -243,6 +246,7 @@ class StreamingRecognizer:
             chunk_size=chunk_size,
             left_chunk=left_chunks,
             overlap=overlap,
+            cuda_graph=cuda_graph,
         )
         self.max_streams = self._driver.batch_size
         self.chunk_ms = self._driver.chunk_size * FRAME_MS * reduction

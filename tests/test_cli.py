@@ -26,6 +26,8 @@ from audiomask.cli import main
 from audiomask.pipeline import StreamingRecognizer
 
 ROOT = Path(__file__).resolve().parents[1]
+# The checkout first, then whatever the caller had on the path (the H200 keeps soundfile there).
+SUBPROCESS_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
 SAMPLES = ROOT / "samples"
 HELLO, NUMBERS = SAMPLES / "hello_world.wav", SAMPLES / "numbers.wav"
 SUBPROCESS_TIMEOUT_S = 120  # a hang fails the test instead of blocking the suite
@@ -51,7 +53,7 @@ def start_cli(*arguments: object, **popen: object) -> subprocess.Popen:
     """The CLI running in the background, its stdout and stderr piped (``popen`` overrides)."""
     popen = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, **popen}
     command = [sys.executable, "-m", "audiomask", *map(str, arguments)]
-    return subprocess.Popen(command, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, **popen)
+    return subprocess.Popen(command, cwd=ROOT, env=SUBPROCESS_ENV, **popen)
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +74,7 @@ def run_cli(*arguments: object, stdin: bytes | None = None) -> subprocess.Comple
         text=True,
         encoding="latin-1",
         cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env=SUBPROCESS_ENV,
         timeout=SUBPROCESS_TIMEOUT_S,
     )
     assert "Traceback" not in result.stderr, result.stderr
