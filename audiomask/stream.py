@@ -74,7 +74,7 @@ from audiomask.features._framing import StreamFramer, pack
 from audiomask.features.frontend import as_samples
 from audiomask.transfer import pinned_empty, to_host
 
-__all__ = ["CycleTiming", "DriverStream", "RunStats", "StreamingDriver"]
+__all__ = ["RECENT_CYCLES", "CycleTiming", "DriverStream", "RunStats", "StreamingDriver"]
 
 
 @dataclass
@@ -89,20 +89,56 @@ class CycleTiming:
     wait_s: float  # main thread blocked on the worker's features or on results
 
 
+RECENT_CYCLES = 4096  # per-cycle timings kept: a server running for days keeps totals, not every cycle
+
+
 @dataclass
 class RunStats:
-    """Timings of every cycle and the wall time of the driver's loops."""
+    """Timings of the recent cycles, totals over every cycle, and the wall time of the driver's loops.
 
-    cycles: list[CycleTiming] = field(default_factory=list)
+    ``cycles`` holds the last :data:`RECENT_CYCLES` :class:`CycleTiming` (older
+    ones are dropped, so memory stays flat however long a driver runs);
+    ``count``, ``chunks`` (stream-chunks encoded), ``cpu_s`` and ``gpu_s`` count
+    every cycle. Given ``cycles`` and no totals, the totals are computed from them.
+
+    >>> stats = RunStats([CycleTiming(0, 2, cpu_s=2.0, enqueue_s=0.1, encode_s=3.0, wait_s=0.0)], wall_s=3.5)
+    >>> stats.count, stats.chunks, stats.overlap()
+    (1, 2, 0.75)
+    """
+
+    cycles: deque[CycleTiming] = field(default_factory=deque)
     wall_s: float = 0.0
+    count: int = 0  # cycles run
+    chunks: int = 0  # stream-chunks encoded: the sum of the cycles' streams
+    cpu_s: float = 0.0  # front end, all cycles
+    gpu_s: float = 0.0  # encoder step, all cycles
 
-    @property
-    def cpu_s(self) -> float:
-        return sum(c.cpu_s for c in self.cycles)
+    def __post_init__(self) -> None:
+        given = list(self.cycles)
+        self.cycles = deque(given, maxlen=RECENT_CYCLES)
+        if given and not self.count:
+            self.count, self.chunks = len(given), sum(c.streams for c in given)
+            self.cpu_s, self.gpu_s = sum(c.cpu_s for c in given), sum(c.encode_s for c in given)
 
-    @property
-    def gpu_s(self) -> float:
-        return sum(c.encode_s for c in self.cycles)
+    def record(self, timing: CycleTiming) -> None:
+        """Add one cycle's timing."""
+        self.cycles.append(timing)
+        self.count += 1
+        self.chunks += timing.streams
+        self.cpu_s += timing.cpu_s
+        self.gpu_s += timing.encode_s
+
+    def set_encode(self, cycle: int, encode_s: float) -> None:
+        """Set the encode time of cycle ``cycle`` once it is known (CUDA events are read one cycle later)."""
+        for timing in reversed(self.cycles):
+            if timing.cycle == cycle:
+                self.gpu_s += encode_s - timing.encode_s
+                timing.encode_s = encode_s
+                return
+
+    def since(self, cycle: int) -> list[CycleTiming]:
+        """The kept timings of cycle ``cycle`` and later."""
+        return [timing for timing in self.cycles if timing.cycle >= cycle]
 
     def overlap(self) -> float:
         """``(T_cpu + T_gpu - T_wall) / min(T_cpu, T_gpu)``: 1 = the shorter side fully hidden, 0 = serial."""
@@ -331,7 +367,7 @@ class StreamingDriver:
             if self._worker is None:  # serial: a cycle ends (results on the host) before the next one's features
                 wait_s += self._collect(record)
                 in_flight = None
-            self.stats.cycles.append(
+            self.stats.record(
                 CycleTiming(plan.index, len(plan.slots), plan.cpu_s, record.enqueue_s, record.encode_s, wait_s)
             )
             plan, future = upcoming, upcoming_future
@@ -471,10 +507,7 @@ class StreamingDriver:
             record.done.synchronize()
             waited = time.perf_counter() - started
             record.encode_s = record.events[0].elapsed_time(record.events[1]) / 1000.0
-            for timing in reversed(self.stats.cycles):
-                if timing.cycle == record.cycle.index:
-                    timing.encode_s = record.encode_s
-                    break
+            self.stats.set_encode(record.cycle.index, record.encode_s)
         plan = record.cycle
         # Greedy CTC, GreedyCTCDecoder's rule on the argmax ids: a frame's best id is emitted when it
         # is not the blank and differs from the previous frame's (remembered per slot across cycles).

@@ -148,7 +148,7 @@ def streaming_texts(
     audio_s = sum(len(s) for s in signals) / SAMPLE_RATE
     encode = [cycle.encode_s for cycle in stats.cycles]
     timing = {
-        "cycles": len(stats.cycles),
+        "cycles": stats.count,
         "wall_s": round(wall_s, 3),
         "audio_s": round(audio_s, 2),
         "rtf": round(wall_s / audio_s, 5),
@@ -168,7 +168,7 @@ def chunk_latency(model: ASRModel, signal: np.ndarray, device: object, chunk_ms:
     piece = SAMPLE_RATE * chunk_ms // 1000
     with StreamingRecognizer(model, device, chunk_ms, left_chunks) as recognizer:
         recognizer.transcribe(signal[:SAMPLE_RATE])  # warm-up: allocations, kernels
-        warm_cycles = len(recognizer.stats.cycles)
+        warm_cycles = recognizer.stats.count
         stream = recognizer.open_stream("latency")
         per_piece = []
         for offset in range(0, len(signal), piece):
@@ -178,7 +178,7 @@ def chunk_latency(model: ASRModel, signal: np.ndarray, device: object, chunk_ms:
         started = time.perf_counter()
         stream.finish()
         finish_s = time.perf_counter() - started
-        cycles = recognizer.stats.cycles[warm_cycles:]
+        cycles = recognizer.stats.since(warm_cycles)
     wall = sum(per_piece) + finish_s
     compute = [c.cpu_s + c.encode_s for c in cycles]
     median_compute_ms = 1000 * float(np.median(compute))

@@ -105,12 +105,12 @@ def breakdown(audio: Path, model_path: Path | None, overlap: bool) -> dict:
     return {
         "wall_s": wall_s,
         "rtf": wall_s / audio_s,
-        "encode_ms_per_cycle": MS_PER_S * stats.gpu_s / len(stats.cycles),
+        "encode_ms_per_cycle": MS_PER_S * stats.gpu_s / stats.count,
         "frontend_s": stats.cpu_s,
         "encode_s": stats.gpu_s,
         "other_s": wall_s - stats.cpu_s - stats.gpu_s if not overlap else None,
         "overlap": stats.overlap() if overlap else None,
-        "cycles": len(stats.cycles),
+        "cycles": stats.count,
     }
 
 

@@ -165,6 +165,21 @@ def test_instrumentation(encoder, head):
     assert stats.overlap() <= 1.0 + 1e-9 or stats.cpu_s + stats.gpu_s > stats.wall_s
 
 
+def test_stats_stay_bounded_and_totals_count_every_cycle():
+    """A driver running for days keeps the recent timings only; the totals still cover every cycle."""
+    from audiomask.stream import RECENT_CYCLES, CycleTiming
+
+    stats = RunStats()
+    for cycle in range(RECENT_CYCLES + 10):
+        stats.record(CycleTiming(cycle, 3, cpu_s=1.0, enqueue_s=0.0, encode_s=0.0, wait_s=0.0))
+    stats.set_encode(RECENT_CYCLES + 9, 2.0)  # read one cycle later, as CUDA events are
+    stats.set_encode(0, 5.0)  # dropped already: no effect
+    assert len(stats.cycles) == RECENT_CYCLES and stats.cycles[0].cycle == 10
+    assert (stats.count, stats.chunks) == (RECENT_CYCLES + 10, 3 * (RECENT_CYCLES + 10))
+    assert stats.cpu_s == RECENT_CYCLES + 10 and stats.gpu_s == 2.0
+    assert [c.cycle for c in stats.since(RECENT_CYCLES + 8)] == [RECENT_CYCLES + 8, RECENT_CYCLES + 9]
+
+
 def test_overlap_formula():
     from audiomask.stream import CycleTiming
 
