@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import torch
 
 from audiomask._validate import check_int
-from audiomask.audio import TARGET_SR, check_samples, load
+from audiomask.audio import load
 from audiomask.decode import CharTokenizer, CTCHead
 from audiomask.encoders.phi4mm import Phi4MMEncoder
 from audiomask.features import Phi4MMFrontend
@@ -108,8 +108,9 @@ class RecognizerStream:
                         f"{recognizer.idle_timeout_s} s without audio (idle_timeout_s)"
                     )
                 raise ValueError(f"accept after finish: stream {self.name!r} has ended")
-            array = as_samples(f"samples for stream {self.name!r}", samples)
-            check_samples(array, f"stream {self.name!r}", self._accepted, TARGET_SR)
+            array = as_samples(
+                f"samples for stream {self.name!r}", samples, source=f"stream {self.name!r}", offset=self._accepted
+            )
             recognizer._driver.feed(self._inner, array)
             self._accepted += len(array)
             self._last_audio = _clock()

@@ -254,9 +254,18 @@ def test_a_bad_stream_never_affects_the_others(model):  # noqa: F811
     assert texts == [alone(model, samples) for samples in signals]
 
 
-def test_non_finite_features_in_one_slot_stay_in_it():
-    """Below the API's checks: NaN samples fed to the driver poison only their own stream, not the stream that
-    reuses its slot, nor the others of the batch (encoder outputs equal each stream run alone)."""
+def test_the_driver_refuses_non_finite_samples():
+    driver = StreamingDriver(tiny_phi4mm(), CTCHead(16, 7).eval(), chunk_size=2, left_chunk=1)
+    stream = driver.open("poisoned")
+    with pytest.raises(AudioError, match=r"^samples: non-finite sample \(inf\) at frame 3"):
+        driver.feed(stream, np.array([0.0, 0.1, 0.2, np.inf], np.float32))
+    driver.close()
+
+
+def test_non_finite_features_in_one_slot_stay_in_it(monkeypatch):
+    """Below every check (as if NaN arose inside the front end): NaN samples in the driver poison only their own
+    stream, not the stream that reuses its slot, nor the others of the batch (outputs equal each stream alone)."""
+    monkeypatch.setattr("audiomask.features.frontend.check_samples", lambda *args, **kwargs: None)
     encoder = tiny_phi4mm()
     torch.manual_seed(0)
     head = CTCHead(16, 7).eval()

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from audiomask._validate import check_int
+from audiomask.audio import check_samples
 from audiomask.features._framing import Framing, PackedFrames, StreamFramer, pack
 
 __all__ = ["BANDED_FROM_FRAMES", "SLAB_FRAMES", "FeatureStream", "FeatureStreams", "Frontend", "MelBands", "as_samples"]
@@ -136,12 +137,20 @@ def _split(first: np.ndarray, end: np.ndarray, groups: int) -> list[tuple[int, i
     return runs
 
 
-def as_samples(name: str, samples: object) -> np.ndarray:
+def as_samples(name: str, samples: object, *, source: object = None, offset: int = 0) -> np.ndarray:
     """``samples`` as a 1-D float32 numpy array (no copy when it already is one).
 
     Integer PCM is refused rather than guessed at: front ends take samples in
-    [-1, 1] (what :func:`audiomask.audio.load` returns). Read-only arrays are
-    copied: torch cannot wrap them.
+    [-1, 1] (what :func:`audiomask.audio.load` returns); NaN, Inf and absurd
+    values raise :class:`~audiomask.errors.AudioError`
+    (:func:`audiomask.audio.check_samples`, naming ``source``, default
+    ``name``, and the frame counted from ``offset``), so no front end turns
+    them into NaN features silently. Read-only arrays are copied: torch cannot wrap them.
+
+    >>> as_samples("samples", [0.0, float("nan")])
+    Traceback (most recent call last):
+    ...
+    audiomask.errors.AudioError: samples: non-finite sample (nan) at frame 1 (0.000 s)
     """
     array = samples.detach().cpu().numpy() if isinstance(samples, torch.Tensor) else np.asarray(samples)
     if array.ndim != 1:
@@ -149,6 +158,7 @@ def as_samples(name: str, samples: object) -> np.ndarray:
     if not np.issubdtype(array.dtype, np.floating):
         raise ValueError(f"{name} must hold floating-point samples in [-1, 1], got dtype {array.dtype}")
     array = np.ascontiguousarray(array, dtype=np.float32)
+    check_samples(array, name if source is None else source, offset)
     return array if array.flags.writeable else array.copy()
 
 
