@@ -138,6 +138,7 @@ def test_a_slot_that_cannot_be_pinned_falls_back_to_pageable_memory_with_a_warni
     np.testing.assert_array_equal(result.numpy(), data)
     stats = ring.stats()
     assert stats.slots == 2 and stats.grows == 1 and stats.copies == 1
+    assert not stats.pinned  # one slot is pageable: the ring no longer claims to be pinned
 
     def no_memory_at_all(*args, **kwargs):
         raise RuntimeError("no memory at all")
@@ -158,6 +159,18 @@ def test_pinning_refused_on_cuda_still_copies_intact(monkeypatch):
         result = to_device(data, "cuda", ring=ring)
         np.testing.assert_array_equal(result.cpu().numpy(), data)
         data = data + 1
+
+
+@pytest.mark.gpu
+def test_result_buffers_fall_back_to_pageable_memory_and_still_copy(monkeypatch):
+    from audiomask.transfer import pinned_empty, to_host
+
+    refuse_pinning(monkeypatch)
+    with pytest.warns(PinnedMemoryWarning, match=r"could not pin a host tensor of shape \(4, 8\)"):
+        out = pinned_empty((4, 8), torch.int64)
+    source = torch.arange(32, device="cuda").reshape(4, 8)
+    host, done = to_host(source, out=out)  # a blocking copy into pageable memory: complete on return
+    assert done is None and host is out and torch.equal(out, source.cpu())
 
 
 # ---- streams that stop, or send after their end ----

@@ -101,7 +101,7 @@ class RingStats:
     bytes that left the ring, padding between packed arrays included.
     """
 
-    pinned: bool  # whether the slots are page-locked (CUDA available)
+    pinned: bool  # whether every slot is page-locked (False without CUDA, or after a pinning failure)
     slots: int  # slots held now
     pinned_bytes: int  # bytes held now
     leased: int  # slots staged and not yet submitted or released
@@ -117,6 +117,7 @@ class _Slot:
     buffer: torch.Tensor  # (capacity,) uint8
     array: np.ndarray  # the numpy view of buffer
     capacity: int  # bytes
+    pinned: bool = False  # page-locked (False where CUDA is unavailable or pinning failed)
     leased: bool = False
     pending: Completion | None = None  # the last copy from this slot, until it has completed
     released: int = 0  # release sequence number: lower = released earlier
@@ -296,7 +297,7 @@ class PinnedRing:
         """A snapshot of the counters."""
         with self._lock:
             return RingStats(
-                pinned=self.pinned,
+                pinned=bool(self._slots) and all(slot.pinned for slot in self._slots),
                 slots=len(self._slots),
                 pinned_bytes=self._held_bytes(),
                 leased=sum(slot.leased for slot in self._slots),
@@ -328,7 +329,8 @@ class PinnedRing:
                 stacklevel=4,
             )
             buffer = torch.empty(nbytes, dtype=torch.uint8)
-        return _Slot(buffer, buffer.numpy(), nbytes)
+            return _Slot(buffer, buffer.numpy(), nbytes)
+        return _Slot(buffer, buffer.numpy(), nbytes, pinned=self.pinned)
 
     def _held_bytes(self) -> int:
         return sum(slot.capacity for slot in self._slots)

@@ -8,7 +8,14 @@ import warnings
 import numpy as np
 import torch
 
-from audiomask.transfer._resolve import as_torch_dtype, check_out_tensor, check_stream, numpy_dtype, resolve_device
+from audiomask.errors import PinnedMemoryWarning
+from audiomask.transfer._resolve import (
+    as_torch_dtype,
+    check_out_tensor,
+    check_stream,
+    numpy_dtype,
+    resolve_device,
+)
 from audiomask.transfer.ring import MiB, PinnedRing
 
 __all__ = [
@@ -216,12 +223,25 @@ def pinned_empty(shape: int | tuple[int, ...], dtype: torch.dtype) -> torch.Tens
     """An uninitialised host tensor of ``shape`` and ``dtype``, page-locked where CUDA is available.
 
     For results that come back from the device again and again (:func:`to_host`
-    with ``out=``): allocate once, reuse every step.
+    with ``out=``): allocate once, reuse every step. Where pinning fails (the
+    locked-memory limit), the tensor is pageable and a
+    :class:`~audiomask.errors.PinnedMemoryWarning` says so.
 
     >>> pinned_empty((2, 3), torch.int64).shape
     torch.Size([2, 3])
     """
-    return torch.empty(shape, dtype=dtype, pin_memory=torch.cuda.is_available())
+    if not torch.cuda.is_available():
+        return torch.empty(shape, dtype=dtype)
+    try:
+        return torch.empty(shape, dtype=dtype, pin_memory=True)
+    except RuntimeError as error:
+        warnings.warn(
+            f"could not pin a host tensor of shape {shape} ({str(error).strip().splitlines()[0]}); "
+            "using pageable memory: copies into it make the host wait for the GPU",
+            PinnedMemoryWarning,
+            stacklevel=2,
+        )
+        return torch.empty(shape, dtype=dtype)
 
 
 def to_host(tensor: torch.Tensor, *, out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.cuda.Event | None]:
@@ -230,8 +250,8 @@ def to_host(tensor: torch.Tensor, *, out: torch.Tensor | None = None) -> tuple[t
     For a CUDA tensor the copy is ``non_blocking`` on the current stream into
     ``out`` (a pinned CPU tensor of the same shape and dtype, e.g. from
     :func:`pinned_empty`, reused by the caller once it has read it) or else a
-    fresh pinned tensor (from torch's pinned-memory cache); a pageable
-    destination would make the copy block. ``done`` is a CUDA event recorded
+    fresh pinned tensor (from torch's pinned-memory cache). A pageable ``out``
+    (where pinning failed) gets a blocking copy and ``done=None``. ``done`` is a CUDA event recorded
     after it: read ``host`` only once ``done`` has completed
     (``done.synchronize()`` or ``done.query()``). A CPU tensor comes back as a
     copy (into ``out`` if given) with ``done=None``.
@@ -242,9 +262,8 @@ def to_host(tensor: torch.Tensor, *, out: torch.Tensor | None = None) -> tuple[t
     """
     if out is not None:
         check_out_tensor(out, tuple(tensor.shape), tensor.dtype, torch.device("cpu"))
-        if tensor.device.type != "cpu" and not out.is_pinned():
-            raise ValueError("out must be pinned host memory (pinned_empty): a pageable destination blocks the host")
-    if tensor.device.type == "cpu":
+    if tensor.device.type == "cpu" or (out is not None and not out.is_pinned()):
+        # A pageable out (pinned_empty's fallback) takes a copy that waits for the device: done at once.
         return (tensor.clone() if out is None else out.copy_(tensor)), None
     host = pinned_empty(tuple(tensor.shape), tensor.dtype) if out is None else out
     host.copy_(tensor, non_blocking=True)
