@@ -243,11 +243,15 @@ class Phi4MMStream(_Stream):
         a whole chunk, its utterance's last frames, or nothing).
         :attr:`last_lengths` counts each slot's real tokens of this chunk.
         """
-        position = self._chunks - self._start  # each slot's chunk index within its utterance
-        valid = np.clip(self._valid_tokens() - position * self.chunk_size, 0, self.chunk_size)
+        valid = self._next_chunk_tokens()
         outputs = self._step()
         self.last_lengths = valid
         return outputs
+
+    def _next_chunk_tokens(self) -> np.ndarray:
+        """``(B,)`` real tokens of each slot in the next chunk, from the frames pushed so far."""
+        position = self._chunks - self._start  # each slot's chunk index within its utterance
+        return np.clip(self._valid_tokens() - position * self.chunk_size, 0, self.chunk_size)
 
     def step_frames(self, chunk: object, valid: object) -> torch.Tensor:
         """Encode one chunk given whole, bypassing the frame buffer: ``(B, chunk_size, D)``.
@@ -269,8 +273,7 @@ class Phi4MMStream(_Stream):
         if valid.size != self.batch_size:
             raise ValueError(f"valid must have {self.batch_size} entries (batch_size), got {valid.size}")
         self._frames += valid
-        position = self._chunks - self._start
-        tokens = np.clip(self._valid_tokens() - position * self.chunk_size, 0, self.chunk_size)
+        tokens = self._next_chunk_tokens()
         outputs = self._encode_chunk(chunk, valid)
         self.last_lengths = tokens
         return outputs
