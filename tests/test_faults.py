@@ -25,6 +25,7 @@ from audiomask.transfer.ring import KiB
 
 CHUNK_MS, LEFT_CHUNKS = 160, 1
 CHUNK_SAMPLES = CHUNK_MS * 16  # 16 kHz
+OOM_STREAMS = 64  # enough that one step's activations outgrow every block a one-stream step freed
 
 
 def alone(model, samples: np.ndarray) -> str:  # noqa: F811 (model is the fixture's value)
@@ -94,22 +95,31 @@ def test_real_cuda_out_of_memory_names_what_to_reduce(model):  # noqa: F811
     hog = []
     try:
         with StreamingRecognizer(  # eager: a CUDA graph's step takes its memory once, at capture, and never fails
-            model, "cuda", chunk_ms=CHUNK_MS, left_chunks=LEFT_CHUNKS, max_streams=4, cuda_graph=False
+            model, "cuda", chunk_ms=CHUNK_MS, left_chunks=LEFT_CHUNKS, max_streams=OOM_STREAMS, cuda_graph=False
         ) as recognizer:
             recognizer.transcribe(noise(4, 8000))  # warm: lazy initialisation done before memory runs out
-            stream = recognizer.open_stream("filled")
+            # Every step so far had one stream. The first stream runs alone, then holds the lock-step
+            # cycle (it has no next chunk yet) while the others queue behind it; its next audio then
+            # starts a step of all of them, whose activations are larger than any block freed so far.
+            streams = [recognizer.open_stream(f"filled {i}") for i in range(OOM_STREAMS)]
+            for stream in streams:
+                stream.accept(noise(5, 4 * CHUNK_SAMPLES))
             torch.cuda.empty_cache()  # no cached block left for the step to take
-            for block in (2**30, 2**25, 2**21, 2**12):  # bytes: large pool down to its granularity, then small
+            # Bytes: the large pool (> 1 MiB) down to its smallest request, then the small pool down to its
+            # 512-byte rounding, so no free fragment of a cached segment is left for the step to take.
+            for block in (2**30, 2**25, 2**21, 2**20 + 512, 2**16, 2**12, 2**9):
                 while True:
                     try:
                         hog.append(torch.empty(block, dtype=torch.uint8, device="cuda"))
                     except torch.OutOfMemoryError:
                         break
-            with pytest.raises(torch.OutOfMemoryError, match=r"ran out of memory .*reduce max_streams \(4\)"):
-                stream.accept(noise(5, 16000))
+            with pytest.raises(
+                torch.OutOfMemoryError, match=rf"ran out of memory .*reduce max_streams \({OOM_STREAMS}\)"
+            ):
+                streams[0].accept(noise(6, 4 * CHUNK_SAMPLES))
             hog.clear()
             with pytest.raises(RuntimeError, match="open a new one"):
-                stream.accept(noise(5, 100))
+                streams[1].accept(noise(5, 100))
     finally:
         hog.clear()
         torch.cuda.empty_cache()

@@ -712,12 +712,25 @@ def test_submit_on_an_idle_consumer_copies_there_without_cross_stream_sync(fake_
     ]
 
 
-def test_submit_into_out_waits_for_the_consumer_first(fake_cuda: FakeCuda) -> None:
+def test_submit_into_out_runs_on_the_busy_consumer_after_its_queued_work(fake_cuda: FakeCuda) -> None:
+    ring = small_ring()
+    out = torch.empty(3, device="meta")
+    fake_cuda.log.clear()
+    assert not fake_cuda.consumer.query()  # work queued on it
+    with ring.stage(3, np.float32) as staged:
+        assert staged._to(META, out, None) is out
+    assert fake_cuda.log == [  # after the work that may still read out, with no cross-stream handoff
+        "copy on consumer non_blocking",
+        "event 0 recorded on consumer",
+    ]
+
+
+def test_submit_into_out_on_a_given_stream_waits_for_the_consumer_first(fake_cuda: FakeCuda) -> None:
     ring = small_ring()
     out = torch.empty(3, device="meta")
     fake_cuda.log.clear()
     with ring.stage(3, np.float32) as staged:
-        assert staged._to(META, out, None) is out
+        assert staged._to(META, out, ring.copy_stream(META)) is out
     assert fake_cuda.log == [
         "copy waits for consumer",  # work queued before may still read out
         "current stream copy",

@@ -8,6 +8,7 @@ the measurements), and the in-place mask builder used to fill ring slots.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import numpy as np
@@ -127,6 +128,23 @@ class HostWorkload:
         if done is not None:
             torch.cuda.synchronize(self.device)
         return rounds
+
+    def run_for(self, ms: float) -> int:
+        """Run host work for ``ms`` milliseconds (at least one round); return the rounds done.
+
+        What a driver's host does between launching a GPU step and submitting
+        the next chunk's copies: it computes that chunk's features.
+
+        >>> HostWorkload("cpu").run_for(0.0)
+        1
+        """
+        end = time.perf_counter() + ms / 1e3
+        rounds = 0
+        while True:
+            torch.mul(self._left, self._right, out=self._out)
+            rounds += 1
+            if time.perf_counter() >= end:
+                return rounds
 
 
 def mask_builder() -> tuple[str, Callable[[np.ndarray, np.random.Generator], None]]:

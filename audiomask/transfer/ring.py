@@ -477,9 +477,9 @@ class Staged:
         """Copy the only staged array to ``device`` and hand the slot back; see :meth:`to_many`.
 
         ``out``: a dense tensor on ``device`` with the staged shape and dtype to
-        copy into. The copy is then ordered after all work already queued on the
-        current stream (which may still read ``out``), so the slot stays busy
-        until that work is done.
+        copy into. The copy then runs on the current stream (unless ``stream``
+        is given), after all work already queued there (which may still read
+        ``out``), so the slot stays busy until that work is done.
         """
         target = resolve_device(device)
         check_stream(stream, target)
@@ -548,10 +548,11 @@ class Staged:
         consumer = _current_stream(target)
         if stream is not None:
             copy_stream = stream
-        elif consumer.query():
-            # Nothing queued ahead: a copy on the consumer starts at once and needs no
-            # cross-stream event, wait, stream switch or record_stream (the single-stream,
-            # low-latency case, where the GPU has finished the last chunk before the next arrives).
+        elif out is not None or consumer.query():
+            # A copy into out must follow the consumer's queued work (which may still read out),
+            # and with nothing queued ahead a copy on the consumer starts at once: either way the
+            # consumer itself is the right stream, with no cross-stream event, wait, stream switch
+            # or record_stream (the low-latency single-stream case, and CUDA graphs' static inputs).
             copy_stream = consumer
         else:
             copy_stream = self._ring.copy_stream(target)  # not queued behind the consumer's work
@@ -561,7 +562,7 @@ class Staged:
             done.record(copy_stream)
         else:
             if out is not None:
-                copy_stream.wait_stream(consumer)  # work queued before may still read out
+                copy_stream.wait_stream(consumer)  # a caller's stream: work queued before may still read out
             # Allocating under the copy stream puts the result in that stream's pool, so it is
             # never a block that work queued on the consumer still uses. set_stream also makes
             # the stream's device current: put back the caller's device if it was another.

@@ -156,8 +156,8 @@ def to_device(
         out: a dense tensor on ``device`` of the data's shape to copy into,
             ordered after the work already queued on the current stream.
         stream: the CUDA stream that runs the copy (default: the current
-            stream when nothing is queued on it, else the ring's copy stream
-            for the device).
+            stream when ``out`` is given or nothing is queued on it, else the
+            ring's copy stream for the device).
         ring: the :class:`PinnedRing` to stage through (default:
             :func:`default_ring` for a CUDA device; on the CPU, the data is
             staged only if a ring is given).
