@@ -39,6 +39,7 @@ and the left context is one cached step per stage.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -241,6 +242,11 @@ class _ConvSubsampling(nn.Module):
     ) -> torch.Tensor:
         """``frame_valid`` ``None`` here: every frame is real (the caller knows it on the host), no masking."""
         stride = 1  # input frames per step of `hidden`
+        # Without autograd the activation and the masking run in place on the conv's output: the
+        # first stage's output is the step's largest tensor (1024 channels x T/2 x F/2, ~5 MB per
+        # stream in bf16 at 1.28 s chunks), and one copy of it alive instead of three is what lets
+        # a CUDA-graph step hold thousands of streams.
+        in_place = not torch.is_grad_enabled()
         if frame_valid is not None:
             hidden = hidden * frame_valid[:, None, :, None]
         for module in self.conv:
@@ -257,14 +263,26 @@ class _ConvSubsampling(nn.Module):
                     out[:, :, :1] += F.conv2d(cache, top_tap, None, stride=(1, 2), padding=(0, 1), groups=module.groups)
                     cache.copy_(hidden[:, :, -1:])
                 hidden = out
+                del out  # the stage input is freed as soon as `hidden` moves on
                 stride *= 2
             elif isinstance(module, nn.Conv2d):
                 hidden = module(hidden)
             else:  # the activation ends a stage: zero its outputs beyond the utterance
-                hidden = module(hidden)
+                activate_in_place = _IN_PLACE_ACTIVATIONS.get(type(module)) if in_place else None
+                hidden = activate_in_place(hidden) if activate_in_place else module(hidden)
                 if frame_valid is not None:
-                    hidden = hidden * frame_valid[:, None, ::stride, None]
+                    mask = frame_valid[:, None, ::stride, None]
+                    hidden = hidden.mul_(mask) if in_place else hidden * mask
         return hidden
+
+
+# The activations of _common.activation that have an in-place form (GELU has none).
+_IN_PLACE_ACTIVATIONS: dict[type[nn.Module], Callable[[torch.Tensor], torch.Tensor]] = {
+    nn.ReLU: torch.relu_,
+    nn.SiLU: functools.partial(F.silu, inplace=True),
+    nn.Sigmoid: torch.sigmoid_,
+    nn.Tanh: torch.tanh_,
+}
 
 
 class _RelativeAttentionBias(nn.Module):

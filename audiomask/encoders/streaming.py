@@ -332,10 +332,15 @@ class Phi4MMStream(_Stream):
 
         The graphs always apply both masks (an all-True mask changes no value),
         so one graph per phase serves every step. Capturing needs warm-up runs,
-        which write the caches: they are saved before and restored after.
+        which write the caches; it happens before the first chunk is encoded,
+        when every cache is still zero (made so, reset or flushed), so zeroing
+        them afterwards restores them (a saved copy would cost as much device
+        memory as the caches: ~8 MB per stream for the full-size encoder). The
+        warm-up's activations are handed back to the device before capture, so
+        that the graphs' pool can take that memory rather than leave it cached
+        for eager work that a graph-driven stream never runs.
         """
         caches = (*self._kv, *self._conv, *self._subsampling)
-        saved = [cache.clone() for cache in caches]
         frame_valid = self._static_masks[:, : self._chunk_frames]
         key_mask = self._static_masks[:, self._chunk_frames :]
         side = torch.cuda.Stream(self.device)
@@ -344,14 +349,16 @@ class Phi4MMStream(_Stream):
             for phase in range(self._blocks):  # warm-up: lazy initialisation stays out of the graphs
                 self._run_chunk(self._static_chunk, frame_valid, key_mask, phase)
         torch.cuda.current_stream(self.device).wait_stream(side)
+        torch.cuda.synchronize(self.device)
+        torch.cuda.empty_cache()
         pool = torch.cuda.graph_pool_handle()
         for phase in range(self._blocks):
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
                 outputs = self._run_chunk(self._static_chunk, frame_valid, key_mask, phase)
             self._graphs.append((graph, outputs))
-        for cache, value in zip(caches, saved):
-            cache.copy_(value)
+        for cache in caches:
+            cache.zero_()
 
 
 class Qwen3ASRStream(_Stream):
