@@ -21,6 +21,7 @@ from encoder_models import (
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from audiomask.encoders import phi4mm as phi4mm_module
 from audiomask.masks import qwen3_asr
 
 TOLERANCE = 1e-4  # float32 on CPU
@@ -96,6 +97,18 @@ def test_phi4mm_stream_equals_hard_forward(phi4mm, chunk_size, left_chunk, lengt
     stream = phi4mm.stream(batch_size=len(lengths), chunk_size=chunk_size, left_chunk=left_chunk)
     pieces, valid = stream_in_pieces(stream, features, lengths, sizes, time_dim=1)
     assert_streamed_equals(pieces, valid, reference, reference_lengths, push_unit=chunk_size)
+
+
+def test_phi4mm_stream_in_subsampling_slices_equals_hard_forward(phi4mm, monkeypatch):
+    """A batch larger than SUBSAMPLING_SLICE subsamples slice by slice, each slice's caches its own rows."""
+    lengths = [37, 64, 0, 51, 64]
+    features = torch.randn(len(lengths), max(lengths), PHI_MEL, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        reference, reference_lengths = phi4mm(features, lengths, chunk_size=2, left_chunk=1, mask_mode="hard")
+    monkeypatch.setattr(phi4mm_module, "SUBSAMPLING_SLICE", 2)  # slices of 2, 2 and 1 utterances
+    stream = phi4mm.stream(batch_size=len(lengths), chunk_size=2, left_chunk=1)
+    pieces, valid = stream_in_pieces(stream, features, lengths, [16, 9, 40], time_dim=1)
+    assert_streamed_equals(pieces, valid, reference, reference_lengths, push_unit=2)
 
 
 def test_phi4mm_stream_long_utterance(phi4mm):

@@ -61,10 +61,11 @@ from audiomask.encoders.streaming import Phi4MMStream
 from audiomask.masks import padding_mask, phi4mm
 from audiomask.transfer import to_device
 
-__all__ = ["SUBSAMPLING_LOOKAHEAD_FRAMES", "UNFOLD_TOKENS", "Phi4MMAudioConfig", "Phi4MMEncoder"]
+__all__ = ["SUBSAMPLING_LOOKAHEAD_FRAMES", "SUBSAMPLING_SLICE", "UNFOLD_TOKENS", "Phi4MMAudioConfig", "Phi4MMEncoder"]
 
 UNFOLD_TOKENS = 500  # upstream's "max_seq_len": longer sequences are encoded as 500-token blocks (compat mode)
 SUBSAMPLING_LOOKAHEAD_FRAMES = 0  # feature frames a token needs beyond its own time_reduction frames
+SUBSAMPLING_SLICE = 512  # utterances whose subsampling stages run at once in a larger batch (exact path)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -231,9 +232,27 @@ class _ConvSubsampling(nn.Module):
         """
         hidden = features.unsqueeze(1)  # (B, 1, T, F): time on dim 2, mel bins on dim 3
         if frame_valid is None and not exact:
-            hidden = self.conv(hidden)
-        else:
-            hidden = self._exact(hidden, frame_valid, caches)
+            return self._tokens(self.conv(hidden))
+        if len(hidden) <= SUBSAMPLING_SLICE:
+            return self._tokens(self._exact(hidden, frame_valid, caches))
+        # The stages' outputs are the largest tensors of a step (the first is ~5 MB per stream at
+        # 1.28 s chunks, in bf16): slices of the batch keep them from bounding how many streams fit.
+        slices = [slice(start, start + SUBSAMPLING_SLICE) for start in range(0, len(hidden), SUBSAMPLING_SLICE)]
+        return torch.cat(
+            [
+                self._tokens(
+                    self._exact(
+                        hidden[rows],
+                        None if frame_valid is None else frame_valid[rows],
+                        None if caches is None else [cache[rows] for cache in caches],
+                    )
+                )
+                for rows in slices
+            ]
+        )
+
+    def _tokens(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The last stage's ``(B, C, L, F')`` output as tokens ``(B, L, D)``."""
         batch, channels, length, bins = hidden.shape
         return self.out(hidden.transpose(1, 2).reshape(batch, length, channels * bins))
 
