@@ -16,10 +16,12 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
 
+from audiomask.bench.environment import capture_environment, write_result
 from audiomask.transfer import KiB, PinnedRing
 from audiomask.transfer.harness import HostWorkload, QueueFiller, pin_per_copy
 
@@ -101,19 +103,7 @@ def main() -> None:
         for row, (p50, p99) in result["rows"].items():
             print(f"   {row:26s} {p50:.4f} / {p99:.4f}")
     if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(
-                {
-                    "command": "python3 bench/probes/busy_state.py --json OUT",
-                    "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                    "torch_version": torch.__version__,
-                    "gpu": torch.cuda.get_device_name(DEV),
-                    "ms_p50_p99": results,
-                },
-                handle,
-                indent=1,
-            )
-
+        write_result(Path(args.json), {"environment": capture_environment(sys.argv), "ms_p50_p99": results})
 
 if __name__ == "__main__":
     main()

@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import json
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
 
+from audiomask.bench.environment import capture_environment, write_result
 from audiomask.transfer import KiB, MiB, PinnedRing
 from audiomask.transfer.harness import QueueFiller, pin_per_copy
 
@@ -225,19 +227,7 @@ def main() -> None:
 
         show(f"ring_in_place submit {tag} out=", ring_submit_out, before=lease)
     if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(
-                {
-                    "command": "python3 bench/probes/submit_floor.py --json OUT",
-                    "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                    "torch_version": torch.__version__,
-                    "gpu": torch.cuda.get_device_name(DEV),
-                    "ms_p50_p99": results,
-                },
-                handle,
-                indent=1,
-            )
-
+        write_result(Path(args.json), {"environment": capture_environment(sys.argv), "ms_p50_p99": results})
 
 if __name__ == "__main__":
     main()
