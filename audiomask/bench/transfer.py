@@ -35,10 +35,11 @@ waited is what the queue itself costs the host. A fourth, ``busy_hot``, queues t
 same work but has the host run front-end-like torch work while the previous
 repetition drains, and for ``SETTLE_MS`` between queueing the work and the
 timed call (:class:`~audiomask.transfer.harness.HostWorkload`), as a streaming
-server's host does between launching a step and submitting the next chunk:
-the first driver calls after work wakes an idle GPU cost ~0.1-0.2 ms on this
-VM whatever they are (bench/probes/submit_floor.py), a cost of the wake-up that
-``busy`` charges to whichever strategy comes next. The comparisons of the
+server's host does between launching a step and submitting the next chunk.
+In the first milliseconds after a long queue starts on an idle GPU every copy,
+whatever its strategy, costs 10-20x what it costs once the queue has run a
+while (bench/probes/busy_state.py and submit_floor.py): 1 ms of settling does
+not remove that, 10 ms removes most of it. The comparisons of the
 acceptance are judged in ``idle`` and ``busy_hot``; ``busy`` is reported beside them. After a busy copy returns, ``queue_still_busy``
 records whether the queued work was still running: the host did not wait for
 it. The timed call returns the device tensor; dropping it is timed apart
