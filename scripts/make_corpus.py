@@ -5,10 +5,14 @@ Text: sentences of :data:`WORDS_PER_SENTENCE` random words from a word list
 (Debian's ``wamerican``: ``/usr/share/dict/american-english``), kept to
 lowercase a-z plus the common contractions (``don't``, ``we're``), so every
 character is in :data:`ALPHABET`. Words a synthesiser would not read as
-spelled are dropped (no vowel: ``ft``, ``kg``; roman numerals: ``xiv``), and
-words are drawn with weight ``2 ** (-letters / 2)``: a frequency proxy
-(Zipf's law of abbreviation: short words are the frequent ones), so common
-words recur often enough to be learned.
+spelled are dropped (no vowel: ``ft``, ``kg``; roman numerals: ``xiv``).
+Words are drawn as often as they occur in English text: with
+``--frequency-text`` (Debian's ``fortunes``: ~430,000 words of quotations),
+a word's weight is its count there plus :data:`UNSEEN_WORD_COUNT` (add-half
+smoothing, so the list's words the text lacks are still heard, ~4 % of the
+words said); without it, ``2 ** (-letters / 2)`` (Zipf's law of
+abbreviation: short words are the frequent ones). Speech is mostly common
+words, so the corpus, like the evaluation split drawn from it, is too.
 
 Voices:
 
@@ -45,12 +49,14 @@ Usage:
   python3 scripts/make_corpus.py --out /tmp/corpus --hours 32 --workers 16 \\
       --espeak "env LD_LIBRARY_PATH=$L ESPEAK_DATA_PATH=/tmp/tts/usr/lib/x86_64-linux-gnu/espeak-ng-data \\
       /tmp/tts/usr/bin/espeak-ng" --flite "env LD_LIBRARY_PATH=$L /tmp/tts/usr/bin/flite" \\
-      --wordlist /tmp/words/usr/share/dict/american-english
+      --wordlist /tmp/words/usr/share/dict/american-english \\
+      --frequency-text /tmp/words/usr/share/games/fortunes
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import datetime
 import hashlib
@@ -79,7 +85,9 @@ ENGINES = ("espeak-ng", "flite")
 # Text.
 WORDS_PER_SENTENCE = (4, 16)  # inclusive range, drawn uniformly
 MAX_WORD_LETTERS = 9  # longer words are rarer, and would each be heard too seldom to learn their spelling
-WORD_WEIGHT_HALVING_LETTERS = 2  # a word's weight halves for every 2 more letters
+WORD_WEIGHT_HALVING_LETTERS = 2  # without a frequency text: a word's weight halves for every 2 more letters
+UNSEEN_WORD_COUNT = 0.5  # added to every word's count in the frequency text (Krichevsky-Trofimov smoothing)
+TEXT_WORD = re.compile(r"[a-z]+(?:'[a-z]+)?")  # a word of running text, after lowercasing
 SHORT_WORDS = frozenset(  # the 1-2 letter words kept (others are abbreviations: "cm", "ft", "ii")
     "a am an as at be by do go he if in is it me my no of oh on or so to up us we".split()
 )
@@ -184,19 +192,59 @@ def read_vocabulary(path: str | os.PathLike) -> list[str]:
     return words
 
 
-def word_weights(words: Sequence[str]) -> np.ndarray:
-    """Sampling probabilities of ``words``: ``2 ** (-letters / 2)``, normalised (shorter words more often)."""
-    letters = np.array([len(word.replace("'", "")) for word in words], np.float64)
-    weights = 2.0 ** (-letters / WORD_WEIGHT_HALVING_LETTERS)
+def text_files(paths: Iterable[str | os.PathLike]) -> list[Path]:
+    """The files of ``paths``, sorted: a folder gives its regular files without a suffix.
+
+    (A fortune folder holds ``art``, its index ``art.dat`` and a link ``art.u8``; only ``art`` is text.)
+    """
+    files: list[Path] = []
+    for path in map(Path, paths):
+        if path.is_dir():
+            files.extend(p for p in path.iterdir() if p.is_file() and not p.is_symlink() and not p.suffix)
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise ValueError(f"--frequency-text {str(path)!r}: no such file or folder")
+    if not files:
+        raise ValueError(f"--frequency-text {[str(p) for p in paths]}: no text file in it")
+    return sorted(files)
+
+
+def word_counts(texts: Iterable[str], words: Sequence[str]) -> np.ndarray:
+    """How often each of ``words`` occurs in ``texts`` (lowercased running text): int64 ``(len(words),)``.
+
+    >>> word_counts(["The dog saw the cat. Don't!"], ["cat", "don't", "the", "zebra"]).tolist()
+    [1, 1, 2, 0]
+    """
+    counts = collections.Counter()
+    for text in texts:
+        counts.update(TEXT_WORD.findall(text.lower()))
+    return np.array([counts[word] for word in words], np.int64)
+
+
+def word_weights(words: Sequence[str], counts: np.ndarray | None = None) -> np.ndarray:
+    """Sampling probabilities of ``words``, float64 ``(len(words),)`` summing to 1.
+
+    With ``counts`` (:func:`word_counts`): ``counts + UNSEEN_WORD_COUNT``,
+    normalised; without: ``2 ** (-letters / 2)``, normalised.
+
+    >>> word_weights(["a", "the", "zebra"], np.array([3, 1, 0])).round(3).tolist()
+    [0.636, 0.273, 0.091]
+    """
+    if counts is None:
+        letters = np.array([len(word.replace("'", "")) for word in words], np.float64)
+        weights = 2.0 ** (-letters / WORD_WEIGHT_HALVING_LETTERS)
+    else:
+        weights = np.asarray(counts, np.float64) + UNSEEN_WORD_COUNT
     return weights / weights.sum()
 
 
 class SentenceSource:
     """Distinct random sentences: each ``next()`` is a sentence never returned before."""
 
-    def __init__(self, words: Sequence[str], rng: np.random.Generator) -> None:
+    def __init__(self, words: Sequence[str], rng: np.random.Generator, counts: np.ndarray | None = None) -> None:
         self.words, self.rng = list(words), rng
-        self.cumulative = np.cumsum(word_weights(words))  # inverse-CDF sampling: O(log V) a word
+        self.cumulative = np.cumsum(word_weights(words, counts))  # inverse-CDF sampling: O(log V) a word
         self.seen: set[str] = set()
 
     def next(self) -> str:
@@ -284,10 +332,14 @@ def plan_jobs(
     hours: float,
     eval_per_engine: int,
     seed: int,
+    counts: np.ndarray | None = None,
 ) -> list[dict]:
-    """Every utterance to synthesise, in id order: held-out ones first, then training ones up to ``hours``."""
+    """Every utterance to synthesise, in id order: held-out ones first, then training ones up to ``hours``.
+
+    ``counts``: the words' counts in a frequency text (:func:`word_weights`).
+    """
     rng = np.random.default_rng(seed)
-    sentences = SentenceSource(words, rng)  # one source: no sentence is said twice, so none crosses splits
+    sentences = SentenceSource(words, rng, counts)  # one source: no sentence is said twice, so none crosses splits
     jobs: list[dict] = []
 
     def add(engine: str, split: str) -> float:
@@ -392,6 +444,14 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--espeak", default="espeak-ng", help="the espeak-ng command (a shell-quoted prefix)")
     parser.add_argument("--flite", default="flite", help="the flite command (a shell-quoted prefix)")
     parser.add_argument("--wordlist", default=DEFAULT_WORDLIST, help="one word a line (Debian's wamerican)")
+    parser.add_argument(
+        "--frequency-text",
+        nargs="+",
+        default=[],
+        metavar="PATH",
+        help="English text files or folders (Debian's fortunes: /usr/share/games/fortunes) whose word counts "
+        "weight the words (default: shorter words more often)",
+    )
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="synthesis processes")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
@@ -414,12 +474,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         versions = {engine: check_engine(engine, commands[engine]) for engine in args.engines}
         words = read_vocabulary(args.wordlist)
+        counts = None
+        if args.frequency_text:
+            frequency_files = text_files(args.frequency_text)
+            texts = [path.read_text(encoding="utf-8", errors="replace") for path in frequency_files]
+            counts = word_counts(texts, words)
         variants = espeak_variants(commands["espeak-ng"]) if "espeak-ng" in args.engines else []
         installed = flite_voices(commands["flite"]) if "flite" in args.engines else []
         split_voices = voice_split(args.engines, variants, installed)
     except ValueError as error:
         raise SystemExit(f"make_corpus: error: {error}") from None
-    jobs = plan_jobs(words, split_voices, args.hours, args.eval_per_engine, args.seed)
+    jobs = plan_jobs(words, split_voices, args.hours, args.eval_per_engine, args.seed, counts)
     print(f"{len(words)} words, {len(jobs)} utterances to synthesise with {args.workers} workers", flush=True)
     (args.out / "wav").mkdir(parents=True, exist_ok=True)
     records = []
@@ -448,6 +513,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             "path": str(args.wordlist),
             "sha256": hashlib.sha256(Path(args.wordlist).read_bytes()).hexdigest(),
             "words_used": len(words),
+        },
+        "frequency_text": None
+        if counts is None
+        else {
+            "paths": [str(path) for path in args.frequency_text],
+            "files": len(frequency_files),
+            "sha256": hashlib.sha256(b"".join(path.read_bytes() for path in frequency_files)).hexdigest(),
+            "word_tokens_counted": int(counts.sum()),
+            "words_seen": int((counts > 0).sum()),
+            "unseen_word_count": UNSEEN_WORD_COUNT,
         },
         "held_out": {
             "espeak-ng accents": list(ESPEAK_HELD_OUT_ACCENTS),

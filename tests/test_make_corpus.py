@@ -159,3 +159,29 @@ def test_plan_is_seeded_and_sentences_never_repeat() -> None:
         stretch = job["settings"]["duration_stretch"]
         assert make_corpus.FLITE_STRETCH[0] <= stretch <= make_corpus.FLITE_STRETCH[1]
         assert job["split"] == "train" or "int_f0_target_mean" not in job["settings"]
+
+
+def test_frequency_text_folder_reads_only_the_text_files(tmp_path: Path) -> None:
+    (tmp_path / "art").write_text("the cat and the dog\n%\nthe end\n")
+    (tmp_path / "art.dat").write_bytes(b"\x00\x02the the the")  # fortune's index: not text
+    (tmp_path / "art.u8").symlink_to("art")  # the same text again
+    files = make_corpus.text_files([tmp_path])
+    assert files == [tmp_path / "art"]
+    counts = make_corpus.word_counts([f.read_text() for f in files], ["the", "cat", "zebra"])
+    assert counts.tolist() == [3, 1, 0]
+    with pytest.raises(ValueError, match="--frequency-text .*no such file"):
+        make_corpus.text_files([tmp_path / "missing"])
+
+
+def test_frequency_counts_make_common_words_common() -> None:
+    words = make_corpus.usable_words(WORDS)
+    common, rare = words[0], words[-1]
+    counts = np.zeros(len(words), np.int64)
+    counts[0] = 50  # not so many that the distinct-sentence rule rejects most draws
+    voices = make_corpus.voice_split(["flite"], flite_installed=make_corpus.FLITE_VOICES)
+    plan = make_corpus.plan_jobs(words, voices, hours=0.05, eval_per_engine=5, seed=0, counts=counts)
+    said = [word for job in plan for word in job["text"].split()]
+    share = said.count(common) / len(said)
+    expected = (50 + make_corpus.UNSEEN_WORD_COUNT) / (50 + len(words) * make_corpus.UNSEEN_WORD_COUNT)
+    assert share == pytest.approx(expected, abs=0.06)  # repeated sentences are redrawn: a small bias
+    assert said.count(rare) < said.count(common) / 20
