@@ -529,6 +529,19 @@ def split_features(features: FeatureSet) -> list[np.ndarray]:
     return [features.frames[o : o + n].astype(np.float32) for o, n in zip(features.offsets, features.lengths)]
 
 
+def word_weighting(corpus: dict) -> str:
+    """How ``scripts/make_corpus.py`` weighted the words of ``corpus`` (its ``corpus.json``), for the card."""
+    frequency = corpus.get("frequency_text")
+    if not frequency:
+        return "shorter ones more often"
+    return (
+        f"each as often as in {frequency['word_tokens_counted']:,} words of English text ("
+        + ", ".join(f"`{path}`" for path in frequency["paths"])
+        + f"; {frequency['words_seen']:,} of the words occur there, the others get a count of "
+        f"{frequency['unseen_word_count']})"
+    )
+
+
 def model_card_metadata(report: dict) -> dict:
     """What the model file's ``card`` metadata says about the training."""
     corpus = report["corpus"]
@@ -539,6 +552,7 @@ def model_card_metadata(report: dict) -> dict:
             "held_out": corpus["held_out"],
             "engines": corpus["engines"],
             "wordlist": corpus["wordlist"],
+            "frequency_text": corpus.get("frequency_text"),
         },
         "training": {k: report["training"][k] for k in ("steps", "train_s", "feature_copies")},
         "config": report["config"],
@@ -648,7 +662,7 @@ def render_card(train_report: dict, eval_reports: Sequence[dict]) -> str:
         "## Data",
         "",
         "Random sentences of 4-16 words from Debian's `wamerican` word list (lowercase words and common "
-        f"contractions, {corpus['wordlist']['words_used']:,} words, shorter ones more often), spoken by "
+        f"contractions, {corpus['wordlist']['words_used']:,} words, {word_weighting(corpus)}), spoken by "
         + ", ".join(f"{engine} ({version.split('  ')[0]})" for engine, version in corpus["engines"].items())
         + " at random speeds and pitches (`scripts/make_corpus.py`):",
         "",

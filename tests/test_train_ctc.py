@@ -48,6 +48,8 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("train")
     words = root / "words.txt"
     words.write_text("the cat sat on a mat red dog ran to sun and we see it is big blue sky\n".replace(" ", "\n"))
+    text = root / "text.txt"
+    text.write_text("The cat sat on the mat. We see the sun; it is big.\n")
     make_corpus.main(
         [
             "--out",
@@ -62,6 +64,8 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
             str(words),
             "--engines",
             "espeak-ng",
+            "--frequency-text",
+            str(text),
         ]
     )
     train_ctc.main(
@@ -127,6 +131,7 @@ def test_card_has_a_row_per_engine(trained: Path, tmp_path: Path) -> None:
     )
     text = card.read_text()
     assert "| espeak-ng | 2 |" in text
+    assert "each as often as in 13 words of English text" in text  # the fixture's frequency text
     for ms in SHIPPED.eval_chunk_ms:
         assert f"\n| {ms} | " in text
 
