@@ -14,6 +14,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from audiomask.bench import transfer as transfer_bench
 from audiomask.bench.device_masks import hs_mask_torch
 from audiomask.bench.throughput import ProbePlan, search
 from audiomask.bench.timing import Budget
@@ -61,8 +62,10 @@ def test_quick_transfer_entries(quick_report: tuple[dict, str]) -> None:
     assert {e["strategy"] for e in entries} == {"ring", "ring_in_place", "on_device"}
     assert len({e["bytes"] for e in entries}) == len(quick_report[0]["settings"]["transfer_sizes"])
     for entry in entries:
-        assert {"strategy", "bytes", "busy_gpu", "host_ms_p50", "host_ms_p99", "end_to_end_ms_p50"} <= entry.keys()
-        assert entry["busy_gpu"] is False
+        assert {"strategy", "bytes", "busy_gpu", "gpu_state", "host_ms_p50", "host_ms_p99", "end_to_end_ms_p50"} <= (
+            entry.keys()
+        )
+        assert entry["busy_gpu"] is False and entry["gpu_state"] == "idle"
         assert 0 < entry["host_ms_p50"] <= entry["host_ms_p99"]
     assert any("pageable and pin_per_copy" in note for note in quick_report[0]["notes"])
 
@@ -277,6 +280,10 @@ def test_quick_runs_every_cuda_path(tmp_path: Path) -> None:
     entries = report["transfer"]
     assert {e["strategy"] for e in entries} == {"pageable", "pin_per_copy", "ring", "ring_in_place", "on_device"}
     assert {e["busy_gpu"] for e in entries} == {False, True}
+    assert {e["gpu_state"] for e in entries} == {"idle", "busy", "busy_hot", "busy_steady"}
+    assert all(e["busy_gpu"] == (e["gpu_state"] != "idle") for e in entries)
+    steady = [e for e in entries if e["gpu_state"] == "busy_steady"]
+    assert all(e["queue_ms_min"] >= transfer_bench.STEADY_MIN_QUEUE_MS for e in steady), steady
     assert all("gpu_ms_p50" in e and "end_to_end_ms_p50" in e for e in entries)
     assert all(e["queue_still_busy"] == 1.0 for e in entries if e["busy_gpu"] and e["strategy"] == "ring_in_place")
     assert report["environment"]["gpu"] and report["settings"]["busy_ms_measured"] > 0

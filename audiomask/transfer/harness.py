@@ -3,12 +3,15 @@
 It holds the copy strategies that audiomask replaces, kept as baselines and
 negative controls (they live here because only ``audiomask.transfer`` may copy
 host data to a device), a calibrated GPU queue filler (the "busy stream" of
-the measurements), and the in-place mask builder used to fill ring slots.
+the measurements), a feed that keeps a stream's queue at a known depth, and
+the in-place mask builder used to fill ring slots.
 """
 
 from __future__ import annotations
 
+import math
 import time
+from collections import deque
 from collections.abc import Callable
 
 import numpy as np
@@ -16,7 +19,15 @@ import torch
 
 from audiomask.transfer._resolve import resolve_device
 
-__all__ = ["COPY_METHODS", "HostWorkload", "QueueFiller", "direct_copy", "mask_builder", "pin_per_copy"]
+__all__ = [
+    "COPY_METHODS",
+    "HostWorkload",
+    "QueueFeed",
+    "QueueFiller",
+    "direct_copy",
+    "mask_builder",
+    "pin_per_copy",
+]
 
 COPY_METHODS = ("to", "cuda", "copy_")
 _CALIBRATION_CYCLES = 20_000_000  # ~10 ms of torch.cuda._sleep at H200 clocks: long enough to time well
@@ -86,6 +97,65 @@ class QueueFiller:
             end.record(stream)
         end.synchronize()
         return start.elapsed_time(end)
+
+
+class QueueFeed:
+    """Keeps at least ``depth_ms`` of GPU work queued on ``stream`` whenever it is topped up.
+
+    The GPU of a server under load never drains between copies. A copy made
+    in the first milliseconds after work is queued on an idle GPU costs 10-20x
+    more host time, whatever its strategy (bench/probes/busy_state.py), so a
+    measurement that fills an idle GPU before every copy measures that
+    transient, not the busy GPU. Work is queued in pieces of ``piece_ms``,
+    each followed by an event: the depth still queued is then known from
+    event queries alone, to within the piece that is running.
+
+    Args:
+        filler: the calibrated source of GPU work.
+        stream: the stream kept busy (the copies' consumer).
+        depth_ms: milliseconds of work :meth:`top_up` leaves queued, at least.
+        piece_ms: milliseconds per queued piece: the resolution of :meth:`queued_ms`.
+    """
+
+    def __init__(
+        self, filler: QueueFiller, stream: torch.cuda.Stream, depth_ms: float, piece_ms: float = 1.0
+    ) -> None:
+        if not depth_ms > 0:
+            raise ValueError(f"depth_ms must be > 0, got {depth_ms}")
+        if not 0 < piece_ms <= depth_ms:
+            raise ValueError(f"piece_ms must be > 0 and <= depth_ms ({depth_ms}), got {piece_ms}")
+        self.filler, self.stream = filler, stream
+        self.depth_ms, self.piece_ms = depth_ms, piece_ms
+        self._pieces: deque[torch.cuda.Event] = deque()  # one event after each piece still queued, oldest first
+        self._spare: list[torch.cuda.Event] = []  # events of completed pieces, recorded again by later pieces
+
+    def queued_ms(self) -> float:
+        """Milliseconds of work queued on the stream now, at least: whole pieces not yet started.
+
+        Events complete in queue order, so the pieces whose events have not
+        completed are the queue; the first of them may be running, so it does
+        not count.
+        """
+        pieces = self._pieces
+        while pieces and pieces[0].query():
+            self._spare.append(pieces.popleft())
+        return max(len(pieces) - 1, 0) * self.piece_ms
+
+    def top_up(self) -> bool:
+        """Queue pieces until at least ``depth_ms`` is queued; return whether the queue had drained before.
+
+        ``True`` means the GPU ran out of work since the last top-up (or was
+        never fed): it went idle, and the next copy follows a fresh queue.
+        """
+        self.queued_ms()
+        drained = not self._pieces
+        missing = math.ceil(self.depth_ms / self.piece_ms) + 1 - len(self._pieces)
+        for _ in range(missing):
+            self.filler.fill(self.piece_ms, self.stream)
+            event = self._spare.pop() if self._spare else torch.cuda.Event()
+            event.record(self.stream)
+            self._pieces.append(event)
+        return drained
 
 
 class HostWorkload:
