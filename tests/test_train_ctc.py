@@ -276,3 +276,16 @@ def test_the_benchmarks_stand_in_has_the_trained_architecture():
     from audiomask.bench.models import SHIPPED_CONFIG
 
     assert train_ctc.TrainConfig().encoder_config() == SHIPPED_CONFIG
+
+
+def test_tilt_spectrum_adds_a_line_inside_each_utterance_only() -> None:
+    features = torch.randn(2, 6, 80)
+    lengths = torch.tensor([6, 3])
+    assert torch.equal(train_ctc.tilt_spectrum(features, lengths, torch.zeros(2)), features)
+    tilted = train_ctc.tilt_spectrum(features, lengths, torch.tensor([-6.0, 20.0]))
+    added = tilted - features
+    natural_log_per_db = np.log(10) / 10
+    torch.testing.assert_close(added[0, :, -1] - added[0, :, 0], torch.full((6,), -6 * natural_log_per_db))
+    torch.testing.assert_close(added[1, :3, -1] - added[1, :3, 0], torch.full((3,), 20 * natural_log_per_db))
+    assert torch.equal(added[1, 3:], torch.zeros(3, 80))  # padding untouched
+    torch.testing.assert_close(added[:, :3].mean(-1), torch.zeros(2, 3), rtol=0, atol=1e-6)  # a tilt, not a gain
