@@ -25,15 +25,17 @@ from audiomask.transfer import (
     VIEW_ALIGN_BYTES,
     CopyVerdict,
     KiB,
+    MiB,
     PinnedRing,
     UnsafeCopyError,
     UnsafeCopyWarning,
     classify_copy,
     is_dense,
+    staging,
     sync_check,
     to_device,
 )
-from audiomask.transfer import staging
+from audiomask.transfer import ring as ring_module
 from audiomask.transfer.harness import direct_copy
 
 # --------------------------------------------------------------------------- is_dense
@@ -215,6 +217,47 @@ def test_to_device_converts_dtype(dtype) -> None:
     result = to_device(np.array([1.5, 2.5]), "cpu", dtype=dtype)
     assert result.dtype == torch.float16
     assert result.tolist() == [1.5, 2.5]
+
+
+@pytest.mark.parametrize(
+    ("threads", "nbytes", "engine"),
+    [(16, MiB - 1, "numpy"), (16, MiB, "torch"), (4, 4 * MiB, "torch"), (2, MiB, "numpy"), (2, 32 * MiB, "torch")],
+)
+def test_staging_copy_goes_multi_threaded_from_a_size(
+    threads: int, nbytes: int, engine: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+    engines: list[str] = []
+    numpy_copyto, torch_copy = np.copyto, torch.Tensor.copy_
+
+    def spy_numpy(dst, src, **kwargs):
+        engines.append("numpy")
+        return numpy_copyto(dst, src, **kwargs)
+
+    def spy_torch(dst, src, non_blocking=False):
+        if dst.device.type == "cpu" and src.device.type == "cpu" and dst.data_ptr() != 0:
+            engines.append("torch")
+        return torch_copy(dst, src, non_blocking)
+
+    monkeypatch.setattr(np, "copyto", spy_numpy)
+    monkeypatch.setattr(torch.Tensor, "copy_", spy_torch)
+    data = np.arange(nbytes, dtype=np.uint8)
+    ring = PinnedRing(slot_bytes=KiB, num_slots=1, max_pinned_bytes=64 * MiB)
+    result = to_device(data, "cpu", ring=ring)
+    assert engines[0] == engine  # the staging memcpy (the copy out of the slot follows)
+    assert torch.equal(result, torch.from_numpy(data))
+
+
+def test_to_device_hands_the_slot_back_when_staging_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    ring = PinnedRing(slot_bytes=KiB, num_slots=1)
+
+    def fail(*args, **kwargs):
+        raise MemoryError("staging failed")
+
+    monkeypatch.setattr(np, "copyto", fail)
+    with pytest.raises(MemoryError, match="staging failed"):
+        to_device(np.arange(4), "cpu", ring=ring)
+    assert ring.stats().leased == 0 and ring.stats().copies == 0
 
 
 def test_to_device_stages_dtypes_numpy_lacks() -> None:
@@ -553,10 +596,14 @@ def test_ring_is_safe_for_several_producer_threads() -> None:
 
 
 class FakeStream:
+    by_ids: dict[tuple[int, int, int], FakeStream] = {}  # what the ring's C-level stream switch names
+
     def __init__(self, name: str, log: list[str], idle: bool = False) -> None:
         self.name = name
         self.log = log
         self.idle = idle  # whether all work queued on it has run
+        self.stream_id, self.device_index, self.device_type = len(FakeStream.by_ids) + 1, -1, 0
+        FakeStream.by_ids[self.stream_id, self.device_index, self.device_type] = self
 
     def query(self) -> bool:
         return self.idle
@@ -613,7 +660,8 @@ class FakeCuda:
         monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: FakeStream("copy", self.log))
         monkeypatch.setattr(torch.cuda, "stream", self.stream)
         monkeypatch.setattr(torch.cuda, "set_stream", self.set_stream)
-        monkeypatch.setattr(torch.cuda, "current_device", lambda: META.index)  # the meta "GPU" is current
+        monkeypatch.setattr(ring_module, "_set_stream_ids", lambda *ids: self.set_stream(FakeStream.by_ids[ids]))
+        monkeypatch.setattr(ring_module, "_get_device", lambda: META.index)  # the meta "GPU" is current
         monkeypatch.setattr(torch.cuda, "set_device", lambda device: self.log.append(f"set device {device}"))
         monkeypatch.setattr(torch.cuda, "Event", self.event)
 
@@ -674,26 +722,76 @@ def test_a_slot_records_its_own_event_again_only_once_the_last_copy_completed(fa
     # FakeCudaEvent.record asserts that no event is recorded again before it completed
 
 
-def test_acquire_queries_slots_in_reuse_order_and_stops_at_the_first_idle_one(fake_cuda: FakeCuda) -> None:
-    ring = small_ring(num_slots=4)
+def queries(fake_cuda: FakeCuda) -> list[str]:
+    """The event queries logged since the log was last cleared, then clear it."""
+    asked = [line for line in fake_cuda.log if "queried" in line]
+    fake_cuda.log.clear()
+    return asked
+
+
+def stage_and_release(ring: PinnedRing) -> None:
+    with ring.stage(3, np.int64):
+        pass
+
+
+def submit_four(fake_cuda: FakeCuda, ring: PinnedRing) -> None:
     for _ in range(4):
         with ring.stage(3, np.int64) as staged:
             staged._to(META, None, None)
-    fake_cuda.events[0].done = fake_cuda.events[1].done = True  # the two oldest copies completed
     fake_cuda.log.clear()
-    with ring.stage(3, np.int64):
-        pass
-    assert [line for line in fake_cuda.log if "queried" in line] == ["event 0 queried"]
-    fake_cuda.log.clear()  # that slot was released unused: idle, and now the most recently released
-    with ring.stage(3, np.int64):
-        pass
-    assert [line for line in fake_cuda.log if "queried" in line] == ["event 1 queried"]
+
+
+def test_acquire_asks_about_the_newest_copy_first_and_then_knows_the_older_ones_completed(fake_cuda: FakeCuda) -> None:
+    ring = small_ring(num_slots=4)
+    submit_four(fake_cuda, ring)  # on the copy stream: the consumer is busy
+    for event in fake_cuda.events:
+        event.done = True
+    stage_and_release(ring)
+    assert queries(fake_cuda) == ["event 3 queried"]  # the newest copy on the slot's stream has completed ...
+    for _ in range(3):
+        stage_and_release(ring)  # ... so every older slot is free: no driver call at all
+        assert queries(fake_cuda) == []
+    assert ring.stats().slot_waits == 0
+
+
+def test_acquire_asks_about_the_slots_own_copy_when_the_newest_is_still_running(fake_cuda: FakeCuda) -> None:
+    ring = small_ring(num_slots=4)
+    submit_four(fake_cuda, ring)
+    fake_cuda.events[0].done = fake_cuda.events[1].done = True  # the two oldest copies completed
+    stage_and_release(ring)
+    assert queries(fake_cuda) == ["event 3 queried", "event 0 queried"]  # in reuse order, stopping at the first idle
+    stage_and_release(ring)  # that slot was released unused: idle, and now the most recently released
+    assert queries(fake_cuda) == ["event 3 queried", "event 1 queried"]
+
+
+def test_an_idle_consumer_tells_the_ring_its_earlier_copies_completed(fake_cuda: FakeCuda) -> None:
+    fake_cuda.consumer.idle = True  # the copies run on the consumer, and each submit finds it idle
+    ring = small_ring(num_slots=2)
+    for _ in range(5):
+        with ring.stage(3, np.int64) as staged:
+            staged._to(META, None, None)
+    # No event ever reported completion: the submit's own query of the consumer said so.
+    assert queries(fake_cuda) == [] and not any(event.done for event in fake_cuda.events)
+    assert ring.stats().slot_waits == 0
+
+
+def test_what_the_ring_knows_about_one_stream_frees_no_slot_of_another(fake_cuda: FakeCuda) -> None:
+    ring = small_ring(num_slots=2)
+    with ring.stage(3, np.int64) as staged:
+        staged._to(META, None, None)  # busy consumer: on the copy stream, event 0, number 1
+    fake_cuda.consumer.idle = True
+    with ring.stage(3, np.int64) as staged:
+        staged._to(META, None, None)  # idle consumer: every event numbered <= 1 on the consumer completed
+    fake_cuda.log.clear()
+    stage_and_release(ring)  # event 0 (the copy stream) may still be running: ask, then wait for it
+    assert queries(fake_cuda) == ["event 0 queried", "event 1 queried"]
+    assert fake_cuda.events[0].waited == 1 and ring.stats().slot_waits == 1
 
 
 def test_submit_on_another_device_puts_the_callers_device_back(
     fake_cuda: FakeCuda, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 7)  # the caller works on another device
+    monkeypatch.setattr(ring_module, "_get_device", lambda: 7)  # the caller works on another device
     ring = small_ring(num_slots=1)
     with ring.stage(3, np.int64) as staged:
         staged._to(META, None, None)

@@ -11,13 +11,20 @@ more when the host's caches are cold (right after the host waited, or after a
 large memcpy; bench/probes/submit_costs_h200.txt): each slot owns one event,
 created once and re-recorded by each copy from the slot (safe: a slot is
 leased only once its last event has completed, and a stream that waits on an
-event waits on the record made before the wait); an acquire queries slots in
-reuse order and stops at the first idle one (one query in the steady state);
-the copy stream is switched in and out without a context manager, and not at
-all when the copy runs on the current stream; the slot views the ring copies
-through are made once; the result is allocated before the staging memcpy.
-Four driver calls remain per submit: the query, the copy, the event record
-and the consumer's wait (and one event record when the result is freed).
+event waits on the record made before the wait); the copy stream is switched
+in and out through torch's C entry points, without a context manager, and not
+at all when the copy runs on the current stream; the slot views the ring
+copies through are made once; the result is allocated before the staging
+memcpy. An acquire asks the driver about a slot's last copy only when the
+ring does not know it has completed already: each event gets a sequence
+number per stream, and the ring remembers the newest known complete on each
+stream (events on one stream complete in order). It learns that from a
+submit's query of the consumer stream (idle: everything recorded there has
+run), from a wait for a slot, and from asking about the newest copy on the
+slot's stream before the slot's own (complete: every older slot of that
+stream is free too, so the next acquires ask nothing). Four driver calls
+remain per submit: the consumer query, the copy, the event record and the
+consumer's wait (and one event record when the result is freed).
 
 Builders write straight into a slot (the pattern of vLLM's ``CpuGpuBuffer.np``,
 made race-free)::
@@ -120,6 +127,10 @@ class _Slot:
     pinned: bool = False  # page-locked (False where CUDA is unavailable or pinning failed)
     leased: bool = False
     pending: Completion | None = None  # the last copy from this slot, until it has completed
+    # Where and when ``pending`` was recorded, if by a submit: the stream's (id, device index, device
+    # type) and the ring's sequence number of the record (None for an event handed to release()).
+    pending_stream: tuple[int, int, int] | None = None
+    pending_seq: int = 0
     released: int = 0  # release sequence number: lower = released earlier
     # The slot's own CUDA event and its device: recorded after every copy from the slot. It is
     # re-recorded only by the next submit, which holds the slot only once the event has completed.
@@ -150,20 +161,47 @@ def _slot_views(slot: _Slot, part: _Part) -> tuple[torch.Tensor, np.ndarray | No
 
 
 _get_current_stream = getattr(torch._C, "_cuda_getCurrentStream", None)  # (stream id, device index, device type)
+# torch.cuda.set_stream and current_device without their Python wrappers (argument handling, lazy init:
+# CUDA is initialised once a ring exists); None where torch lacks them.
+_set_stream_ids = getattr(torch._C, "_cuda_setStream", None)
+_get_device = getattr(torch._C, "_cuda_getDevice", None)
 _STREAMS: dict[tuple[int, int, int], torch.cuda.Stream] = {}
 
 
-def _current_stream(device: torch.device) -> torch.cuda.Stream:
-    """``torch.cuda.current_stream(device)``, without building a new Stream object on every call."""
+def _stream_ids(stream: torch.cuda.Stream) -> tuple[int, int, int]:
+    """``(stream id, device index, device type)``: what names a stream to torch's C entry points."""
+    return stream.stream_id, stream.device_index, stream.device_type
+
+
+def _current_stream_ids(device: torch.device) -> tuple[tuple[int, int, int], torch.cuda.Stream]:
+    """The current stream of ``device`` and its ids, without building a new Stream object on every call."""
     if _get_current_stream is None or device.type != "cuda":
-        return torch.cuda.current_stream(device)
+        stream = torch.cuda.current_stream(device)
+        return _stream_ids(stream), stream
     key = _get_current_stream(device.index)
     stream = _STREAMS.get(key)
     if stream is None:
         if len(_STREAMS) >= 64:
             _STREAMS.clear()
         stream = _STREAMS[key] = torch.cuda.Stream(stream_id=key[0], device_index=key[1], device_type=key[2])
-    return stream
+    return key, stream
+
+
+def _current_stream(device: torch.device) -> torch.cuda.Stream:
+    """``torch.cuda.current_stream(device)``, without building a new Stream object on every call."""
+    return _current_stream_ids(device)[1]
+
+
+def _set_stream(ids: tuple[int, int, int], stream: torch.cuda.Stream) -> None:
+    """Make ``stream`` (named by ``ids``) current; like ``torch.cuda.set_stream``, this makes its device current."""
+    if _set_stream_ids is None:
+        torch.cuda.set_stream(stream)
+    else:
+        _set_stream_ids(*ids)
+
+
+def _current_device() -> int:
+    return torch.cuda.current_device() if _get_device is None else _get_device()
 
 
 def _slot_event(slot: _Slot, device: torch.device) -> Any:
@@ -254,6 +292,12 @@ class PinnedRing:
         self._lock = threading.Lock()
         self._streams: dict[torch.device, torch.cuda.Stream] = {}
         self._released = 0
+        # Each submit's event gets the next sequence number. Per stream (by ids): the newest
+        # sequence number known complete, and the newest event recorded there with its number.
+        self._seq = 0
+        self._completed: dict[tuple[int, int, int], int] = {}
+        self._newest: dict[tuple[int, int, int], tuple[int, Completion]] = {}
+        self._copy_stream_ids: dict[torch.device, tuple[int, int, int]] = {}
         self._counts = dict.fromkeys(("copies", "bytes_copied", "slot_waits", "grows", "evictions"), 0)
         self._slots = [self._new_slot(self.slot_bytes) for _ in range(num_slots)]
         if self.pinned:
@@ -311,8 +355,40 @@ class PinnedRing:
             with self._lock:
                 if device not in self._streams:
                     self._streams[device] = torch.cuda.Stream(device=device)
+                    self._copy_stream_ids[device] = _stream_ids(self._streams[device])
                 stream = self._streams[device]
         return stream
+
+    def _note_completed(self, stream: tuple[int, int, int], seq: int) -> None:
+        """Remember that every submit's event up to ``seq`` recorded on ``stream`` (ids) has completed.
+
+        Without the lock a racing writer can only put back a lower number: knowledge lost, never wrong.
+        """
+        if seq > self._completed.get(stream, 0):
+            self._completed[stream] = seq
+
+    def _last_copy_done(self, slot: _Slot) -> bool:
+        """Whether the last copy from ``slot`` (one with ``pending``) has completed; asks the driver only if unknown.
+
+        Call with the lock held. The newest copy on the slot's stream is asked about first: when it has
+        completed, so has every older one there, and the next acquires need not ask. That inference
+        holds even if its event was recorded again since: a slot's event is recorded again only once
+        its previous record has completed.
+        """
+        stream = slot.pending_stream
+        if stream is None:
+            return slot.pending.query()  # type: ignore[union-attr]
+        seq = slot.pending_seq
+        if self._completed.get(stream, 0) >= seq:
+            return True
+        newest_seq, newest = self._newest[stream]
+        if newest_seq > seq and newest.query():
+            self._note_completed(stream, newest_seq)
+            return True
+        if slot.pending.query():  # type: ignore[union-attr]
+            self._note_completed(stream, seq)
+            return True
+        return False
 
     def _new_slot(self, nbytes: int) -> _Slot:
         try:
@@ -348,6 +424,8 @@ class PinnedRing:
             victim.pending.synchronize()  # type: ignore[union-attr]
             with self._lock:
                 self._counts["slot_waits"] += 1
+                if victim.pending_stream is not None:
+                    self._note_completed(victim.pending_stream, victim.pending_seq)
                 victim.pending = None
                 if victim.capacity >= nbytes:
                     return victim
@@ -357,14 +435,14 @@ class PinnedRing:
         """The smallest, least recently released idle slot that fits, leased; ``None`` if none is idle.
 
         Slots are visited in that order and the first idle one is taken, so
-        only the slots visited before it are queried (one query in the steady
-        state, where the oldest copy has completed).
+        only the slots visited before it are asked about, and only those whose
+        last copy is not known complete (:meth:`_last_copy_done`).
         """
         for slot in sorted(self._slots, key=_REUSE_ORDER):
             if slot.leased or slot.capacity < nbytes:
                 continue
             if slot.pending is not None:
-                if not slot.pending.query():
+                if not self._last_copy_done(slot):
                     continue
                 slot.pending = None
             slot.leased = True
@@ -375,8 +453,10 @@ class PinnedRing:
         size = min(max(self.slot_bytes, _next_power_of_two(nbytes)), self.max_pinned_bytes)
         excess = self._held_bytes() + size - self.max_pinned_bytes
         if excess > 0:
-            for slot in self._slots:  # slots too small for the request were not queried: which are idle?
-                if not slot.leased and slot.pending is not None and slot.pending.query():
+            for slot in self._slots:  # _take_idle found the slots that fit busy; which smaller ones are idle?
+                if slot.leased or slot.pending is None or slot.capacity >= nbytes:
+                    continue
+                if self._last_copy_done(slot):
                     slot.pending = None
             idle = sorted((s for s in self._slots if not s.leased and s.pending is None), key=lambda s: s.capacity)
             if sum(s.capacity for s in idle) < excess:
@@ -404,10 +484,22 @@ class PinnedRing:
         fitting = [s for s in in_flight if s.capacity >= nbytes]
         return min(fitting or in_flight, key=lambda s: s.released)
 
-    def _release(self, slot: _Slot, pending: Completion | None, copied: int | None) -> None:
+    def _release(
+        self,
+        slot: _Slot,
+        pending: Completion | None,
+        copied: int | None,
+        stream: tuple[int, int, int] | None = None,
+    ) -> None:
+        """Hand ``slot`` back, guarded by ``pending``; ``stream``: the ids of the stream a submit recorded it on."""
         with self._lock:
             slot.leased = False
             slot.pending = pending
+            slot.pending_stream = stream
+            if stream is not None:
+                self._seq += 1
+                slot.pending_seq = self._seq
+                self._newest[stream] = (self._seq, pending)  # type: ignore[assignment]
             self._released += 1
             slot.released = self._released
             if copied is not None:
@@ -545,40 +637,48 @@ class Staged:
             self._ring._release(slot, None, self.nbytes)
             self._slot = None
             return self._results(destination)
-        consumer = _current_stream(target)
+        ring = self._ring
+        consumer_ids, consumer = _current_stream_ids(target)
         if stream is not None:
+            copy_ids = _stream_ids(stream)
             copy_stream = stream
-        elif out is not None or consumer.query():
-            # A copy into out must follow the consumer's queued work (which may still read out),
-            # and with nothing queued ahead a copy on the consumer starts at once: either way the
-            # consumer itself is the right stream, with no cross-stream event, wait, stream switch
-            # or record_stream (the low-latency single-stream case, and CUDA graphs' static inputs).
-            copy_stream = consumer
+        elif out is not None:
+            copy_ids, copy_stream = consumer_ids, consumer
         else:
-            copy_stream = self._ring.copy_stream(target)  # not queued behind the consumer's work
+            seen = ring._seq  # read before the query: every event numbered up to it was recorded before it
+            if consumer.query():
+                ring._note_completed(consumer_ids, seen)
+                copy_ids, copy_stream = consumer_ids, consumer
+            else:
+                copy_stream = ring.copy_stream(target)  # not queued behind the consumer's work
+                copy_ids = ring._copy_stream_ids[target]
+        # A copy into out must follow the consumer's queued work (which may still read out), and with
+        # nothing queued ahead a copy on the consumer starts at once: either way the consumer itself
+        # is the right stream, with no cross-stream event, wait, stream switch or record_stream (the
+        # low-latency single-stream case, and CUDA graphs' static inputs).
         done = _slot_event(slot, target)
-        if copy_stream == consumer:
+        if copy_ids == consumer_ids:
             destination = self._write(slot, target, out, fill, non_blocking=True)
             done.record(copy_stream)
         else:
             if out is not None:
                 copy_stream.wait_stream(consumer)  # a caller's stream: work queued before may still read out
             # Allocating under the copy stream puts the result in that stream's pool, so it is
-            # never a block that work queued on the consumer still uses. set_stream also makes
-            # the stream's device current: put back the caller's device if it was another.
-            device = torch.cuda.current_device()
-            torch.cuda.set_stream(copy_stream)
+            # never a block that work queued on the consumer still uses. Setting a stream also makes
+            # its device current: put back the caller's device if it was another.
+            device = _current_device()
+            _set_stream(copy_ids, copy_stream)
             try:
                 destination = self._write(slot, target, out, fill, non_blocking=True)
                 done.record(copy_stream)
             finally:
-                torch.cuda.set_stream(consumer)
+                _set_stream(consumer_ids, consumer)
                 if device != target.index:
                     torch.cuda.set_device(device)
             done.wait(consumer)
             if out is None:
                 destination.record_stream(consumer)  # not reused before the consumer's queued work has run
-        self._ring._release(slot, done, self.nbytes)
+        ring._release(slot, done, self.nbytes, copy_ids)
         self._slot = None
         return self._results(destination)
 

@@ -126,9 +126,12 @@ def stage_copy(dst: torch.Tensor, source: np.ndarray | torch.Tensor) -> None:
             return
         if not source.dtype.isnative or any(stride < 0 for stride in source.strides):
             source = source.astype(source.dtype.newbyteorder("="), order="C")  # torch wraps neither
-        with warnings.catch_warnings():  # read-only arrays (np.broadcast_to) are only read here
-            warnings.simplefilter("ignore", UserWarning)
+        if source.flags.writeable:
             source = torch.from_numpy(source)
+        else:  # torch warns that it cannot protect read-only arrays (np.broadcast_to); they are only read here
+            with warnings.catch_warnings():  # costs microseconds: only where the warning would come
+                warnings.simplefilter("ignore", UserWarning)
+                source = torch.from_numpy(source)
     dst.copy_(source)
 
 
@@ -212,11 +215,16 @@ def to_device(
         stage_copy(result, source)
         return result
     ring = ring or default_ring(target)
-    with ring._stage_checked(tuple(source.shape), dtype) as staged:
+    staged = ring._stage_checked(tuple(source.shape), dtype)
+    try:
         tensor, array = ring._staging_views(staged)
         if array is not None and isinstance(source, np.ndarray) and staged.nbytes < parallel_copy_bytes():
             return staged._to(target, out, stream, lambda: np.copyto(array, source, casting="unsafe"))
         return staged._to(target, out, stream, lambda: stage_copy(tensor, source))
+    except BaseException:
+        if staged._slot is not None:  # not submitted: hand the slot back (a with block's cost, only on failure)
+            staged.release()
+        raise
 
 
 def pinned_empty(shape: int | tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
