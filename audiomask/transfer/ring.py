@@ -354,8 +354,9 @@ class PinnedRing:
         if stream is None:
             with self._lock:
                 if device not in self._streams:
-                    self._streams[device] = torch.cuda.Stream(device=device)
-                    self._copy_stream_ids[device] = _stream_ids(self._streams[device])
+                    made = torch.cuda.Stream(device=device)
+                    self._copy_stream_ids[device] = _stream_ids(made)  # first: a submit reads it once the stream is in
+                    self._streams[device] = made
                 stream = self._streams[device]
         return stream
 
