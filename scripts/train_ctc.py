@@ -31,7 +31,7 @@ Subcommands:
   train --corpus DIR --out DIR [--device cuda] [--deadline UNIX_S | --steps N]
         -> OUT/ctc-small.safetensors, OUT/train.json, OUT/eval.json
   eval  --corpus DIR --model FILE --out FILE.json [--device cpu] [--limit N]
-  card  --train train.json --eval eval.json [eval_cpu.json ...] --out audiomask/models/MODEL_CARD.md
+  card  --train [stage1.json ...] train.json --eval eval.json [eval_cpu.json ...] --out audiomask/models/MODEL_CARD.md
 
 The shipped model (H200; the corpus made in the same call):
   python3 scripts/make_corpus.py --out /tmp/corpus --hours 32 --workers 16 ... (see make_corpus.py)
@@ -552,6 +552,34 @@ def split_features(features: FeatureSet) -> list[np.ndarray]:
     return [features.frames[o : o + n].astype(np.float32) for o, n in zip(features.offsets, features.lengths)]
 
 
+def stage_table(stages: dict[str, dict]) -> list[str]:
+    """The card's lines on how the training stages of ``stages`` (:func:`render_card`) chained, if several."""
+    if len(stages) < 2:
+        return []
+    lines = [
+        "",
+        f"The weights come from {len(stages)} training stages, each started from the previous stage's model file "
+        "(`--init`); the last is the run above. Each report is in `bench/results/`:",
+        "",
+        "| stage | report | steps | seconds | batch s | peak LR | training hours | words | mel warp | spectral tilt dB |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for number, (name, report) in enumerate(stages.items(), 1):
+        config, corpus, training = report["config"], report["corpus"], report["training"]
+        hours = sum(entry["hours"] for entry in corpus["splits"]["train"].values())
+        warp = config.get("mel_warp")
+        tilt = config.get("spectral_tilt_db")
+        lines.append(
+            f"| {number} | `{name}` | {training['steps']:,} | {training['train_s']:.0f} | {config['batch_audio_s']:.0f} | "
+            f"{config['peak_lr']} | {hours:.1f} | {'by frequency' if corpus.get('frequency_text') else 'by length'} | "
+            f"{f'{warp[0]}-{warp[1]}' if warp else '-'} | {f'{tilt[0]:+.0f} to {tilt[1]:+.0f}' if tilt else '-'} |"
+        )
+    total_steps = sum(report["training"]["steps"] for report in stages.values())
+    total_s = sum(report["training"]["train_s"] for report in stages.values())
+    lines += ["", f"In all: {total_steps:,} steps in {total_s:.0f} s of training."]
+    return lines
+
+
 def word_weighting(corpus: dict) -> str:
     """How ``scripts/make_corpus.py`` weighted the words of ``corpus`` (its ``corpus.json``), for the card."""
     frequency = corpus.get("frequency_text")
@@ -656,8 +684,13 @@ def target_verdicts(results: dict, default_chunk_ms: int) -> list[str]:
     return lines
 
 
-def render_card(train_report: dict, eval_reports: Sequence[dict]) -> str:
-    """MODEL_CARD.md from a train.json and eval.json reports (the first is the training device's)."""
+def render_card(stages: dict[str, dict], eval_reports: Sequence[dict]) -> str:
+    """MODEL_CARD.md from train.json reports and eval.json reports (the first is the training device's).
+
+    ``stages``: report name -> train.json of each training stage, in order,
+    each continued from the one before (``--init``); the last made the model.
+    """
+    train_report = list(stages.values())[-1]
     config, corpus, training = train_report["config"], train_report["corpus"], train_report["training"]
     model = train_report["model"]
     main = eval_reports[0]
@@ -724,6 +757,7 @@ def render_card(train_report: dict, eval_reports: Sequence[dict]) -> str:
         f"audio, AdamW (peak {config['peak_lr']}, warm-up, cosine decay), float32 with TF32 matmuls, EMA weights; "
         f"seed {config['seed']}. Command: `{train_report['environment']['command']}` "
         f"(reproduce with `{training['reproduce_with']}`).",
+        *stage_table(stages),
         "",
         f"## Held-out error rates ({machine(main)})",
         "",
@@ -791,9 +825,9 @@ def render_card(train_report: dict, eval_reports: Sequence[dict]) -> str:
 
 def write_card(args: argparse.Namespace) -> int:
     """``card``: MODEL_CARD.md from the reports."""
-    train_report = json.loads(Path(args.train).read_text())
+    stages = {Path(path).name: json.loads(Path(path).read_text()) for path in args.train}
     eval_reports = [json.loads(Path(path).read_text()) for path in args.eval]
-    args.out.write_text(render_card(train_report, eval_reports))
+    args.out.write_text(render_card(stages, eval_reports))
     print(f"wrote {args.out}")
     return 0
 
@@ -843,7 +877,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     evaluator.add_argument("--chunk-ms", type=int, nargs="+", help=f"chunk sizes (default {TrainConfig.eval_chunk_ms})")
     evaluator.add_argument("--workers", type=int, default=1)
     carder = commands.add_parser("card", help="write MODEL_CARD.md")
-    carder.add_argument("--train", type=Path, required=True)
+    carder.add_argument(
+        "--train", type=Path, nargs="+", required=True, help="train reports of each stage in order, the model's last"
+    )
     carder.add_argument("--eval", type=Path, nargs="+", required=True, help="eval reports, the training device's first")
     carder.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)

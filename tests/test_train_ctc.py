@@ -289,3 +289,16 @@ def test_tilt_spectrum_adds_a_line_inside_each_utterance_only() -> None:
     torch.testing.assert_close(added[1, :3, -1] - added[1, :3, 0], torch.full((3,), 20 * natural_log_per_db))
     assert torch.equal(added[1, 3:], torch.zeros(3, 80))  # padding untouched
     torch.testing.assert_close(added[:, :3].mean(-1), torch.zeros(2, 3), rtol=0, atol=1e-6)  # a tilt, not a gain
+
+
+def test_card_lists_the_training_stages(trained: Path, tmp_path: Path) -> None:
+    first = tmp_path / "train_stage1.json"
+    first.write_text((trained / "train.json").read_text())
+    card = tmp_path / "MODEL_CARD.md"
+    train_ctc.main(
+        ["card", "--train", str(first), str(trained / "train.json"), "--eval", str(trained / "eval.json"), "--out", str(card)]
+    )
+    text = card.read_text()
+    assert "from 2 training stages" in text
+    assert "| 1 | `train_stage1.json` | 2 |" in text and "| 2 | `train.json` | 2 |" in text
+    assert "In all: 4 steps" in text

@@ -26,9 +26,10 @@ def _bytes_label(nbytes: int) -> str:
 def _transfer(report: dict, axes_pair: object) -> None:
     entries = report["transfer"]
     host_axes, end_to_end_axes = axes_pair  # type: ignore[misc]
-    condition = "busy" if any(e["busy_gpu"] for e in entries) else "idle"
+    states = {e.get("gpu_state", e["condition"]) for e in entries}  # reports before busy_steady: condition only
+    condition = next((state for state in ("busy_steady", "busy") if state in states), "idle")
     for strategy in dict.fromkeys(e["strategy"] for e in entries):
-        rows = [e for e in entries if e["strategy"] == strategy and e["condition"] == condition]
+        rows = [e for e in entries if e["strategy"] == strategy and e.get("gpu_state", e["condition"]) == condition]
         host_axes.plot([e["bytes"] for e in rows], [e["host_ms_p99"] for e in rows], marker="o", label=strategy)
         with_end_to_end = [e for e in rows if "end_to_end_ms_p50" in e]
         end_to_end_axes.plot(
