@@ -211,10 +211,11 @@ def test_verdicts_say_when_busy_steady_did_not_hold(field: str, value: float) ->
     assert found[held_key(found)]["ok"] is False
 
 
-def test_verdicts_forgive_gaps_of_copies_that_waited_for_the_queue() -> None:
-    entries = synthetic_entries((4 * MiB,), {})
+@pytest.mark.parametrize("size", [64 * KiB, 4 * MiB])
+def test_verdicts_forgive_the_negative_control_draining_the_queue(size: int) -> None:
+    entries = synthetic_entries((size,), {})
     pageable = next(e for e in entries if e["gpu_state"] == "busy_steady" and e["strategy"] == "pageable")
-    pageable.update(gpu_idle_gaps=30, queue_still_busy=0.0)
+    pageable.update(gpu_idle_gaps=30, queue_still_busy=0.5, queue_ms_min=12.0)  # some of its copies waited
     found = bench.verdicts(entries, 50.0)
     assert found[held_key(found)]["ok"] is True
 

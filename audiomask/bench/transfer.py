@@ -717,9 +717,10 @@ def verdicts(entries: list[dict], busy_ms: float) -> dict[str, dict]:
         for name in ("ring", "ring_in_place", "pageable")
         for n in sizes
     }
-    steady = [e for e in entries if e["gpu_state"] == "busy_steady"]
-    # A copy that waited for the queue (pageable from STALL_FROM_BYTES) drains it by design.
-    steady_gaps = {f"{e['strategy']}/{e['bytes']}": e["gpu_idle_gaps"] for e in steady if e["queue_still_busy"] > 0}
+    # pageable, the negative control, may wait for the queue at any size (DESIGN.md: the driver's staging
+    # absorbs it only mostly under ~1-2 MiB), and so drain it: the state must hold for the others.
+    steady = [e for e in entries if e["gpu_state"] == "busy_steady" and e["strategy"] != "pageable"]
+    steady_gaps = {f"{e['strategy']}/{e['bytes']}": e["gpu_idle_gaps"] for e in steady}
     found = {
         "ring beats pin_per_copy on host p99 at every size (idle and busy_steady)": ring_beats_pin(judged),
         **{
@@ -766,7 +767,7 @@ def verdicts(entries: list[dict], busy_ms: float) -> dict[str, dict]:
             "fraction of copies with the queue still busy after": still_busy,
         },
         f"busy_steady held: >= {STEADY_MIN_QUEUE_MS:g} ms of GPU work queued before every timed copy, and the "
-        "GPU never went idle within a block (copies that waited for the queue excepted)": {
+        "GPU never went idle within a block (pageable, whose copies wait for the queue, excepted)": {
             "ok": bool(steady)
             and all(e["queue_ms_min"] >= STEADY_MIN_QUEUE_MS for e in steady)
             and not any(steady_gaps.values()),
