@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Synthesise a speech corpus for the CTC model: random sentences spoken by espeak-ng and flite voices.
+"""Synthesise a speech corpus for the CTC model: random sentences spoken by espeak-ng, flite and festival voices.
 
 Text: sentences of :data:`WORDS_PER_SENTENCE` random words from a word list
 (Debian's ``wamerican``: ``/usr/share/dict/american-english``), kept to
@@ -21,14 +21,18 @@ Voices:
   or none), at a random speed (:data:`ESPEAK_WPM`) and pitch (:data:`ESPEAK_PITCH`).
 - flite: its voices (:data:`FLITE_VOICES`), at a random duration stretch; the
   training voices also at a random mean pitch half of the time.
-- festival is not used: it is not on the H200 machine and its voices would
-  have to travel as several more packages.
+- festival (with ``--engines ... festival``): its English voices
+  (:data:`FESTIVAL_VOICES`), at a random duration stretch; training only
+  (:data:`FESTIVAL_HELD_OUT_VOICES` is empty: two of its three voices are
+  speakers flite already has, and its one new speaker, ked, is worth more in
+  training, beside flite's held-out voice, than as a second held-out test).
 
 Held out for evaluation: whole voices AND whole sentences. An evaluation
 utterance is a sentence that no training utterance says, spoken by a voice no
 training utterance uses: an espeak-ng variant of :data:`ESPEAK_HELD_OUT_VARIANTS`
 (with any accent), or the accent :data:`ESPEAK_HELD_OUT_ACCENTS` (with any
-variant); a flite voice of :data:`FLITE_HELD_OUT_VOICES`.
+variant); a flite voice of :data:`FLITE_HELD_OUT_VOICES`. An engine with no
+held-out voice (festival) has no evaluation utterances.
 
 Augmentation (noise, volume, speed) is applied by ``scripts/train_ctc.py``
 while it computes features, so the corpus holds each utterance once, as
@@ -80,7 +84,8 @@ sys.path.insert(0, str(ROOT))  # the checkout, installed or not
 ALPHABET = "abcdefghijklmnopqrstuvwxyz' "  # the CTC model's characters (the blank is extra)
 SAMPLE_RATE = 16000  # Hz, what the front end takes
 DEFAULT_WORDLIST = "/usr/share/dict/american-english"  # Debian's wamerican
-ENGINES = ("espeak-ng", "flite")
+ENGINES = ("espeak-ng", "flite", "festival")
+DEFAULT_ENGINES = ("espeak-ng", "flite")  # festival is rarely installed: asked for by name
 
 # Text.
 WORDS_PER_SENTENCE = (4, 16)  # inclusive range, drawn uniformly
@@ -125,7 +130,14 @@ FLITE_STRETCH = (0.8, 1.25)  # duration_stretch, uniform (> 1 is slower)
 FLITE_F0_HZ = (80.0, 220.0)  # int_f0_target_mean, uniform, for training voices
 FLITE_PITCH_SHARE = 0.5  # of flite training utterances: a random mean pitch (the rest: the voice's own)
 
-ENGINE_SHARE = {"espeak-ng": 0.65, "flite": 0.35}  # of the training hours (renormalised over the engines used)
+# festival's voices (Debian: festvox-kallpc16k, festvox-kdlpc16k, festvox-us-slt-hts): kal and ked are
+# diphone voices, slt an HTS one (the speaker of flite's slt).
+FESTIVAL_VOICES = ("kal_diphone", "ked_diphone", "cmu_us_slt_arctic_hts")
+FESTIVAL_HELD_OUT_VOICES: tuple[str, ...] = ()
+FESTIVAL_STRETCH = (0.8, 1.25)  # Duration_Stretch, uniform (> 1 is slower)
+
+# Of the training hours, renormalised over the engines used (so a corpus without festival is as before).
+ENGINE_SHARE = {"espeak-ng": 0.65, "flite": 0.35, "festival": 0.15}
 TTS_TIMEOUT_S = 120  # one sentence; far above the ~0.2 s the slowest voice takes
 
 
@@ -134,7 +146,7 @@ def check_engine(name: str, command: Sequence[str]) -> str:
 
     (flite prints its version and exits with status 1, so the status is not read.)
     """
-    option = "--espeak" if name == "espeak-ng" else "--flite"
+    option = ENGINE_OPTION[name]
     try:
         result = subprocess.run([*command, "--version"], capture_output=True, text=True, timeout=60)
     except OSError as error:
@@ -144,6 +156,15 @@ def check_engine(name: str, command: Sequence[str]) -> str:
     if not versions:
         raise ValueError(f"{option}: {shlex.join(command)!r} --version printed no version: {lines[:3]}")
     return versions[0]
+
+
+ENGINE_OPTION = {"espeak-ng": "--espeak", "flite": "--flite", "festival": "--festival"}  # each engine's command
+
+
+def festival_voices(command: Sequence[str]) -> list[str]:
+    """The voices ``(voice.list)`` names in festival."""
+    result = subprocess.run([*command, "-b", "(print (voice.list))"], capture_output=True, text=True, timeout=60)
+    return result.stdout.strip().strip("()").split()
 
 
 def flite_voices(command: Sequence[str]) -> list[str]:
@@ -258,13 +279,17 @@ class SentenceSource:
 
 
 def voice_split(
-    engines: Sequence[str], variants: Sequence[str] = (), flite_installed: Sequence[str] = ()
+    engines: Sequence[str],
+    variants: Sequence[str] = (),
+    flite_installed: Sequence[str] = (),
+    festival_installed: Sequence[str] = (),
 ) -> dict[str, dict[str, list[str]]]:
     """The training and held-out voices of each engine: ``{engine: {"train": [...], "eval": [...]}}``.
 
-    ``variants``: espeak-ng's voice variants; ``flite_installed``: flite's
-    voices. An espeak-ng voice is ``accent`` or ``accent+variant``; it is held
-    out when its accent or its variant is.
+    ``variants``: espeak-ng's voice variants; ``flite_installed``,
+    ``festival_installed``: those engines' voices. An espeak-ng voice is
+    ``accent`` or ``accent+variant``; it is held out when its accent or its
+    variant is.
 
     >>> split = voice_split(["espeak-ng", "flite"], ["m1", *ESPEAK_HELD_OUT_VARIANTS], FLITE_VOICES)
     >>> "en-us+m1" in split["espeak-ng"]["train"], "en-gb-x-rp+m1" in split["espeak-ng"]["eval"]
@@ -273,10 +298,13 @@ def voice_split(
     {'train': ['kal', 'kal16', 'awb', 'slt'], 'eval': ['rms']}
     """
     split: dict[str, dict[str, list[str]]] = {}
-    if "flite" in engines:
-        missing = sorted(set(FLITE_VOICES) - set(flite_installed))
+    for engine, wanted, installed in (
+        ("flite", FLITE_VOICES, flite_installed),
+        ("festival", FESTIVAL_VOICES, festival_installed),
+    ):
+        missing = sorted(set(wanted) - set(installed)) if engine in engines else []
         if missing:
-            raise ValueError(f"--flite lacks the voices {missing} (it has {list(flite_installed)})")
+            raise ValueError(f"{ENGINE_OPTION[engine]} lacks the voices {missing} (it has {list(installed)})")
     if "espeak-ng" in engines:
         missing = sorted(set(ESPEAK_HELD_OUT_VARIANTS) - set(variants))
         if missing:
@@ -290,11 +318,12 @@ def voice_split(
             if voice.split("+")[0] in ESPEAK_HELD_OUT_ACCENTS or voice.partition("+")[2] in ESPEAK_HELD_OUT_VARIANTS
         ]
         split["espeak-ng"] = {"train": [v for v in voices if v not in held_out], "eval": held_out}
-    if "flite" in engines:
-        split["flite"] = {
-            "train": [v for v in FLITE_VOICES if v not in FLITE_HELD_OUT_VOICES],
-            "eval": list(FLITE_HELD_OUT_VOICES),
-        }
+    for engine, voices, held_out in (
+        ("flite", FLITE_VOICES, FLITE_HELD_OUT_VOICES),
+        ("festival", FESTIVAL_VOICES, FESTIVAL_HELD_OUT_VOICES),
+    ):
+        if engine in engines:
+            split[engine] = {"train": [v for v in voices if v not in held_out], "eval": list(held_out)}
     return split
 
 
@@ -312,6 +341,8 @@ def draw_voice(engine: str, voices: Sequence[str], split: str, rng: np.random.Ge
         }
         return voice, settings
     voice = voices[int(rng.integers(len(voices)))]
+    if engine == "festival":
+        return voice, {"duration_stretch": round(float(rng.uniform(*FESTIVAL_STRETCH)), 3)}
     settings = {"duration_stretch": round(float(rng.uniform(*FLITE_STRETCH)), 3)}
     if split == "train" and rng.random() < FLITE_PITCH_SHARE:
         settings["int_f0_target_mean"] = round(float(rng.uniform(*FLITE_F0_HZ)), 1)
@@ -357,8 +388,8 @@ def plan_jobs(
         )
         return estimated_seconds(engine, text, settings)
 
-    for engine in split_voices:
-        for _ in range(eval_per_engine):
+    for engine, voices in split_voices.items():
+        for _ in range(eval_per_engine if voices["eval"] else 0):
             add(engine, "eval")
     shares = {engine: ENGINE_SHARE[engine] for engine in split_voices}
     total = sum(shares.values())
@@ -385,6 +416,10 @@ def tts_command(job: dict, commands: dict[str, list[str]], wav_path: str) -> lis
             wav_path,
             job["text"],
         ]
+    if job["engine"] == "festival":  # the text is a-z, apostrophe and space: nothing to escape in Scheme
+        synthesis = f'(utt.save.wave (utt.synth (Utterance Text "{job["text"]}")) "{wav_path}" \'riff)'
+        stretch = f"(Parameter.set 'Duration_Stretch {settings['duration_stretch']})"
+        return [*commands["festival"], "-b", f"(voice_{job['voice']})", stretch, synthesis]
     options = [item for key, value in settings.items() for item in ("--setf", f"{key}={value}")]
     return [*commands["flite"], "-voice", job["voice"], *options, "-t", job["text"], "-o", wav_path]
 
@@ -440,9 +475,14 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, required=True, help="output folder (created; must not hold a manifest)")
     parser.add_argument("--hours", type=float, default=32.0, help="training speech to synthesise, estimated")
     parser.add_argument("--eval-per-engine", type=int, default=400, help="held-out utterances per engine")
-    parser.add_argument("--engines", nargs="+", default=list(ENGINES), choices=ENGINES)
+    parser.add_argument("--engines", nargs="+", default=list(DEFAULT_ENGINES), choices=ENGINES)
     parser.add_argument("--espeak", default="espeak-ng", help="the espeak-ng command (a shell-quoted prefix)")
     parser.add_argument("--flite", default="flite", help="the flite command (a shell-quoted prefix)")
+    parser.add_argument(
+        "--festival",
+        default="festival",
+        help="the festival command (a shell-quoted prefix; an unpacked one needs --datadir DIR/usr/share/festival)",
+    )
     parser.add_argument("--wordlist", default=DEFAULT_WORDLIST, help="one word a line (Debian's wamerican)")
     parser.add_argument(
         "--frequency-text",
@@ -470,7 +510,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     manifest = args.out / "manifest.jsonl"
     if manifest.exists():
         raise SystemExit(f"make_corpus: error: --out {str(args.out)!r} already holds a corpus (manifest.jsonl)")
-    commands = {"espeak-ng": shlex.split(args.espeak), "flite": shlex.split(args.flite)}
+    commands = {
+        "espeak-ng": shlex.split(args.espeak),
+        "flite": shlex.split(args.flite),
+        "festival": shlex.split(args.festival),
+    }
     try:
         versions = {engine: check_engine(engine, commands[engine]) for engine in args.engines}
         words = read_vocabulary(args.wordlist)
@@ -481,7 +525,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             counts = word_counts(texts, words)
         variants = espeak_variants(commands["espeak-ng"]) if "espeak-ng" in args.engines else []
         installed = flite_voices(commands["flite"]) if "flite" in args.engines else []
-        split_voices = voice_split(args.engines, variants, installed)
+        festival = festival_voices(commands["festival"]) if "festival" in args.engines else []
+        split_voices = voice_split(args.engines, variants, installed, festival)
     except ValueError as error:
         raise SystemExit(f"make_corpus: error: {error}") from None
     jobs = plan_jobs(words, split_voices, args.hours, args.eval_per_engine, args.seed, counts)
@@ -528,6 +573,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "espeak-ng accents": list(ESPEAK_HELD_OUT_ACCENTS),
             "espeak-ng variants": list(ESPEAK_HELD_OUT_VARIANTS),
             "flite voices": list(FLITE_HELD_OUT_VOICES),
+            "festival voices": list(FESTIVAL_HELD_OUT_VOICES),
         },
         "voices": split_voices,
         "splits": summarise(records),

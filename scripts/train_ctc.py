@@ -739,7 +739,8 @@ def render_card(stages: dict[str, dict], eval_reports: Sequence[dict]) -> str:
         + " with any variant; flite "
         + ", ".join(f"`{v}`" for v in held["flite voices"])
         + ". "
-        f"Training saw {training['feature_copies']:,} feature copies of the training utterances (one clean, "
+        + ("festival's voices are in training only. " if "festival" in corpus["splits"]["train"] else "")
+        + f"Training saw {training['feature_copies']:,} feature copies of the training utterances (one clean, "
         f"{config['feature_copies'] - 1} augmented: speed 0.85-1.15x, gain -15 to +5 dB, colored noise at 5-30 dB SNR "
         "on half), then "
         + (f"mel-axis warping {config['mel_warp'][0]}-{config['mel_warp'][1]} and " if "mel_warp" in config else "")

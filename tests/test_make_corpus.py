@@ -185,3 +185,36 @@ def test_frequency_counts_make_common_words_common() -> None:
     expected = (50 + make_corpus.UNSEEN_WORD_COUNT) / (50 + len(words) * make_corpus.UNSEEN_WORD_COUNT)
     assert share == pytest.approx(expected, abs=0.06)  # repeated sentences are redrawn: a small bias
     assert said.count(rare) < said.count(common) / 20
+
+
+def test_festival_is_a_training_only_engine_that_leaves_the_held_out_set_alone() -> None:
+    words = make_corpus.usable_words(WORDS)
+    without = make_corpus.voice_split(["flite"], flite_installed=make_corpus.FLITE_VOICES)
+    with_festival = make_corpus.voice_split(
+        ["flite", "festival"], flite_installed=make_corpus.FLITE_VOICES, festival_installed=make_corpus.FESTIVAL_VOICES
+    )
+    assert with_festival["festival"] == {"train": list(make_corpus.FESTIVAL_VOICES), "eval": []}
+    plan = make_corpus.plan_jobs(words, with_festival, hours=0.05, eval_per_engine=4, seed=3)
+    held_out = [job for job in plan if job["split"] == "eval"]
+    assert held_out == [job for job in make_corpus.plan_jobs(words, without, 0.05, 4, 3) if job["split"] == "eval"]
+    festival = [job for job in plan if job["engine"] == "festival"]
+    assert festival and all(job["split"] == "train" for job in festival)
+    for job in festival:
+        low, high = make_corpus.FESTIVAL_STRETCH
+        assert low <= job["settings"]["duration_stretch"] <= high
+    with pytest.raises(ValueError, match="--festival lacks the voices"):
+        make_corpus.voice_split(["festival"], festival_installed=["kal_diphone"])
+
+
+def test_festival_command_synthesises_the_text_into_the_wav() -> None:
+    job = {"engine": "festival", "voice": "ked_diphone", "settings": {"duration_stretch": 1.1}, "text": "we don't"}
+    command = make_corpus.tts_command(job, {"festival": ["festival", "--datadir", "/d"]}, "/tmp/x.wav")
+    assert command == [
+        "festival",
+        "--datadir",
+        "/d",
+        "-b",
+        "(voice_ked_diphone)",
+        "(Parameter.set 'Duration_Stretch 1.1)",
+        '(utt.save.wave (utt.synth (Utterance Text "we don\'t")) "/tmp/x.wav" \'riff)',
+    ]
