@@ -325,6 +325,46 @@ def _summary(value: object, limit: int = 100) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def _card_lines(card: dict) -> Iterator[str]:
+    """``key: value`` lines of a model card; the fields ``scripts/train_ctc.py`` writes are spelled out.
+
+    >>> list(_card_lines({"held_out": {"flite": {"offline_full": {"cer": 0.2309}, "streaming_320ms": {"cer": 0.29}}}}))
+    ['held_out: flite CER 23.09 % offline, 29.00 % streaming 320 ms']
+    >>> list(_card_lines({"training": {"steps": 2664, "train_s": 359.8}, "data": "none: random weights"}))
+    ['training: 2,664 steps in 360 s', 'data: none: random weights']
+    >>> list(_card_lines({"data": {"splits": {"train": {"a": {"utterances": 3, "hours": 1.0}}}}}))
+    ['data: 3 training utterances (1.0 h: a), 0 held out']
+    """
+    for key, value in card.items():
+        try:
+            if key == "held_out":
+                rates = []
+                for engine, modes in value.items():
+                    streaming = next(mode for mode in modes if mode.startswith("streaming_"))
+                    ms = streaming.removeprefix("streaming_").removesuffix("ms")
+                    rates.append(
+                        f"{engine} CER {100 * modes['offline_full']['cer']:.2f} % offline, "
+                        f"{100 * modes[streaming]['cer']:.2f} % streaming {ms} ms"
+                    )
+                yield f"{key}: {'; '.join(rates)}"
+                continue
+            if key == "training":
+                yield f"{key}: {value['steps']:,} steps in {value['train_s']:.0f} s"
+                continue
+            if key == "data":
+                train, held = value["splits"]["train"], value["splits"].get("eval", {})
+                hours = sum(entry["hours"] for entry in train.values())
+                yield (
+                    f"{key}: {sum(entry['utterances'] for entry in train.values()):,} training utterances "
+                    f"({hours:.1f} h: {', '.join(train)}), "
+                    f"{sum(entry['utterances'] for entry in held.values()):,} held out"
+                )
+                continue
+        except (AttributeError, KeyError, StopIteration, TypeError, ValueError):
+            pass  # a card of another shape: shown as it is
+        yield f"{key}: {_summary(value)}"
+
+
 def _info_lines(args: argparse.Namespace) -> Iterator[str]:
     import torch
     import torchaudio
@@ -357,9 +397,11 @@ def _info_lines(args: argparse.Namespace) -> Iterator[str]:
     )
     yield f"  {'parameters':<12}{info['parameters']:,}"
     yield f"  {'alphabet':<12}{len(info['alphabet'])} characters + blank: {info['alphabet']!r}"
-    card = info["card"] or {"(none)": ""}
-    for index, (key, value) in enumerate(card.items()):
-        yield f"  {'card' if index == 0 else '':<12}{key}: {_summary(value)}"
+    for index, line in enumerate(_card_lines(info["card"] or {"(none)": ""})):
+        yield f"  {'card' if index == 0 else '':<12}{line}"
+    card_file = Path(info["path"]).with_name("MODEL_CARD.md")
+    if card_file.is_file():  # the shipped model's: every training stage, error rates per chunk size
+        yield f"  {'':<12}the whole card: {card_file}"
     yield "settings"
     chunk = info["chunk_ms"]
     yield f"  {'chunk_ms':<12}{chunk if chunk is not None else 'none (give --chunk-ms: the model attends fully)'}"

@@ -319,6 +319,19 @@ def test_info_describes_model_device_versions_and_settings(model_path: Path) -> 
     assert fields["chunk_ms"] == "320" and fields["left_chunks"] == "4 (1280 ms of left context)"
 
 
+def test_info_spells_out_a_trained_card_and_points_to_the_card_file(tmp_path: Path) -> None:
+    path = tmp_path / "trained.safetensors"
+    held_out = {"espeak-ng": {"offline_full": {"cer": 0.0397}, "streaming_320ms": {"cer": 0.0471}}}
+    save_model(tiny_model(), path, card={"held_out": held_out, "training": {"steps": 12, "train_s": 3.4}})
+    (tmp_path / "MODEL_CARD.md").write_text("# card\n")
+    result = run_cli("info", "--model", path, "--device", "cpu")
+    assert result.returncode == 0
+    lines = [line.strip() for line in result.stdout.splitlines()]
+    assert "card        held_out: espeak-ng CER 3.97 % offline, 4.71 % streaming 320 ms" in lines
+    assert "training: 12 steps in 3 s" in lines
+    assert f"the whole card: {tmp_path / 'MODEL_CARD.md'}" in lines
+
+
 def test_info_with_a_bad_model_still_shows_versions(tmp_path: Path) -> None:
     result = run_cli("info", "--model", tmp_path / "absent.safetensors", "--device", "cpu")
     assert result.returncode == 2
