@@ -370,6 +370,8 @@ def train(args: argparse.Namespace) -> int:
         **({} if args.model_size is None else MODEL_SIZES[args.model_size]),
     )
     device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {args.device}: CUDA is not available here (--device cpu trains on the CPU)")
     if device.type == "cuda":  # TF32 matmuls: float32 training at tensor-core speed (bf16 would round the masks)
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True

@@ -302,3 +302,9 @@ def test_card_lists_the_training_stages(trained: Path, tmp_path: Path) -> None:
     assert "from 2 training stages" in text
     assert "| 1 | `train_stage1.json` | 2 |" in text and "| 2 | `train.json` | 2 |" in text
     assert "In all: 4 steps" in text
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a machine without CUDA")
+def test_cuda_without_cuda_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="--device cuda: CUDA is not available here"):
+        train_ctc.main(["train", "--corpus", str(tmp_path), "--out", str(tmp_path / "out"), "--steps", "1", "--device", "cuda"])
