@@ -308,3 +308,18 @@ def test_card_lists_the_training_stages(trained: Path, tmp_path: Path) -> None:
 def test_cuda_without_cuda_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="--device cuda: CUDA is not available here"):
         train_ctc.main(["train", "--corpus", str(tmp_path), "--out", str(tmp_path / "out"), "--steps", "1", "--device", "cuda"])
+
+
+def test_card_lists_engines_never_trained_on(trained: Path, tmp_path: Path) -> None:
+    card = tmp_path / "MODEL_CARD.md"
+    unseen = tmp_path / "eval_other_engine.json"
+    unseen.write_text((trained / "eval.json").read_text())
+    train_ctc.main(
+        ["card", "--train", str(trained / "train.json"), "--eval", str(trained / "eval.json")]
+        + ["--unseen-engines", str(unseen), "--out", str(card)]
+    )
+    text = card.read_text()
+    assert "Engines never trained on" in text
+    voices = json.loads(unseen.read_text())["results"]["engines"]["espeak-ng"]["by_voice_offline_full"]
+    for voice in voices:
+        assert f"| espeak-ng | `{voice}` |" in text and "`eval_other_engine.json` |" in text
