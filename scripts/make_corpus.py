@@ -7,7 +7,7 @@ lowercase a-z plus the common contractions (``don't``, ``we're``), so every
 character is in :data:`ALPHABET`. Words a synthesiser would not read as
 spelled are dropped (no vowel: ``ft``, ``kg``; roman numerals: ``xiv``).
 Words are drawn as often as they occur in English text: with
-``--frequency-text`` (Debian's ``fortunes``: ~430,000 words of quotations),
+``--frequency-text`` (Debian's ``fortunes``: ~415,000 words of quotations),
 a word's weight is its count there plus :data:`UNSEEN_WORD_COUNT` (add-half
 smoothing, so the list's words the text lacks are still heard, ~4 % of the
 words said); without it, ``2 ** (-letters / 2)`` (Zipf's law of
@@ -213,7 +213,7 @@ def read_vocabulary(path: str | os.PathLike) -> list[str]:
     return words
 
 
-def text_files(paths: Iterable[str | os.PathLike]) -> list[Path]:
+def text_files(paths: Sequence[str | os.PathLike]) -> list[Path]:
     """The files of ``paths``, sorted: a folder gives its regular files without a suffix.
 
     (A fortune folder holds ``art``, its index ``art.dat`` and a link ``art.u8``; only ``art`` is text.)
