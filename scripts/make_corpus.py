@@ -521,8 +521,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         counts = None
         if args.frequency_text:
             frequency_files = text_files(args.frequency_text)
-            texts = [path.read_text(encoding="utf-8", errors="replace") for path in frequency_files]
-            counts = word_counts(texts, words)
+            frequency_bytes = [path.read_bytes() for path in frequency_files]
+            counts = word_counts([data.decode("utf-8", errors="replace") for data in frequency_bytes], words)
         variants = espeak_variants(commands["espeak-ng"]) if "espeak-ng" in args.engines else []
         installed = flite_voices(commands["flite"]) if "flite" in args.engines else []
         festival = festival_voices(commands["festival"]) if "festival" in args.engines else []
@@ -564,7 +564,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         else {
             "paths": [str(path) for path in args.frequency_text],
             "files": len(frequency_files),
-            "sha256": hashlib.sha256(b"".join(path.read_bytes() for path in frequency_files)).hexdigest(),
+            "sha256": hashlib.sha256(b"".join(frequency_bytes)).hexdigest(),
             "word_tokens_counted": int(counts.sum()),
             "words_seen": int((counts > 0).sum()),
             "unseen_word_count": UNSEEN_WORD_COUNT,
