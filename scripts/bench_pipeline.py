@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, in
 
 from audiomask.bench.environment import capture_environment, write_result  # noqa: E402
 from audiomask.bench.models import build_model  # noqa: E402
-from audiomask.bench.overlap import drive, pipeline_section  # noqa: E402
+from audiomask.bench.overlap import drive, pipeline_section, pipeline_threads  # noqa: E402
 from audiomask.bench.timing import Budget, percentiles  # noqa: E402
 from audiomask.encoders import Phi4MMEncoder  # noqa: E402
 
@@ -128,7 +128,14 @@ def main() -> None:
     started = time.perf_counter()
     result = {**capture_environment(sys.argv), "model": model.info()}
     pipeline = pipeline_section(
-        model, CHUNK_TOKENS, LEFT_CHUNKS, cycles, 1 if args.quick else REPEATS, MAX_BATCH, Budget(args.seconds)
+        model,
+        CHUNK_TOKENS,
+        LEFT_CHUNKS,
+        cycles,
+        1 if args.quick else REPEATS,
+        MAX_BATCH,
+        Budget(args.seconds),
+        pipeline_threads(),
     )
     result["pipeline"] = pipeline
     for key in ("cpu_s", "gpu_s", "serial_wall_s", "pipelined_wall_s", "overlap"):

@@ -14,6 +14,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from audiomask.bench import overlap
 from audiomask.bench import transfer as transfer_bench
 from audiomask.bench.device_masks import hs_mask_torch
 from audiomask.bench.throughput import ProbePlan, search
@@ -68,6 +69,17 @@ def test_quick_transfer_entries(quick_report: tuple[dict, str]) -> None:
         assert entry["busy_gpu"] is False and entry["gpu_state"] == "idle"
         assert 0 < entry["host_ms_p50"] <= entry["host_ms_p99"]
     assert any("pageable and pin_per_copy" in note for note in quick_report[0]["notes"])
+
+
+def test_pipeline_section_runs_on_the_threads_asked_and_puts_the_count_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = []
+    monkeypatch.setattr(overlap, "_pipeline_runs", lambda *args: seen.append(torch.get_num_threads()) or {"batch": 1})
+    before = torch.get_num_threads()
+    asked = before + 1
+    section = overlap.pipeline_section(None, 1, 1, 1, 1, 1, Budget(1.0), asked)  # type: ignore[arg-type]
+    assert seen == [asked] and section == {"torch_threads": asked, "batch": 1}
+    assert torch.get_num_threads() == before
+    assert overlap.pipeline_threads(16) == 15 and overlap.pipeline_threads(1) == 1
 
 
 def test_quick_pipeline_fields(quick_report: tuple[dict, str]) -> None:

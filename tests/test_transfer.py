@@ -410,6 +410,23 @@ def test_ring_views_alias_the_slot_and_copies_do_not() -> None:
     assert result.dtype == torch.int32 and result.tolist() == [[0, 1, 2], [3, 4, 5]]
 
 
+def test_ring_checks_every_stage_whose_layout_it_remembers() -> None:
+    ring = small_ring()
+    for _ in range(2):  # the second round stages the same (shape, dtype) again: from the remembered layout
+        with ring.stage((2, 3), np.int16) as staged:
+            assert staged.array.shape == (2, 3) and staged.array.dtype == np.int16
+            staged.array.shape = (3, 2)  # reshaping the view handed out leaves the ring's own view as it was
+            staged.array[:] = 7
+            assert staged.to("cpu").tolist() == [[7, 7, 7], [7, 7, 7]]
+    with ring.stage(1, np.uint8) as staged:
+        staged.release()
+    for shape in (True, (True, 3), (np.True_,)):  # equal and hash-equal to 1, (1, 3), (1,): still refused
+        with pytest.raises(ValueError, match="must be an integer, got (np.)?True"):
+            ring.stage(shape, np.uint8)
+    with ring.stage([2, 3], np.int16) as staged:  # an unhashable shape: checked, not remembered
+        assert staged.array.shape == (2, 3)
+
+
 def staged_pointer_of(ring: PinnedRing) -> int:
     with ring.stage(1, np.uint8) as staged:
         return staged.tensor.data_ptr()

@@ -55,7 +55,7 @@ from audiomask.bench import plots
 from audiomask.bench import transfer as transfer_bench
 from audiomask.bench.environment import capture_environment, write_result
 from audiomask.bench.models import SHIPPED_CONFIG, BenchModel, build_model
-from audiomask.bench.overlap import pipeline_section
+from audiomask.bench.overlap import pipeline_section, pipeline_threads
 from audiomask.bench.single_stream import measure_latency
 from audiomask.bench.throughput import ProbePlan, make_probe, search
 from audiomask.bench.timing import Budget, log
@@ -444,6 +444,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 settings.pipeline_repeats,
                 settings.pipeline_max_batch,
                 budget,
+                pipeline_threads(),
             )
         elif section == "latency":
             report["latency"] = latency_section(settings, models, budget, notes, settings.latency_models)

@@ -16,13 +16,24 @@ of per-cycle maxima (a perfect two-stage pipeline), and the host time per
 chunk (``enqueue_s``: staging, launching the step, head and argmax). Each mode
 runs ``repeats`` times (fewer where the budget is short), interleaved; the run
 with the median wall time is kept.
+
+The section runs with torch's intra-op threads set to ``threads`` (the
+benchmark passes :func:`pipeline_threads`: one core fewer than the machine
+has) and puts the old count back after. Why: with as many pool threads as
+cores, the main thread launching the encoder step preempts one of them, and
+every parallel region of the front end then waits for the straggler; on the
+2-core CPU that doubled the front end's time under overlap
+(bench/probes/pipeline_threads_cpu_2core.json). An application running the
+overlapped driver should leave that core free the same way.
 """
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
+import torch
 
 from audiomask.bench.models import BenchModel
 from audiomask.bench.signals import shared_noise
@@ -30,11 +41,21 @@ from audiomask.bench.timing import Budget, log, percentiles
 from audiomask.pipeline import FRAME_MS
 from audiomask.stream import RunStats
 
-__all__ = ["WITHIN", "drive", "pipeline_section"]
+__all__ = ["WITHIN", "drive", "pipeline_section", "pipeline_threads"]
 
 WITHIN = 0.10  # acceptance: overlapped wall within 10 % of max(T_cpu, T_gpu)
 CALIBRATION_CYCLES = 6
 MS_PER_S = 1000
+
+
+def pipeline_threads(cores: int | None = None) -> int:
+    """Torch intra-op threads for an overlapped driver on ``cores`` cores (default: this machine's): one core fewer.
+
+    >>> pipeline_threads(16), pipeline_threads(1)
+    (15, 1)
+    """
+    cores = cores or os.cpu_count() or 1
+    return max(1, cores - 1)
 
 
 def drive(model: BenchModel, batch: int, cycles: int, chunk_size: int, left_chunk: int, *, overlap: bool) -> RunStats:
@@ -61,9 +82,31 @@ def _median_run(runs: list[RunStats]) -> RunStats:
 
 
 def pipeline_section(
+    model: BenchModel,
+    chunk_size: int,
+    left_chunk: int,
+    cycles: int,
+    repeats: int,
+    max_batch: int,
+    budget: Budget,
+    threads: int,
+) -> dict:
+    """Calibrate ``B``, then serial versus overlapped runs of ``cycles`` cycles; JSON-ready.
+
+    Runs on ``threads`` torch intra-op threads (see the module docstring), recorded as ``torch_threads``.
+    """
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        runs = _pipeline_runs(model, chunk_size, left_chunk, cycles, repeats, max_batch, budget)
+    finally:
+        torch.set_num_threads(previous)
+    return {"torch_threads": threads, **runs}
+
+
+def _pipeline_runs(
     model: BenchModel, chunk_size: int, left_chunk: int, cycles: int, repeats: int, max_batch: int, budget: Budget
 ) -> dict:
-    """Calibrate ``B``, then serial versus overlapped runs of ``cycles`` cycles; JSON-ready."""
     calibration: list[dict] = []
     warmup = left_chunk + 2  # cycles each drive() runs before its timed ones
     # A final run costs this many calibration runs of the same B (cycles scale the time, warm-up included).

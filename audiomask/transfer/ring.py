@@ -84,6 +84,7 @@ DEFAULT_MAX_PINNED_BYTES = 512 * MiB  # pinned memory is locked RAM: bound what 
 # device views of a packed copy are as aligned as fresh allocations.
 VIEW_ALIGN_BYTES = 256
 _VIEW_CACHE_SIZE = 16  # internal torch views kept per slot, by (offset, shape, dtype)
+_LAYOUT_CACHE_SIZE = 256  # (shape, dtype) layouts of single-array stages remembered
 _REUSE_ORDER = operator.attrgetter("capacity", "released")  # smallest slot first, then least recently released
 
 
@@ -166,6 +167,7 @@ _get_current_stream = getattr(torch._C, "_cuda_getCurrentStream", None)  # (stre
 _set_stream_ids = getattr(torch._C, "_cuda_setStream", None)
 _get_device = getattr(torch._C, "_cuda_getDevice", None)
 _STREAMS: dict[tuple[int, int, int], torch.cuda.Stream] = {}
+_LAYOUTS: dict[tuple[object, object], tuple[list[_Part], int]] = {}
 
 
 def _stream_ids(stream: torch.cuda.Stream) -> tuple[int, int, int]:
@@ -218,6 +220,34 @@ def _round_up(n: int, multiple: int) -> int:
 
 def _next_power_of_two(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
+
+
+def _plain_shape(shape: object) -> bool:
+    """Whether ``shape`` is an ``int`` or a tuple of ``int`` (not ``bool``, not numpy integers): safe as a cache key."""
+    return type(shape) is int or (type(shape) is tuple and all(type(n) is int for n in shape))
+
+
+def _single_layout(shape: object, dtype: object) -> tuple[list[_Part], int]:
+    """:func:`_layout` of one array, remembered per ``(shape, dtype)``.
+
+    Validating and laying out a spec costs more host time than the copy of a
+    small payload (~15 us of Python), and a streaming loop stages the same few
+    shapes step after step. Only plain-``int`` shapes are looked up: ``True``
+    equals ``1`` as a key, and must still be refused.
+    """
+    if not _plain_shape(shape):
+        return _layout([(shape, dtype)])
+    key = (shape, dtype)
+    try:
+        layout = _LAYOUTS.get(key)
+    except TypeError:  # an unhashable dtype argument
+        return _layout([(shape, dtype)])
+    if layout is None:
+        layout = _layout([(shape, dtype)])
+        if len(_LAYOUTS) >= _LAYOUT_CACHE_SIZE:
+            _LAYOUTS.clear()
+        _LAYOUTS[key] = layout
+    return layout
 
 
 def _layout(specs: Iterable[tuple[object, object]]) -> tuple[list[_Part], int]:
@@ -308,7 +338,8 @@ class PinnedRing:
 
         Use the result as a context manager; see :class:`Staged`.
         """
-        return self.stage_many([(shape, dtype)])
+        parts, nbytes = _single_layout(shape, dtype)
+        return Staged(self, self._acquire(nbytes), parts, nbytes)
 
     def stage_many(self, specs: Iterable[tuple[int | Sequence[int], object]]) -> Staged:
         """Lease one slot holding several arrays, packed at ``VIEW_ALIGN_BYTES`` offsets.
@@ -729,7 +760,7 @@ class Staged:
 
     @staticmethod
     def _numpy_view(slot: _Slot, part: _Part) -> np.ndarray:
-        dtype = numpy_dtype(part.dtype)
-        if dtype is None:
+        array = _slot_views(slot, part)[1]
+        if array is None:
             raise ValueError(f"dtype {part.dtype} has no numpy equivalent; write through .tensors instead")
-        return slot.array[part.offset : part.offset + part.nbytes].view(dtype).reshape(part.shape)
+        return array.view()  # a view object of its own: the ring's copy stays as it was made
