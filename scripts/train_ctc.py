@@ -842,16 +842,15 @@ def render_card(
         "",
         "## Limits",
         "",
-        "- Trained and measured on synthetic speech only (espeak-ng and flite): expect far higher error rates on "
-        "recorded human speech, accents and noise it has not heard.",
+        f"- Trained and measured on synthetic speech only ({', '.join(corpus['engines'])}): expect far higher "
+        "error rates on recorded human speech, accents and noise it has not heard.",
         "- Greedy CTC over characters with no language model: spellings come from the sounds alone, so homophones "
         "and rare words are misspelled.",
         "- Lowercase letters, apostrophe and space only: no digits or punctuation.",
         "- Unheard speakers are its weak point: espeak-ng's hundreds of voices are variants of one formant "
-        "synthesiser, and flite adds only three other speakers (4 voices: kal and kal16 are one man). Its held-out "
-        "voice, and festival's voice of a speaker no engine it trained on has (ked, where it is measured), are the "
-        "tests of an unheard speaker; festival's voices of speakers it heard through flite (kal, slt) fare far "
-        "better.",
+        "synthesiser, and the other engines add only a handful of recorded speakers (flite: kal, awb, slt in "
+        "training, rms held out; festival, where used: kal, ked, slt). flite's held-out voice is the test of an "
+        "unheard speaker, and the error rates above show how far the model is from the target there.",
         "",
     ]
     return "\n".join(lines)
