@@ -36,6 +36,7 @@ from audiomask.transfer import (
     to_device,
 )
 from audiomask.transfer import ring as ring_module
+from audiomask.transfer.ring import DEFAULT_CONSUMER_COPY_BYTES, SMALL_SLOT_BYTES
 from audiomask.transfer.harness import direct_copy
 
 # --------------------------------------------------------------------------- is_dense
@@ -360,9 +361,15 @@ class FakeEvent:
         self.done = True
 
 
-def small_ring(num_slots: int = 2, slot_bytes: int = KiB, max_slots: int | None = None) -> PinnedRing:
+def small_ring(
+    num_slots: int = 2, slot_bytes: int = KiB, max_slots: int | None = None, consumer_copy_bytes: int = 0
+) -> PinnedRing:
+    """A ring of ``num_slots`` slots of ``slot_bytes``; by default every copy may take the copy stream."""
     return PinnedRing(
-        slot_bytes=slot_bytes, num_slots=num_slots, max_pinned_bytes=slot_bytes * (max_slots or num_slots)
+        slot_bytes=slot_bytes,
+        num_slots=num_slots,
+        max_pinned_bytes=slot_bytes * (max_slots or num_slots),
+        consumer_copy_bytes=consumer_copy_bytes,
     )
 
 
@@ -387,6 +394,7 @@ def test_ring_starts_with_its_slots() -> None:
         ({"slot_bytes": 1.5}, "slot_bytes must be an integer, got 1.5"),
         ({"num_slots": 0}, "num_slots must be >= 1, got 0"),
         ({"num_slots": True}, "num_slots must be an integer, got True"),
+        ({"consumer_copy_bytes": -1}, "consumer_copy_bytes must be >= 0, got -1"),
         (
             {"slot_bytes": KiB, "num_slots": 4, "max_pinned_bytes": 3 * KiB},
             "max_pinned_bytes must be >= .* = 4096, got 3072",
@@ -486,6 +494,14 @@ def test_ring_grows_a_larger_slot_once_and_keeps_it() -> None:
         assert staged.array.ctypes.data != big
     stats = ring.stats()
     assert (stats.grows, stats.slots, stats.pinned_bytes, stats.evictions) == (1, 3, 6 * KiB, 0)
+
+
+def test_ring_grows_small_slots_for_copies_that_ride_the_consumer() -> None:
+    ring = PinnedRing(slot_bytes=MiB, num_slots=1, max_pinned_bytes=4 * MiB, consumer_copy_bytes=256 * KiB)
+    sizes = []
+    for nbytes in (16, 16, 200 * KiB, 300 * KiB):  # each in flight while the next is staged: the ring grows
+        sizes.append(ring.stage(nbytes, np.uint8)._slot.capacity)  # type: ignore[union-attr]
+    assert sizes == [MiB, SMALL_SLOT_BYTES, 256 * KiB, MiB]  # the first takes the idle slot; then per request
 
 
 def test_ring_drops_idle_small_slots_to_make_room() -> None:
@@ -827,6 +843,23 @@ def test_submit_on_an_idle_consumer_copies_there_without_cross_stream_sync(fake_
     ]
 
 
+def test_a_small_copy_rides_the_busy_consumer_and_a_large_one_the_copy_stream(fake_cuda: FakeCuda) -> None:
+    ring = small_ring(num_slots=2, slot_bytes=4 * KiB, consumer_copy_bytes=2 * KiB)
+    assert not fake_cuda.consumer.query()  # work queued on it
+    with ring.stage(2 * KiB, np.uint8) as staged:
+        staged._to(META, None, None)
+    assert fake_cuda.log == [  # no query of the consumer, no stream switch, no cross-stream wait
+        "allocate on consumer",
+        "copy on consumer non_blocking",
+        "event 0 recorded on consumer",
+    ]
+    fake_cuda.log.clear()
+    with ring.stage(2 * KiB + 1, np.uint8) as staged:
+        staged._to(META, None, None)
+    assert fake_cuda.log[:3] == ["current stream copy", "allocate on copy", "copy on copy non_blocking"]
+    assert PinnedRing().consumer_copy_bytes == DEFAULT_CONSUMER_COPY_BYTES == MiB
+
+
 def test_submit_into_out_runs_on_the_busy_consumer_after_its_queued_work(fake_cuda: FakeCuda) -> None:
     ring = small_ring()
     out = torch.empty(3, device="meta")
@@ -868,7 +901,7 @@ def test_submit_on_the_consumer_stream_needs_no_cross_stream_wait(fake_cuda: Fak
 
 
 def test_packed_submit_is_one_copy_with_views(fake_cuda: FakeCuda) -> None:
-    ring = PinnedRing(slot_bytes=4 * KiB, num_slots=1, max_pinned_bytes=4 * KiB)
+    ring = small_ring(num_slots=1, slot_bytes=4 * KiB)
     with ring.stage_many([((2, 2), np.bool_), ((3,), np.int64)]) as staged:
         mask, lengths = staged._submit(META, None, None)
     assert (tuple(mask.shape), mask.dtype, tuple(lengths.shape), lengths.dtype) == (

@@ -1,8 +1,9 @@
 """Host->device transfer: the only module that moves host data to a device.
 
 - :func:`to_device`: copy numpy arrays, lists and CPU tensors to a device
-  through a persistent pinned ring, ``non_blocking`` on a copy stream, without
-  stalling the host whatever the GPU queue holds.
+  through a persistent pinned ring, ``non_blocking`` (on the consumer's
+  stream up to 1 MiB, else on a copy stream while the consumer is busy),
+  without stalling the host whatever the GPU queue holds.
 - :class:`PinnedRing`: pinned host slots that builders write into in place,
   each reused only after its last copy has completed.
 - :func:`is_dense`: whether a tensor can be copied as one block.

@@ -159,17 +159,19 @@ def to_device(
         out: a dense tensor on ``device`` of the data's shape to copy into,
             ordered after the work already queued on the current stream.
         stream: the CUDA stream that runs the copy (default: the current
-            stream when ``out`` is given or nothing is queued on it, else the
-            ring's copy stream for the device).
+            stream when ``out`` is given, for payloads up to the ring's
+            ``consumer_copy_bytes`` (1 MiB), or when nothing is queued on it,
+            else the ring's copy stream for the device).
         ring: the :class:`PinnedRing` to stage through (default:
             :func:`default_ring` for a CUDA device; on the CPU, the data is
             staged only if a ring is given).
 
     Host data is staged: copied (dense, converted) into a pinned ring slot,
-    then copied to the device with ``non_blocking=True`` on the copy stream;
-    the current stream waits for the copy, the caching allocator knows the
-    result is used there, and the slot is reused only after the copy has
-    completed. So the call costs the staging memcpy plus a fixed submit cost
+    then copied to the device with ``non_blocking=True`` on the stream above;
+    work queued on the current stream afterwards sees the result (a copy on
+    the copy stream is waited for, and the caching allocator knows the result
+    is used on the current stream), and the slot is reused only after the
+    copy has completed. So the call costs the staging memcpy plus a fixed submit cost
     (bench/results has both), whatever the GPU queue holds, and the caller may
     reuse ``data`` as soon as it returns.
 
