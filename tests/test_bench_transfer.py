@@ -1,12 +1,10 @@
-"""The transfer benchmark's interleaved passes, busy_steady, queue feed and verdicts, without a GPU (stand-ins)."""
+"""The transfer benchmark's busy_steady state, its queue feed and its verdicts, without a GPU (stand-ins)."""
 
 from __future__ import annotations
 
 import argparse
 import itertools
-from collections.abc import Callable
 
-import numpy as np
 import pytest
 import torch
 
@@ -109,12 +107,6 @@ class ScriptedFeed:
         return next(self._depths)
 
 
-def steady(strategies: list[tuple[str, bench.Strategy]], repeats: int, warmup: int, feed: ScriptedFeed) -> dict:
-    """``steady_pass`` on the CPU, its order seeded: a row per strategy."""
-    workload, order = HostWorkload("cpu"), np.random.default_rng(0)
-    return bench.steady_pass(strategies, None, repeats, warmup, feed, workload, order)  # type: ignore[arg-type]
-
-
 def counting_strategy() -> tuple[bench.Strategy, list[int]]:
     calls: list[int] = []
     return bench.Strategy("count", False, lambda case, stream, state: calls.append(len(calls))), calls
@@ -124,7 +116,7 @@ def test_steady_pass_warms_up_for_queue_depths_and_records_the_depth_before_each
     strategy, calls = counting_strategy()
     depth_ms = 20.0  # warm-up: at least 2 depths (40 ms) of untimed repetitions
     feed = ScriptedFeed(depth_ms, drained=[True], depths=itertools.count(100.0))  # type: ignore[arg-type]
-    row = steady([("count", strategy)], 5, 1, feed)["count"]
+    row = bench.steady_pass(strategy, None, 5, 1, feed, HostWorkload("cpu"))  # type: ignore[arg-type]
     assert row["untimed_reps"] >= 1 and len(calls) == row["untimed_reps"] + 5
     assert feed.top_ups == len(calls) + 1  # once to start the feed, then before every copy
     first_timed_depth = 100.0 + row["untimed_reps"]
@@ -139,87 +131,10 @@ def test_steady_pass_counts_gpu_idle_gaps_in_timed_repetitions() -> None:
     strategy, _ = counting_strategy()
     feed = ScriptedFeed(1e-3, drained=[True] * 100, depths=itertools.repeat(50.0))  # drains before every copy
     feed.stream.busy = False  # and every copy waited for the queue
-    row = steady([("count", strategy)], 4, 2, feed)["count"]
+    row = bench.steady_pass(strategy, None, 4, 2, feed, HostWorkload("cpu"))  # type: ignore[arg-type]
     assert row["untimed_reps"] == 2
     assert row["gpu_idle_gaps"] == 4
     assert row["queue_still_busy"] == 0.0
-
-
-# --------------------------------------------------------------------------- interleaving
-
-NAMES = ("pageable", "pin_per_copy", "ring", "bare_copy")
-
-
-def recording_strategies() -> tuple[list[tuple[str, bench.Strategy]], list[str]]:
-    """Strategies of :data:`NAMES` whose timed call appends their name to the list that comes back with them."""
-    calls: list[str] = []
-
-    def record(name: str) -> Callable[[object, object, object], None]:
-        return lambda case, stream, state: calls.append(name)
-
-    return [(name, bench.Strategy(name, False, record(name))) for name in NAMES], calls
-
-
-def repetitions(calls: list[str]) -> list[tuple[str, ...]]:
-    """``calls`` cut into repetitions of ``len(NAMES)`` calls, after checking that each calls every name once."""
-    assert len(calls) % len(NAMES) == 0, calls
-    cut = [tuple(calls[start : start + len(NAMES)]) for start in range(0, len(calls), len(NAMES))]
-    assert all(sorted(rep) == sorted(NAMES) for rep in cut), cut
-    return cut
-
-
-def test_host_pass_times_every_strategy_once_per_repetition_in_a_shuffled_order() -> None:
-    strategies, calls = recording_strategies()
-    rows = bench.host_pass(strategies, None, 0.0, 20, 2, None, None, np.random.default_rng(0))  # type: ignore[arg-type]
-    orders = repetitions(calls)
-    assert len(orders) == 2 + 20  # the warm-up repetitions are interleaved too
-    assert len(set(orders)) > 1  # shuffled per repetition, not one fixed order
-    assert list(rows) == list(NAMES)
-    assert all(0 < row["host_ms_p50"] <= row["host_ms_p99"] for row in rows.values())
-    assert not any("queue_still_busy" in row for row in rows.values())  # idle: no queue
-
-
-def test_steady_pass_interleaves_and_records_each_strategy_s_own_queue_depths() -> None:
-    strategies, calls = recording_strategies()
-    feed = ScriptedFeed(1e-3, drained=[True], depths=itertools.count(0.0))  # the depth before copy j is j
-    rows = steady(strategies, 10, 2, feed)
-    orders = repetitions(calls)
-    untimed = rows[NAMES[0]]["untimed_reps"]
-    assert untimed >= 2 and len(orders) == untimed + 10 and len(set(orders)) > 1
-    first_timed = len(NAMES) * untimed
-    for name, row in rows.items():
-        assert row["untimed_reps"] == untimed  # the warm-up is the block's, not a strategy's
-        copies = [j for j, called in enumerate(calls) if called == name and j >= first_timed]
-        assert row["queue_ms_min"] == copies[0]  # this strategy's depths, timed copies only
-        assert row["queue_ms_p50"] == float(np.median(copies))
-
-
-def test_steady_pass_counts_a_drained_queue_against_the_copy_that_waited_for_it() -> None:
-    strategies, calls = recording_strategies()
-    # Only pageable's copies wait for the queue: the top-up after one of them finds it drained.
-    drained = (calls[-1:] == ["pageable"] for _ in itertools.count())
-    rows = steady(strategies, 10, 2, ScriptedFeed(1e-3, drained, itertools.repeat(50.0)))  # type: ignore[arg-type]
-    first_timed = len(NAMES) * rows["pageable"]["untimed_reps"]
-    # Counted where the top-up that found it (before the next copy, if any) is in a timed repetition.
-    waited = sum(called == "pageable" and j + 1 >= first_timed for j, called in enumerate(calls[:-1]))
-    assert waited >= 10 - 1
-    assert {name: row["gpu_idle_gaps"] for name, row in rows.items()} == {
-        name: waited if name == "pageable" else 0 for name in NAMES
-    }
-
-
-def test_measure_interleaves_reproducibly_and_says_so() -> None:
-    repeats = bench.Repeats(idle=12, busy=1, steady=1, gpu=1, staging=1, warmup=1)
-    case = bench.make_case(16 * KiB, np.random.default_rng(0))
-    sequences, entries = [], []
-    for _ in range(2):
-        strategies, calls = recording_strategies()
-        entries = bench.measure([case], NAMES, dict(strategies), repeats, 50.0, torch.device("cpu"))
-        sequences.append(repetitions(calls))
-    assert sequences[0] == sequences[1]  # the order generator is seeded: a second run repeats the first
-    assert len(sequences[0]) == 1 + 12 and len(set(sequences[0])) > 1
-    assert [(e["strategy"], e["gpu_state"]) for e in entries] == [(name, "idle") for name in NAMES]
-    assert all(e["interleaved"] is True and e["reps"] == 12 and e["bytes"] == 16 * KiB for e in entries)
 
 
 # --------------------------------------------------------------------------- verdicts

@@ -33,23 +33,14 @@ Each is timed in five GPU states (``gpu_state``; ``busy_gpu`` is True in the thr
   repetition drains and for ``SETTLE_MS`` between queueing the work and the timed call
   (:class:`~audiomask.transfer.harness.HostWorkload`).
 - ``busy_steady``: the state of a server under load. The current stream is kept fed for the whole
-  block of one size, every strategy's repetitions (:class:`~audiomask.transfer.harness.QueueFeed`):
-  topped up between copies, outside the timed region, to >= ~50 ms of queued work, and the queue
-  depth left right before each timed copy is recorded (``queue_ms_min`` / ``queue_ms_p50``,
-  measured with events). The GPU runs the queue ``STEADY_LEAD_MS`` before the first copy and never
-  goes idle within the block (``gpu_idle_gaps`` counts top-ups that found it drained, against the
-  strategy whose copy ran just before: only copies that wait for the queue, pageable from 4 MiB,
-  drain it). The untimed repetitions last ``STEADY_WARMUP_DEPTHS`` queue depths, so blocks that the
-  caching allocators hand back only once the queue has passed them are being reused when timing
-  starts.
-
-The strategies and floors of one size and state are timed interleaved (entries say
-``interleaved``): repetition i times each of them once, in an order shuffled per repetition by a
-generator seeded with ``ORDER_SEED`` (runs are reproducible), each with its own set-up as above.
-Timed one block per strategy, they ran seconds apart, and at the small sizes, where a copy's host
-time is 0.02-0.1 ms and follows the host's cache and driver state, that state's drift between
-blocks decided the comparisons (a bare copy measured slower than the ring submit that contains
-it). Interleaved, every strategy samples the same drift. Warm-up repetitions are interleaved too.
+  block of one strategy and size (:class:`~audiomask.transfer.harness.QueueFeed`): topped up
+  between copies, outside the timed region, to >= ~50 ms of queued work, and the queue depth left
+  right before each timed copy is recorded (``queue_ms_min`` / ``queue_ms_p50``, measured with
+  events). The GPU runs the queue ``STEADY_LEAD_MS`` before the first copy and never goes idle
+  within the block (``gpu_idle_gaps`` counts top-ups that found it drained: only copies that wait
+  for the queue, pageable from 4 MiB, drain it). The untimed repetitions last
+  ``STEADY_WARMUP_DEPTHS`` queue depths, so blocks that the caching allocators hand back only once
+  the queue has passed them are being reused when timing starts.
 
 ``busy`` and ``busy_hot`` time every copy within ~1 ms of work being queued on an idle GPU. In
 those first milliseconds every CUDA call, whatever its strategy, costs 10-20x what it costs once
@@ -132,7 +123,6 @@ COPY_STRATEGIES = ("pageable", "pin_per_copy", "ring")  # those that copy a payl
 CPU_STRATEGIES = ("ring", "ring_in_place", "on_device")  # those that mean something without CUDA (device = CPU)
 FLOORS = ("staging_numpy", "staging_torch", "bare_copy")
 BUSY_MS = 50.0  # GPU work queued ahead of a busy-stream copy
-ORDER_SEED = 0  # seeds the shuffled order of the strategies within each interleaved repetition
 
 
 class GpuState(NamedTuple):
@@ -188,8 +178,7 @@ class Repeats:
     warmup: int  # untimed repetitions before each of the above
 
 
-# busy_steady repetitions cost ~1-2 ms each: 300 of them put the p99 at the 4th-largest sample, not the 2nd.
-FULL = Repeats(idle=100, busy=30, steady=300, gpu=10, staging=100, warmup=3)
+FULL = Repeats(idle=100, busy=30, steady=100, gpu=10, staging=100, warmup=3)
 QUICK = Repeats(idle=10, busy=3, steady=5, gpu=2, staging=10, warmup=1)
 
 
@@ -403,156 +392,118 @@ def _timed_call(
     return elapsed, freed, queue_busy
 
 
-@dataclass
-class _Timings:
-    """One strategy's timed repetitions within an interleaved pass."""
-
-    times: list[float] = field(default_factory=list)  # host ms of the timed call
-    frees: list[float] = field(default_factory=list)  # host ms of dropping its result
-    still_busy: int = 0  # timed copies after which the consumer was still running queued work
-    depths: list[float] = field(default_factory=list)  # busy_steady: ms of work queued before each timed copy
-    gaps: int = 0  # busy_steady: top-ups of timed repetitions that found the queue drained after this one's copy
-
-    def add(self, call: tuple[float, float, bool]) -> None:
-        """Record a timed repetition: :func:`_timed_call`'s ``(host ms, free ms, consumer still busy)``."""
-        elapsed, freed, queue_busy = call
-        self.times.append(elapsed)
-        self.frees.append(freed)
-        self.still_busy += queue_busy
-
-    def row(self, strategy: Strategy, untimed: int, **queue: float) -> dict:
-        """The strategy's row: host and free ms percentiles, the ``queue`` fields, and the median build ms
-        of its timed repetitions where its ``prepare`` records one (``untimed``: its repetitions before them)."""
-        row = {f"host_ms_{key}": value for key, value in percentiles(self.times).items()}
-        row.update({f"free_ms_{key}": value for key, value in percentiles(self.frees).items() if key in ("p50", "p99")})
-        row.update(queue)
-        if strategy.build_ms:
-            row["build_ms_p50"] = float(np.median(strategy.build_ms[untimed:]))
-        return row
-
-
-def _start_pass(strategies: Sequence[tuple[str, Strategy]]) -> list[_Timings]:
-    """Empty timings, one per strategy, and build times cleared (those of earlier passes are not this pass's)."""
-    for _, strategy in strategies:
-        strategy.build_ms.clear()
-    return [_Timings() for _ in strategies]
+def _host_row(times: list[float], frees: list[float]) -> dict:
+    row = {f"host_ms_{key}": value for key, value in percentiles(times).items()}
+    row.update({f"free_ms_{key}": value for key, value in percentiles(frees).items() if key in ("p50", "p99")})
+    return row
 
 
 def host_pass(
-    strategies: Sequence[tuple[str, Strategy]],
+    strategy: Strategy,
     case: Case,
     busy_ms: float,
     repeats: int,
     warmup: int,
     filler: QueueFiller | None,
     consumer: torch.cuda.Stream | None,
-    order: np.random.Generator,
     wait_ms: float = 0.0,
     workload: HostWorkload | None = None,
-) -> dict[str, dict]:
-    """Host milliseconds of each strategy's ``run`` behind ``busy_ms`` of queued work (0: idle): a row per name.
+) -> dict:
+    """Host milliseconds of ``strategy.run`` behind ``busy_ms`` of queued work (0: idle), from a synchronised device.
 
-    The strategies are interleaved: each of the ``warmup + repeats`` repetitions runs every one of
-    them once, in an order shuffled by ``order``, and each run is set up on its own, from a
-    synchronised device. ``wait_ms``: the host first sleeps that long with the GPU idle, which
-    leaves it as cold as the synchronise after a busy run does: the control that tells queue
-    effects from host effects. ``workload``: wait for the previous run's GPU work while running
-    host work (:class:`~audiomask.transfer.harness.HostWorkload`) instead of blocking in a
-    synchronise, and run it for ``SETTLE_MS`` after queueing the busy work, so the host is as hot
-    as a streaming server's and the GPU already running the queue when the timed call starts.
+    ``wait_ms``: the host first sleeps that long with the GPU idle, which leaves it as cold as the
+    synchronise after a busy repetition does: the control that tells queue effects from host effects.
+    ``workload``: wait for the previous repetition's GPU work while running host work
+    (:class:`~audiomask.transfer.harness.HostWorkload`) instead of blocking in a synchronise, and
+    run it for ``SETTLE_MS`` after queueing the busy work, so the host is as hot as a streaming
+    server's and the GPU already running the queue when the timed call starts.
     Without CUDA (``filler`` and ``consumer`` None) only idle cases run.
     """
     device = consumer.device if consumer is not None else torch.device("cpu")
-    timings = _start_pass(strategies)
+    times, frees, still_busy = [], [], 0
+    strategy.build_ms.clear()
     for i in range(warmup + repeats):
-        for k in order.permutation(len(strategies)):
-            strategy = strategies[k][1]
+        if workload is not None:
+            workload.wait_idle()
+        else:
+            _synchronize(device)
+        if wait_ms:
+            time.sleep(wait_ms / 1e3)
+        state = strategy.prepare(case)
+        if busy_ms:
+            filler.fill(busy_ms, consumer)  # type: ignore[union-attr]
             if workload is not None:
-                workload.wait_idle()
-            else:
-                _synchronize(device)
-            if wait_ms:
-                time.sleep(wait_ms / 1e3)
-            state = strategy.prepare(case)
-            if busy_ms:
-                filler.fill(busy_ms, consumer)  # type: ignore[union-attr]
-                if workload is not None:
-                    workload.run_for(SETTLE_MS)
-            call = _timed_call(strategy, case, state, consumer)
-            strategy.finish(state)
-            if i >= warmup:
-                timings[k].add(call)
+                workload.run_for(SETTLE_MS)
+        elapsed, freed, queue_busy = _timed_call(strategy, case, state, consumer)
+        strategy.finish(state)
+        if i >= warmup:
+            times.append(elapsed)
+            frees.append(freed)
+            still_busy += queue_busy
     _synchronize(device)
-    return {
-        name: timing.row(strategy, warmup, **({"queue_still_busy": timing.still_busy / repeats} if busy_ms else {}))
-        for (name, strategy), timing in zip(strategies, timings)
-    }
+    row = _host_row(times, frees)
+    if busy_ms:
+        row["queue_still_busy"] = still_busy / repeats
+    if strategy.build_ms:
+        row["build_ms_p50"] = float(np.median(strategy.build_ms[warmup:]))
+    return row
 
 
 def steady_pass(
-    strategies: Sequence[tuple[str, Strategy]],
+    strategy: Strategy,
     case: Case,
     repeats: int,
     warmup: int,
     feed: QueueFeed,
     workload: HostWorkload,
-    order: np.random.Generator,
-) -> dict[str, dict]:
-    """Host milliseconds of each strategy's ``run`` with the GPU kept busy through the whole block (``busy_steady``).
+) -> dict:
+    """Host milliseconds of ``strategy.run`` with the GPU kept busy through the whole block (``busy_steady``).
 
-    The block is the strategies' interleaved repetitions: each runs every strategy once, in an order
-    shuffled by ``order``; a row per name comes back. ``feed`` keeps at least its ``depth_ms`` of
-    work queued on the current stream: it is topped up before every copy, outside the timed region,
-    and the depth queued right before each timed copy is recorded (``queue_ms_min`` /
-    ``queue_ms_p50``: lower bounds, to within ``feed.piece_ms``). The GPU runs the queue for
-    ``STEADY_LEAD_MS`` before the block's first copy; the untimed repetitions last ``warmup``
-    repetitions and ``STEADY_WARMUP_DEPTHS`` queue depths. A top-up that finds the queue drained
-    lets the GPU run the new queue for ``STEADY_LEAD_MS`` again and, in a timed repetition, counts
-    one ``gpu_idle_gaps`` against the strategy whose copy came before it (the copy that waited for
-    the queue). Between copies the host runs a round of front-end-like work (``workload``), so it
-    never idles either.
+    ``feed`` keeps at least its ``depth_ms`` of work queued on the current stream: it is topped up
+    between copies, outside the timed region, and the depth queued right before each timed copy is
+    recorded (``queue_ms_min`` / ``queue_ms_p50``: lower bounds, to within ``feed.piece_ms``). The GPU
+    runs the queue for ``STEADY_LEAD_MS`` before the block's first copy; the untimed repetitions last
+    ``warmup`` repetitions and ``STEADY_WARMUP_DEPTHS`` queue depths. A top-up that finds the queue
+    drained (a copy that waited for it) lets the GPU run the new queue for ``STEADY_LEAD_MS`` again, and
+    counts one ``gpu_idle_gaps`` in a timed repetition. Between copies the host runs a round of
+    front-end-like work (``workload``), so it never idles either.
     """
     workload.wait_idle()
     feed.top_up()
     workload.run_for(STEADY_LEAD_MS)
     warm_until = time.perf_counter() + STEADY_WARMUP_DEPTHS * feed.depth_ms / 1e3
-    timings = _start_pass(strategies)
-    timed_reps = untimed = 0
-    previous: _Timings | None = None  # the strategy whose copy ran last
-    while timed_reps < repeats:
+    times, frees, depths = [], [], []
+    still_busy = gaps = untimed = 0
+    strategy.build_ms.clear()
+    while len(times) < repeats:
         timed = untimed >= warmup and time.perf_counter() >= warm_until
-        for k in order.permutation(len(strategies)):
-            strategy, timing = strategies[k][1], timings[k]
-            workload.run_for(0.0)
-            state = strategy.prepare(case)
-            if feed.top_up():
-                # The queue drained since the last copy's top-up: that copy waited for it. (A prepare would
-                # have to outlast the ~50 ms queue; the slowest, a 64 MiB mask build, takes ~15 ms on the H200.)
-                # Before the first copy there is none: only this prepare can have outlasted the lead.
-                (timing if previous is None else previous).gaps += timed
-                workload.run_for(STEADY_LEAD_MS)
-            depth = feed.queued_ms()
-            call = _timed_call(strategy, case, state, feed.stream)
-            strategy.finish(state)
-            if timed:
-                timing.add(call)
-                timing.depths.append(depth)
-            previous = timing
-        timed_reps += timed
-        untimed += not timed
+        workload.run_for(0.0)
+        state = strategy.prepare(case)
+        if feed.top_up():
+            gaps += timed
+            workload.run_for(STEADY_LEAD_MS)
+        depth = feed.queued_ms()
+        elapsed, freed, queue_busy = _timed_call(strategy, case, state, feed.stream)
+        strategy.finish(state)
+        if timed:
+            times.append(elapsed)
+            frees.append(freed)
+            depths.append(depth)
+            still_busy += queue_busy
+        else:
+            untimed += 1
     workload.wait_idle()
-    return {
-        name: timing.row(
-            strategy,
-            untimed,
-            queue_still_busy=timing.still_busy / repeats,
-            queue_ms_min=min(timing.depths),
-            queue_ms_p50=float(np.median(timing.depths)),
-            gpu_idle_gaps=timing.gaps,
-            untimed_reps=untimed,
-        )
-        for (name, strategy), timing in zip(strategies, timings)
-    }
+    row = _host_row(times, frees)
+    row.update(
+        queue_still_busy=still_busy / repeats,
+        queue_ms_min=min(depths),
+        queue_ms_p50=float(np.median(depths)),
+        gpu_idle_gaps=gaps,
+        untimed_reps=untimed,
+    )
+    if strategy.build_ms:
+        row["build_ms_p50"] = float(np.median(strategy.build_ms[untimed:]))
+    return row
 
 
 def gpu_pass(
@@ -609,9 +560,6 @@ def measure(
     On CUDA every state of ``conditions`` (names of :data:`CONDITIONS`) runs; on the CPU only ``idle``
     (no GPU to keep busy). Each entry names its state twice, as ``gpu_state`` and (older reports'
     key) ``condition``; ``busy_gpu`` is True for every state with GPU work queued ahead of the copy.
-    The host times of one size and state come from one interleaved pass over every strategy of
-    ``names`` (``interleaved``), shuffled by a generator seeded with ``ORDER_SEED``. Entries are
-    ordered by size, then strategy (as in ``names``), then state (as in ``conditions``).
     """
     cuda = device.type == "cuda"
     consumer = torch.cuda.current_stream(device) if cuda else None
@@ -619,41 +567,33 @@ def measure(
     filler = QueueFiller(device) if cuda else None
     feed = QueueFeed(filler, consumer, busy_ms, STEADY_PIECE_MS) if cuda else None  # type: ignore[arg-type]
     workload = HostWorkload(device)
-    order = np.random.default_rng(ORDER_SEED)
     entries: list[dict] = []
     for case in cases:
-        pairs = [(name, strategies[name]) for name in names]
-        extras: dict[str, dict] = {}  # the GPU-side and end-to-end times, per strategy
-        for name, strategy in pairs:
-            extra = extras[name] = {}
+        for name in names:
+            strategy = strategies[name]
+            extra: dict = {}
             if cuda and name not in FLOORS:
                 extra.update(gpu_pass(strategy, case, repeats.gpu, repeats.warmup, filler, side_stream))  # type: ignore[arg-type]
             if end_to_end and strategy.end_to_end is not None:
                 extra.update(end_to_end_pass(strategy, case, device, repeats.idle, repeats.warmup))
-        passes: dict[str, tuple[int, dict[str, dict]]] = {}  # state -> (timed repetitions, each strategy's row)
-        for condition in conditions if cuda else ("idle",):
-            state = CONDITIONS[condition]
-            if state.steady:
-                reps = repeats.steady
-                rows = steady_pass(pairs, case, reps, repeats.warmup, feed, workload, order)  # type: ignore[arg-type]
-            else:
-                reps = repeats.busy if state.busy or state.host_wait else repeats.idle
-                rows = host_pass(
-                    pairs,
-                    case,
-                    busy_ms if state.busy else 0.0,
-                    reps,
-                    repeats.warmup,
-                    filler,
-                    consumer,
-                    order,
-                    busy_ms if state.host_wait else 0.0,
-                    workload if state.hot else None,
-                )
-            passes[condition] = reps, rows
-        for name in names:
-            for condition, (reps, rows) in passes.items():
+            for condition in conditions if cuda else ("idle",):
                 state = CONDITIONS[condition]
+                if state.steady:
+                    reps = repeats.steady
+                    host = steady_pass(strategy, case, reps, repeats.warmup, feed, workload)  # type: ignore[arg-type]
+                else:
+                    reps = repeats.busy if state.busy or state.host_wait else repeats.idle
+                    host = host_pass(
+                        strategy,
+                        case,
+                        busy_ms if state.busy else 0.0,
+                        reps,
+                        repeats.warmup,
+                        filler,
+                        consumer,
+                        busy_ms if state.host_wait else 0.0,
+                        workload if state.hot else None,
+                    )
                 entries.append(
                     {
                         "strategy": name,
@@ -663,9 +603,8 @@ def measure(
                         "busy_gpu": state.busy,
                         "host_wait_ms": busy_ms if state.host_wait else 0.0,
                         "reps": reps,
-                        "interleaved": True,
-                        **rows[name],
-                        **extras[name],
+                        **host,
+                        **extra,
                     }
                 )
         gc.collect()
@@ -885,7 +824,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     report: dict = {
         **capture_environment(sys.argv),
         "repeats": dataclasses.asdict(repeats),
-        "order_seed": ORDER_SEED,
         "busy_ms": args.busy_ms,
         "gate_ms": GATE_MS,
         "sizes": args.sizes,
