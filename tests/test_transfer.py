@@ -808,6 +808,14 @@ def test_an_idle_consumer_tells_the_ring_its_earlier_copies_completed(fake_cuda:
     assert ring.stats().slot_waits == 0
 
 
+def test_acquire_asks_about_two_copies_at_most_when_a_stream_is_still_running(fake_cuda: FakeCuda) -> None:
+    ring = small_ring(num_slots=8, max_slots=9, consumer_copy_bytes=KiB)  # copies ride the busy consumer
+    submit_four(fake_cuda, ring)
+    submit_four(fake_cuda, ring)
+    stage_and_release(ring)  # all 8 in flight: the newest and the oldest are asked, the rest inferred; it grows
+    assert queries(fake_cuda) == ["event 7 queried", "event 0 queried"] and ring.stats().grows == 1
+
+
 def test_what_the_ring_knows_about_one_stream_frees_no_slot_of_another(fake_cuda: FakeCuda) -> None:
     ring = small_ring(num_slots=2)
     with ring.stage(3, np.int64) as staged:

@@ -22,9 +22,11 @@ benchmark passes :func:`pipeline_threads`: one core fewer than the machine
 has) and puts the old count back after. Why: with as many pool threads as
 cores, the main thread launching the encoder step preempts one of them, and
 every parallel region of the front end then waits for the straggler; on the
-2-core CPU that doubled the front end's time under overlap
-(bench/probes/pipeline_threads_cpu_2core.json). An application running the
-overlapped driver should leave that core free the same way.
+2-core CPU that doubled the front end's time under overlap, and one thread
+fewer took it back to 1.07-1.4x (bench/probes/pipeline_threads_cpu_2core.json).
+On the H200 machine's 16 cores it changed little (front end 1.99x slower under
+overlap with 16 threads, 1.86x with 15: bench/probes/pipeline_threads_h200.json):
+there the two threads' Python (the GIL) in cycles of ~3 ms is the rest.
 """
 
 from __future__ import annotations
