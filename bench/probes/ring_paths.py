@@ -1,0 +1,108 @@
+"""Why ``to_device`` got slower in the latency run of cc35bb8: the consumer-stream path, or a ring of many slots?
+
+The run (bench/results/latency_h200.json) found ``to_device`` 2-4x slower than the session before from
+64 KiB up, idle too, where the copy path had not changed; the ring had grown many small slots in the
+busy states (copies riding the busy consumer hold their slots until the queue reaches them), and it
+hands out the least recently released idle slot, so a pool of many slots is walked round, cache-cold.
+This probe times, in one process, p50/p99 host ms over many reps:
+
+- ``to_device`` of a numpy payload and the submit of a slot filled in place (untimed fill),
+- idle (synchronised before each rep) and busy (~50 ms queued, refilled every 20 reps),
+- for three rings: ``copy_stream_all`` (``consumer_copy_bytes=0``: every copy may take the copy
+  stream, the old behaviour), ``consumer_small`` (the default: up to 1 MiB on the consumer) and
+  ``consumer_small_many_slots`` (the same, grown to 64 slots per size first, as a busy run leaves it).
+
+Usage (H200): python3 bench/probes/ring_paths.py --out bench/probes/ring_paths_h200.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from audiomask.bench.environment import capture_environment, write_result
+from audiomask.transfer import KiB, MiB, PinnedRing, to_device
+from audiomask.transfer.harness import QueueFiller
+
+SIZES = (16 * KiB, 64 * KiB, 256 * KiB, MiB)
+REPS = 200
+BUSY_MS = 50.0
+REFILL_EVERY = 20  # busy reps per 50 ms fill: ~20 copies of < 1 ms each leave the queue busy
+MANY_SLOTS = 64
+
+
+def percentiles(times: list[float]) -> dict[str, float]:
+    values = np.asarray(times)
+    return {"p50": float(np.percentile(values, 50)), "p99": float(np.percentile(values, 99))}
+
+
+def time_calls(call, prepare, busy: bool, filler: QueueFiller) -> dict[str, float]:
+    """Host ms of ``call(prepare())`` over REPS, idle (synchronised before each) or behind a busy queue."""
+    times = []
+    for i in range(REPS + 5):
+        if busy:
+            if i % REFILL_EVERY == 0:
+                torch.cuda.synchronize()
+                filler.fill(BUSY_MS)
+        else:
+            torch.cuda.synchronize()
+        state = prepare()
+        start = time.perf_counter()
+        call(state)
+        if i >= 5:
+            times.append((time.perf_counter() - start) * 1e3)
+    torch.cuda.synchronize()
+    return percentiles(times)
+
+
+def grown(ring: PinnedRing) -> PinnedRing:
+    """``ring`` after MANY_SLOTS copies of every size were in flight at once (as busy states leave it)."""
+    held = [ring.stage(n, np.uint8) for n in SIZES for _ in range(MANY_SLOTS)]
+    for staged in held:
+        staged.release()
+    return ring
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    filler = QueueFiller("cuda")
+    rng = np.random.default_rng(0)
+    rings = {
+        "copy_stream_all": PinnedRing(consumer_copy_bytes=0),
+        "consumer_small": PinnedRing(),
+        "consumer_small_many_slots": grown(PinnedRing()),
+    }
+    rows = []
+    for nbytes in SIZES:
+        payload = rng.integers(0, 256, nbytes, dtype=np.uint8)
+        for name, ring in rings.items():
+            for busy in (False, True):
+                submit = time_calls(
+                    lambda staged: staged.to("cuda"), lambda ring=ring, n=nbytes: ring.stage(n, np.uint8), busy, filler
+                )
+                copy = time_calls(lambda _: to_device(payload, "cuda", ring=ring), lambda: None, busy, filler)
+                row = {
+                    "ring": name,
+                    "bytes": nbytes,
+                    "busy": busy,
+                    "to_device_p50": copy["p50"],
+                    "to_device_p99": copy["p99"],
+                    "submit_p50": submit["p50"],
+                    "submit_p99": submit["p99"],
+                    "slots": ring.stats().slots,
+                }
+                rows.append(row)
+                print({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}, flush=True)
+    write_result(args.out, {"environment": capture_environment(sys.argv), "reps": REPS, "rows": rows})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
