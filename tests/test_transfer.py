@@ -793,7 +793,11 @@ def test_acquire_asks_about_the_slots_own_copy_when_the_newest_is_still_running(
     fake_cuda.events[0].done = fake_cuda.events[1].done = True  # the two oldest copies completed
     stage_and_release(ring)
     assert queries(fake_cuda) == ["event 3 queried", "event 0 queried"]  # in reuse order, stopping at the first idle
-    stage_and_release(ring)  # that slot was released unused: idle, and now the most recently released
+    stage_and_release(ring)  # that slot was released unused: known idle, the most recently released, and hot
+    assert queries(fake_cuda) == []
+    fake_cuda.events[1].done = True
+    with ring.stage(3, np.int64) as staged:  # leased: the next acquire knows of no idle slot, and asks
+        stage_and_release(ring)
     assert queries(fake_cuda) == ["event 3 queried", "event 1 queried"]
 
 
@@ -806,6 +810,16 @@ def test_an_idle_consumer_tells_the_ring_its_earlier_copies_completed(fake_cuda:
     # No event ever reported completion: the submit's own query of the consumer said so.
     assert queries(fake_cuda) == [] and not any(event.done for event in fake_cuda.events)
     assert ring.stats().slot_waits == 0
+
+
+def test_acquire_prefers_the_most_recently_released_slot_known_idle(fake_cuda: FakeCuda) -> None:
+    ring = small_ring(num_slots=4)
+    submit_four(fake_cuda, ring)
+    for event in fake_cuda.events:
+        event.done = True
+    stage_and_release(ring)  # asks once (the newest), then knows every slot idle
+    pointers = [stage_pointer(ring) for _ in range(3)]  # each released unused: the same (hot) slot again
+    assert len(set(pointers)) == 1 and queries(fake_cuda) == ["event 3 queried"]
 
 
 def test_acquire_asks_about_two_copies_at_most_when_a_stream_is_still_running(fake_cuda: FakeCuda) -> None:
@@ -865,7 +879,7 @@ def test_a_small_copy_rides_the_busy_consumer_and_a_large_one_the_copy_stream(fa
     with ring.stage(2 * KiB + 1, np.uint8) as staged:
         staged._to(META, None, None)
     assert fake_cuda.log[:3] == ["current stream copy", "allocate on copy", "copy on copy non_blocking"]
-    assert PinnedRing().consumer_copy_bytes == DEFAULT_CONSUMER_COPY_BYTES == MiB
+    assert PinnedRing().consumer_copy_bytes == DEFAULT_CONSUMER_COPY_BYTES == 64 * KiB
 
 
 def test_submit_into_out_runs_on_the_busy_consumer_after_its_queued_work(fake_cuda: FakeCuda) -> None:

@@ -2,7 +2,7 @@
 
 - :func:`to_device`: copy numpy arrays, lists and CPU tensors to a device
   through a persistent pinned ring, ``non_blocking`` (on the consumer's
-  stream up to 1 MiB, else on a copy stream while the consumer is busy),
+  stream up to 64 KiB, else on a copy stream while the consumer is busy),
   without stalling the host whatever the GPU queue holds.
 - :class:`PinnedRing`: pinned host slots that builders write into in place,
   each reused only after its last copy has completed.

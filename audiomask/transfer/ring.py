@@ -24,8 +24,8 @@ run), from a wait for a slot, and from asking about the newest copy on the
 slot's stream before the slot's own (complete: every older slot of that
 stream is free too, so the next acquires ask nothing).
 
-Which stream copies: a payload of up to ``consumer_copy_bytes`` (1 MiB: a
-step's masks and features) is copied on the consumer's own stream, queued
+Which stream copies: a payload of up to ``consumer_copy_bytes`` (64 KiB: a
+step's masks and lengths) is copied on the consumer's own stream, queued
 behind its work like the kernels that will read it: two driver calls (the
 copy and its event), no stream switch, no cross-stream wait, no allocation
 in another stream's pool; its slot is busy until the queue reaches the copy,
@@ -92,9 +92,11 @@ MiB = 1024 * KiB
 DEFAULT_SLOT_BYTES = 4 * MiB  # one step's masks and features for a few streams
 DEFAULT_NUM_SLOTS = 4  # enough to double-buffer two producers
 DEFAULT_MAX_PINNED_BYTES = 512 * MiB  # pinned memory is locked RAM: bound what the ring may take
-# Up to this many bytes a copy rides the consumer's stream (module docstring): at 55 GB/s 1 MiB is
-# ~19 us on the wire, in line with the kernels, against ~10 us of host time saved per submit.
-DEFAULT_CONSUMER_COPY_BYTES = 1 * MiB
+# Up to this many bytes a copy rides the consumer's stream (module docstring). Measured on the H200
+# (bench/probes/ring_paths_h200.json, busy queue): the submit of 16 KiB 0.021 ms p50 there against
+# 0.039 through the copy stream, a tie at 64 KiB, and to_device of 256 KiB-1 MiB slower (0.065 vs
+# 0.046 ms at 256 KiB): the slots a busy queue holds are touched cold.
+DEFAULT_CONSUMER_COPY_BYTES = 64 * KiB
 SMALL_SLOT_BYTES = 64 * KiB  # the smallest slot the ring grows for such a copy
 # Offsets of arrays packed into one slot: cudaMalloc's alignment, so that the
 # device views of a packed copy are as aligned as fresh allocations.
@@ -422,6 +424,13 @@ class PinnedRing:
         if seq > self._completed.get(stream, 0):
             self._completed[stream] = seq
 
+    def _known_idle(self, slot: _Slot) -> bool:
+        """Whether ``slot`` (not leased) is known to be idle without asking the driver. Call with the lock held."""
+        if slot.pending is None:
+            return True
+        stream = slot.pending_stream
+        return stream is not None and self._completed.get(stream, 0) >= slot.pending_seq
+
     def _last_copy_done(self, slot: _Slot, running: dict[tuple[int, int, int], int]) -> bool:
         """Whether the last copy from ``slot`` (one with ``pending``) has completed; asks the driver only if unknown.
 
@@ -496,12 +505,29 @@ class PinnedRing:
                 victim.leased = False  # too small: now idle, the next round drops it for a larger one
 
     def _take_idle(self, nbytes: int) -> _Slot | None:
-        """The smallest, least recently released idle slot that fits, leased; ``None`` if none is idle.
+        """The smallest idle slot that fits, leased; ``None`` if none is idle.
 
-        Slots are visited in that order and the first idle one is taken, so
-        only the slots visited before it are asked about, and only those whose
-        last copy is not known complete (:meth:`_last_copy_done`).
+        First, among the slots known idle without asking the driver (unused,
+        or their last copy known complete), the most recently released: its
+        memory is the likeliest to be in the CPU's caches still, where a pool
+        walked round oldest-first makes every staging memcpy cold
+        (bench/probes/ring_paths_h200.json: to_device of 256 KiB 0.04 ms from 4
+        slots, 0.10 ms from 256). Only when none is known idle are the others
+        visited least recently released first (the likeliest complete), and
+        the first idle one is taken, so only the slots visited before it are
+        asked about, and only those whose last copy is not known complete
+        (:meth:`_last_copy_done`).
         """
+        hot = None
+        for slot in self._slots:
+            if slot.leased or slot.capacity < nbytes or not self._known_idle(slot):
+                continue
+            if hot is None or (slot.capacity, -slot.released) < (hot.capacity, -hot.released):
+                hot = slot
+        if hot is not None:
+            hot.pending = None
+            hot.leased = True
+            return hot
         running: dict[tuple[int, int, int], int] = {}
         for slot in sorted(self._slots, key=_REUSE_ORDER):
             if slot.leased or slot.capacity < nbytes:

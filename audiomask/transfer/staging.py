@@ -160,7 +160,7 @@ def to_device(
             ordered after the work already queued on the current stream.
         stream: the CUDA stream that runs the copy (default: the current
             stream when ``out`` is given, for payloads up to the ring's
-            ``consumer_copy_bytes`` (1 MiB), or when nothing is queued on it,
+            ``consumer_copy_bytes`` (64 KiB), or when nothing is queued on it,
             else the ring's copy stream for the device).
         ring: the :class:`PinnedRing` to stage through (default:
             :func:`default_ring` for a CUDA device; on the CPU, the data is
