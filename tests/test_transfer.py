@@ -796,7 +796,7 @@ def test_acquire_asks_about_the_slots_own_copy_when_the_newest_is_still_running(
     stage_and_release(ring)  # that slot was released unused: known idle, the most recently released, and hot
     assert queries(fake_cuda) == []
     fake_cuda.events[1].done = True
-    with ring.stage(3, np.int64) as staged:  # leased: the next acquire knows of no idle slot, and asks
+    with ring.stage(3, np.int64):  # leased: the next acquire knows of no idle slot, and asks
         stage_and_release(ring)
     assert queries(fake_cuda) == ["event 3 queried", "event 1 queried"]
 

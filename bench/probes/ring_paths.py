@@ -9,8 +9,10 @@ This probe times, in one process, p50/p99 host ms over many reps:
 - ``to_device`` of a numpy payload and the submit of a slot filled in place (untimed fill),
 - idle (synchronised before each rep) and busy (~50 ms queued, refilled every 20 reps),
 - for three rings: ``copy_stream_all`` (``consumer_copy_bytes=0``: every copy may take the copy
-  stream, the old behaviour), ``consumer_small`` (the default: up to 1 MiB on the consumer) and
-  ``consumer_small_many_slots`` (the same, grown to 64 slots per size first, as a busy run leaves it).
+  stream, the old behaviour), ``consumer_small`` (the ring's default ``consumer_copy_bytes``: 1 MiB
+  when bench/probes/ring_paths_h200.json was run, at commit 72ff121; 64 KiB since) and
+  ``consumer_small_many_slots`` (the same, grown to 64 slots per size first, as a busy run leaves it;
+  the slot choice was least recently released then, most recently released known idle since).
 
 Usage (H200): python3 bench/probes/ring_paths.py --out bench/probes/ring_paths_h200.json
 """
