@@ -36,6 +36,7 @@ from audiomask.transfer import (
     to_device,
 )
 from audiomask.transfer import ring as ring_module
+from audiomask.transfer import staging as staging_module
 from audiomask.transfer.ring import DEFAULT_CONSUMER_COPY_BYTES, SMALL_SLOT_BYTES
 from audiomask.transfer.harness import direct_copy
 
@@ -880,6 +881,31 @@ def test_a_small_copy_rides_the_busy_consumer_and_a_large_one_the_copy_stream(fa
         staged._to(META, None, None)
     assert fake_cuda.log[:3] == ["current stream copy", "allocate on copy", "copy on copy non_blocking"]
     assert PinnedRing().consumer_copy_bytes == DEFAULT_CONSUMER_COPY_BYTES == 64 * KiB
+
+
+def test_to_device_copies_a_small_array_on_the_consumer_in_three_calls(
+    fake_cuda: FakeCuda, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(staging_module, "resolve_device", lambda device: META)  # the meta "GPU"
+    ring = small_ring(num_slots=1, slot_bytes=2 * KiB, max_slots=3, consumer_copy_bytes=KiB)
+    source = np.arange(6, dtype=np.int32).reshape(2, 3)[:, ::-1]  # strided, converted on the way
+    result = to_device(source, "cuda", dtype=torch.int64, ring=ring)
+    assert (result.device, tuple(result.shape), result.dtype) == (META, (2, 3), torch.int64)
+    assert fake_cuda.log == [  # no query, no stream switch, no cross-stream wait
+        "allocate on consumer",
+        "copy on consumer non_blocking",
+        "event 0 recorded on consumer",
+    ]
+    staged_bytes = ring._slots[0].array[: source.size * 8].view(np.int64).reshape(2, 3)
+    assert staged_bytes.tolist() == source.tolist()
+    stats = ring.stats()
+    assert (stats.copies, stats.bytes_copied, stats.leased) == (1, 48, 0)
+    fake_cuda.log.clear()
+    to_device(source, "cuda", ring=ring)  # that copy is still queued: its slot is not reused
+    assert fake_cuda.log[-1] == "event 1 recorded on consumer" and ring.stats().grows == 1
+    fake_cuda.log.clear()
+    to_device(np.zeros(KiB // 4 + 1, dtype=np.float32), "cuda", ring=ring)  # over consumer_copy_bytes
+    assert "copy on copy non_blocking" in fake_cuda.log  # the general path: the copy stream, the consumer busy
 
 
 def test_submit_into_out_runs_on_the_busy_consumer_after_its_queued_work(fake_cuda: FakeCuda) -> None:

@@ -15,7 +15,15 @@ import torch
 from audiomask._validate import check_int
 from audiomask.transfer.dense import is_dense
 
-__all__ = ["as_torch_dtype", "check_out_tensor", "check_shape", "check_stream", "numpy_dtype", "resolve_device"]
+__all__ = [
+    "as_torch_dtype",
+    "check_out_tensor",
+    "check_shape",
+    "check_stream",
+    "numpy_dtype",
+    "resolve_device",
+    "torch_dtype_of",
+]
 
 
 @functools.lru_cache(maxsize=64, typed=True)  # parsing a device string costs microseconds on every copy
@@ -78,7 +86,12 @@ def check_stream(stream: object, device: torch.device) -> None:
 
 
 @functools.cache
-def _torch_dtype_of(np_dtype: np.dtype) -> torch.dtype | None:
+def torch_dtype_of(np_dtype: np.dtype) -> torch.dtype | None:
+    """The torch dtype of a numpy array of ``np_dtype`` (any byte order), or ``None`` (strings, objects).
+
+    >>> torch_dtype_of(np.dtype(">f4")), torch_dtype_of(np.dtype("U1"))
+    (torch.float32, None)
+    """
     try:
         return torch.from_numpy(np.empty(0, dtype=np_dtype.newbyteorder("="))).dtype
     except (TypeError, ValueError):
@@ -113,7 +126,7 @@ def as_torch_dtype(name: str, value: object) -> torch.dtype:
     result = None
     if value is not None:  # numpy reads None as float64: refuse it rather than guess
         try:
-            result = _torch_dtype_of(value if isinstance(value, np.dtype) else np.dtype(value))  # type: ignore[call-overload]
+            result = torch_dtype_of(value if isinstance(value, np.dtype) else np.dtype(value))  # type: ignore[call-overload]
         except TypeError:
             pass
     if result is None:

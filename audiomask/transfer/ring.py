@@ -50,9 +50,9 @@ with the same bookkeeping, so everything but the events runs anywhere.
 from __future__ import annotations
 
 import math
-import operator
 import threading
 import warnings
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -77,11 +77,11 @@ __all__ = [
     "DEFAULT_MAX_PINNED_BYTES",
     "DEFAULT_NUM_SLOTS",
     "DEFAULT_SLOT_BYTES",
-    "KiB",
-    "MiB",
     "SMALL_SLOT_BYTES",
     "VIEW_ALIGN_BYTES",
     "Completion",
+    "KiB",
+    "MiB",
     "PinnedRing",
     "RingStats",
     "Staged",
@@ -103,7 +103,6 @@ SMALL_SLOT_BYTES = 64 * KiB  # the smallest slot the ring grows for such a copy
 VIEW_ALIGN_BYTES = 256
 _VIEW_CACHE_SIZE = 16  # internal torch views kept per slot, by (offset, shape, dtype)
 _LAYOUT_CACHE_SIZE = 256  # (shape, dtype) layouts of single-array stages remembered
-_REUSE_ORDER = operator.attrgetter("capacity", "released")  # smallest slot first, then least recently released
 
 
 class Completion(Protocol):
@@ -145,11 +144,7 @@ class _Slot:
     capacity: int  # bytes
     pinned: bool = False  # page-locked (False where CUDA is unavailable or pinning failed)
     leased: bool = False
-    pending: Completion | None = None  # the last copy from this slot, until it has completed
-    # Where and when ``pending`` was recorded, if by a submit: the stream's (id, device index, device
-    # type) and the ring's sequence number of the record (None for an event handed to release()).
-    pending_stream: tuple[int, int, int] | None = None
-    pending_seq: int = 0
+    pending: Completion | None = None  # the last copy from this slot, until it is known complete
     released: int = 0  # release sequence number: lower = released earlier
     # The slot's own CUDA event and its device: recorded after every copy from the slot. It is
     # re-recorded only by the next submit, which holds the slot only once the event has completed.
@@ -347,14 +342,16 @@ class PinnedRing:
         self._lock = threading.Lock()
         self._streams: dict[torch.device, torch.cuda.Stream] = {}
         self._released = 0
-        # Each submit's event gets the next sequence number. Per stream (by ids): the newest
-        # sequence number known complete, and the newest event recorded there with its number.
-        self._seq = 0
-        self._completed: dict[tuple[int, int, int], int] = {}
-        self._newest: dict[tuple[int, int, int], tuple[int, Completion]] = {}
+        # Every slot is in exactly one place: leased (in no list), idle (its last copy known complete;
+        # the most recently released last), in flight on the stream whose submit recorded its event
+        # (in record order: events on one stream complete in order), or guarded by a caller's event.
+        self._idle: list[_Slot] = []
+        self._in_flight: dict[tuple[int, int, int], deque[_Slot]] = {}
+        self._guarded: list[_Slot] = []
         self._copy_stream_ids: dict[torch.device, tuple[int, int, int]] = {}
         self._counts = dict.fromkeys(("copies", "bytes_copied", "slot_waits", "grows", "evictions"), 0)
         self._slots = [self._new_slot(self.slot_bytes) for _ in range(num_slots)]
+        self._idle.extend(self._slots)
         if self.pinned:
             self.copy_stream(torch.device("cuda", torch.cuda.current_device()))
 
@@ -389,6 +386,38 @@ class PinnedRing:
         nbytes = math.prod(shape) * dtype.itemsize
         return Staged(self, self._acquire(nbytes), [_Part(0, shape, dtype, nbytes)], nbytes)
 
+    def _copy_array(self, source: np.ndarray, dtype: torch.dtype, target: torch.device) -> torch.Tensor:
+        """Stage ``source`` as ``dtype`` and copy it on ``target``'s current stream: ``to_device``'s common case.
+
+        For a payload of up to ``consumer_copy_bytes`` with a numpy dtype, without
+        the checks and objects of the general path (microseconds of Python each).
+        """
+        nbytes = source.size * dtype.itemsize
+        part = _Part(0, source.shape, dtype, nbytes)
+        slot = self._acquire(nbytes)
+        try:
+            np.copyto(_slot_views(slot, part)[1], source, casting="unsafe")  # type: ignore[arg-type]
+            return self._copy_on_consumer(slot, part, target)
+        except BaseException:
+            if slot.leased:
+                self._release(slot, None, None)
+            raise
+
+    def _copy_on_consumer(self, slot: _Slot, part: _Part, target: torch.device) -> torch.Tensor:
+        """Copy ``part`` of the leased ``slot`` on the current stream of ``target``, then release the slot.
+
+        The whole submit of a small payload: an allocation, the copy and the
+        slot's event, in the consumer's stream order (~10 us of host time on
+        the H200 with the staging memcpy: less than ``pin_memory()`` per copy).
+        """
+        consumer_ids, consumer = _current_stream_ids(target)
+        destination = torch.empty(part.shape, dtype=part.dtype, device=target)
+        destination.copy_(_slot_views(slot, part)[0], non_blocking=True)
+        done = _slot_event(slot, target)
+        done.record(consumer)
+        self._release(slot, done, part.nbytes, consumer_ids)
+        return destination
+
     def _staging_views(self, staged: Staged) -> tuple[torch.Tensor, np.ndarray | None]:
         """The internal torch and numpy views of ``staged``'s only array, for the staging memcpy of to_device."""
         return _slot_views(staged._live(), staged._parts[0])
@@ -416,52 +445,16 @@ class PinnedRing:
                 stream = self._streams[device]
         return stream
 
-    def _note_completed(self, stream: tuple[int, int, int], seq: int) -> None:
-        """Remember that every submit's event up to ``seq`` recorded on ``stream`` (ids) has completed.
+    def _stream_idle(self, stream: tuple[int, int, int], released: int) -> None:
+        """Every copy on ``stream`` (ids) from a slot released up to number ``released`` has completed."""
+        with self._lock:
+            queue = self._in_flight.get(stream)
+            while queue and queue[0].released <= released:
+                self._make_idle(queue.popleft())
 
-        Without the lock a racing writer can only put back a lower number: knowledge lost, never wrong.
-        """
-        if seq > self._completed.get(stream, 0):
-            self._completed[stream] = seq
-
-    def _known_idle(self, slot: _Slot) -> bool:
-        """Whether ``slot`` (not leased) is known to be idle without asking the driver. Call with the lock held."""
-        if slot.pending is None:
-            return True
-        stream = slot.pending_stream
-        return stream is not None and self._completed.get(stream, 0) >= slot.pending_seq
-
-    def _last_copy_done(self, slot: _Slot, running: dict[tuple[int, int, int], int]) -> bool:
-        """Whether the last copy from ``slot`` (one with ``pending``) has completed; asks the driver only if unknown.
-
-        Call with the lock held. The newest copy on the slot's stream is asked about first: when it has
-        completed, so has every older one there, and the next acquires need not ask. That inference
-        holds even if its event was recorded again since: a slot's event is recorded again only once
-        its previous record has completed.
-
-        ``running``: per stream, the lowest sequence number this scan of the slots found still running;
-        every later copy on that stream is running too, so it is not asked about (copies riding a busy
-        consumer hold many slots at once: one question per slot would cost ~1.5 us each).
-        """
-        stream = slot.pending_stream
-        if stream is None:
-            return slot.pending.query()  # type: ignore[union-attr]
-        seq = slot.pending_seq
-        if self._completed.get(stream, 0) >= seq:
-            return True
-        if seq >= running.get(stream, seq + 1):
-            return False
-        newest_seq, newest = self._newest[stream]
-        if newest_seq > seq and stream not in running:
-            if newest.query():
-                self._note_completed(stream, newest_seq)
-                return True
-            running[stream] = newest_seq
-        if slot.pending.query():  # type: ignore[union-attr]
-            self._note_completed(stream, seq)
-            return True
-        running[stream] = seq
-        return False
+    def _make_idle(self, slot: _Slot) -> None:
+        slot.pending = None
+        self._idle.append(slot)
 
     def _new_slot(self, nbytes: int) -> _Slot:
         try:
@@ -489,56 +482,78 @@ class PinnedRing:
             raise ValueError(f"a request of {nbytes} bytes exceeds max_pinned_bytes={self.max_pinned_bytes}")
         while True:
             with self._lock:
-                slot = self._take_idle(nbytes) or self._grow(nbytes)
+                slot = self._take_idle(nbytes)
+                if slot is None and self._reclaim(nbytes):
+                    slot = self._take_idle(nbytes)
+                slot = slot or self._grow(nbytes)
                 if slot is not None:
                     return slot
-                victim = self._oldest_in_flight(nbytes)
-                victim.leased = True  # ours while we wait outside the lock
+                victim, stream = self._oldest_in_flight(nbytes)
             victim.pending.synchronize()  # type: ignore[union-attr]
             with self._lock:
                 self._counts["slot_waits"] += 1
-                if victim.pending_stream is not None:
-                    self._note_completed(victim.pending_stream, victim.pending_seq)
                 victim.pending = None
+                if stream is not None:  # the copies recorded before it on its stream have completed too
+                    queue = self._in_flight[stream]
+                    while queue and queue[0].released < victim.released:
+                        self._make_idle(queue.popleft())
                 if victim.capacity >= nbytes:
                     return victim
                 victim.leased = False  # too small: now idle, the next round drops it for a larger one
+                self._idle.append(victim)
 
     def _take_idle(self, nbytes: int) -> _Slot | None:
-        """The smallest idle slot that fits, leased; ``None`` if none is idle.
+        """The smallest idle slot that fits, leased; of those, the most recently released; else ``None``.
 
-        First, among the slots known idle without asking the driver (unused,
-        or their last copy known complete), the most recently released: its
-        memory is the likeliest to be in the CPU's caches still, where a pool
-        walked round oldest-first makes every staging memcpy cold
-        (bench/probes/ring_paths_h200.json: to_device of 256 KiB 0.04 ms from 4
-        slots, 0.10 ms from 256). Only when none is known idle are the others
-        visited least recently released first (the likeliest complete), and
-        the first idle one is taken, so only the slots visited before it are
-        asked about, and only those whose last copy is not known complete
-        (:meth:`_last_copy_done`).
+        The most recently released slot's memory is the likeliest to be in the
+        CPU's caches still, where a pool walked round oldest-first makes every
+        staging memcpy cold (bench/probes/ring_paths_h200.json: to_device of
+        256 KiB 0.04 ms from 4 slots, 0.10 ms from 256). Call with the lock held.
         """
-        hot = None
-        for slot in self._slots:
-            if slot.leased or slot.capacity < nbytes or not self._known_idle(slot):
+        idle = self._idle
+        best = -1
+        for i in range(len(idle) - 1, -1, -1):
+            capacity = idle[i].capacity
+            if capacity >= nbytes and (best < 0 or capacity < idle[best].capacity):
+                best = i
+        if best < 0:
+            return None
+        slot = idle.pop(best)
+        slot.leased = True
+        return slot
+
+    def _reclaim(self, nbytes: int) -> bool:
+        """Move slots whose last copy has completed to the idle list; whether one fits ``nbytes`` now.
+
+        Asks the driver as little as it can. On each stream it asks about the
+        newest copy first: complete, every older copy there is too (one query
+        frees them all); else about the oldest ones in order, stopping at the
+        first still running, or once a freed slot fits ``nbytes`` (``False``:
+        it has freed every slot it can). Copies riding a busy consumer hold
+        many slots at once: one question each would cost ~1.5 us per slot.
+        Call with the lock held.
+        """
+        for queue in self._in_flight.values():
+            if not queue:
                 continue
-            if hot is None or (slot.capacity, -slot.released) < (hot.capacity, -hot.released):
-                hot = slot
-        if hot is not None:
-            hot.pending = None
-            hot.leased = True
-            return hot
-        running: dict[tuple[int, int, int], int] = {}
-        for slot in sorted(self._slots, key=_REUSE_ORDER):
-            if slot.leased or slot.capacity < nbytes:
+            if queue[-1].pending.query():  # type: ignore[union-attr]
+                while queue:
+                    self._make_idle(queue.popleft())
+                if any(slot.capacity >= nbytes for slot in self._idle):
+                    return True
                 continue
-            if slot.pending is not None:
-                if not self._last_copy_done(slot, running):
-                    continue
-                slot.pending = None
-            slot.leased = True
-            return slot
-        return None
+            while len(queue) > 1 and queue[0].pending.query():  # type: ignore[union-attr]
+                slot = queue.popleft()
+                self._make_idle(slot)
+                if slot.capacity >= nbytes:
+                    return True
+        for slot in list(self._guarded):
+            if slot.pending.query():  # type: ignore[union-attr]
+                self._guarded.remove(slot)
+                self._make_idle(slot)
+                if slot.capacity >= nbytes:
+                    return True
+        return False
 
     def _grow(self, nbytes: int) -> _Slot | None:
         # A copy on the consumer's stream holds its slot until the queue reaches it: many may be
@@ -546,20 +561,15 @@ class PinnedRing:
         smallest = min(self.slot_bytes, SMALL_SLOT_BYTES) if nbytes <= self.consumer_copy_bytes else self.slot_bytes
         size = min(max(smallest, _next_power_of_two(nbytes)), self.max_pinned_bytes)
         excess = self._held_bytes() + size - self.max_pinned_bytes
-        if excess > 0:
-            running: dict[tuple[int, int, int], int] = {}
-            for slot in self._slots:  # _take_idle found the slots that fit busy; which smaller ones are idle?
-                if slot.leased or slot.pending is None or slot.capacity >= nbytes:
-                    continue
-                if self._last_copy_done(slot, running):
-                    slot.pending = None
-            idle = sorted((s for s in self._slots if not s.leased and s.pending is None), key=lambda s: s.capacity)
+        if excess > 0:  # _acquire's reclaim found every slot that has completed: drop idle smaller ones
+            idle = sorted(self._idle, key=lambda s: s.capacity)
             if sum(s.capacity for s in idle) < excess:
                 return None
             for slot in idle:
                 if excess <= 0:
                     break
                 self._slots.remove(slot)
+                self._idle.remove(slot)
                 excess -= slot.capacity
                 self._counts["evictions"] += 1
         slot = self._new_slot(size)
@@ -568,16 +578,26 @@ class PinnedRing:
         self._counts["grows"] += 1
         return slot
 
-    def _oldest_in_flight(self, nbytes: int) -> _Slot:
-        in_flight = [s for s in self._slots if not s.leased and s.pending is not None]
-        if not in_flight:
+    def _oldest_in_flight(self, nbytes: int) -> tuple[_Slot, tuple[int, int, int] | None]:
+        """The least recently released slot in flight that fits (else any), leased; and its stream's ids."""
+        candidates = [(queue[0], stream) for stream, queue in self._in_flight.items() if queue]
+        candidates += [(slot, None) for slot in self._guarded]
+        fitting = [queue_slot for stream, queue in self._in_flight.items() for queue_slot in queue]
+        fitting = [s for s in fitting + self._guarded if s.capacity >= nbytes]
+        if not candidates:
             raise RuntimeError(
                 f"cannot stage {nbytes} bytes: all {len(self._slots)} slots ({self._held_bytes()} bytes) are "
                 f"staged and not yet submitted, and max_pinned_bytes={self.max_pinned_bytes} leaves no room; "
                 "submit or release staged slots first, or raise max_pinned_bytes"
             )
-        fitting = [s for s in in_flight if s.capacity >= nbytes]
-        return min(fitting or in_flight, key=lambda s: s.released)
+        victim = min(fitting, key=lambda s: s.released) if fitting else min(candidates, key=lambda c: c[0].released)[0]
+        stream = next((ids for ids, queue in self._in_flight.items() if victim in queue), None)
+        if stream is None:
+            self._guarded.remove(victim)
+        else:
+            self._in_flight[stream].remove(victim)
+        victim.leased = True  # ours while we wait outside the lock
+        return victim, stream
 
     def _release(
         self,
@@ -590,13 +610,17 @@ class PinnedRing:
         with self._lock:
             slot.leased = False
             slot.pending = pending
-            slot.pending_stream = stream
-            if stream is not None:
-                self._seq += 1
-                slot.pending_seq = self._seq
-                self._newest[stream] = (self._seq, pending)  # type: ignore[assignment]
             self._released += 1
             slot.released = self._released
+            if pending is None:
+                self._idle.append(slot)
+            elif stream is None:
+                self._guarded.append(slot)
+            else:
+                queue = self._in_flight.get(stream)
+                if queue is None:
+                    queue = self._in_flight[stream] = deque()
+                queue.append(slot)
             if copied is not None:
                 self._counts["copies"] += 1
                 self._counts["bytes_copied"] += copied
@@ -713,6 +737,12 @@ class Staged:
     ) -> torch.Tensor:
         """:meth:`to` with ``target``, ``out`` and ``stream`` already checked; see :meth:`_submit` for ``fill``."""
         index = self._single()
+        ring = self._ring
+        small = self.nbytes <= ring.consumer_copy_bytes
+        if small and fill is None and out is None and stream is None and target.type != "cpu":
+            result = ring._copy_on_consumer(self._live(), self._parts[0], target)
+            self._slot = None
+            return result
         return self._submit(target, out, stream, fill)[index]
 
     def _submit(
@@ -741,9 +771,9 @@ class Staged:
         elif out is not None or self.nbytes <= ring.consumer_copy_bytes:
             copy_ids, copy_stream = consumer_ids, consumer
         else:
-            seen = ring._seq  # read before the query: every event numbered up to it was recorded before it
+            seen = ring._released  # read before the query: every slot released up to it was recorded before it
             if consumer.query():
-                ring._note_completed(consumer_ids, seen)
+                ring._stream_idle(consumer_ids, seen)
                 copy_ids, copy_stream = consumer_ids, consumer
             else:
                 copy_stream = ring.copy_stream(target)  # not queued behind the consumer's work

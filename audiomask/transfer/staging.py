@@ -15,6 +15,7 @@ from audiomask.transfer._resolve import (
     check_stream,
     numpy_dtype,
     resolve_device,
+    torch_dtype_of,
 )
 from audiomask.transfer.ring import MiB, PinnedRing
 
@@ -196,6 +197,17 @@ def to_device(
     ValueError: data has dtype <U1, which torch cannot hold
     """
     target = resolve_device(device)
+    if ring is not None and not isinstance(ring, PinnedRing):
+        raise ValueError(f"ring must be a PinnedRing or None, got {type(ring).__name__}")
+    if type(data) is np.ndarray and out is None and stream is None and target.type != "cpu":
+        torch_dtype = torch_dtype_of(data.dtype) if dtype is None else dtype
+        ring = ring or _DEFAULT_RINGS.get(target) or default_ring(target)
+        if (
+            isinstance(torch_dtype, torch.dtype)
+            and numpy_dtype(torch_dtype) is not None
+            and data.size * torch_dtype.itemsize <= ring.consumer_copy_bytes
+        ):
+            return ring._copy_array(data, torch_dtype, target)
     source = _host_source(data)
     source_dtype = _source_dtype(source)  # refuses object and string arrays whatever the target dtype
     if dtype is None:
@@ -207,8 +219,6 @@ def to_device(
     if out is not None:
         check_out_tensor(out, source.shape, dtype, target)
     check_stream(stream, target)
-    if ring is not None and not isinstance(ring, PinnedRing):
-        raise ValueError(f"ring must be a PinnedRing or None, got {type(ring).__name__}")
 
     if isinstance(source, torch.Tensor) and source.device.type != "cpu":
         return data.to(target, dtype=dtype) if out is None else out.copy_(source)  # type: ignore[union-attr]

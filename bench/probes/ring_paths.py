@@ -63,8 +63,8 @@ def time_calls(call, prepare, busy: bool, filler: QueueFiller) -> dict[str, floa
 
 
 def grown(ring: PinnedRing) -> PinnedRing:
-    """``ring`` after MANY_SLOTS copies of every size were in flight at once (as busy states leave it)."""
-    held = [ring.stage(n, np.uint8) for n in SIZES for _ in range(MANY_SLOTS)]
+    """``ring`` after MANY_SLOTS copies of each size that rides the consumer were in flight at once (as busy leaves it)."""
+    held = [ring.stage(n, np.uint8) for n in SIZES if n <= ring.consumer_copy_bytes for _ in range(MANY_SLOTS)]
     for staged in held:
         staged.release()
     return ring
