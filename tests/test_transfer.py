@@ -908,6 +908,48 @@ def test_to_device_copies_a_small_array_on_the_consumer_in_three_calls(
     assert "copy on copy non_blocking" in fake_cuda.log  # the general path: the copy stream, the consumer busy
 
 
+def test_a_large_staged_copy_is_queued_behind_a_gate_before_its_memcpy(
+    fake_cuda: FakeCuda, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gate_log = lambda stream, word, value: fake_cuda.log.append(f"{stream.name} waits for gate {value}") or True  # noqa: E731
+    monkeypatch.setattr(ring_module._gate, "close", gate_log)
+    monkeypatch.setattr(ring_module, "GATED_COPY_BYTES", 2 * KiB)
+    ring = small_ring(num_slots=1, slot_bytes=4 * KiB)
+    slot = ring._slots[0]
+    slot.pinned, slot.gate = True, np.zeros(1, dtype=np.uint32)  # as pinned slots of that size have
+
+    def fill() -> None:
+        fake_cuda.log.append(f"staged while the gate is at {slot.gate[0]}")
+
+    fake_cuda.consumer.idle = True
+    with ring.stage(3 * KiB, np.uint8) as staged:
+        staged._to(META, None, None, fill)
+    assert fake_cuda.log == [
+        "allocate on consumer",  # before the gate: an allocation may wait for every stream
+        "consumer waits for gate 1",
+        "copy on consumer non_blocking",
+        "event 0 recorded on consumer",
+        "staged while the gate is at 0",
+    ]
+    assert slot.gate[0] == 1 and ring.stats().leased == 0
+    fake_cuda.events[0].done = True
+
+    def fail() -> None:
+        raise OSError("the source could not be read")
+
+    with pytest.raises(OSError, match="could not be read"), ring.stage(3 * KiB, np.uint8) as staged:
+        staged._to(META, None, None, fail)
+    assert slot.gate[0] == 2 and ring.stats().leased == 0  # opened all the same: the stream never hangs
+    fake_cuda.events[0].done = True
+    fake_cuda.log.clear()
+    with ring.stage(KiB, np.uint8) as staged:  # under GATED_COPY_BYTES: staged first
+        staged._to(META, None, None, fill)
+    assert [line for line in fake_cuda.log if "queried" not in line][:2] == [
+        "allocate on consumer",
+        "staged while the gate is at 2",
+    ]
+
+
 def test_submit_into_out_runs_on_the_busy_consumer_after_its_queued_work(fake_cuda: FakeCuda) -> None:
     ring = small_ring()
     out = torch.empty(3, device="meta")

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from audiomask.transfer import (
+    GATED_COPY_BYTES,
     VIEW_ALIGN_BYTES,
     KiB,
     MiB,
@@ -23,6 +24,7 @@ from audiomask.transfer import (
     to_device,
     to_host,
 )
+from audiomask.transfer import _gate
 from audiomask.transfer.harness import COPY_METHODS, QueueFiller, direct_copy, mask_builder, pin_per_copy
 
 pytestmark = pytest.mark.gpu
@@ -168,6 +170,44 @@ def test_every_copy_arrives_intact_under_slot_reuse(filler: QueueFiller) -> None
     assert torch.stack(sums).cpu().tolist() == expected
     stats = ring.stats()
     assert stats.copies == INTEGRITY_ROUNDS and stats.slot_waits > 0 and stats.slots == 3
+
+
+def test_a_gate_holds_its_copy_until_the_host_opens_it() -> None:
+    word_tensor, word = _gate.new_word()
+    stream = torch.cuda.current_stream()
+    source = torch.full((GATED_COPY_BYTES,), 7, dtype=torch.uint8, pin_memory=True)
+    torch.cuda.synchronize()
+    assert _gate.close(stream, word, 1), "the driver refused cuStreamWaitValue32"
+    result = torch.zeros(GATED_COPY_BYTES, dtype=torch.uint8, device="cuda")
+    result.copy_(source, non_blocking=True)
+    time.sleep(0.02)
+    held = not stream.query()
+    _gate.open_(word, 1)
+    torch.cuda.synchronize()
+    assert held, "the copy ran before the gate opened"
+    assert int(result.sum()) == 7 * GATED_COPY_BYTES and word_tensor.item() == 1
+
+
+def test_gated_copies_of_changing_payloads_arrive_intact(filler: QueueFiller) -> None:
+    """Large to_device copies are queued before their staging memcpy: each must carry its own payload."""
+    nbytes = 2 * GATED_COPY_BYTES
+    ring = PinnedRing(slot_bytes=nbytes, num_slots=2, max_pinned_bytes=2 * nbytes)
+    rng = np.random.default_rng(5)
+    device_weights = to_device(weights(nbytes), "cuda")
+    source = np.empty(nbytes, dtype=np.uint8)
+    expected, sums = [], []
+    for i in range(40):
+        source[:] = random_bytes(rng, nbytes)
+        expected.append(checksum(source))
+        if i % 10 == 0:
+            filler.fill(20.0)  # half the copies behind a busy queue, on the ring's copy stream
+        result = to_device(source, "cuda", ring=ring)
+        sums.append((result.to(torch.int64) * device_weights).sum())
+    torch.cuda.synchronize()
+    assert torch.stack(sums).cpu().tolist() == expected
+    gated = [slot for slot in ring._slots if slot.gate is not None]
+    assert gated and sum(slot.gate_value for slot in gated) == 40
+    assert all(int(slot.gate[0]) == slot.gate_value for slot in gated)  # every gate was opened
 
 
 def test_integrity_check_sees_a_slot_reused_too_early(filler: QueueFiller) -> None:

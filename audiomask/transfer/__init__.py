@@ -3,7 +3,9 @@
 - :func:`to_device`: copy numpy arrays, lists and CPU tensors to a device
   through a persistent pinned ring, ``non_blocking`` (on the consumer's
   stream up to 64 KiB, else on a copy stream while the consumer is busy),
-  without stalling the host whatever the GPU queue holds.
+  without stalling the host whatever the GPU queue holds; from 4 MiB the copy
+  is queued before the staging memcpy and held on the GPU by a gate the host
+  opens once the payload is staged (:mod:`audiomask.transfer._gate`).
 - :class:`PinnedRing`: pinned host slots that builders write into in place,
   each reused only after its last copy has completed.
 - :func:`is_dense`: whether a tensor can be copied as one block.
@@ -23,6 +25,7 @@ from audiomask.transfer.ring import (
     DEFAULT_MAX_PINNED_BYTES,
     DEFAULT_NUM_SLOTS,
     DEFAULT_SLOT_BYTES,
+    GATED_COPY_BYTES,
     VIEW_ALIGN_BYTES,
     KiB,
     MiB,
@@ -52,6 +55,7 @@ __all__ = [
     "DEFAULT_MAX_PINNED_BYTES",
     "DEFAULT_NUM_SLOTS",
     "DEFAULT_SLOT_BYTES",
+    "GATED_COPY_BYTES",
     "VIEW_ALIGN_BYTES",
     "CopyVerdict",
     "FlaggedCopy",

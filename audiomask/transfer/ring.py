@@ -15,14 +15,18 @@ event waits on the record made before the wait); the copy stream is switched
 in and out through torch's C entry points, without a context manager, and not
 at all when the copy runs on the current stream; the slot views the ring
 copies through are made once; the result is allocated before the staging
-memcpy. An acquire asks the driver about a slot's last copy only when the
-ring does not know it has completed already: each event gets a sequence
-number per stream, and the ring remembers the newest known complete on each
-stream (events on one stream complete in order). It learns that from a
-submit's query of the consumer stream (idle: everything recorded there has
-run), from a wait for a slot, and from asking about the newest copy on the
-slot's stream before the slot's own (complete: every older slot of that
-stream is free too, so the next acquires ask nothing).
+memcpy, and from ``GATED_COPY_BYTES`` the whole submit goes before it, the copy
+held on the GPU until the payload is staged (:mod:`audiomask.transfer._gate`).
+
+Which slots are free, asking the driver as little as possible: every slot is
+leased, idle (its last copy known complete), or in flight in its stream's
+queue, in record order (events on one stream complete in order). An acquire
+takes the smallest idle slot that fits, the most recently released of those
+(cache-hot). Only when none fits does it ask, per stream, about the newest
+copy (complete: the whole queue is free at once), else about the oldest ones
+until one is still running. A submit that finds the consumer stream idle
+frees that stream's queue without asking, and a wait for a slot frees every
+slot queued before it.
 
 Which stream copies: a payload of up to ``consumer_copy_bytes`` (64 KiB: a
 step's masks and lengths) is copied on the consumer's own stream, queued
@@ -63,6 +67,7 @@ import torch
 
 from audiomask._validate import check_int
 from audiomask.errors import PinnedMemoryWarning
+from audiomask.transfer import _gate
 from audiomask.transfer._resolve import (
     as_torch_dtype,
     check_out_tensor,
@@ -77,6 +82,7 @@ __all__ = [
     "DEFAULT_MAX_PINNED_BYTES",
     "DEFAULT_NUM_SLOTS",
     "DEFAULT_SLOT_BYTES",
+    "GATED_COPY_BYTES",
     "SMALL_SLOT_BYTES",
     "VIEW_ALIGN_BYTES",
     "Completion",
@@ -98,6 +104,9 @@ DEFAULT_MAX_PINNED_BYTES = 512 * MiB  # pinned memory is locked RAM: bound what 
 # 0.046 ms at 256 KiB): the slots a busy queue holds are touched cold.
 DEFAULT_CONSUMER_COPY_BYTES = 64 * KiB
 SMALL_SLOT_BYTES = 64 * KiB  # the smallest slot the ring grows for such a copy
+# From this size to_device queues the copy before its staging memcpy, gated (audiomask.transfer._gate):
+# a multi-threaded memcpy of this size evicts the submit's code and data from the CPU's caches.
+GATED_COPY_BYTES = 4 * MiB
 # Offsets of arrays packed into one slot: cudaMalloc's alignment, so that the
 # device views of a packed copy are as aligned as fresh allocations.
 VIEW_ALIGN_BYTES = 256
@@ -150,6 +159,11 @@ class _Slot:
     # re-recorded only by the next submit, which holds the slot only once the event has completed.
     event: Any = None
     event_device: torch.device | None = None
+    # A pinned word a gated copy from the slot waits for (slots of >= GATED_COPY_BYTES): the tensor
+    # owning it, its numpy view, and the value the last gated copy waited for.
+    gate_word: torch.Tensor | None = None
+    gate: np.ndarray | None = None
+    gate_value: int = 0
     # Torch and numpy views of the slot that the ring copies through (never handed out, so never changed).
     views: dict[_Part, tuple[torch.Tensor, np.ndarray | None]] = field(default_factory=dict)
 
@@ -472,7 +486,10 @@ class PinnedRing:
             )
             buffer = torch.empty(nbytes, dtype=torch.uint8)
             return _Slot(buffer, buffer.numpy(), nbytes)
-        return _Slot(buffer, buffer.numpy(), nbytes, pinned=self.pinned)
+        slot = _Slot(buffer, buffer.numpy(), nbytes, pinned=self.pinned)
+        if self.pinned and nbytes >= GATED_COPY_BYTES:
+            slot.gate_word, slot.gate = _gate.new_word()
+        return slot
 
     def _held_bytes(self) -> int:
         return sum(slot.capacity for slot in self._slots)
@@ -752,14 +769,18 @@ class Staged:
         stream: torch.cuda.Stream | None,
         fill: Callable[[], None] | None = None,
     ) -> tuple[torch.Tensor, ...]:
-        """Copy the slot to ``target`` and release it; ``fill()`` writes the slot first, once the result is allocated.
+        """Copy the slot to ``target`` and release it; ``fill()`` writes the slot, once the result is allocated.
 
         Allocating before the staging memcpy keeps the submit's own work off
-        the caches that a large memcpy has just flushed.
+        the caches that a large memcpy has just flushed. From
+        ``GATED_COPY_BYTES`` the whole submit goes first: the copy is queued
+        behind a gate (:mod:`audiomask.transfer._gate`), ``fill()`` runs, then
+        the gate opens (whatever ``fill()`` raised: the stream must not wait
+        forever; the slot is released guarded by the copy's event).
         """
         slot = self._live()
         if target.type == "cpu":
-            destination = self._write(slot, target, out, fill, non_blocking=False)
+            destination, _ = self._write(slot, target, out, fill)
             self._ring._release(slot, None, self.nbytes)
             self._slot = None
             return self._results(destination)
@@ -784,8 +805,9 @@ class Staged:
         # cross-stream event, wait, stream switch or record_stream (the low-latency single-stream
         # case, a step's masks and features, and CUDA graphs' static inputs).
         done = _slot_event(slot, target)
+        gate = fill is not None and slot.gate is not None and slot.pinned and self.nbytes >= GATED_COPY_BYTES
         if copy_ids == consumer_ids:
-            destination = self._write(slot, target, out, fill, non_blocking=True)
+            destination, gated = self._write(slot, target, out, fill, gate=copy_stream if gate else None)
             done.record(copy_stream)
         else:
             if out is not None:
@@ -796,7 +818,7 @@ class Staged:
             device = _current_device()
             _set_stream(copy_ids, copy_stream)
             try:
-                destination = self._write(slot, target, out, fill, non_blocking=True)
+                destination, gated = self._write(slot, target, out, fill, gate=copy_stream if gate else None)
                 done.record(copy_stream)
             finally:
                 _set_stream(consumer_ids, consumer)
@@ -805,8 +827,16 @@ class Staged:
             done.wait(consumer)
             if out is None:
                 destination.record_stream(consumer)  # not reused before the consumer's queued work has run
-        ring._release(slot, done, self.nbytes, copy_ids)
-        self._slot = None
+        if gated:  # the copy waits on the GPU for the staged payload: stage it, then let the copy run
+            try:
+                fill()  # type: ignore[misc]
+            finally:
+                _gate.open_(slot.gate, slot.gate_value)  # type: ignore[arg-type]
+                ring._release(slot, done, self.nbytes, copy_ids)
+                self._slot = None
+        else:
+            ring._release(slot, done, self.nbytes, copy_ids)
+            self._slot = None
         return self._results(destination)
 
     def _write(
@@ -816,14 +846,25 @@ class Staged:
         out: torch.Tensor | None,
         fill: Callable[[], None] | None,
         *,
-        non_blocking: bool,
-    ) -> torch.Tensor:
-        """Allocate the destination, fill the slot, queue the copy; return the destination."""
+        gate: torch.cuda.Stream | None = None,
+    ) -> tuple[torch.Tensor, bool]:
+        """Allocate the destination, queue the copy; return it and whether the copy waits behind a gate.
+
+        Without CUDA the copy is a plain one. With ``gate`` (the stream the
+        copy runs on) the copy is queued gated and ``fill()`` is left to the
+        caller, who must open the gate; else (or where the driver cannot gate)
+        ``fill()`` runs first. The gate closes after the allocation: an
+        allocation may free cached device memory, which waits for every stream.
+        """
         destination = self._allocate(target, out)
-        if fill is not None:
+        gated = False
+        if gate is not None:
+            slot.gate_value += 1
+            gated = _gate.close(gate, slot.gate, slot.gate_value)  # type: ignore[arg-type]
+        if fill is not None and not gated:
             fill()
-        self._copy(slot, destination, non_blocking=non_blocking)
-        return destination
+        self._copy(slot, destination, non_blocking=target.type != "cpu")
+        return destination, gated
 
     def _allocate(self, target: torch.device, out: torch.Tensor | None) -> torch.Tensor:
         """The tensor the copy writes: ``out``, the only array's result, or one byte block for packed arrays."""
