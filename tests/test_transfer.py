@@ -505,6 +505,20 @@ def test_ring_grows_small_slots_for_copies_that_ride_the_consumer() -> None:
     assert sizes == [MiB, SMALL_SLOT_BYTES, 256 * KiB, MiB]  # the first takes the idle slot; then per request
 
 
+def test_a_small_copy_frees_a_slot_of_its_size_before_it_takes_a_large_idle_one() -> None:
+    ring = PinnedRing(slot_bytes=MiB, num_slots=1, max_pinned_bytes=4 * MiB, consumer_copy_bytes=256 * KiB)
+    large = ring.stage(16, np.uint8)  # the only slot: taken, since none of its size exists yet
+    small = ring.stage(16, np.uint8)  # grows one of its size
+    small_pointer = small.array.ctypes.data
+    event = FakeEvent()
+    small.release(event)  # its copy in flight
+    large.release()  # idle
+    event.done = True
+    with ring.stage(16, np.uint8) as again:  # asks about its own size's copy rather than take the 1 MiB slot
+        assert again.array.ctypes.data == small_pointer
+    assert ring.stats().grows == 1
+
+
 def test_ring_drops_idle_small_slots_to_make_room() -> None:
     ring = PinnedRing(slot_bytes=KiB, num_slots=4, max_pinned_bytes=4 * KiB)
     with ring.stage(4 * KiB, np.uint8) as staged:

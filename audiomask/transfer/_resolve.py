@@ -26,11 +26,6 @@ __all__ = [
 ]
 
 
-@functools.lru_cache(maxsize=64, typed=True)  # parsing a device string costs microseconds on every copy
-def _parse_device(device: object) -> torch.device:
-    return torch.device(device)  # type: ignore[arg-type]
-
-
 @functools.cache  # asked on every copy: whether CUDA works does not change while a process runs
 def _cuda_device_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -53,10 +48,42 @@ def resolve_device(device: object) -> torch.device:
     ...
     ValueError: device must be 'cpu', 'cuda', 'cuda:N' or a CUDA index, got 'gpu'
     """
-    if isinstance(device, (bool, np.bool_)):
+    if isinstance(device, (bool, np.bool_)):  # equal to 0 and 1 as dict keys: never looked up
         raise ValueError(f"device must be 'cpu', 'cuda', 'cuda:N' or a CUDA index, got {device!r}")
     try:
-        parsed = _parse_device(device)
+        resolved = _RESOLVED.get(device, _UNKNOWN)
+    except TypeError:  # unhashable: resolved (and refused) below
+        resolved = _UNKNOWN
+    if resolved is _UNKNOWN:
+        resolved = _resolve(device)
+        if len(_RESOLVED) < _RESOLVED_CACHE_SIZE:
+            try:
+                _RESOLVED[device] = resolved
+            except TypeError:
+                pass
+    return _current_cuda_device() if resolved is None else resolved  # type: ignore[return-value]
+
+
+# Resolved devices by argument (every copy resolves one: parsing costs microseconds): a device, or
+# None for "the current CUDA device", which is looked up on each call.
+_RESOLVED: dict[object, torch.device | None] = {}
+_RESOLVED_CACHE_SIZE = 64
+_UNKNOWN = object()
+_CUDA_DEVICES: dict[int, torch.device] = {}
+
+
+def _current_cuda_device() -> torch.device:
+    index = torch.cuda.current_device()
+    device = _CUDA_DEVICES.get(index)
+    if device is None:
+        device = _CUDA_DEVICES[index] = torch.device("cuda", index)
+    return device
+
+
+def _resolve(device: object) -> torch.device | None:
+    """:func:`resolve_device` without the cache: ``None`` for the current CUDA device."""
+    try:
+        parsed = torch.device(device)  # type: ignore[arg-type]
     except (RuntimeError, TypeError):
         raise ValueError(f"device must be 'cpu', 'cuda', 'cuda:N' or a CUDA index, got {device!r}") from None
     if parsed.type == "cpu":
@@ -67,7 +94,7 @@ def resolve_device(device: object) -> torch.device:
     if not count:
         return _CPU
     if parsed.index is None:
-        return torch.device("cuda", torch.cuda.current_device())
+        return None
     if parsed.index >= count:
         raise ValueError(f"device {device!r} does not exist: this machine has {count} CUDA device(s)")
     return parsed

@@ -53,6 +53,7 @@ with the same bookkeeping, so everything but the events runs anywhere.
 
 from __future__ import annotations
 
+import bisect
 import math
 import threading
 import warnings
@@ -359,13 +360,15 @@ class PinnedRing:
         # Every slot is in exactly one place: leased (in no list), idle (its last copy known complete;
         # the most recently released last), in flight on the stream whose submit recorded its event
         # (in record order: events on one stream complete in order), or guarded by a caller's event.
-        self._idle: list[_Slot] = []
+        self._idle: dict[int, list[_Slot]] = {}  # by capacity
+        self._capacities: list[int] = []  # the capacities the ring has held, ascending
         self._in_flight: dict[tuple[int, int, int], deque[_Slot]] = {}
         self._guarded: list[_Slot] = []
         self._copy_stream_ids: dict[torch.device, tuple[int, int, int]] = {}
         self._counts = dict.fromkeys(("copies", "bytes_copied", "slot_waits", "grows", "evictions"), 0)
         self._slots = [self._new_slot(self.slot_bytes) for _ in range(num_slots)]
-        self._idle.extend(self._slots)
+        for slot in self._slots:
+            self._make_idle(slot)
         if self.pinned:
             self.copy_stream(torch.device("cuda", torch.cuda.current_device()))
 
@@ -410,15 +413,16 @@ class PinnedRing:
         part = _Part(0, source.shape, dtype, nbytes)
         slot = self._acquire(nbytes)
         try:
-            np.copyto(_slot_views(slot, part)[1], source, casting="unsafe")  # type: ignore[arg-type]
-            return self._copy_on_consumer(slot, part, target)
+            tensor, array = _slot_views(slot, part)
+            np.copyto(array, source, casting="unsafe")  # type: ignore[arg-type]
+            return self._copy_on_consumer(slot, part, tensor, target)
         except BaseException:
             if slot.leased:
                 self._release(slot, None, None)
             raise
 
-    def _copy_on_consumer(self, slot: _Slot, part: _Part, target: torch.device) -> torch.Tensor:
-        """Copy ``part`` of the leased ``slot`` on the current stream of ``target``, then release the slot.
+    def _copy_on_consumer(self, slot: _Slot, part: _Part, tensor: torch.Tensor, target: torch.device) -> torch.Tensor:
+        """Copy ``part`` of the leased ``slot`` (``tensor``: its view) on ``target``'s current stream; release the slot.
 
         The whole submit of a small payload: an allocation, the copy and the
         slot's event, in the consumer's stream order (~10 us of host time on
@@ -426,7 +430,7 @@ class PinnedRing:
         """
         consumer_ids, consumer = _current_stream_ids(target)
         destination = torch.empty(part.shape, dtype=part.dtype, device=target)
-        destination.copy_(_slot_views(slot, part)[0], non_blocking=True)
+        destination.copy_(tensor, non_blocking=True)
         done = _slot_event(slot, target)
         done.record(consumer)
         self._release(slot, done, part.nbytes, consumer_ids)
@@ -468,7 +472,11 @@ class PinnedRing:
 
     def _make_idle(self, slot: _Slot) -> None:
         slot.pending = None
-        self._idle.append(slot)
+        bucket = self._idle.get(slot.capacity)
+        if bucket is None:
+            bucket = self._idle[slot.capacity] = []
+            bisect.insort(self._capacities, slot.capacity)
+        bucket.append(slot)
 
     def _new_slot(self, nbytes: int) -> _Slot:
         try:
@@ -497,11 +505,15 @@ class PinnedRing:
     def _acquire(self, nbytes: int) -> _Slot:
         if nbytes > self.max_pinned_bytes:
             raise ValueError(f"a request of {nbytes} bytes exceeds max_pinned_bytes={self.max_pinned_bytes}")
+        # A copy that rides the consumer holds its slot until the queue reaches it: it takes a larger
+        # slot, which a large copy may need, only when no slot of its own size is free.
+        largest = self._grow_size(nbytes) if nbytes <= self.consumer_copy_bytes else None
         while True:
             with self._lock:
-                slot = self._take_idle(nbytes)
-                if slot is None and self._reclaim(nbytes):
-                    slot = self._take_idle(nbytes)
+                slot = self._take_idle(nbytes, largest)
+                if slot is None:
+                    self._reclaim(nbytes)
+                    slot = self._take_idle(nbytes, largest) or self._take_idle(nbytes)
                 slot = slot or self._grow(nbytes)
                 if slot is not None:
                     return slot
@@ -517,27 +529,27 @@ class PinnedRing:
                 if victim.capacity >= nbytes:
                     return victim
                 victim.leased = False  # too small: now idle, the next round drops it for a larger one
-                self._idle.append(victim)
+                self._make_idle(victim)
 
-    def _take_idle(self, nbytes: int) -> _Slot | None:
-        """The smallest idle slot that fits, leased; of those, the most recently released; else ``None``.
+    def _take_idle(self, nbytes: int, largest: int | None = None) -> _Slot | None:
+        """The smallest idle slot that fits (of <= ``largest`` bytes), leased; of those, the most recently released.
 
         The most recently released slot's memory is the likeliest to be in the
         CPU's caches still, where a pool walked round oldest-first makes every
         staging memcpy cold (bench/probes/ring_paths_h200.json: to_device of
-        256 KiB 0.04 ms from 4 slots, 0.10 ms from 256). Call with the lock held.
+        256 KiB 0.04 ms from 4 slots, 0.10 ms from 256). Idle slots are kept
+        by capacity: copies riding a busy consumer leave hundreds of small
+        slots, which a scan would visit on every acquire. Call with the lock held.
         """
-        idle = self._idle
-        best = -1
-        for i in range(len(idle) - 1, -1, -1):
-            capacity = idle[i].capacity
-            if capacity >= nbytes and (best < 0 or capacity < idle[best].capacity):
-                best = i
-        if best < 0:
-            return None
-        slot = idle.pop(best)
-        slot.leased = True
-        return slot
+        capacities = self._capacities
+        end = len(capacities) if largest is None else bisect.bisect_right(capacities, largest)
+        for i in range(bisect.bisect_left(capacities, nbytes), end):
+            bucket = self._idle[capacities[i]]
+            if bucket:
+                slot = bucket.pop()
+                slot.leased = True
+                return slot
+        return None  # none idle fits
 
     def _reclaim(self, nbytes: int) -> bool:
         """Move slots whose last copy has completed to the idle list; whether one fits ``nbytes`` now.
@@ -554,9 +566,12 @@ class PinnedRing:
             if not queue:
                 continue
             if queue[-1].pending.query():  # type: ignore[union-attr]
+                fits = False
                 while queue:
-                    self._make_idle(queue.popleft())
-                if any(slot.capacity >= nbytes for slot in self._idle):
+                    slot = queue.popleft()
+                    self._make_idle(slot)
+                    fits = fits or slot.capacity >= nbytes
+                if fits:
                     return True
                 continue
             while len(queue) > 1 and queue[0].pending.query():  # type: ignore[union-attr]
@@ -572,21 +587,27 @@ class PinnedRing:
                     return True
         return False
 
-    def _grow(self, nbytes: int) -> _Slot | None:
-        # A copy on the consumer's stream holds its slot until the queue reaches it: many may be
-        # in flight, so they grow slots of their own size, not of slot_bytes.
+    def _grow_size(self, nbytes: int) -> int:
+        """The capacity of the slot the ring grows for ``nbytes``.
+
+        A copy on the consumer's stream holds its slot until the queue reaches
+        it: many may be in flight, so they grow slots of their own size, not of ``slot_bytes``.
+        """
         smallest = min(self.slot_bytes, SMALL_SLOT_BYTES) if nbytes <= self.consumer_copy_bytes else self.slot_bytes
-        size = min(max(smallest, _next_power_of_two(nbytes)), self.max_pinned_bytes)
+        return min(max(smallest, _next_power_of_two(nbytes)), self.max_pinned_bytes)
+
+    def _grow(self, nbytes: int) -> _Slot | None:
+        size = self._grow_size(nbytes)
         excess = self._held_bytes() + size - self.max_pinned_bytes
         if excess > 0:  # _acquire's reclaim found every slot that has completed: drop idle smaller ones
-            idle = sorted(self._idle, key=lambda s: s.capacity)
+            idle = [slot for capacity in self._capacities for slot in self._idle[capacity]]
             if sum(s.capacity for s in idle) < excess:
                 return None
             for slot in idle:
                 if excess <= 0:
                     break
                 self._slots.remove(slot)
-                self._idle.remove(slot)
+                self._idle[slot.capacity].remove(slot)
                 excess -= slot.capacity
                 self._counts["evictions"] += 1
         slot = self._new_slot(size)
@@ -630,7 +651,7 @@ class PinnedRing:
             self._released += 1
             slot.released = self._released
             if pending is None:
-                self._idle.append(slot)
+                self._make_idle(slot)
             elif stream is None:
                 self._guarded.append(slot)
             else:
@@ -757,7 +778,8 @@ class Staged:
         ring = self._ring
         small = self.nbytes <= ring.consumer_copy_bytes
         if small and fill is None and out is None and stream is None and target.type != "cpu":
-            result = ring._copy_on_consumer(self._live(), self._parts[0], target)
+            slot, part = self._live(), self._parts[0]
+            result = ring._copy_on_consumer(slot, part, _slot_views(slot, part)[0], target)
             self._slot = None
             return result
         return self._submit(target, out, stream, fill)[index]
