@@ -37,8 +37,8 @@ from audiomask.transfer import (
 )
 from audiomask.transfer import ring as ring_module
 from audiomask.transfer import staging as staging_module
-from audiomask.transfer.ring import DEFAULT_CONSUMER_COPY_BYTES, SMALL_SLOT_BYTES
 from audiomask.transfer.harness import direct_copy
+from audiomask.transfer.ring import DEFAULT_CONSUMER_COPY_BYTES, SMALL_SLOT_BYTES
 
 # --------------------------------------------------------------------------- is_dense
 

@@ -7,6 +7,7 @@ of the acceptance come from scripts/bench_transfer.py.
 
 from __future__ import annotations
 
+import threading
 import time
 
 import numpy as np
@@ -20,12 +21,18 @@ from audiomask.transfer import (
     MiB,
     PinnedRing,
     UnsafeCopyError,
+    _gate,
     sync_check,
     to_device,
     to_host,
 )
-from audiomask.transfer import _gate
-from audiomask.transfer.harness import COPY_METHODS, QueueFiller, direct_copy, mask_builder, pin_per_copy
+from audiomask.transfer.harness import (
+    COPY_METHODS,
+    QueueFiller,
+    direct_copy,
+    mask_builder,
+    pin_per_copy,
+)
 
 pytestmark = pytest.mark.gpu
 
@@ -176,14 +183,20 @@ def test_a_gate_holds_its_copy_until_the_host_opens_it() -> None:
     word_tensor, word = _gate.new_word()
     stream = torch.cuda.current_stream()
     source = torch.full((GATED_COPY_BYTES,), 7, dtype=torch.uint8, pin_memory=True)
-    torch.cuda.synchronize()
-    assert _gate.close(stream, word, 1), "the driver refused cuStreamWaitValue32"
+    # Allocated before the gate closes: an allocation may wait for every stream, the gated one too.
     result = torch.zeros(GATED_COPY_BYTES, dtype=torch.uint8, device="cuda")
-    result.copy_(source, non_blocking=True)
-    time.sleep(0.02)
-    held = not stream.query()
-    _gate.open_(word, 1)
     torch.cuda.synchronize()
+    watchdog = threading.Timer(5.0, _gate.open_, (word, 1))  # a test that fails must not hang the suite
+    assert _gate.close(stream, word, 1), "the driver refused cuStreamWaitValue32"
+    watchdog.start()
+    try:
+        result.copy_(source, non_blocking=True)
+        time.sleep(0.02)
+        held = not stream.query()
+        _gate.open_(word, 1)
+        torch.cuda.synchronize()
+    finally:
+        watchdog.cancel()
     assert held, "the copy ran before the gate opened"
     assert int(result.sum()) == 7 * GATED_COPY_BYTES and word_tensor.item() == 1
 
