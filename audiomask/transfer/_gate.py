@@ -14,6 +14,12 @@ libcuda or the entry point is missing, :func:`close` returns ``False`` and the
 ring stages first, as without gates. The word lives in pinned memory from
 ``cudaHostAlloc`` (torch's pinned allocator), whose device address equals its
 host address under unified addressing (every 64-bit CUDA platform).
+
+While a gate is closed (the staging memcpy: ~1 ms for 64 MiB) a ``cudaMalloc``
+anywhere in the process may wait for the gated stream, so nothing between
+:func:`close` and :func:`open_` may allocate device memory or wait for the
+device: the ring allocates the result before it closes the gate, and the
+staging memcpy touches host memory only.
 """
 
 from __future__ import annotations
