@@ -3,7 +3,7 @@
 - :func:`to_device`: copy numpy arrays, lists and CPU tensors to a device
   through a persistent pinned ring, ``non_blocking`` (on the consumer's
   stream up to 64 KiB, else on a copy stream while the consumer is busy),
-  without stalling the host whatever the GPU queue holds; from 4 MiB the copy
+  without stalling the host whatever the GPU queue holds; from 16 MiB the copy
   is queued before the staging memcpy and held on the GPU by a gate the host
   opens once the payload is staged (:mod:`audiomask.transfer._gate`).
 - :class:`PinnedRing`: pinned host slots that builders write into in place,

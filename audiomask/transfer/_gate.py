@@ -6,7 +6,9 @@ memcpy than before it, because that memcpy has flushed the CPU's caches (64 MiB:
 pinned_kinds_h200.json). So the ring queues the copy first, behind a
 ``cuStreamWaitValue32`` on a pinned word, then stages the payload and writes the
 word: the stream copies once the word reaches the value, and the host pays the
-memcpy and one store (to_device of 16/64 MiB within 0.02 ms of its memcpy there).
+memcpy and one store (the probe: within 0.02 ms of the memcpy at 16 and 64 MiB;
+the transfer benchmark's blocks still found ``to_device`` 0.13 / 0.36 ms over its
+separately timed memcpy there, bench/results/transfer_h200.json).
 
 torch does not expose stream memory operations, so the driver's entry point is
 called through ctypes (as vLLM's ``cuda_wrapper`` does for the runtime). Where

@@ -105,9 +105,12 @@ DEFAULT_MAX_PINNED_BYTES = 512 * MiB  # pinned memory is locked RAM: bound what 
 # 0.046 ms at 256 KiB): the slots a busy queue holds are touched cold.
 DEFAULT_CONSUMER_COPY_BYTES = 64 * KiB
 SMALL_SLOT_BYTES = 64 * KiB  # the smallest slot the ring grows for such a copy
-# From this size to_device queues the copy before its staging memcpy, gated (audiomask.transfer._gate):
-# a multi-threaded memcpy of this size evicts the submit's code and data from the CPU's caches.
-GATED_COPY_BYTES = 4 * MiB
+# From this size to_device queues the copy before its staging memcpy, gated (audiomask.transfer._gate).
+# bench/probes/gated_copy_h200.json: over the memcpy alone, a gated to_device cost 0.019 ms at 16 MiB
+# against 0.034 for the submit after the memcpy, ~0 against 0.07-0.08 at 64 MiB, but 0.030 against
+# 0.018 at 1 MiB; the transfer run with gates from 4 MiB (bench/results/transfer_h200.json) had
+# to_device of 4 MiB at 0.18 ms p50 busy, against 0.09 before gates.
+GATED_COPY_BYTES = 16 * MiB
 # Offsets of arrays packed into one slot: cudaMalloc's alignment, so that the
 # device views of a packed copy are as aligned as fresh allocations.
 VIEW_ALIGN_BYTES = 256

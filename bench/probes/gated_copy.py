@@ -3,7 +3,7 @@
 And would a copy queued *before* the staging memcpy, held back on the GPU by a host-written flag
 (``cuStreamWaitValue32``), take that cost off the host?
 
-bench/results/transfer_h200.json: ``to_device`` of 16 and 64 MiB costs 0.17 and 0.23 ms more than
+bench/results/transfer_h200_run5.json: ``to_device`` of 16 and 64 MiB costs 0.17 and 0.23 ms more than
 its staging memcpy, while a bare ``copy_`` of 64 MiB from warm caches costs ~0.008 ms
 (bench/probes/pinned_kinds_h200.json). Times p50/p99 host ms, idle and busy (~50 ms queued):
 

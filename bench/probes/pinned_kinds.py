@@ -1,6 +1,6 @@
 """What a ``non_blocking`` host->device copy costs the host, by the kind of page-locked memory it reads.
 
-Two questions from the transfer runs (bench/results/transfer_h200.json):
+Two questions from the transfer runs (bench/results/transfer_h200_run5.json, commit 3547bb8):
 
 1. A bare 64 MiB copy from torch's pinned memory (``cudaHostAlloc``) costs the host ~0.3 ms, and
    16 MiB ~0.1 ms: the submit grows with the size. Is that the driver walking 4 KiB pages? Then
