@@ -749,8 +749,8 @@ def test_submit_copies_on_the_copy_stream_and_guards_everything(fake_cuda: FakeC
         "current stream copy",
         "allocate on copy",  # the copy stream's pool: never a block the consumer's queued work still reads
         "copy on copy non_blocking",
-        "event 0 recorded on copy",
         "current stream consumer",
+        "event 0 recorded on copy",  # as the slot joins the copy stream's queue, under the ring's lock
         "consumer waits for event 0",
         "used on consumer",  # not reused before the consumer's work queued so far has run
     ]
@@ -858,6 +858,30 @@ def test_what_the_ring_knows_about_one_stream_frees_no_slot_of_another(fake_cuda
     assert fake_cuda.events[0].waited == 1 and ring.stats().slot_waits == 1
 
 
+@pytest.mark.parametrize("nbytes", [16, 2 * KiB])  # on the consumer (the small path) and on the copy stream
+def test_a_copy_is_recorded_under_the_ring_lock_as_it_joins_its_streams_queue(
+    fake_cuda: FakeCuda, monkeypatch: pytest.MonkeyPatch, nbytes: int
+) -> None:
+    """Two threads copying on one stream must queue their slots in the order of their records.
+
+    The ring infers from the newest record's completion that every slot in the
+    stream's queue is free: a record made outside the lock could land in the
+    queue before an older one and free a slot whose copy is still running.
+    """
+    ring = small_ring(num_slots=1, slot_bytes=4 * KiB, consumer_copy_bytes=KiB)
+    held = []
+    real_record = FakeCudaEvent.record
+
+    def record(event: FakeCudaEvent, stream: FakeStream) -> None:
+        held.append(ring._lock.locked())
+        real_record(event, stream)
+
+    monkeypatch.setattr(FakeCudaEvent, "record", record)
+    with ring.stage(nbytes, np.uint8) as staged:
+        staged._to(META, None, None)
+    assert held == [True]
+
+
 def test_submit_on_another_device_puts_the_callers_device_back(
     fake_cuda: FakeCuda, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -942,8 +966,8 @@ def test_a_large_staged_copy_is_queued_behind_a_gate_before_its_memcpy(
         "allocate on consumer",  # before the gate: an allocation may wait for every stream
         "consumer waits for gate 1",
         "copy on consumer non_blocking",
-        "event 0 recorded on consumer",
         "staged while the gate is at 0",
+        "event 0 recorded on consumer",
     ]
     assert slot.gate[0] == 1 and ring.stats().leased == 0
     fake_cuda.events[0].done = True
@@ -987,8 +1011,8 @@ def test_submit_into_out_on_a_given_stream_waits_for_the_consumer_first(fake_cud
         "copy waits for consumer",  # work queued before may still read out
         "current stream copy",
         "copy on copy non_blocking",
-        "event 0 recorded on copy",
         "current stream consumer",
+        "event 0 recorded on copy",
         "consumer waits for event 0",
     ]
 

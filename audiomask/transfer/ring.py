@@ -434,9 +434,7 @@ class PinnedRing:
         consumer_ids, consumer = _current_stream_ids(target)
         destination = torch.empty(part.shape, dtype=part.dtype, device=target)
         destination.copy_(tensor, non_blocking=True)
-        done = _slot_event(slot, target)
-        done.record(consumer)
-        self._release(slot, done, part.nbytes, consumer_ids)
+        self._release(slot, _slot_event(slot, target), part.nbytes, consumer_ids, record_on=consumer)
         return destination
 
     def _staging_views(self, staged: Staged) -> tuple[torch.Tensor, np.ndarray | None]:
@@ -646,9 +644,19 @@ class PinnedRing:
         pending: Completion | None,
         copied: int | None,
         stream: tuple[int, int, int] | None = None,
+        record_on: Any = None,
     ) -> None:
-        """Hand ``slot`` back, guarded by ``pending``; ``stream``: the ids of the stream a submit recorded it on."""
+        """Hand ``slot`` back, guarded by ``pending``; ``stream``: the ids of the stream a submit records it on.
+
+        ``record_on``: the stream to record ``pending`` on first. The record is
+        made under the lock, as the slot joins its stream's queue, so that the
+        queue's order is the order of the records (two threads may copy on one
+        stream): the ring infers from the newest record's completion that the
+        whole queue has completed.
+        """
         with self._lock:
+            if record_on is not None:
+                pending.record(record_on)  # type: ignore[union-attr]
             slot.leased = False
             slot.pending = pending
             self._released += 1
@@ -833,7 +841,6 @@ class Staged:
         gate = fill is not None and slot.gate is not None and slot.pinned and self.nbytes >= GATED_COPY_BYTES
         if copy_ids == consumer_ids:
             destination, gated = self._write(slot, target, out, fill, gate=copy_stream if gate else None)
-            done.record(copy_stream)
         else:
             if out is not None:
                 copy_stream.wait_stream(consumer)  # a caller's stream: work queued before may still read out
@@ -844,24 +851,23 @@ class Staged:
             _set_stream(copy_ids, copy_stream)
             try:
                 destination, gated = self._write(slot, target, out, fill, gate=copy_stream if gate else None)
-                done.record(copy_stream)
             finally:
                 _set_stream(consumer_ids, consumer)
                 if device != target.index:
                     torch.cuda.set_device(device)
+        try:
+            if gated:  # the copy waits on the GPU for the staged payload: stage it, then let the copy run
+                try:
+                    fill()  # type: ignore[misc]
+                finally:
+                    _gate.open_(slot.gate, slot.gate_value)  # type: ignore[arg-type]
+        finally:  # the copy is queued: whatever fill() raised, the slot stays busy until it has run
+            ring._release(slot, done, self.nbytes, copy_ids, record_on=copy_stream)
+            self._slot = None
+        if copy_ids != consumer_ids:
             done.wait(consumer)
             if out is None:
                 destination.record_stream(consumer)  # not reused before the consumer's queued work has run
-        if gated:  # the copy waits on the GPU for the staged payload: stage it, then let the copy run
-            try:
-                fill()  # type: ignore[misc]
-            finally:
-                _gate.open_(slot.gate, slot.gate_value)  # type: ignore[arg-type]
-                ring._release(slot, done, self.nbytes, copy_ids)
-                self._slot = None
-        else:
-            ring._release(slot, done, self.nbytes, copy_ids)
-            self._slot = None
         return self._results(destination)
 
     def _write(
