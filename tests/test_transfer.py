@@ -845,6 +845,26 @@ def test_acquire_asks_about_two_copies_at_most_when_a_stream_is_still_running(fa
     assert queries(fake_cuda) == ["event 7 queried", "event 0 queried"] and ring.stats().grows == 1
 
 
+def test_a_large_request_frees_every_completed_small_copy_with_few_questions(fake_cuda: FakeCuda) -> None:
+    ring = small_ring(num_slots=1, max_slots=200, consumer_copy_bytes=KiB)
+    for _ in range(100):  # small copies riding the busy consumer: each holds a slot of its own
+        with ring.stage(16, np.uint8) as staged:
+            staged._to(META, None, None)
+    assert ring.stats().slots == 100
+    for event in fake_cuda.events[:60]:
+        event.done = True  # the queue has reached the 60 oldest copies
+    fake_cuda.log.clear()
+    with ring.stage(2 * KiB, np.uint8):  # fits no small slot: frees the completed ones, then grows
+        pass
+    asked = queries(fake_cuda)
+    assert len(asked) <= 2 + 2 * 7, asked  # the newest, the oldest, then doubling and bisecting: not 60
+    assert asked[:2] == ["event 99 queried", "event 0 queried"]
+    held = [ring.stage(16, np.uint8) for _ in range(60)]  # every completed slot is free now: no more questions
+    assert queries(fake_cuda) == [] and ring.stats().grows == 100  # 99 small slots and the 2 KiB one
+    for staged in held:
+        staged.release()
+
+
 def test_what_the_ring_knows_about_one_stream_frees_no_slot_of_another(fake_cuda: FakeCuda) -> None:
     ring = small_ring(num_slots=2)
     with ring.stage(3, np.int64) as staged:
