@@ -21,14 +21,13 @@ python3 bench/probes/gated_copy.py --out bench/probes/gated_copy_h200.json
 
 from __future__ import annotations
 
-import argparse
 import ctypes
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
+from _probe import out_path, percentiles
 
 from audiomask.bench.environment import capture_environment, write_result
 from audiomask.transfer import MiB, to_device
@@ -40,11 +39,6 @@ WARMUP = 3
 BUSY_MS = 50.0
 REFILL_EVERY = 10
 WAIT_GEQ = 0  # CU_STREAM_WAIT_VALUE_GEQ: (int32)(*addr - value) >= 0, safe across wrap-around
-
-
-def percentiles(times: list[float]) -> dict[str, float]:
-    values = np.asarray(times)
-    return {"p50": float(np.percentile(values, 50)), "p99": float(np.percentile(values, 99))}
 
 
 def wait_value_fn():
@@ -59,9 +53,7 @@ def wait_value_fn():
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args()
+    out = out_path(__doc__)
     filler = QueueFiller("cuda")
     name, wait_value = wait_value_fn()
     stream = torch.cuda.current_stream()
@@ -128,7 +120,7 @@ def main() -> int:
     torch.cuda.synchronize()
     print("mismatches", mismatches)
     write_result(
-        args.out,
+        out,
         {"environment": capture_environment(sys.argv), "wait_value": name, "mismatches": mismatches, "rows": rows},
     )
     return 0

@@ -24,14 +24,13 @@ Usage (H200): python3 bench/probes/pinned_kinds.py --out bench/probes/pinned_kin
 
 from __future__ import annotations
 
-import argparse
 import mmap
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import torch
+from _probe import REPS, out_path, time_calls
 
 from audiomask.bench.environment import capture_environment, write_result
 from audiomask.transfer import KiB, MiB, to_device
@@ -39,37 +38,8 @@ from audiomask.transfer.harness import QueueFiller, pin_per_copy
 
 SIZES = (16 * KiB, 64 * KiB, 1 * MiB, 4 * MiB, 16 * MiB, 64 * MiB)
 SMALL = 64 * KiB  # sizes up to this also time the small-payload variants
-REPS = 200
-WARMUP = 5
-BUSY_MS = 50.0
-REFILL_EVERY = 20
 HUGE_PAGE = 2 * MiB
 MINIMAL_SLOTS = 8
-
-
-def percentiles(times: list[float]) -> dict[str, float]:
-    values = np.asarray(times)
-    return {
-        "p50": float(np.percentile(values, 50)),
-        "p99": float(np.percentile(values, 99)),
-    }
-
-
-def time_calls(call, busy: bool, filler: QueueFiller) -> dict[str, float]:
-    times = []
-    for i in range(REPS + WARMUP):
-        if busy:
-            if i % REFILL_EVERY == 0:
-                torch.cuda.synchronize()
-                filler.fill(BUSY_MS)
-        else:
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        call()
-        if i >= WARMUP:
-            times.append((time.perf_counter() - start) * 1e3)
-    torch.cuda.synchronize()
-    return percentiles(times)
 
 
 def registered(nbytes: int, huge: bool, keep: list) -> torch.Tensor:
@@ -137,9 +107,7 @@ def variants(nbytes: int, sources: dict[str, torch.Tensor], rng: np.random.Gener
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args()
+    out = out_path(__doc__)
     filler = QueueFiller("cuda")
     rng = np.random.default_rng(0)
     keep: list = []
@@ -163,7 +131,7 @@ def main() -> int:
                     "variant": name,
                     "bytes": nbytes,
                     "busy": busy,
-                    **time_calls(call, busy, filler),
+                    **time_calls(lambda _, call=call: call(), busy, filler),
                 }
                 if name.startswith("copy_"):
                     row["anon_huge_kib"] = backing[name.removeprefix("copy_")]
@@ -173,7 +141,7 @@ def main() -> int:
                     flush=True,
                 )
     write_result(
-        args.out,
+        out,
         {
             "environment": capture_environment(sys.argv),
             "thp": thp,

@@ -19,47 +19,17 @@ Usage (H200): python3 bench/probes/ring_paths.py --out bench/probes/ring_paths_h
 
 from __future__ import annotations
 
-import argparse
 import sys
-import time
-from pathlib import Path
 
 import numpy as np
-import torch
+from _probe import REPS, out_path, time_calls
 
 from audiomask.bench.environment import capture_environment, write_result
 from audiomask.transfer import KiB, MiB, PinnedRing, to_device
 from audiomask.transfer.harness import QueueFiller
 
 SIZES = (16 * KiB, 64 * KiB, 256 * KiB, MiB)
-REPS = 200
-BUSY_MS = 50.0
-REFILL_EVERY = 20  # busy reps per 50 ms fill: ~20 copies of < 1 ms each leave the queue busy
 MANY_SLOTS = 64
-
-
-def percentiles(times: list[float]) -> dict[str, float]:
-    values = np.asarray(times)
-    return {"p50": float(np.percentile(values, 50)), "p99": float(np.percentile(values, 99))}
-
-
-def time_calls(call, prepare, busy: bool, filler: QueueFiller) -> dict[str, float]:
-    """Host ms of ``call(prepare())`` over REPS, idle (synchronised before each) or behind a busy queue."""
-    times = []
-    for i in range(REPS + 5):
-        if busy:
-            if i % REFILL_EVERY == 0:
-                torch.cuda.synchronize()
-                filler.fill(BUSY_MS)
-        else:
-            torch.cuda.synchronize()
-        state = prepare()
-        start = time.perf_counter()
-        call(state)
-        if i >= 5:
-            times.append((time.perf_counter() - start) * 1e3)
-    torch.cuda.synchronize()
-    return percentiles(times)
 
 
 def grown(ring: PinnedRing) -> PinnedRing:
@@ -71,9 +41,7 @@ def grown(ring: PinnedRing) -> PinnedRing:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args()
+    out = out_path(__doc__)
     filler = QueueFiller("cuda")
     rng = np.random.default_rng(0)
     rings = {
@@ -87,9 +55,9 @@ def main() -> int:
         for name, ring in rings.items():
             for busy in (False, True):
                 submit = time_calls(
-                    lambda staged: staged.to("cuda"), lambda ring=ring, n=nbytes: ring.stage(n, np.uint8), busy, filler
+                    lambda staged: staged.to("cuda"), busy, filler, lambda ring=ring, n=nbytes: ring.stage(n, np.uint8)
                 )
-                copy = time_calls(lambda _: to_device(payload, "cuda", ring=ring), lambda: None, busy, filler)
+                copy = time_calls(lambda _, ring=ring, data=payload: to_device(data, "cuda", ring=ring), busy, filler)
                 row = {
                     "ring": name,
                     "bytes": nbytes,
@@ -102,7 +70,7 @@ def main() -> int:
                 }
                 rows.append(row)
                 print({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}, flush=True)
-    write_result(args.out, {"environment": capture_environment(sys.argv), "reps": REPS, "rows": rows})
+    write_result(out, {"environment": capture_environment(sys.argv), "reps": REPS, "rows": rows})
     return 0
 
 
