@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from audiomask.transfer import (
@@ -859,6 +859,8 @@ def test_a_large_request_frees_every_completed_small_copy_with_few_questions(fak
     asked = queries(fake_cuda)
     assert len(asked) <= 2 + 2 * 7, asked  # the newest, the oldest, then doubling and bisecting: not 60
     assert asked[:2] == ["event 99 queried", "event 0 queried"]
+    idle = {capacity: len(slots) for capacity, slots in ring._idle.items() if slots}
+    assert idle == {KiB: 60, 2 * KiB: 1}  # the 60 completed small slots, not one more; and the new one
     held = [ring.stage(16, np.uint8) for _ in range(60)]  # every completed slot is free now: no more questions
     assert queries(fake_cuda) == [] and ring.stats().grows == 100  # 99 small slots and the 2 KiB one
     for staged in held:
@@ -900,6 +902,72 @@ def test_a_copy_is_recorded_under_the_ring_lock_as_it_joins_its_streams_queue(
     with ring.stage(nbytes, np.uint8) as staged:
         staged._to(META, None, None)
     assert held == [True]
+
+
+class SimulatedGpu:
+    """Runs the fake streams' recorded events in record order, as a GPU does, and never otherwise."""
+
+    def __init__(self, fake_cuda: FakeCuda, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.queues: dict[str, list[FakeCudaEvent]] = {}
+        self.stream_of: dict[int, str] = {}
+        self.consumer = fake_cuda.consumer
+        real_record, real_synchronize = FakeCudaEvent.record, FakeCudaEvent.synchronize
+        gpu = self
+
+        def record(event: FakeCudaEvent, stream: FakeStream) -> None:
+            real_record(event, stream)
+            gpu.queues.setdefault(stream.name, []).append(event)
+            gpu.stream_of[id(event)] = stream.name
+            if stream is gpu.consumer and gpu.consumer.idle:
+                gpu.consumer.idle = False  # the copy just queued there has not run yet
+
+        def synchronize(event: FakeCudaEvent) -> None:  # waiting for a record runs every record before it
+            queue = gpu.queues[gpu.stream_of[id(event)]]
+            gpu.advance(gpu.stream_of[id(event)], queue.index(event) + 1)
+            real_synchronize(event)
+
+        monkeypatch.setattr(FakeCudaEvent, "record", record)
+        monkeypatch.setattr(FakeCudaEvent, "synchronize", synchronize)
+
+    def advance(self, stream: str, count: int) -> None:
+        queue = self.queues.get(stream, [])
+        for event in queue[:count]:
+            event.done = True
+        del queue[:count]
+        if stream == "consumer" and not queue:
+            self.consumer.idle = True
+
+
+@settings(max_examples=300)
+@given(
+    st.lists(
+        st.one_of(
+            st.tuples(st.sampled_from(["small", "large", "unused"])),
+            st.tuples(st.just("advance"), st.sampled_from(["consumer", "copy"]), st.integers(1, 6)),
+        ),
+        max_size=60,
+    )
+)
+def test_no_slot_is_handed_out_before_its_last_copy_has_run(operations: list[tuple]) -> None:
+    """Random interleavings of small copies (on the consumer), large ones (on the copy stream while the
+    consumer is busy), unused stages and GPU progress: every slot staged must have no copy still queued."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        fake_cuda = FakeCuda(monkeypatch)
+        gpu = SimulatedGpu(fake_cuda, monkeypatch)
+        # Small copies grow SMALL_SLOT_BYTES slots, large ones slot_bytes slots: a large request
+        # behind completed small copies frees them all (_free_completed).
+        ring = small_ring(num_slots=2, slot_bytes=2 * SMALL_SLOT_BYTES, max_slots=6, consumer_copy_bytes=64)
+        for operation in operations:
+            if operation[0] == "advance":
+                gpu.advance(operation[1], operation[2])
+                continue
+            nbytes = {"small": 16, "large": 2 * SMALL_SLOT_BYTES, "unused": 16}[operation[0]]
+            with ring.stage(nbytes, np.uint8) as staged:
+                slot = staged._slot
+                assert slot is not None and (slot.event is None or slot.event.done), "a slot in flight was reused"
+                if operation[0] != "unused":
+                    staged._to(META, None, None)
+        assert ring.stats().leased == 0 and ring.stats().pinned_bytes <= 6 * 2 * SMALL_SLOT_BYTES
 
 
 def test_submit_on_another_device_puts_the_callers_device_back(
