@@ -12,25 +12,57 @@ reports, for each, the front end and encoder times of both runs, the walls, and 
 over max(T_cpu, T_gpu) measured both on the overlapped run (the benchmark's figure) and on the
 serial one (the stages' own costs).
 
+``--wait block`` also runs each configuration with the driver waiting for a cycle's results on a
+blocking-sync event (``torch.cuda.Event(blocking=True)``: the host thread sleeps in the driver
+instead of spinning on a core): a third suspect, a spinning main thread that takes the core of
+one of the pool's threads.
+
 Usage (H200): python3 bench/probes/pipeline_threads.py --out bench/probes/pipeline_threads_h200.json
+              python3 bench/probes/pipeline_threads.py --threads 15 13 --batches 32 --wait spin block --out F
               python3 bench/probes/pipeline_threads.py --threads 2 1 --batches 2 --cycles 4 --out /tmp/p.json
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from pathlib import Path
 
 import torch
 
+import audiomask.stream
 from audiomask.bench.environment import capture_environment, write_result
 from audiomask.bench.latency import _streaming_chunking
 from audiomask.bench.models import build_model
 from audiomask.bench.overlap import _median_run, drive
+from audiomask.transfer import to_host
 
 CORES = os.cpu_count() or 1
+
+
+def _blocking_to_host(tensor: torch.Tensor, *, out: torch.Tensor | None = None):
+    """``to_host`` whose ``done`` is a blocking-sync event recorded right after the copy."""
+    host, done = to_host(tensor, out=out)
+    if done is not None:
+        done = torch.cuda.Event(blocking=True)
+        done.record()
+    return host, done
+
+
+@contextlib.contextmanager
+def waiting(mode: str):
+    """The driver waits for its results spinning (torch's default event) or sleeping (``block``)."""
+    if mode == "spin":
+        yield
+        return
+    original = audiomask.stream.to_host
+    audiomask.stream.to_host = _blocking_to_host
+    try:
+        yield
+    finally:
+        audiomask.stream.to_host = original
 
 
 def measure(model: object, batch: int, cycles: int, repeats: int) -> dict:
@@ -64,6 +96,7 @@ def main() -> int:
     parser.add_argument("--cycles", type=int, default=24)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--model", default="shipped", choices=["shipped", "phi4mm_full"])
+    parser.add_argument("--wait", nargs="+", default=["spin"], choices=["spin", "block"])
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
@@ -72,9 +105,11 @@ def main() -> int:
     for threads in args.threads:
         torch.set_num_threads(threads)
         for batch in args.batches:
-            row = {"torch_threads": threads, **measure(model, batch, args.cycles, args.repeats)}
-            rows.append(row)
-            print({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}, flush=True)
+            for mode in args.wait:
+                with waiting(mode):
+                    row = {"torch_threads": threads, "wait": mode, **measure(model, batch, args.cycles, args.repeats)}
+                rows.append(row)
+                print({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}, flush=True)
     report = {"environment": capture_environment(sys.argv), "model": args.model, "cores": CORES, "runs": rows}
     write_result(Path(args.out), report)
     return 0
