@@ -12,6 +12,8 @@ reports, for each, the front end and encoder times of both runs, the walls, and 
 over max(T_cpu, T_gpu) measured both on the overlapped run (the benchmark's figure) and on the
 serial one (the stages' own costs).
 
+``--switch-ms`` runs each under other thread switch intervals of the interpreter (5 ms by
+default: a thread that wants the GIL may wait that long for one running Python bytecode).
 ``--wait block`` also runs each configuration with the driver waiting for a cycle's results on a
 blocking-sync event (``torch.cuda.Event(blocking=True)``: the host thread sleeps in the driver
 instead of spinning on a core): a third suspect, a spinning main thread that takes the core of
@@ -97,6 +99,10 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--model", default="shipped", choices=["shipped", "phi4mm_full"])
     parser.add_argument("--wait", nargs="+", default=["spin"], choices=["spin", "block"])
+    parser.add_argument(
+        "--switch-ms", type=float, nargs="+", default=[sys.getswitchinterval() * 1e3],
+        help="Python's thread switch interval(s) to run under, ms (default: this interpreter's, 5 ms)",
+    )
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
@@ -106,10 +112,17 @@ def main() -> int:
         torch.set_num_threads(threads)
         for batch in args.batches:
             for mode in args.wait:
-                with waiting(mode):
-                    row = {"torch_threads": threads, "wait": mode, **measure(model, batch, args.cycles, args.repeats)}
-                rows.append(row)
-                print({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}, flush=True)
+                for switch_ms in args.switch_ms:
+                    sys.setswitchinterval(switch_ms / 1e3)
+                    with waiting(mode):
+                        row = {
+                            "torch_threads": threads,
+                            "wait": mode,
+                            "switch_ms": switch_ms,
+                            **measure(model, batch, args.cycles, args.repeats),
+                        }
+                    rows.append(row)
+                    print({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}, flush=True)
     report = {"environment": capture_environment(sys.argv), "model": args.model, "cores": CORES, "runs": rows}
     write_result(Path(args.out), report)
     return 0
