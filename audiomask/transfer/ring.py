@@ -309,10 +309,13 @@ class PinnedRing:
             while the consumer is busy (see the module docstring); 0: every
             copy may take the copy stream.
 
-    Growth policy: a request goes to the smallest idle slot that fits. When no
-    idle slot fits, the ring pins a new slot of ``max(slot_bytes, next power of
-    two >= request)`` bytes (``max(min(slot_bytes, SMALL_SLOT_BYTES), ...)``
-    for a copy of up to ``consumer_copy_bytes``) and keeps it, dropping idle smaller slots if that is
+    Growth policy: a request goes to the smallest idle slot that fits (a copy
+    of up to ``consumer_copy_bytes`` first asks whether one of its own size has
+    completed, rather than hold a large slot while it waits in the consumer's
+    queue). When no idle slot fits, the ring pins a new slot of
+    ``max(slot_bytes, next power of two >= request)`` bytes
+    (``max(min(slot_bytes, SMALL_SLOT_BYTES), ...)`` for a copy of up to
+    ``consumer_copy_bytes``) and keeps it, dropping idle smaller slots if that is
     needed to stay within ``max_pinned_bytes``; a slot is pinned on the hot
     path only until the ring has reached the size its workload needs (see
     ``stats().grows``). Only at the bound does the host wait for the oldest
