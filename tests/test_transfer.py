@@ -1029,6 +1029,8 @@ def test_to_device_copies_a_small_array_on_the_consumer_in_three_calls(
     fake_cuda.log.clear()
     to_device(source, "cuda", ring=ring)  # that copy is still queued: its slot is not reused
     assert fake_cuda.log[-1] == "event 1 recorded on consumer" and ring.stats().grows == 1
+    with pytest.raises(ValueError, match="data has dtype <U1, which torch cannot hold"):
+        to_device(np.array(["1"]), "cuda", dtype=torch.float32, ring=ring)  # refused as on the general path
     fake_cuda.log.clear()
     to_device(np.zeros(KiB // 4 + 1, dtype=np.float32), "cuda", ring=ring)  # over consumer_copy_bytes
     assert "copy on copy non_blocking" in fake_cuda.log  # the general path: the copy stream, the consumer busy

@@ -200,10 +200,12 @@ def to_device(
     if ring is not None and not isinstance(ring, PinnedRing):
         raise ValueError(f"ring must be a PinnedRing or None, got {type(ring).__name__}")
     if type(data) is np.ndarray and out is None and stream is None and target.type != "cpu":
-        torch_dtype = torch_dtype_of(data.dtype) if dtype is None else dtype
+        held = torch_dtype_of(data.dtype)  # None: strings and objects, refused below whatever the dtype
+        torch_dtype = held if dtype is None else dtype
         ring = ring or _DEFAULT_RINGS.get(target) or default_ring(target)
         if (
-            isinstance(torch_dtype, torch.dtype)
+            held is not None
+            and isinstance(torch_dtype, torch.dtype)
             and numpy_dtype(torch_dtype) is not None
             and data.size * torch_dtype.itemsize <= ring.consumer_copy_bytes
         ):
