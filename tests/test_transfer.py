@@ -859,7 +859,7 @@ def test_a_large_request_frees_every_completed_small_copy_with_few_questions(fak
     asked = queries(fake_cuda)
     assert len(asked) <= 2 + 2 * 7, asked  # the newest, the oldest, then doubling and bisecting: not 60
     assert asked[:2] == ["event 99 queried", "event 0 queried"]
-    idle = {capacity: len(slots) for capacity, slots in ring._idle.items() if slots}
+    idle = {capacity: len(slots) for capacity, slots in ring._pool._idle.items() if slots}
     assert idle == {KiB: 60, 2 * KiB: 1}  # the 60 completed small slots, not one more; and the new one
     held = [ring.stage(16, np.uint8) for _ in range(60)]  # every completed slot is free now: no more questions
     assert queries(fake_cuda) == [] and ring.stats().grows == 100  # 99 small slots and the 2 KiB one
@@ -895,7 +895,7 @@ def test_a_copy_is_recorded_under_the_ring_lock_as_it_joins_its_streams_queue(
     real_record = FakeCudaEvent.record
 
     def record(event: FakeCudaEvent, stream: FakeStream) -> None:
-        held.append(ring._lock.locked())
+        held.append(ring._pool.lock.locked())
         real_record(event, stream)
 
     monkeypatch.setattr(FakeCudaEvent, "record", record)
@@ -1022,7 +1022,7 @@ def test_to_device_copies_a_small_array_on_the_consumer_in_three_calls(
         "copy on consumer non_blocking",
         "event 0 recorded on consumer",
     ]
-    staged_bytes = ring._slots[0].array[: source.size * 8].view(np.int64).reshape(2, 3)
+    staged_bytes = ring._pool.slots[0].array[: source.size * 8].view(np.int64).reshape(2, 3)
     assert staged_bytes.tolist() == source.tolist()
     stats = ring.stats()
     assert (stats.copies, stats.bytes_copied, stats.leased) == (1, 48, 0)
@@ -1039,11 +1039,14 @@ def test_to_device_copies_a_small_array_on_the_consumer_in_three_calls(
 def test_a_large_staged_copy_is_queued_behind_a_gate_before_its_memcpy(
     fake_cuda: FakeCuda, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    gate_log = lambda stream, word, value: fake_cuda.log.append(f"{stream.name} waits for gate {value}") or True  # noqa: E731
-    monkeypatch.setattr(ring_module._gate, "close", gate_log)
+    def close(stream: FakeStream, word: np.ndarray, value: int) -> bool:
+        fake_cuda.log.append(f"{stream.name} waits for gate {value}")
+        return True
+
+    monkeypatch.setattr(ring_module._gate, "close", close)
     monkeypatch.setattr(ring_module, "GATED_COPY_BYTES", 2 * KiB)
     ring = small_ring(num_slots=1, slot_bytes=4 * KiB)
-    slot = ring._slots[0]
+    slot = ring._pool.slots[0]
     slot.pinned, slot.gate = True, np.zeros(1, dtype=np.uint32)  # as pinned slots of that size have
 
     def fill() -> None:

@@ -218,7 +218,7 @@ def test_gated_copies_of_changing_payloads_arrive_intact(filler: QueueFiller) ->
         sums.append((result.to(torch.int64) * device_weights).sum())
     torch.cuda.synchronize()
     assert torch.stack(sums).cpu().tolist() == expected
-    gated = [slot for slot in ring._slots if slot.gate is not None]
+    gated = [slot for slot in ring._pool.slots if slot.gate is not None]
     assert gated and sum(slot.gate_value for slot in gated) == 40
     assert all(int(slot.gate[0]) == slot.gate_value for slot in gated)  # every gate was opened
 

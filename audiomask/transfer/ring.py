@@ -18,15 +18,10 @@ copies through are made once; the result is allocated before the staging
 memcpy, and from ``GATED_COPY_BYTES`` the whole submit goes before it, the copy
 held on the GPU until the payload is staged (:mod:`audiomask.transfer._gate`).
 
-Which slots are free, asking the driver as little as possible: every slot is
-leased, idle (its last copy known complete), or in flight in its stream's
-queue, in record order (events on one stream complete in order). An acquire
-takes the smallest idle slot that fits, the most recently released of those
-(cache-hot). Only when none fits does it ask, per stream, about the newest
-copy (complete: the whole queue is free at once), else about the oldest ones
-until one is still running. A submit that finds the consumer stream idle
-frees that stream's queue without asking, and a wait for a slot frees every
-slot queued before it.
+Which slots are free, asking the driver as little as possible, is
+:mod:`audiomask.transfer._pool`'s business: each copy's event joins its stream's
+queue, recorded under the pool's lock so that the queue's order is the order of
+the records.
 
 Which stream copies: a payload of up to ``consumer_copy_bytes`` (64 KiB: a
 step's masks and lengths) is copied on the consumer's own stream, queued
@@ -53,15 +48,12 @@ with the same bookkeeping, so everything but the events runs anywhere.
 
 from __future__ import annotations
 
-import bisect
 import math
-import threading
 import warnings
-from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -69,6 +61,7 @@ import torch
 from audiomask._validate import check_int
 from audiomask.errors import PinnedMemoryWarning
 from audiomask.transfer import _gate
+from audiomask.transfer._pool import SMALL_SLOT_BYTES, Completion, Slot, SlotPool
 from audiomask.transfer._resolve import (
     as_torch_dtype,
     check_out_tensor,
@@ -104,7 +97,6 @@ DEFAULT_MAX_PINNED_BYTES = 512 * MiB  # pinned memory is locked RAM: bound what 
 # 0.039 through the copy stream, a tie at 64 KiB, and to_device of 256 KiB-1 MiB slower (0.065 vs
 # 0.046 ms at 256 KiB): the slots a busy queue holds are touched cold.
 DEFAULT_CONSUMER_COPY_BYTES = 64 * KiB
-SMALL_SLOT_BYTES = 64 * KiB  # the smallest slot the ring grows for such a copy
 # From this size to_device queues the copy before its staging memcpy, gated (audiomask.transfer._gate).
 # bench/probes/gated_copy_h200.json: over the memcpy alone, a gated to_device cost 0.019 ms at 16 MiB
 # against 0.034 for the submit after the memcpy, ~0 against 0.07-0.08 at 64 MiB, but 0.030 against
@@ -116,18 +108,6 @@ GATED_COPY_BYTES = 16 * MiB
 VIEW_ALIGN_BYTES = 256
 _VIEW_CACHE_SIZE = 16  # internal torch views kept per slot, by (offset, shape, dtype)
 _LAYOUT_CACHE_SIZE = 256  # (shape, dtype) layouts of single-array stages remembered
-
-
-class Completion(Protocol):
-    """What guards a slot's reuse: ``torch.cuda.Event`` or anything with the same two methods."""
-
-    def query(self) -> bool:
-        """Whether the work recorded before it has completed (never blocks)."""
-        ...
-
-    def synchronize(self) -> None:
-        """Block the host until the work recorded before it has completed."""
-        ...
 
 
 @dataclass(frozen=True)
@@ -150,28 +130,6 @@ class RingStats:
     evictions: int  # idle slots dropped to make room for a larger one
 
 
-@dataclass(eq=False)
-class _Slot:
-    buffer: torch.Tensor  # (capacity,) uint8
-    array: np.ndarray  # the numpy view of buffer
-    capacity: int  # bytes
-    pinned: bool = False  # page-locked (False where CUDA is unavailable or pinning failed)
-    leased: bool = False
-    pending: Completion | None = None  # the last copy from this slot, until it is known complete
-    released: int = 0  # release sequence number: lower = released earlier
-    # The slot's own CUDA event and its device: recorded after every copy from the slot. It is
-    # re-recorded only by the next submit, which holds the slot only once the event has completed.
-    event: Any = None
-    event_device: torch.device | None = None
-    # A pinned word a gated copy from the slot waits for (slots of >= GATED_COPY_BYTES): the tensor
-    # owning it, its numpy view, and the value the last gated copy waited for.
-    gate_word: torch.Tensor | None = None
-    gate: np.ndarray | None = None
-    gate_value: int = 0
-    # Torch and numpy views of the slot that the ring copies through (never handed out, so never changed).
-    views: dict[_Part, tuple[torch.Tensor, np.ndarray | None]] = field(default_factory=dict)
-
-
 class _Part(NamedTuple):
     offset: int  # bytes from the slot start, a multiple of VIEW_ALIGN_BYTES
     shape: tuple[int, ...]
@@ -179,7 +137,7 @@ class _Part(NamedTuple):
     nbytes: int
 
 
-def _slot_views(slot: _Slot, part: _Part) -> tuple[torch.Tensor, np.ndarray | None]:
+def _slot_views(slot: Slot, part: _Part) -> tuple[torch.Tensor, np.ndarray | None]:
     """The torch and numpy views (``None`` for dtypes numpy lacks) of ``part`` in ``slot``, made once."""
     views = slot.views.get(part)
     if views is None:
@@ -237,7 +195,7 @@ def _current_device() -> int:
     return torch.cuda.current_device() if _get_device is None else _get_device()
 
 
-def _slot_event(slot: _Slot, device: torch.device) -> Any:
+def _slot_event(slot: Slot, device: torch.device) -> Any:
     """The slot's reusable event for ``device`` (an event records on one device only)."""
     if slot.event is None or slot.event_device != device:
         slot.event = torch.cuda.Event()
@@ -247,10 +205,6 @@ def _slot_event(slot: _Slot, device: torch.device) -> Any:
 
 def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
-
-
-def _next_power_of_two(n: int) -> int:
-    return 1 << max(n - 1, 0).bit_length()
 
 
 def _plain_shape(shape: object) -> bool:
@@ -360,21 +314,15 @@ class PinnedRing:
                 f"got {self.max_pinned_bytes}"
             )
         self.pinned = torch.cuda.is_available()
-        self._lock = threading.Lock()
+        self._pool = SlotPool(
+            self._new_slot,
+            [self._new_slot(self.slot_bytes) for _ in range(num_slots)],
+            slot_bytes=self.slot_bytes,
+            max_pinned_bytes=self.max_pinned_bytes,
+            consumer_copy_bytes=self.consumer_copy_bytes,
+        )
         self._streams: dict[torch.device, torch.cuda.Stream] = {}
-        self._released = 0
-        # Every slot is in exactly one place: leased (in no list), idle (its last copy known complete;
-        # the most recently released last), in flight on the stream whose submit recorded its event
-        # (in record order: events on one stream complete in order), or guarded by a caller's event.
-        self._idle: dict[int, list[_Slot]] = {}  # by capacity
-        self._capacities: list[int] = []  # the capacities the ring has held, ascending
-        self._in_flight: dict[tuple[int, int, int], deque[_Slot]] = {}
-        self._guarded: list[_Slot] = []
         self._copy_stream_ids: dict[torch.device, tuple[int, int, int]] = {}
-        self._counts = dict.fromkeys(("copies", "bytes_copied", "slot_waits", "grows", "evictions"), 0)
-        self._slots = [self._new_slot(self.slot_bytes) for _ in range(num_slots)]
-        for slot in self._slots:
-            self._make_idle(slot)
         if self.pinned:
             self.copy_stream(torch.device("cuda", torch.cuda.current_device()))
 
@@ -384,7 +332,7 @@ class PinnedRing:
         Use the result as a context manager; see :class:`Staged`.
         """
         parts, nbytes = _single_layout(shape, dtype)
-        return Staged(self, self._acquire(nbytes), parts, nbytes)
+        return Staged(self, self._pool.acquire(nbytes), parts, nbytes)
 
     def stage_many(self, specs: Iterable[tuple[int | Sequence[int], object]]) -> Staged:
         """Lease one slot holding several arrays, packed at ``VIEW_ALIGN_BYTES`` offsets.
@@ -402,12 +350,12 @@ class PinnedRing:
         (tensor([0.5000, 0.5000]), tensor([ True, False,  True]))
         """
         parts, nbytes = _layout(specs)
-        return Staged(self, self._acquire(nbytes), parts, nbytes)
+        return Staged(self, self._pool.acquire(nbytes), parts, nbytes)
 
     def _stage_checked(self, shape: tuple[int, ...], dtype: torch.dtype) -> Staged:
         """:meth:`stage` for a shape and dtype already checked (a tensor's): no per-call validation."""
         nbytes = math.prod(shape) * dtype.itemsize
-        return Staged(self, self._acquire(nbytes), [_Part(0, shape, dtype, nbytes)], nbytes)
+        return Staged(self, self._pool.acquire(nbytes), [_Part(0, shape, dtype, nbytes)], nbytes)
 
     def _copy_array(self, source: np.ndarray, dtype: torch.dtype, target: torch.device) -> torch.Tensor:
         """Stage ``source`` as ``dtype`` and copy it on ``target``'s current stream: ``to_device``'s common case.
@@ -417,17 +365,17 @@ class PinnedRing:
         """
         nbytes = source.size * dtype.itemsize
         part = _Part(0, source.shape, dtype, nbytes)
-        slot = self._acquire(nbytes)
+        slot = self._pool.acquire(nbytes)
         try:
             tensor, array = _slot_views(slot, part)
             np.copyto(array, source, casting="unsafe")  # type: ignore[arg-type]
             return self._copy_on_consumer(slot, part, tensor, target)
         except BaseException:
             if slot.leased:
-                self._release(slot, None, None)
+                self._pool.release(slot, None, None)
             raise
 
-    def _copy_on_consumer(self, slot: _Slot, part: _Part, tensor: torch.Tensor, target: torch.device) -> torch.Tensor:
+    def _copy_on_consumer(self, slot: Slot, part: _Part, tensor: torch.Tensor, target: torch.device) -> torch.Tensor:
         """Copy ``part`` of the leased ``slot`` (``tensor``: its view) on ``target``'s current stream; release the slot.
 
         The whole submit of a small payload: an allocation, the copy and the
@@ -437,7 +385,7 @@ class PinnedRing:
         consumer_ids, consumer = _current_stream_ids(target)
         destination = torch.empty(part.shape, dtype=part.dtype, device=target)
         destination.copy_(tensor, non_blocking=True)
-        self._release(slot, _slot_event(slot, target), part.nbytes, consumer_ids, record_on=consumer)
+        self._pool.release(slot, _slot_event(slot, target), part.nbytes, consumer_ids, record_on=consumer)
         return destination
 
     def _staging_views(self, staged: Staged) -> tuple[torch.Tensor, np.ndarray | None]:
@@ -446,20 +394,13 @@ class PinnedRing:
 
     def stats(self) -> RingStats:
         """A snapshot of the counters."""
-        with self._lock:
-            return RingStats(
-                pinned=bool(self._slots) and all(slot.pinned for slot in self._slots),
-                slots=len(self._slots),
-                pinned_bytes=self._held_bytes(),
-                leased=sum(slot.leased for slot in self._slots),
-                **self._counts,
-            )
+        return RingStats(**self._pool.snapshot())  # type: ignore[arg-type]
 
     def copy_stream(self, device: torch.device) -> torch.cuda.Stream:
         """The ring's copy stream for the CUDA ``device``, created on first use."""
         stream = self._streams.get(device)
         if stream is None:
-            with self._lock:
+            with self._pool.lock:
                 if device not in self._streams:
                     made = torch.cuda.Stream(device=device)
                     self._copy_stream_ids[device] = _stream_ids(made)  # first: a submit reads it once the stream is in
@@ -467,22 +408,7 @@ class PinnedRing:
                 stream = self._streams[device]
         return stream
 
-    def _stream_idle(self, stream: tuple[int, int, int], released: int) -> None:
-        """Every copy on ``stream`` (ids) from a slot released up to number ``released`` has completed."""
-        with self._lock:
-            queue = self._in_flight.get(stream)
-            while queue and queue[0].released <= released:
-                self._make_idle(queue.popleft())
-
-    def _make_idle(self, slot: _Slot) -> None:
-        slot.pending = None
-        bucket = self._idle.get(slot.capacity)
-        if bucket is None:
-            bucket = self._idle[slot.capacity] = []
-            bisect.insort(self._capacities, slot.capacity)
-        bucket.append(slot)
-
-    def _new_slot(self, nbytes: int) -> _Slot:
+    def _new_slot(self, nbytes: int) -> Slot:
         try:
             buffer = torch.empty(nbytes, dtype=torch.uint8, pin_memory=self.pinned)
         except RuntimeError as error:
@@ -497,217 +423,11 @@ class PinnedRing:
                 stacklevel=4,
             )
             buffer = torch.empty(nbytes, dtype=torch.uint8)
-            return _Slot(buffer, buffer.numpy(), nbytes)
-        slot = _Slot(buffer, buffer.numpy(), nbytes, pinned=self.pinned)
+            return Slot(buffer, buffer.numpy(), nbytes)
+        slot = Slot(buffer, buffer.numpy(), nbytes, pinned=self.pinned)
         if self.pinned and nbytes >= GATED_COPY_BYTES:
             slot.gate_word, slot.gate = _gate.new_word()
         return slot
-
-    def _held_bytes(self) -> int:
-        return sum(slot.capacity for slot in self._slots)
-
-    def _acquire(self, nbytes: int) -> _Slot:
-        if nbytes > self.max_pinned_bytes:
-            raise ValueError(f"a request of {nbytes} bytes exceeds max_pinned_bytes={self.max_pinned_bytes}")
-        # A copy that rides the consumer holds its slot until the queue reaches it: it takes a larger
-        # slot, which a large copy may need, only when no slot of its own size is free.
-        largest = self._grow_size(nbytes) if nbytes <= self.consumer_copy_bytes else None
-        while True:
-            with self._lock:
-                slot = self._take_idle(nbytes, largest)
-                if slot is None:
-                    self._reclaim(nbytes)
-                    slot = self._take_idle(nbytes, largest) or self._take_idle(nbytes)
-                slot = slot or self._grow(nbytes)
-                if slot is not None:
-                    return slot
-                victim, stream = self._oldest_in_flight(nbytes)
-            victim.pending.synchronize()  # type: ignore[union-attr]
-            with self._lock:
-                self._counts["slot_waits"] += 1
-                victim.pending = None
-                if stream is not None:  # the copies recorded before it on its stream have completed too
-                    queue = self._in_flight[stream]
-                    while queue and queue[0].released < victim.released:
-                        self._make_idle(queue.popleft())
-                if victim.capacity >= nbytes:
-                    return victim
-                victim.leased = False  # too small: now idle, the next round drops it for a larger one
-                self._make_idle(victim)
-
-    def _take_idle(self, nbytes: int, largest: int | None = None) -> _Slot | None:
-        """The smallest idle slot that fits (of <= ``largest`` bytes), leased; of those, the most recently released.
-
-        The most recently released slot's memory is the likeliest to be in the
-        CPU's caches still, where a pool walked round oldest-first makes every
-        staging memcpy cold (bench/probes/ring_paths_h200.json: to_device of
-        256 KiB 0.04 ms from 4 slots, 0.10 ms from 256). Idle slots are kept
-        by capacity: copies riding a busy consumer leave hundreds of small
-        slots, which a scan would visit on every acquire. Call with the lock held.
-        """
-        capacities = self._capacities
-        end = len(capacities) if largest is None else bisect.bisect_right(capacities, largest)
-        for i in range(bisect.bisect_left(capacities, nbytes), end):
-            bucket = self._idle[capacities[i]]
-            if bucket:
-                slot = bucket.pop()
-                slot.leased = True
-                return slot
-        return None  # none idle fits
-
-    def _reclaim(self, nbytes: int) -> bool:
-        """Move slots whose last copy has completed to the idle list; whether one fits ``nbytes`` now.
-
-        Asks the driver as little as it can. On each stream it asks about the
-        newest copy first: complete, every older copy there is too (one query
-        frees them all); else about the oldest: running, so is the rest; complete
-        and large enough, it is freed alone; else every completed copy is freed
-        (:meth:`_free_completed`). ``False``: it has freed every slot it can.
-        Copies riding a busy consumer hold many slots at once: one question
-        each would cost ~1.5 us per slot. Call with the lock held.
-        """
-        for queue in self._in_flight.values():
-            if not queue:
-                continue
-            if queue[-1].pending.query():  # type: ignore[union-attr]
-                fits = False
-                while queue:
-                    slot = queue.popleft()
-                    self._make_idle(slot)
-                    fits = fits or slot.capacity >= nbytes
-                if fits:
-                    return True
-                continue
-            if len(queue) < 2 or not queue[0].pending.query():  # type: ignore[union-attr]
-                continue  # the oldest is running: so is every later copy on this stream
-            if queue[0].capacity >= nbytes:  # the common case: one copy completed since the last acquire
-                self._make_idle(queue.popleft())
-                return True
-            if self._free_completed(queue, nbytes):
-                return True
-        for slot in list(self._guarded):
-            if slot.pending.query():  # type: ignore[union-attr]
-                self._guarded.remove(slot)
-                self._make_idle(slot)
-                if slot.capacity >= nbytes:
-                    return True
-        return False
-
-    def _free_completed(self, queue: deque[_Slot], nbytes: int) -> bool:
-        """Free the completed copies at the front of ``queue`` (its oldest completed, its newest running).
-
-        Completion is monotone in record order, so the first running copy is
-        found by doubling the step, then bisecting: O(log k) questions for k
-        completed copies, where asking each would cost ~1.5 us apiece (a large
-        request behind hundreds of small completed copies). Whether a freed slot fits ``nbytes``.
-        """
-        done, running = 0, len(queue) - 1  # indices known complete and known running
-        step = 1
-        while done + step < running:
-            if not queue[done + step].pending.query():  # type: ignore[union-attr]
-                running = done + step
-                break
-            done += step
-            step *= 2
-        while running - done > 1:
-            middle = (done + running) // 2
-            if queue[middle].pending.query():  # type: ignore[union-attr]
-                done = middle
-            else:
-                running = middle
-        fits = False
-        for _ in range(running):
-            slot = queue.popleft()
-            self._make_idle(slot)
-            fits = fits or slot.capacity >= nbytes
-        return fits
-
-    def _grow_size(self, nbytes: int) -> int:
-        """The capacity of the slot the ring grows for ``nbytes``.
-
-        A copy on the consumer's stream holds its slot until the queue reaches
-        it: many may be in flight, so they grow slots of their own size, not of ``slot_bytes``.
-        """
-        smallest = min(self.slot_bytes, SMALL_SLOT_BYTES) if nbytes <= self.consumer_copy_bytes else self.slot_bytes
-        return min(max(smallest, _next_power_of_two(nbytes)), self.max_pinned_bytes)
-
-    def _grow(self, nbytes: int) -> _Slot | None:
-        size = self._grow_size(nbytes)
-        excess = self._held_bytes() + size - self.max_pinned_bytes
-        if excess > 0:  # _acquire's reclaim found every slot that has completed: drop idle smaller ones
-            idle = [slot for capacity in self._capacities for slot in self._idle[capacity]]
-            if sum(s.capacity for s in idle) < excess:
-                return None
-            for slot in idle:
-                if excess <= 0:
-                    break
-                self._slots.remove(slot)
-                self._idle[slot.capacity].remove(slot)
-                excess -= slot.capacity
-                self._counts["evictions"] += 1
-        slot = self._new_slot(size)
-        slot.leased = True
-        self._slots.append(slot)
-        self._counts["grows"] += 1
-        return slot
-
-    def _oldest_in_flight(self, nbytes: int) -> tuple[_Slot, tuple[int, int, int] | None]:
-        """The least recently released slot in flight that fits (else any), leased; and its stream's ids."""
-        candidates = [(queue[0], stream) for stream, queue in self._in_flight.items() if queue]
-        candidates += [(slot, None) for slot in self._guarded]
-        fitting = [queue_slot for stream, queue in self._in_flight.items() for queue_slot in queue]
-        fitting = [s for s in fitting + self._guarded if s.capacity >= nbytes]
-        if not candidates:
-            raise RuntimeError(
-                f"cannot stage {nbytes} bytes: all {len(self._slots)} slots ({self._held_bytes()} bytes) are "
-                f"staged and not yet submitted, and max_pinned_bytes={self.max_pinned_bytes} leaves no room; "
-                "submit or release staged slots first, or raise max_pinned_bytes"
-            )
-        victim = min(fitting, key=lambda s: s.released) if fitting else min(candidates, key=lambda c: c[0].released)[0]
-        stream = next((ids for ids, queue in self._in_flight.items() if victim in queue), None)
-        if stream is None:
-            self._guarded.remove(victim)
-        else:
-            self._in_flight[stream].remove(victim)
-        victim.leased = True  # ours while we wait outside the lock
-        return victim, stream
-
-    def _release(
-        self,
-        slot: _Slot,
-        pending: Completion | None,
-        copied: int | None,
-        stream: tuple[int, int, int] | None = None,
-        record_on: Any = None,
-    ) -> None:
-        """Hand ``slot`` back, guarded by ``pending``; ``stream``: the ids of the stream a submit records it on.
-
-        ``record_on``: the stream to record ``pending`` on first. The record is
-        made under the lock, as the slot joins its stream's queue, so that the
-        queue's order is the order of the records (two threads may copy on one
-        stream): the ring infers from the newest record's completion that the
-        whole queue has completed.
-        """
-        with self._lock:
-            if record_on is not None:
-                pending.record(record_on)  # type: ignore[union-attr]
-            slot.leased = False
-            slot.pending = pending
-            self._released += 1
-            slot.released = self._released
-            if pending is None:
-                self._make_idle(slot)
-            elif stream is None:
-                self._guarded.append(slot)
-            else:
-                queue = self._in_flight.get(stream)
-                if queue is None:
-                    queue = self._in_flight[stream] = deque()
-                queue.append(slot)
-            if copied is not None:
-                self._counts["copies"] += 1
-                self._counts["bytes_copied"] += copied
-
 
 class Staged:
     """A leased ring slot holding one or more host arrays, until it is submitted or released.
@@ -720,9 +440,9 @@ class Staged:
     submit releases the slot unused.
     """
 
-    def __init__(self, ring: PinnedRing, slot: _Slot, parts: list[_Part], nbytes: int) -> None:
+    def __init__(self, ring: PinnedRing, slot: Slot, parts: list[_Part], nbytes: int) -> None:
         self._ring = ring
-        self._slot: _Slot | None = slot
+        self._slot: Slot | None = slot
         self._parts = parts
         self.nbytes = nbytes  # span of the packed arrays in the slot, in bytes
         self._arrays: tuple[np.ndarray, ...] | None = None
@@ -808,7 +528,7 @@ class Staged:
         ``event``: for a copy from the slot issued by other means, the event
         recorded after it; the slot is not reused before it completes.
         """
-        self._ring._release(self._live(), event, None)
+        self._ring._pool.release(self._live(), event, None)
         self._slot = None
 
     def _to(
@@ -848,7 +568,7 @@ class Staged:
         slot = self._live()
         if target.type == "cpu":
             destination, _ = self._write(slot, target, out, fill)
-            self._ring._release(slot, None, self.nbytes)
+            self._ring._pool.release(slot, None, self.nbytes)
             self._slot = None
             return self._results(destination)
         ring = self._ring
@@ -859,9 +579,9 @@ class Staged:
         elif out is not None or self.nbytes <= ring.consumer_copy_bytes:
             copy_ids, copy_stream = consumer_ids, consumer
         else:
-            seen = ring._released  # read before the query: every slot released up to it was recorded before it
+            seen = ring._pool.released  # read before the query: every slot released up to it was recorded before it
             if consumer.query():
-                ring._stream_idle(consumer_ids, seen)
+                ring._pool.stream_idle(consumer_ids, seen)
                 copy_ids, copy_stream = consumer_ids, consumer
             else:
                 copy_stream = ring.copy_stream(target)  # not queued behind the consumer's work
@@ -896,7 +616,7 @@ class Staged:
                 finally:
                     _gate.open_(slot.gate, slot.gate_value)  # type: ignore[arg-type]
         finally:  # the copy is queued: whatever fill() raised, the slot stays busy until it has run
-            ring._release(slot, done, self.nbytes, copy_ids, record_on=copy_stream)
+            ring._pool.release(slot, done, self.nbytes, copy_ids, record_on=copy_stream)
             self._slot = None
         if copy_ids != consumer_ids:
             done.wait(consumer)
@@ -906,7 +626,7 @@ class Staged:
 
     def _write(
         self,
-        slot: _Slot,
+        slot: Slot,
         target: torch.device,
         out: torch.Tensor | None,
         fill: Callable[[], None] | None,
@@ -940,7 +660,7 @@ class Staged:
             return torch.empty(part.shape, dtype=part.dtype, device=target)
         return torch.empty(self.nbytes, dtype=torch.uint8, device=target)
 
-    def _copy(self, slot: _Slot, destination: torch.Tensor, *, non_blocking: bool) -> None:
+    def _copy(self, slot: Slot, destination: torch.Tensor, *, non_blocking: bool) -> None:
         part = self._parts[0] if len(self._parts) == 1 else _Part(0, (self.nbytes,), torch.uint8, self.nbytes)
         destination.copy_(_slot_views(slot, part)[0], non_blocking=non_blocking)
 
@@ -949,7 +669,7 @@ class Staged:
             return (destination,)
         return tuple(destination[p.offset : p.offset + p.nbytes].view(p.dtype).view(p.shape) for p in self._parts)
 
-    def _live(self) -> _Slot:
+    def _live(self) -> Slot:
         if self._slot is None:
             raise RuntimeError("this staged slot was already submitted or released; stage a new one")
         return self._slot
@@ -960,7 +680,7 @@ class Staged:
         return 0
 
     @staticmethod
-    def _numpy_view(slot: _Slot, part: _Part) -> np.ndarray:
+    def _numpy_view(slot: Slot, part: _Part) -> np.ndarray:
         array = _slot_views(slot, part)[1]
         if array is None:
             raise ValueError(f"dtype {part.dtype} has no numpy equivalent; write through .tensors instead")

@@ -215,7 +215,7 @@ def section_submit() -> None:
                 mark("wait")
                 result.record_stream(consumer)
                 mark("record_stream")
-                ring._release(slot, done, n)
+                ring._pool.release(slot, done, n)
                 staged._slot = None
                 mark("release")
                 del result

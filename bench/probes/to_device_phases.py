@@ -22,7 +22,7 @@ import torch
 from _probe import out_path, percentiles, time_calls
 
 from audiomask.bench.environment import capture_environment, write_result
-from audiomask.transfer import MiB, PinnedRing, _gate, to_device
+from audiomask.transfer import MiB, PinnedRing, _gate, _pool, to_device
 from audiomask.transfer import ring as ring_module
 from audiomask.transfer import staging as staging_module
 from audiomask.transfer.harness import QueueFiller
@@ -47,8 +47,8 @@ def timed(name: str, function: Callable) -> Callable:
 
 
 def instrument() -> None:
-    ring_module.PinnedRing._acquire = timed("acquire", ring_module.PinnedRing._acquire)
-    ring_module.PinnedRing._release = timed("release (event record)", ring_module.PinnedRing._release)
+    _pool.SlotPool.acquire = timed("acquire", _pool.SlotPool.acquire)
+    _pool.SlotPool.release = timed("release (event record)", _pool.SlotPool.release)
     ring_module.Staged._allocate = timed("allocate result", ring_module.Staged._allocate)
     ring_module.Staged._copy = timed("queue copy_", ring_module.Staged._copy)
     _gate.close = timed("close gate", _gate.close)
