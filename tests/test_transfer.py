@@ -845,6 +845,16 @@ def test_acquire_asks_about_two_copies_at_most_when_a_stream_is_still_running(fa
     assert queries(fake_cuda) == ["event 7 queried", "event 0 queried"] and ring.stats().grows == 1
 
 
+def test_a_small_copy_takes_an_idle_large_slot_without_asking_where_none_of_its_size_exists(
+    fake_cuda: FakeCuda,
+) -> None:
+    ring = small_ring(num_slots=2, slot_bytes=2 * SMALL_SLOT_BYTES, consumer_copy_bytes=KiB)
+    for _ in range(2):  # the first copy holds one large slot; the second takes the other at once
+        with ring.stage(16, np.uint8) as staged:
+            staged._to(META, None, None)
+    assert queries(fake_cuda) == [] and ring.stats().grows == 0
+
+
 def test_a_large_request_frees_every_completed_small_copy_with_few_questions(fake_cuda: FakeCuda) -> None:
     ring = small_ring(num_slots=1, max_slots=200, consumer_copy_bytes=KiB)
     for _ in range(100):  # small copies riding the busy consumer: each holds a slot of its own

@@ -102,9 +102,11 @@ class SlotPool:
         self.counts = dict.fromkeys(("copies", "bytes_copied", "slot_waits", "grows", "evictions"), 0)
         self._idle: dict[int, list[Slot]] = {}  # by capacity
         self._capacities: list[int] = []  # the capacities the pool has held, ascending
+        self._held: dict[int, int] = {}  # slots held now, by capacity
         self._in_flight: dict[tuple[int, int, int], deque[Slot]] = {}  # by stream ids
         self._guarded: list[Slot] = []
         for slot in slots:
+            self._count(slot, 1)
             self._make_idle(slot)
 
     def stream_idle(self, stream: tuple[int, int, int], released: int) -> None:
@@ -116,14 +118,24 @@ class SlotPool:
 
     def _make_idle(self, slot: Slot) -> None:
         slot.pending = None
-        bucket = self._idle.get(slot.capacity)
-        if bucket is None:
-            bucket = self._idle[slot.capacity] = []
+        self._idle[slot.capacity].append(slot)
+
+    def _count(self, slot: Slot, change: int) -> None:
+        """Count ``slot`` in (``change=1``) or out (``-1``) of the slots held."""
+        if slot.capacity not in self._held:
+            self._held[slot.capacity] = 0
+            self._idle[slot.capacity] = []
             bisect.insort(self._capacities, slot.capacity)
-        bucket.append(slot)
+        self._held[slot.capacity] += change
 
     def _held_bytes(self) -> int:
         return sum(slot.capacity for slot in self.slots)
+
+    def _holds(self, smallest: int, largest: int) -> bool:
+        """Whether the pool holds a slot of ``smallest`` to ``largest`` bytes, idle or not."""
+        capacities = self._capacities
+        start, end = bisect.bisect_left(capacities, smallest), bisect.bisect_right(capacities, largest)
+        return any(self._held[capacities[i]] for i in range(start, end))
 
     def snapshot(self) -> dict[str, object]:
         """The counters, and the slots held now: how many, their bytes, how many leased, whether all are pinned."""
@@ -145,15 +157,21 @@ class SlotPool:
         """
         if nbytes > self.max_pinned_bytes:
             raise ValueError(f"a request of {nbytes} bytes exceeds max_pinned_bytes={self.max_pinned_bytes}")
-        # A copy that rides the consumer holds its slot until the queue reaches it: it takes a larger
-        # slot, which a large copy may need, only when no slot of its own size is free.
-        largest = self._grow_size(nbytes) if nbytes <= self.consumer_copy_bytes else None
+        # A copy that rides the consumer holds its slot until the queue reaches it: where slots of its
+        # own size exist, it takes a larger one (which a large copy may need) only when none of those is free.
+        own_size = self._grow_size(nbytes) if nbytes <= self.consumer_copy_bytes else None
         while True:
             with self.lock:
+                largest = own_size
                 slot = self._take_idle(nbytes, largest)
+                if slot is None and largest is not None and not self._holds(nbytes, largest):
+                    largest = None  # none of its size exists: any idle slot will do, without asking the driver
+                    slot = self._take_idle(nbytes)
                 if slot is None:
                     self._reclaim(nbytes)
-                    slot = self._take_idle(nbytes, largest) or self._take_idle(nbytes)
+                    slot = self._take_idle(nbytes, largest)
+                    if slot is None and largest is not None:
+                        slot = self._take_idle(nbytes)
                 slot = slot or self._grow(nbytes)
                 if slot is not None:
                     return slot
@@ -270,7 +288,7 @@ class SlotPool:
     def _grow(self, nbytes: int) -> Slot | None:
         size = self._grow_size(nbytes)
         excess = self._held_bytes() + size - self.max_pinned_bytes
-        if excess > 0:  # _acquire's reclaim found every slot that has completed: drop idle smaller ones
+        if excess > 0:  # acquire's reclaim found every slot that has completed: drop idle smaller ones
             idle = [slot for capacity in self._capacities for slot in self._idle[capacity]]
             if sum(s.capacity for s in idle) < excess:
                 return None
@@ -278,12 +296,14 @@ class SlotPool:
                 if excess <= 0:
                     break
                 self.slots.remove(slot)
+                self._count(slot, -1)
                 self._idle[slot.capacity].remove(slot)
                 excess -= slot.capacity
                 self.counts["evictions"] += 1
         slot = self._new_slot(size)
         slot.leased = True
         self.slots.append(slot)
+        self._count(slot, 1)
         self.counts["grows"] += 1
         return slot
 
