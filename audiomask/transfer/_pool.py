@@ -103,6 +103,9 @@ class SlotPool:
         self._idle: dict[int, list[Slot]] = {}  # by capacity
         self._capacities: list[int] = []  # the capacities the pool has held, ascending
         self._held: dict[int, int] = {}  # slots held now, by capacity
+        # Slots held now of a size grown for copies that ride the consumer (none: no preference to apply).
+        self._small_held = 0
+        self._small_capacity = self._grow_size(consumer_copy_bytes) if consumer_copy_bytes else 0
         self._in_flight: dict[tuple[int, int, int], deque[Slot]] = {}  # by stream ids
         self._guarded: list[Slot] = []
         for slot in slots:
@@ -127,6 +130,8 @@ class SlotPool:
             self._idle[slot.capacity] = []
             bisect.insort(self._capacities, slot.capacity)
         self._held[slot.capacity] += change
+        if slot.capacity <= self._small_capacity:
+            self._small_held += change
 
     def _held_bytes(self) -> int:
         return sum(slot.capacity for slot in self.slots)
@@ -159,10 +164,10 @@ class SlotPool:
             raise ValueError(f"a request of {nbytes} bytes exceeds max_pinned_bytes={self.max_pinned_bytes}")
         # A copy that rides the consumer holds its slot until the queue reaches it: where slots of its
         # own size exist, it takes a larger one (which a large copy may need) only when none of those is free.
-        own_size = self._grow_size(nbytes) if nbytes <= self.consumer_copy_bytes else None
+        small = nbytes <= self.consumer_copy_bytes
         while True:
             with self.lock:
-                largest = own_size
+                largest = self._grow_size(nbytes) if small and self._small_held else None
                 slot = self._take_idle(nbytes, largest)
                 if slot is None and largest is not None and not self._holds(nbytes, largest):
                     largest = None  # none of its size exists: any idle slot will do, without asking the driver
