@@ -143,7 +143,7 @@ def test_a_slot_that_cannot_be_pinned_falls_back_to_pageable_memory_with_a_warni
     ring.pinned = True  # as on a CUDA machine: new slots ask to be pinned
     refuse_pinning(monkeypatch)
     data = np.arange(16 * KiB, dtype=np.int32)  # 64 KiB: the ring grows a slot, which cannot be pinned
-    with pytest.warns(PinnedMemoryWarning, match="could not pin a 65536-byte ring slot .*cudaHostAlloc.*pageable"):
+    with pytest.warns(PinnedMemoryWarning, match="could not pin a 65536-byte ring block .*cudaHostAlloc.*pageable"):
         result = to_device(data, "cpu", ring=ring)
     np.testing.assert_array_equal(result.numpy(), data)
     stats = ring.stats()
@@ -156,7 +156,7 @@ def test_a_slot_that_cannot_be_pinned_falls_back_to_pageable_memory_with_a_warni
     monkeypatch.setattr(torch, "empty", no_memory_at_all)
     ring.pinned = False
     with pytest.raises(RuntimeError, match="no memory at all"):  # a plain allocation failure is not hidden
-        ring._new_slot(KiB)
+        ring._new_slots(KiB)
 
 
 @pytest.mark.gpu

@@ -519,6 +519,36 @@ def test_a_small_copy_frees_a_slot_of_its_size_before_it_takes_a_large_idle_one(
     assert ring.stats().grows == 1
 
 
+def test_small_slots_grow_in_segments_that_double_within_the_bound() -> None:
+    ring = PinnedRing(slot_bytes=KiB, num_slots=1, max_pinned_bytes=40 * KiB, consumer_copy_bytes=KiB)
+    held = [ring.stage(16, np.uint8) for _ in range(40)]  # all leased at once: none can be reused
+    stats = ring.stats()
+    # The first slot, then blocks of 1, 2, 4, 8, 16 slots (32 held) and, in the 8 KiB left, one of 8.
+    assert (stats.slots, stats.grows, stats.pinned_bytes) == (40, 6, 40 * KiB)
+    for i, staged in enumerate(held):
+        staged.array[:] = i
+    assert [int(staged.array[0]) for staged in held] == list(range(40))  # no two slots share memory
+    for staged in held:
+        staged.release()
+
+
+def test_a_segment_is_dropped_whole_and_only_once_every_slot_of_it_is_idle() -> None:
+    ring = PinnedRing(slot_bytes=KiB, num_slots=1, max_pinned_bytes=8 * KiB, consumer_copy_bytes=KiB)
+    held = [ring.stage(16, np.uint8) for _ in range(4)]  # the first slot, then blocks of 1 and of 2 slots
+    assert (ring.stats().grows, ring.stats().pinned_bytes) == (2, 4 * KiB)
+    leased = held[3]  # in the 2-slot segment
+    for staged in held[:3]:
+        staged.release()
+    with pytest.raises(RuntimeError, match="cannot stage 8192 bytes"):  # its segment frees nothing yet
+        ring.stage(8 * KiB, np.uint8)
+    assert (ring.stats().slots, ring.stats().evictions) == (4, 0)
+    leased.release()
+    with ring.stage(8 * KiB, np.uint8):
+        pass
+    stats = ring.stats()
+    assert (stats.slots, stats.pinned_bytes, stats.evictions) == (1, 8 * KiB, 4)
+
+
 def test_ring_drops_idle_small_slots_to_make_room() -> None:
     ring = PinnedRing(slot_bytes=KiB, num_slots=4, max_pinned_bytes=4 * KiB)
     with ring.stage(4 * KiB, np.uint8) as staged:
@@ -860,7 +890,7 @@ def test_a_large_request_frees_every_completed_small_copy_with_few_questions(fak
     for _ in range(100):  # small copies riding the busy consumer: each holds a slot of its own
         with ring.stage(16, np.uint8) as staged:
             staged._to(META, None, None)
-    assert ring.stats().slots == 100
+    assert (ring.stats().slots, ring.stats().grows) == (128, 7)  # the first, then segments of 1, 2, 4, ... 64
     for event in fake_cuda.events[:60]:
         event.done = True  # the queue has reached the 60 oldest copies
     fake_cuda.log.clear()
@@ -870,9 +900,9 @@ def test_a_large_request_frees_every_completed_small_copy_with_few_questions(fak
     assert len(asked) <= 2 + 2 * 7, asked  # the newest, the oldest, then doubling and bisecting: not 60
     assert asked[:2] == ["event 99 queried", "event 0 queried"]
     idle = {capacity: len(slots) for capacity, slots in ring._pool._idle.items() if slots}
-    assert idle == {KiB: 60, 2 * KiB: 1}  # the 60 completed small slots, not one more; and the new one
-    held = [ring.stage(16, np.uint8) for _ in range(60)]  # every completed slot is free now: no more questions
-    assert queries(fake_cuda) == [] and ring.stats().grows == 100  # 99 small slots and the 2 KiB one
+    assert idle == {KiB: 28 + 60, 2 * KiB: 1}  # never used, the 60 completed, not one more; and the new one
+    held = [ring.stage(16, np.uint8) for _ in range(88)]  # every completed slot is free now: no more questions
+    assert queries(fake_cuda) == [] and ring.stats().grows == 8  # 7 blocks of small slots and the 2 KiB one
     for staged in held:
         staged.release()
 

@@ -201,6 +201,31 @@ def test_a_gate_holds_its_copy_until_the_host_opens_it() -> None:
     assert int(result.sum()) == 7 * GATED_COPY_BYTES and word_tensor.item() == 1
 
 
+def test_small_copies_riding_a_busy_consumer_arrive_intact_from_segment_slots(filler: QueueFiller) -> None:
+    """Small copies queued behind a busy consumer hold their slots: the ring grows segments of them, carved from one block.
+
+    Every copy must carry its own payload: no two slots of a segment overlap,
+    and none is reused while its copy waits in the queue.
+    """
+    ring = PinnedRing(slot_bytes=4 * KiB, num_slots=1, max_pinned_bytes=64 * MiB)
+    rng = np.random.default_rng(11)
+    device_weights = to_device(weights(16 * KiB), "cuda")
+    source = np.empty(16 * KiB, dtype=np.uint8)
+    expected, sums = [], []
+    filler.fill(20.0)  # every copy below waits in this queue
+    for _ in range(500):
+        n = int(rng.integers(1, 16 * KiB + 1))
+        source[:n] = random_bytes(rng, n)
+        expected.append(checksum(source[:n]))
+        result = to_device(source[:n], "cuda", ring=ring)
+        sums.append((result.to(torch.int64) * device_weights[:n]).sum())
+    torch.cuda.synchronize()
+    assert torch.stack(sums).cpu().tolist() == expected
+    stats = ring.stats()
+    segments = {id(slot.segment) for slot in ring._pool.slots if slot.segment is not None}
+    assert len(segments) >= 3 and stats.grows <= 40 and stats.slot_waits == 0, stats  # not one pin per slot
+
+
 def test_gated_copies_of_changing_payloads_arrive_intact(filler: QueueFiller) -> None:
     """Large to_device copies are queued before their staging memcpy: each must carry its own payload."""
     nbytes = 2 * GATED_COPY_BYTES

@@ -9,9 +9,17 @@ those (cache-hot). Only when none fits does it ask, per stream, about the newest
 copy (complete: the whole queue is free at once), else about the oldest ones
 until one is still running. A submit that finds its stream idle frees that
 stream's queue without asking (:meth:`SlotPool.stream_idle`), and a wait for a
-slot frees every slot queued before it. When nothing fits the pool grows a slot
-(through the ring's ``new_slot``, which pins it), within ``max_pinned_bytes``,
+slot frees every slot queued before it. When nothing fits the pool grows
+(through the ring's ``new_slots``, which pins them), within ``max_pinned_bytes``,
 and only at that bound waits for the oldest copy in flight.
+
+Slots for copies that ride the consumer are grown in segments: one pinned block
+carved into as many slots as the pool holds of that size already (so their
+number doubles), up to ``SEGMENT_BYTES`` a block. Such copies hold their slot
+until the consumer's queue reaches them, so a busy queue needs hundreds, and
+pinning costs ~1.7 ms a call whatever the size (16 KiB copies behind a 40 ms
+queue on the H200 grew 337 slots one by one, each a 1.7 ms stall:
+bench/probes/to_device_phases_h200.json); in segments, ~log2 as many stalls.
 
 The pool knows nothing of devices or copies: :class:`~audiomask.transfer.ring.PinnedRing`
 makes the slots and the copies, and tells the pool what guards each slot.
@@ -29,9 +37,10 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-__all__ = ["SMALL_SLOT_BYTES", "Completion", "Slot", "SlotPool"]
+__all__ = ["SEGMENT_BYTES", "SMALL_SLOT_BYTES", "Completion", "Segment", "Slot", "SlotPool"]
 
 SMALL_SLOT_BYTES = 64 * 1024  # the smallest slot the pool grows for a copy that rides the consumer
+SEGMENT_BYTES = 4 * 1024 * 1024  # the largest block pinned at once for such slots: 64 slots of 64 KiB
 
 
 class Completion(Protocol):
@@ -44,6 +53,14 @@ class Completion(Protocol):
     def synchronize(self) -> None:
         """Block the host until the work recorded before it has completed."""
         ...
+
+
+@dataclass(eq=False)
+class Segment:
+    """One pinned block carved into several slots; its memory is freed once none of them is held."""
+
+    nbytes: int
+    held: int = 0  # its slots the pool holds now
 
 
 @dataclass(eq=False)
@@ -68,13 +85,14 @@ class Slot:
     gate_value: int = 0
     # Torch and numpy views of the slot that the ring copies through (never handed out, so never changed).
     views: dict[Any, tuple[torch.Tensor, np.ndarray | None]] = field(default_factory=dict)
+    segment: Segment | None = None  # the block it was carved from with others (None: a block of its own)
 
 
 class SlotPool:
     """The slots of one ring and their state; every public method takes :attr:`lock`.
 
     Args:
-        new_slot: makes (pins) a slot of a given capacity in bytes.
+        new_slots: makes (pins) ``count`` slots of a given capacity in bytes, one block: ``new_slots(capacity, count)``.
         slots: the slots to start with, all idle.
         slot_bytes: the capacity a slot is grown with at least (copies of up
             to ``consumer_copy_bytes``: ``min(slot_bytes, SMALL_SLOT_BYTES)``).
@@ -85,14 +103,14 @@ class SlotPool:
 
     def __init__(
         self,
-        new_slot: Callable[[int], Slot],
+        new_slots: Callable[[int, int], list[Slot]],
         slots: list[Slot],
         *,
         slot_bytes: int,
         max_pinned_bytes: int,
         consumer_copy_bytes: int,
     ) -> None:
-        self._new_slot = new_slot
+        self._new_slots = new_slots
         self.slot_bytes = slot_bytes
         self.max_pinned_bytes = max_pinned_bytes
         self.consumer_copy_bytes = consumer_copy_bytes
@@ -103,6 +121,7 @@ class SlotPool:
         self._idle: dict[int, list[Slot]] = {}  # by capacity
         self._capacities: list[int] = []  # the capacities the pool has held, ascending
         self._held: dict[int, int] = {}  # slots held now, by capacity
+        self._pinned_bytes = 0  # of the blocks held now (a segment's until its last slot is dropped)
         # Slots held now of a size grown for copies that ride the consumer (none: no preference to apply).
         self._small_held = 0
         self._small_capacity = self._grow_size(consumer_copy_bytes) if consumer_copy_bytes else 0
@@ -132,9 +151,16 @@ class SlotPool:
         self._held[slot.capacity] += change
         if slot.capacity <= self._small_capacity:
             self._small_held += change
+        segment = slot.segment
+        if segment is None:
+            self._pinned_bytes += change * slot.capacity
+        else:
+            segment.held += change
+            if segment.held == (1 if change > 0 else 0):  # its first slot counted in, or its last out
+                self._pinned_bytes += change * segment.nbytes
 
     def _held_bytes(self) -> int:
-        return sum(slot.capacity for slot in self.slots)
+        return self._pinned_bytes
 
     def _holds(self, smallest: int, largest: int) -> bool:
         """Whether the pool holds a slot of ``smallest`` to ``largest`` bytes, idle or not."""
@@ -290,27 +316,64 @@ class SlotPool:
         smallest = min(self.slot_bytes, SMALL_SLOT_BYTES) if nbytes <= self.consumer_copy_bytes else self.slot_bytes
         return min(max(smallest, _next_power_of_two(nbytes)), self.max_pinned_bytes)
 
+    def _segment_slots(self, capacity: int) -> int:
+        """How many slots of ``capacity`` bytes the next growth pins at once (see the module docstring)."""
+        if capacity > self._small_capacity:
+            return 1
+        return max(1, min(self._held.get(capacity, 0), SEGMENT_BYTES // capacity))
+
     def _grow(self, nbytes: int) -> Slot | None:
+        """Pin new slots for ``nbytes`` (a segment of them where it grows small ones): the first, leased; else None.
+
+        Within ``max_pinned_bytes``: fewer slots where a segment would not
+        fit, and for a single slot the idle blocks dropped that make room
+        (acquire's reclaim has found every slot that has completed); None
+        where even those are not enough.
+        """
         size = self._grow_size(nbytes)
-        excess = self._held_bytes() + size - self.max_pinned_bytes
-        if excess > 0:  # acquire's reclaim found every slot that has completed: drop idle smaller ones
-            idle = [slot for capacity in self._capacities for slot in self._idle[capacity]]
-            if sum(s.capacity for s in idle) < excess:
-                return None
-            for slot in idle:
-                if excess <= 0:
-                    break
+        count = min(self._segment_slots(size), max(1, (self.max_pinned_bytes - self._held_bytes()) // size))
+        excess = self._held_bytes() + size * count - self.max_pinned_bytes
+        if excess > 0 and not self._evict(excess):
+            return None
+        slots = self._new_slots(size, count)
+        for slot in slots:
+            self.slots.append(slot)
+            self._count(slot, 1)
+        for slot in slots[1:]:
+            self._make_idle(slot)
+        slots[0].leased = True
+        self.counts["grows"] += 1
+        return slots[0]
+
+    def _evict(self, excess: int) -> bool:
+        """Drop idle blocks, smallest slots first, until ``excess`` bytes are freed; False (none dropped) if it can't.
+
+        A segment frees its memory only with its last slot: its slots are
+        dropped together, and only when every one held is idle.
+        """
+        blocks: list[list[Slot]] = []
+        by_segment: dict[int, list[Slot]] = {}
+        for capacity in self._capacities:
+            for slot in self._idle[capacity]:
+                if slot.segment is None:
+                    blocks.append([slot])
+                else:
+                    by_segment.setdefault(id(slot.segment), []).append(slot)
+        blocks += [idle for idle in by_segment.values() if len(idle) == idle[0].segment.held]  # type: ignore[union-attr]
+        blocks.sort(key=lambda block: block[0].capacity)
+        sizes = [block[0].capacity if block[0].segment is None else block[0].segment.nbytes for block in blocks]
+        if sum(sizes) < excess:
+            return False
+        for block, freed in zip(blocks, sizes):
+            if excess <= 0:
+                break
+            for slot in block:
                 self.slots.remove(slot)
                 self._count(slot, -1)
                 self._idle[slot.capacity].remove(slot)
-                excess -= slot.capacity
                 self.counts["evictions"] += 1
-        slot = self._new_slot(size)
-        slot.leased = True
-        self.slots.append(slot)
-        self._count(slot, 1)
-        self.counts["grows"] += 1
-        return slot
+            excess -= freed
+        return True
 
     def _oldest_in_flight(self, nbytes: int) -> tuple[Slot, tuple[int, int, int] | None]:
         """The least recently released slot in flight that fits (else any), leased; and its stream's ids."""

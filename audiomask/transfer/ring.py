@@ -61,7 +61,7 @@ import torch
 from audiomask._validate import check_int
 from audiomask.errors import PinnedMemoryWarning
 from audiomask.transfer import _gate
-from audiomask.transfer._pool import SMALL_SLOT_BYTES, Completion, Slot, SlotPool
+from audiomask.transfer._pool import SMALL_SLOT_BYTES, Completion, Segment, Slot, SlotPool
 from audiomask.transfer._resolve import (
     as_torch_dtype,
     check_out_tensor,
@@ -126,7 +126,7 @@ class RingStats:
     copies: int  # submits (one host->device copy each)
     bytes_copied: int
     slot_waits: int  # times the host blocked on a slot's last copy
-    grows: int  # slots pinned after construction
+    grows: int  # blocks pinned after construction (one slot each, or a segment of small slots)
     evictions: int  # idle slots dropped to make room for a larger one
 
 
@@ -269,8 +269,10 @@ class PinnedRing:
     queue). When no idle slot fits, the ring pins a new slot of
     ``max(slot_bytes, next power of two >= request)`` bytes
     (``max(min(slot_bytes, SMALL_SLOT_BYTES), ...)`` for a copy of up to
-    ``consumer_copy_bytes``) and keeps it, dropping idle smaller slots if that is
-    needed to stay within ``max_pinned_bytes``; a slot is pinned on the hot
+    ``consumer_copy_bytes``, pinned in segments that double the count of their
+    size, up to ``SEGMENT_BYTES`` at once: such copies hold their slots until
+    the consumer's queue reaches them) and keeps it, dropping idle smaller slots
+    if that is needed to stay within ``max_pinned_bytes``; a slot is pinned on the hot
     path only until the ring has reached the size its workload needs (see
     ``stats().grows``). Only at the bound does the host wait for the oldest
     in-flight slot (``stats().slot_waits``). A request larger than
@@ -315,8 +317,8 @@ class PinnedRing:
             )
         self.pinned = torch.cuda.is_available()
         self._pool = SlotPool(
-            self._new_slot,
-            [self._new_slot(self.slot_bytes) for _ in range(num_slots)],
+            self._new_slots,
+            [self._new_slots(self.slot_bytes)[0] for _ in range(num_slots)],
             slot_bytes=self.slot_bytes,
             max_pinned_bytes=self.max_pinned_bytes,
             consumer_copy_bytes=self.consumer_copy_bytes,
@@ -409,26 +411,34 @@ class PinnedRing:
                 stream = self._streams[device]
         return stream
 
-    def _new_slot(self, nbytes: int) -> Slot:
+    def _new_slots(self, nbytes: int, count: int = 1) -> list[Slot]:
+        """``count`` slots of ``nbytes`` bytes carved from one new block, pinned where CUDA is available."""
         try:
-            buffer = torch.empty(nbytes, dtype=torch.uint8, pin_memory=self.pinned)
+            buffer = torch.empty(nbytes * count, dtype=torch.uint8, pin_memory=self.pinned)
+            pinned = self.pinned
         except RuntimeError as error:
             if not self.pinned:
                 raise
             # Locked memory is a limited resource (ulimit -l, containers): a pageable slot keeps
             # copies correct (the event guard is unchanged), only no longer stall-free.
             warnings.warn(
-                f"could not pin a {nbytes}-byte ring slot ({str(error).strip().splitlines()[0]}); "
+                f"could not pin a {nbytes * count}-byte ring block ({str(error).strip().splitlines()[0]}); "
                 "using pageable memory: copies from it make the host wait for the GPU queue",
                 PinnedMemoryWarning,
                 stacklevel=4,
             )
-            buffer = torch.empty(nbytes, dtype=torch.uint8)
-            return Slot(buffer, buffer.numpy(), nbytes)
-        slot = Slot(buffer, buffer.numpy(), nbytes, pinned=self.pinned)
-        if self.pinned and nbytes >= GATED_COPY_BYTES:
-            slot.gate_word, slot.gate = _gate.new_word()
-        return slot
+            buffer, pinned = torch.empty(nbytes * count, dtype=torch.uint8), False
+        if count == 1:
+            slot = Slot(buffer, buffer.numpy(), nbytes, pinned=pinned)
+            if pinned and nbytes >= GATED_COPY_BYTES:
+                slot.gate_word, slot.gate = _gate.new_word()
+            return [slot]
+        array, segment = buffer.numpy(), Segment(nbytes * count)
+        return [
+            Slot(buffer[i * nbytes : (i + 1) * nbytes], array[i * nbytes : (i + 1) * nbytes], nbytes, pinned, segment=segment)
+            for i in range(count)
+        ]
+
 
 class Staged:
     """A leased ring slot holding one or more host arrays, until it is submitted or released.
