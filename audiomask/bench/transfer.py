@@ -178,7 +178,7 @@ class Repeats:
     warmup: int  # untimed repetitions before each of the above
 
 
-FULL = Repeats(idle=100, busy=30, steady=100, gpu=10, staging=100, warmup=3)
+FULL = Repeats(idle=400, busy=30, steady=200, gpu=10, staging=100, warmup=3)  # p99 of 400 and 200 timed copies
 QUICK = Repeats(idle=10, busy=3, steady=5, gpu=2, staging=10, warmup=1)
 
 
