@@ -70,8 +70,9 @@ from audiomask._validate import check_int
 from audiomask.decode import BLANK_ID, CTCHead
 from audiomask.encoders.phi4mm import Phi4MMEncoder
 from audiomask.features import Phi4MMFrontend
-from audiomask.features._framing import StreamFramer, pack
 from audiomask.features.frontend import as_samples
+from audiomask.features.process import FeatureProcess
+from audiomask.features.slots import SlotFeatures
 from audiomask.transfer import pinned_empty, to_host
 
 __all__ = ["RECENT_CYCLES", "CycleTiming", "DriverStream", "RunStats", "StreamingDriver"]
@@ -223,6 +224,11 @@ class StreamingDriver:
         keep_outputs: keep every stream's encoder outputs (``DriverStream.outputs``), for tests and analysis.
         overlap: compute the next cycle's features on a worker thread while the device encodes (``False``:
             serial, for comparison: features, encode, wait for the results, cycle after cycle).
+        frontend_process: with ``overlap``, compute the features in a process of their own
+            (:class:`~audiomask.features.process.FeatureProcess`) rather than on a thread: the front end
+            then shares no interpreter lock with the main thread, which a thread does at every torch
+            call; it costs a second interpreter (seconds to start, once, and its memory). Call
+            :meth:`close` when done.
         cuda_graph: replay the encoder's chunk step as CUDA graphs (default: on CUDA; ``False``: eager).
 
     >>> import numpy as np
@@ -246,6 +252,7 @@ class StreamingDriver:
         left_chunk: int | None = None,
         keep_outputs: bool = False,
         overlap: bool = True,
+        frontend_process: bool = False,
         cuda_graph: bool | None = None,
     ) -> None:
         if not isinstance(encoder, Phi4MMEncoder):
@@ -255,6 +262,8 @@ class StreamingDriver:
         self.frontend = Phi4MMFrontend() if frontend is None else frontend
         if self.frontend.framing.pad != 0 or self.frontend.frame_multiple != 1:
             raise ValueError("frontend must frame without centring or frame padding (a Phi4MMFrontend)")
+        if frontend_process and not overlap:
+            raise ValueError("frontend_process=True needs overlap=True (a serial driver computes features in line)")
         self.batch_size = check_int("batch_size", batch_size, minimum=1)
         self.encoder, self.head = encoder, head
         if chunk_size is None and encoder.config.chunk_size < 1:
@@ -277,11 +286,18 @@ class StreamingDriver:
         self.stats = RunStats()
         self._previous = np.full(self.batch_size, BLANK_ID, np.int64)  # greedy CTC: last frame's best id per slot
         self._slots: list[DriverStream | None] = [None] * self.batch_size
-        self._framers: list[StreamFramer | None] = [None] * self.batch_size
         self._waiting: deque[DriverStream] = deque()
         self._cycles = 0
         self._names = itertools.count()
-        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="audiomask-features") if overlap else None
+        self._slot_features = SlotFeatures(self.frontend, self.batch_size, self.chunk_frames)
+        threaded = overlap and not frontend_process
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="audiomask-features") if threaded else None
+        self._process = (
+            FeatureProcess(self.frontend, self.batch_size, self.chunk_frames, self.first_block_samples)
+            if frontend_process
+            else None
+        )
+        self.overlap = bool(overlap)
         self._compute = torch.cuda.Stream(self.device) if cuda else None
         # Two of each, alternating by cycle: cycle N's are read at its collection, before cycle N + 2 reuses them.
         self._best_host = [pinned_empty((self.batch_size, self.chunk_size), torch.int64) for _ in range(2 * cuda)]
@@ -364,7 +380,7 @@ class StreamingDriver:
             if in_flight is not None:
                 wait_s += self._collect(in_flight)
             in_flight = record
-            if self._worker is None:  # serial: a cycle ends (results on the host) before the next one's features
+            if not self.overlap:  # serial: a cycle ends (results on the host) before the next one's features
                 wait_s += self._collect(record)
                 in_flight = None
             self.stats.record(
@@ -378,21 +394,32 @@ class StreamingDriver:
         return ran
 
     def close(self) -> None:
-        """Stop the worker thread."""
+        """Stop the worker thread or process."""
         if self._worker is not None:
             self._worker.shutdown(wait=True)
             self._worker = None
+        if self._process is not None:
+            self._process.close()
+            self._process = None
 
-    def _submit(self, plan: _Cycle | None) -> Future | None:
-        if plan is None or self._worker is None:
+    def _submit(self, plan: _Cycle | None) -> Future | _Cycle | None:
+        """Start ``plan``'s features beside the main thread: its Future (thread), ``plan`` (process), None (serial)."""
+        if plan is None:
+            return None
+        if self._process is not None:
+            self._process.submit(plan.slots, plan.blocks, plan.final, plan.joins)
+            return plan  # its features are the process's next result
+        if self._worker is None:
             return None
         return self._worker.submit(self._features, plan)
 
-    def _features_result(self, plan: _Cycle, future: Future | None) -> None:
-        if future is None:
+    def _features_result(self, plan: _Cycle, pending: Future | _Cycle | None) -> None:
+        if pending is None:
             self._features(plan)
+        elif self._process is not None:
+            plan.features, plan.counts, plan.cpu_s = self._process.result()
         else:
-            future.result()
+            pending.result()  # type: ignore[union-attr]
 
     def _plan(self, before_plan) -> _Cycle | None:
         """Host bookkeeping of the next cycle: admissions, barrier, blocks. None when it cannot run yet."""
@@ -437,31 +464,9 @@ class StreamingDriver:
         return cycle
 
     def _features(self, plan: _Cycle) -> None:
-        """Worker: the frames of every slot's block in one batched front-end call, as a ``(B, F, mel)`` batch."""
+        """Worker (or serial): the frames of every slot's block in one batched front-end call, as a ``(B, F, mel)`` batch."""
         started = time.perf_counter()
-        framing = self.frontend.framing
-        for slot in plan.joins:
-            self._framers[slot] = StreamFramer(framing)
-        segments, counts, owners = [], [], []
-        for slot, block, last in zip(plan.slots, plan.blocks, plan.final):
-            framer = self._framers[slot]
-            for segment, count in [framer.push(block)] + ([framer.flush(self.frontend.min_samples)] if last else []):
-                segments.append(segment)
-                counts.append(count)
-                owners.append(slot)
-        batch = np.zeros((self.batch_size, self.chunk_frames, self.frontend.n_mels), np.float32)
-        frames = np.zeros(self.batch_size, np.int64)
-        if sum(counts):
-            keep = [i for i, c in enumerate(counts) if c > 0]
-            packed = pack([segments[i] for i in keep], [counts[i] for i in keep], framing)
-            features = self.frontend._features(packed, max(counts), None)  # (S', width, mel), one call
-            for row, i in enumerate(keep):
-                slot, count = owners[i], counts[i]
-                if frames[slot] + count > self.chunk_frames:
-                    raise RuntimeError(f"slot {slot} got more than one chunk of frames in a cycle (a bug)")
-                batch[slot, frames[slot] : frames[slot] + count] = features[row, :count]
-                frames[slot] += count
-        plan.features, plan.counts = batch, frames
+        plan.features, plan.counts = self._slot_features.compute(plan.slots, plan.blocks, plan.final, plan.joins)
         plan.cpu_s = time.perf_counter() - started
 
     @torch.no_grad()

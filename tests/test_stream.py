@@ -127,10 +127,10 @@ def test_batch_independence(encoder, head):
     assert streams[-1].ids == single.ids
 
 
-def test_serial_mode_equals_pipelined(encoder, head):
+def test_serial_mode_equals_pipelined_on_a_thread_and_in_a_process(encoder, head):
     batch = signals(3, 5)
     results = []
-    for overlap in (False, True):
+    for overlap, frontend_process in ((False, False), (True, False), (True, True)):
         driver = StreamingDriver(
             encoder,
             head,
@@ -139,11 +139,18 @@ def test_serial_mode_equals_pipelined(encoder, head):
             left_chunk=1,
             keep_outputs=True,
             overlap=overlap,
+            frontend_process=frontend_process,
         )
-        results.append(driver.run(batch, [0, 1, 2, 0, 3]))
-        driver.close()
-    for serial, pipelined in zip(*results):
-        assert torch.equal(joined(serial), joined(pipelined))
+        try:
+            results.append(driver.run(batch, [0, 1, 2, 0, 3]))
+            cpu_s = driver.stats.cpu_s
+        finally:
+            driver.close()
+        assert cpu_s > 0  # the front end's time is counted wherever it ran
+    serial, threaded, in_process = results
+    for one, other, third in zip(serial, threaded, in_process):
+        assert torch.equal(joined(one), joined(other)) and torch.equal(joined(one), joined(third))
+        assert one.ids == other.ids == third.ids and one.tokens == other.tokens == third.tokens
 
 
 def test_instrumentation(encoder, head):
@@ -216,6 +223,8 @@ def test_bad_arguments(encoder, head):
         StreamingDriver(encoder, head, batch_size=0)
     with pytest.raises(ValueError, match="chunk_size"):
         StreamingDriver(encoder, head)
+    with pytest.raises(ValueError, match="frontend_process=True needs overlap=True"):
+        StreamingDriver(encoder, head, chunk_size=2, overlap=False, frontend_process=True)
     driver = StreamingDriver(encoder, head, chunk_size=2)
     with pytest.raises(ValueError, match="starts"):
         driver.run(signals(1, 2), [0])

@@ -1,0 +1,198 @@
+"""A driver's front-end stage in a process of its own: features computed beside the main thread, not under its GIL.
+
+Why: a streaming driver computes cycle N+1's features while it launches cycle
+N's encoder step and decodes cycle N-1. On a worker thread the two share one
+interpreter lock, and every torch call of the front end hands it over and
+takes it back: a main thread running Python at the same time makes each
+hand-back wait (bench/probes/frontend_contention.py: a pure-Python loop on
+the main thread took a 0.9 ms front-end call to 170 ms on 2 cores; on the H200
+the overlapped driver's front end ran 1.7-2.3x slower than alone, whatever
+torch's thread count, the kind of wait or the switch interval:
+bench/probes/pipeline_threads_h200*.json). A process has its own interpreter.
+
+:class:`FeatureProcess` keeps a :class:`~audiomask.features.slots.SlotFeatures`
+in a spawned process. Samples go in and features come out through shared
+memory, two buffers of each alternating by cycle (cycle N's features are read
+while N+1's are written); the pipe carries only the cycle's slots, block
+lengths and flags. One cycle is in flight at a time: :meth:`submit`, then
+:meth:`result`. Starting the process costs an interpreter and torch's import
+(seconds, once per driver) and that interpreter's memory.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from collections.abc import Sequence
+from multiprocessing.connection import Connection
+from multiprocessing.shared_memory import SharedMemory
+
+import numpy as np
+import torch
+
+from audiomask.features.frontend import Frontend
+from audiomask.features.slots import SlotFeatures
+
+__all__ = ["START_TIMEOUT_S", "FeatureProcess"]
+
+START_TIMEOUT_S = 120.0  # an interpreter and torch's import, on a loaded machine
+_SAMPLE = np.dtype(np.float32)
+_BUFFERS = 2  # cycle N's buffers are read while N+1's are written
+
+
+def _views(memory: SharedMemory, shape: tuple[int, ...]) -> np.ndarray:
+    """``(_BUFFERS, *shape)`` float32 view of ``memory``."""
+    return np.ndarray((_BUFFERS, *shape), dtype=_SAMPLE, buffer=memory.buf)
+
+
+def _serve(
+    connection: Connection,
+    frontend: Frontend,
+    batch_size: int,
+    chunk_frames: int,
+    block_samples: int,
+    names: tuple[str, str],
+    threads: int,
+) -> None:
+    """The process: compute each cycle the pipe brings until it brings None (or closes)."""
+    torch.set_num_threads(threads)
+    inputs_memory, outputs_memory = SharedMemory(name=names[0]), SharedMemory(name=names[1])
+    inputs = _views(inputs_memory, (batch_size, block_samples))
+    outputs = _views(outputs_memory, (batch_size, chunk_frames, frontend.n_mels))
+    try:
+        stage = SlotFeatures(frontend, batch_size, chunk_frames)
+        connection.send(("ready",))
+        while True:
+            try:
+                message = connection.recv()
+            except EOFError:
+                return
+            if message is None:
+                return
+            buffer, slots, lengths, final, joins = message
+            started = time.perf_counter()
+            try:
+                blocks = [inputs[buffer, row, :length] for row, length in enumerate(lengths)]
+                _, counts = stage.compute(slots, blocks, final, joins, out=outputs[buffer])
+            except Exception as error:  # the driver raises it
+                connection.send(("error", f"{type(error).__name__}: {error}"))
+                continue
+            connection.send(("ok", counts, time.perf_counter() - started))
+    finally:
+        del inputs, outputs  # views of the shared memory: gone before it closes
+        inputs_memory.close()
+        outputs_memory.close()
+
+
+class FeatureProcess:
+    """:class:`~audiomask.features.slots.SlotFeatures` of ``batch_size`` slots in a spawned process.
+
+    Args:
+        frontend: the front end (pickled into the process).
+        batch_size: slots, ``B``.
+        chunk_frames: frames per slot per cycle at most.
+        block_samples: samples per slot per cycle at most (a stream's first block).
+        threads: torch intra-op threads of the process (default: this process's).
+
+    Raises :class:`RuntimeError` when the process does not start, fails on a
+    cycle (with its error) or dies. Call :meth:`close` when done (also a
+    context manager).
+    """
+
+    def __init__(
+        self, frontend: Frontend, batch_size: int, chunk_frames: int, block_samples: int, threads: int | None = None
+    ) -> None:
+        self.batch_size, self.chunk_frames, self.block_samples = batch_size, chunk_frames, block_samples
+        n_mels = frontend.n_mels
+        self._inputs_memory = SharedMemory(create=True, size=_BUFFERS * batch_size * block_samples * _SAMPLE.itemsize)
+        self._outputs_memory = SharedMemory(
+            create=True, size=_BUFFERS * batch_size * chunk_frames * n_mels * _SAMPLE.itemsize
+        )
+        self._inputs = _views(self._inputs_memory, (batch_size, block_samples))
+        self._outputs = _views(self._outputs_memory, (batch_size, chunk_frames, n_mels))
+        context = multiprocessing.get_context("spawn")  # fork would copy CUDA and OpenMP state it cannot use
+        self._connection, child = context.Pipe()
+        names = (self._inputs_memory.name, self._outputs_memory.name)
+        threads = torch.get_num_threads() if threads is None else threads
+        self._process = context.Process(
+            target=_serve,
+            args=(child, frontend, batch_size, chunk_frames, block_samples, names, threads),
+            name="audiomask-features",
+            daemon=True,
+        )
+        self._buffer: int | None = None  # the buffer of the cycle in flight
+        self._next = 0
+        try:
+            self._process.start()
+            child.close()
+            if not self._connection.poll(START_TIMEOUT_S):
+                raise RuntimeError(f"the feature process did not start within {START_TIMEOUT_S:.0f} s")
+            self._receive()
+        except BaseException:
+            self.close()
+            raise
+
+    def submit(self, slots: np.ndarray, blocks: Sequence[np.ndarray], final: np.ndarray, joins: np.ndarray) -> None:
+        """Start one cycle (see :meth:`SlotFeatures.compute`); the previous one's :meth:`result` must have been taken."""
+        if self._buffer is not None:
+            raise RuntimeError("a cycle is in flight: take its result() before submitting the next")
+        if len(blocks) > self.batch_size:
+            raise ValueError(f"blocks must hold at most {self.batch_size} entries (batch_size), got {len(blocks)}")
+        buffer, inputs = self._next, self._inputs[self._next]
+        lengths = np.array([len(block) for block in blocks], np.int64)
+        if lengths.size and lengths.max() > self.block_samples:
+            raise ValueError(f"a block holds {lengths.max()} samples, more than block_samples={self.block_samples}")
+        for row, block in enumerate(blocks):
+            inputs[row, : len(block)] = block
+        try:
+            self._connection.send((buffer, slots, lengths, final, joins))
+        except OSError as error:  # BrokenPipeError among them
+            raise self._died() from error
+        self._buffer, self._next = buffer, (buffer + 1) % _BUFFERS
+
+    def result(self) -> tuple[np.ndarray, np.ndarray, float]:
+        """The cycle in flight's ``(features, counts, cpu_s)``; ``features`` is valid until the next cycle's result."""
+        if self._buffer is None:
+            raise RuntimeError("no cycle is in flight: submit() one first")
+        buffer, self._buffer = self._buffer, None
+        _, counts, cpu_s = self._receive()
+        return self._outputs[buffer], counts, cpu_s
+
+    def _receive(self) -> tuple:
+        try:
+            message = self._connection.recv()
+        except (EOFError, OSError) as error:
+            raise self._died() from error
+        if message[0] == "error":
+            raise RuntimeError(f"the feature process failed: {message[1]}")
+        return message
+
+    def _died(self) -> RuntimeError:
+        self._process.join(timeout=1)
+        return RuntimeError(f"the feature process died (exit code {self._process.exitcode})")
+
+    def close(self) -> None:
+        """Stop the process and free the shared memory (idempotent)."""
+        if self._process.is_alive():
+            try:
+                self._connection.send(None)
+            except (BrokenPipeError, OSError):
+                pass
+            self._process.join(timeout=5)
+            if self._process.is_alive():
+                self._process.terminate()
+                self._process.join(timeout=5)
+        self._connection.close()
+        self._inputs = self._outputs = None  # type: ignore[assignment]
+        for memory in (self._inputs_memory, self._outputs_memory):
+            try:
+                memory.close()
+                memory.unlink()
+            except FileNotFoundError:
+                pass
+
+    def __enter__(self) -> FeatureProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,100 @@
+"""audiomask.features.slots and .process: a driver's front-end stage, on this thread and in a process of its own.
+
+The process must compute exactly what :class:`SlotFeatures` computes here,
+cycle after cycle (per-slot framer state, joins, final flushes), and must
+turn its failures and its death into errors in the caller.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import numpy as np
+import pytest
+import torch
+
+from audiomask.features import Phi4MMFrontend
+from audiomask.features.process import FeatureProcess
+from audiomask.features.slots import SlotFeatures
+
+BATCH = 4
+CHUNK_FRAMES = 16
+HOP, WIN = 160, 400
+BLOCK = CHUNK_FRAMES * HOP  # samples per slot per cycle after the first
+FIRST_BLOCK = BLOCK + WIN - HOP
+
+
+def cycles(seed: int, count: int):
+    """``count`` cycles of (slots, blocks, final, joins): streams joining, ending and rejoining slots."""
+    rng = np.random.default_rng(seed)
+    started = np.zeros(BATCH, bool)
+    for index in range(count):
+        slots = np.sort(rng.choice(BATCH, size=int(rng.integers(1, BATCH + 1)), replace=False))
+        joins = np.array([s for s in slots if not started[s] or rng.random() < 0.1], np.int64)
+        started[joins] = True
+        blocks = [
+            rng.standard_normal(FIRST_BLOCK if s in joins else int(rng.integers(1, BLOCK + 1))).astype(np.float32)
+            for s in slots
+        ]
+        final = rng.random(len(slots)) < 0.2
+        started[slots[final]] = False  # an ended stream's slot takes a new stream next
+        yield index, slots, blocks, final, joins
+
+
+def test_slot_features_frame_each_slot_as_its_own_stream():
+    frontend = Phi4MMFrontend()
+    stage = SlotFeatures(frontend, BATCH, CHUNK_FRAMES)
+    rng = np.random.default_rng(0)
+    signal_ = rng.standard_normal(FIRST_BLOCK + 2 * BLOCK).astype(np.float32)
+    pieces = [signal_[:FIRST_BLOCK], signal_[FIRST_BLOCK : FIRST_BLOCK + BLOCK], signal_[FIRST_BLOCK + BLOCK :]]
+    rows = []
+    for i, piece in enumerate(pieces):
+        features, counts = stage.compute(np.array([2]), [piece], np.array([False]), np.array([2] if i == 0 else []))
+        assert counts.tolist() == [0, 0, CHUNK_FRAMES, 0] and not features[[0, 1, 3]].any()
+        rows.append(features[2].copy())
+    np.testing.assert_allclose(np.concatenate(rows), frontend(signal_), atol=1e-5)  # the offline features
+
+
+def test_the_process_computes_what_the_stage_computes_here():
+    frontend = Phi4MMFrontend()
+    here = SlotFeatures(frontend, BATCH, CHUNK_FRAMES)
+    # As many torch threads there as here: the same reductions, so the same float32 rounding.
+    with FeatureProcess(frontend, BATCH, CHUNK_FRAMES, FIRST_BLOCK, threads=torch.get_num_threads()) as process:
+        for _, slots, blocks, final, joins in cycles(1, 12):
+            process.submit(slots, blocks, final, joins)
+            expected, expected_counts = here.compute(slots, blocks, final, joins)
+            features, counts, cpu_s = process.result()
+            assert counts.tolist() == expected_counts.tolist() and cpu_s > 0
+            np.testing.assert_array_equal(features, expected)
+
+
+def test_the_process_reports_bad_input_and_its_own_failures():
+    with FeatureProcess(Phi4MMFrontend(), BATCH, CHUNK_FRAMES, FIRST_BLOCK, threads=1) as process:
+        too_long = np.zeros(FIRST_BLOCK + 1, np.float32)
+        with pytest.raises(ValueError, match=f"more than block_samples={FIRST_BLOCK}"):
+            process.submit(np.array([0]), [too_long], np.array([False]), np.array([0]))
+        with pytest.raises(RuntimeError, match="no cycle is in flight"):
+            process.result()
+        never_joined = np.zeros(BLOCK, np.float32)  # slot 1 has no stream: its framer does not exist
+        process.submit(np.array([1]), [never_joined], np.array([False]), np.array([], np.int64))
+        with pytest.raises(RuntimeError, match="the feature process failed: AttributeError"):
+            process.result()
+        block = np.zeros(FIRST_BLOCK, np.float32)  # it serves the next cycle as before
+        process.submit(np.array([0]), [block], np.array([False]), np.array([0]))
+        with pytest.raises(RuntimeError, match="in flight"):
+            process.submit(np.array([0]), [block], np.array([False]), np.array([]))
+        assert process.result()[1].tolist() == [CHUNK_FRAMES, 0, 0, 0]
+
+
+def test_a_dead_process_is_an_error_and_close_frees_the_shared_memory():
+    process = FeatureProcess(Phi4MMFrontend(), BATCH, CHUNK_FRAMES, FIRST_BLOCK, threads=1)
+    names = [process._inputs_memory.name, process._outputs_memory.name]
+    os.kill(process._process.pid, signal.SIGKILL)
+    process._process.join(timeout=10)
+    with pytest.raises(RuntimeError, match=r"the feature process died \(exit code -9\)"):
+        process.submit(np.array([0]), [np.zeros(BLOCK, np.float32)], np.array([False]), np.array([0]))
+    process.close()
+    process.close()  # idempotent
+    for name in names:
+        assert not os.path.exists(f"/dev/shm/{name.lstrip('/')}")
