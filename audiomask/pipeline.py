@@ -183,6 +183,9 @@ class StreamingRecognizer:
         left_chunks: chunks of left context each chunk attends to; default: the config's.
         max_streams: encoder slots: streams decoded together in one step (more wait for a free slot).
         overlap: compute the next chunk's features on a worker thread while the encoder runs.
+        frontend_process: with ``overlap``, compute them in a process of their own instead, which shares no
+            interpreter lock with the encoder's thread (for servers: seconds to start, once; see
+            :class:`~audiomask.stream.StreamingDriver`). :meth:`close` (or ``with``) stops it.
         cuda_graph: replay the encoder's chunk step as CUDA graphs (default: on CUDA); their memory is
             taken once, at the first step, so later steps never allocate for the encoder.
         idle_timeout_s: a stream that has not sent audio for this many seconds
@@ -215,6 +218,7 @@ class StreamingRecognizer:
         *,
         max_streams: int = 1,
         overlap: bool = True,
+        frontend_process: bool = False,
         cuda_graph: bool | None = None,
         idle_timeout_s: float | None = None,
     ) -> None:
@@ -247,6 +251,7 @@ class StreamingRecognizer:
             chunk_size=chunk_size,
             left_chunk=left_chunks,
             overlap=overlap,
+            frontend_process=frontend_process,
             cuda_graph=cuda_graph,
         )
         self.max_streams = self._driver.batch_size
@@ -280,7 +285,7 @@ class StreamingRecognizer:
         return stream.finish()
 
     def close(self) -> None:
-        """Stop the feature worker thread (after the call another thread may be running)."""
+        """Stop the feature worker thread or process (after the call another thread may be running)."""
         with self._changed:
             self._driver.close()
 

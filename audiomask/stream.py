@@ -30,14 +30,20 @@ stream's block, one batched torch computation) and the encoder step is the
 device's share. They depend on each other only through the per-cycle batch:
 the features of cycle N+1 need only samples (host), never results of cycle N.
 So the main thread plans cycle N+1 and hands its features to a single worker
-thread, then encodes cycle N; both spend their time inside torch kernels,
-which release the GIL, so on CUDA the host work of N+1 hides behind the GPU
-work of N, and on a multi-core CPU the two run on different cores. One
-worker (not a pool) keeps the front-end state of each slot (its
-:class:`~audiomask.features._framing.StreamFramer`) touched by one thread in
-cycle order; all slot resets are applied in cycle order by the stage that owns
-the state (framers: features; caches: encode; decoder rows: collect), so a
-slot freed in cycle N can be reused in cycle N+1.
+thread, then encodes cycle N, and the host work of N+1 hides behind the GPU
+work of N. One worker (not a pool) keeps the front-end state of each slot
+(:class:`~audiomask.features.slots.SlotFeatures`) touched in cycle order; all
+slot resets are applied in cycle order by the stage that owns the state
+(framers: features; caches: encode; decoder rows: collect), so a slot freed
+in cycle N can be reused in cycle N+1.
+
+A thread shares the interpreter lock with the main thread, and the front end
+hands it over and takes it back at every torch call: with cycles of a few
+milliseconds the two threads slow each other down (on the H200 the front end
+ran 1.7-2.3x slower overlapped than alone). ``frontend_process=True`` moves
+the worker into a process of its own
+(:class:`~audiomask.features.process.FeatureProcess`: shared-memory buffers,
+the same computation bit for bit), for servers that keep a driver running.
 
 Batching: a stream's row of the batch sees only its own caches, masks and
 token positions (its start step is recorded per slot), so its outputs do not

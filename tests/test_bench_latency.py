@@ -90,6 +90,11 @@ def test_quick_pipeline_fields(quick_report: tuple[dict, str]) -> None:
     shorter = min(pipeline["cpu_s"], pipeline["gpu_s"])
     expected = (pipeline["cpu_s"] + pipeline["gpu_s"] - pipeline["pipelined_wall_s"]) / shorter
     assert pipeline["overlap"] == pytest.approx(expected)
+    # The same driver with its front end in a process of its own, beside it.
+    assert pipeline["process_wall_s"] > 0 and pipeline["process_cpu_s"] > 0
+    assert pipeline["process_over_max_of_sums"] == pytest.approx(
+        pipeline["process_wall_s"] / max(pipeline["process_cpu_s"], pipeline["process_gpu_s"])
+    )
 
 
 def test_quick_latency_rows(quick_report: tuple[dict, str]) -> None:

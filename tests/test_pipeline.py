@@ -84,10 +84,11 @@ def test_stream_text_equals_offline_greedy(model, chunk_ms, left_chunks):
         assert recognizer.transcribe(samples) == expected
 
 
-def test_many_streams_interleaved(model):
+@pytest.mark.parametrize("frontend_process", [False, True], ids=["thread", "process"])
+def test_many_streams_interleaved(model, frontend_process):
     signals = [noise(s, n) for s, n in zip(range(5), (9000, 17000, 4000, 12000, 600))]
     with StreamingRecognizer(
-        model, chunk_ms=160, left_chunks=2, max_streams=3
+        model, chunk_ms=160, left_chunks=2, max_streams=3, frontend_process=frontend_process
     ) as recognizer:
         streams = [recognizer.open_stream(f"u{i}") for i in range(len(signals))]
         for position in range(0, 17000, 2500):

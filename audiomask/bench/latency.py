@@ -271,8 +271,15 @@ def verdicts(report: dict) -> dict[str, dict]:
         found["transfer strategies against each other"] = _check(None, why="needs CUDA (host->device copies)")
     pipeline = report["pipeline"]
     if pipeline:
-        found["overlapped pipeline wall within 10% of max(T_cpu, T_gpu)"] = _check(
-            pipeline["within_10pct_of_max_cpu_gpu"], ratio=pipeline["pipelined_over_max_of_sums"]
+        found["overlapped pipeline wall within 10% of max(T_cpu, T_gpu) (front end in its own process)"] = _check(
+            pipeline["process_within_10pct_of_max_cpu_gpu"],
+            ratio=pipeline["process_over_max_of_sums"],
+            ratio_to_serial_max=pipeline["process_over_serial_max"],
+        )
+        found["overlapped pipeline wall within 10% of max(T_cpu, T_gpu) (front end on a thread; reported)"] = _check(
+            pipeline["within_10pct_of_max_cpu_gpu"],
+            ratio=pipeline["pipelined_over_max_of_sums"],
+            ratio_to_serial_max=pipeline["pipelined_over_serial_max"],
         )
     reported = {r["model"] for r in report["throughput"] if r["max_streams"] > 0}
     found["throughput reported for both full-size configs"] = _check(
@@ -299,7 +306,11 @@ def print_tables(report: dict) -> None:
             f"{pipeline['pipelined_wall_s']:.3f} s (x{pipeline['speedup']:.2f}); cpu {pipeline['cpu_s']:.3f} s, "
             f"gpu {pipeline['gpu_s']:.3f} s, overlap {pipeline['overlap']:.2f}, wall / max(cpu, gpu) "
             f"{pipeline['pipelined_over_max_of_sums']:.2f}; host per chunk p50 {pipeline['host_ms_per_chunk_p50']:.2f} "
-            f"/ p99 {pipeline['host_ms_per_chunk_p99']:.2f} ms"
+            f"/ p99 {pipeline['host_ms_per_chunk_p99']:.2f} ms\n"
+            f"  front end in its own process: {pipeline['process_wall_s']:.3f} s (x{pipeline['process_speedup']:.2f}); "
+            f"cpu {pipeline['process_cpu_s']:.3f} s, gpu {pipeline['process_gpu_s']:.3f} s, overlap "
+            f"{pipeline['process_overlap']:.2f}, wall / max(cpu, gpu) {pipeline['process_over_max_of_sums']:.2f} "
+            f"(/ the serial run's max {pipeline['process_over_serial_max']:.2f})"
         )
     if report["latency"]:
         print(

@@ -53,15 +53,15 @@ def _transfer(report: dict, axes_pair: object) -> None:
 def _pipeline(report: dict, axes_pair: object) -> None:
     pipeline = report["pipeline"]
     bars_axes, cycles_axes = axes_pair  # type: ignore[misc]
-    names = ["serial wall", "overlapped wall", "T_cpu", "T_gpu", "max(T_cpu, T_gpu)"]
+    names = ["serial wall", "overlapped (thread)", "overlapped (process)", "serial T_cpu", "serial T_gpu"]
     values = [
         pipeline["serial_wall_s"],
         pipeline["pipelined_wall_s"],
-        pipeline["cpu_s"],
-        pipeline["gpu_s"],
-        pipeline["max_of_sums_s"],
+        pipeline["process_wall_s"],
+        pipeline["serial_cpu_s"],
+        pipeline["serial_gpu_s"],
     ]
-    bars_axes.bar(names, values, color=["grey", "tab:green", "tab:blue", "tab:orange", "black"])
+    bars_axes.bar(names, values, color=["grey", "tab:green", "tab:olive", "tab:blue", "tab:orange"])
     bars_axes.set_ylabel("s")
     bars_axes.set_title(f"{pipeline['model']}, B={pipeline['batch']}: overlap {pipeline['overlap']:.2f}")
     bars_axes.tick_params(axis="x", labelrotation=20)

@@ -14,6 +14,10 @@ main thread does one of:
 - ``driver``: what the overlapped driver's main thread does: encode a cycle and collect the last one.
 
 GIL contention shows as ``python`` (and ``driver``) slow, ``c_spin`` not; core contention as ``c_spin`` slow too.
+Each mode runs with the front end on a thread (``where: thread``: the call's time on that thread) and
+in a process of its own (``where: process``, :class:`~audiomask.features.process.FeatureProcess`: this
+thread submits a cycle, does its work until the result is there, and the figure is the process's own
+time for the cycle).
 
 Usage (H200): python3 bench/probes/frontend_contention.py --out bench/probes/frontend_contention_h200.json
               python3 bench/probes/frontend_contention.py --threads 2 1 --batch 4 --calls 10 --out /tmp/c.json
@@ -26,6 +30,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -36,56 +41,80 @@ from audiomask.bench.latency import _streaming_chunking
 from audiomask.bench.models import build_model
 from audiomask.bench.signals import shared_noise
 from audiomask.bench.timing import percentiles
+from audiomask.features.process import FeatureProcess
 from audiomask.transfer.harness import QueueFiller
 
 MODES = ("alone", "python", "c_spin", "gpu_spin", "driver")
 
 
-def main_thread_work(mode: str, driver, plan, stop: threading.Event, filler: QueueFiller | None) -> int:
-    """Run ``mode``'s work on this thread until ``stop`` is set; how many rounds it did."""
-    rounds = 0
-    small = np.ones(16 * 1024, dtype=np.float64)  # 128 KiB: in L2
-    in_flight = None
-    while not stop.is_set():
-        if mode == "alone":
-            stop.wait()
-        elif mode == "python":
+class MainThreadWork:
+    """``mode``'s work on the main thread, in units of ~0.1-2 ms."""
+
+    def __init__(self, mode: str, driver, plan, filler: QueueFiller | None) -> None:
+        self.mode, self.driver, self.plan, self.filler = mode, driver, plan, filler
+        self.small = np.ones(16 * 1024, dtype=np.float64)  # 128 KiB: in L2
+        self.in_flight = None
+        self.rounds = 0
+
+    def unit(self) -> None:
+        mode = self.mode
+        if mode == "python":
             total = 0
-            for i in range(20_000):
+            for i in range(2_000):
                 total += i * i
         elif mode == "c_spin":
-            for _ in range(200):
-                small.sum()
+            for _ in range(20):
+                self.small.sum()
         elif mode == "gpu_spin":
-            filler.fill(1.0)  # type: ignore[union-attr]
+            self.filler.fill(1.0)  # type: ignore[union-attr]
             torch.cuda.synchronize()
         elif mode == "driver":
-            record = driver._encode(plan)
-            if in_flight is not None:
-                driver._collect(in_flight)
-            in_flight = record
-        rounds += 1
-    if in_flight is not None:
-        driver._collect(in_flight)
-    return rounds
+            record = self.driver._encode(self.plan)
+            if self.in_flight is not None:
+                self.driver._collect(self.in_flight)
+            self.in_flight = record
+        self.rounds += 1
+
+    def until(self, done: Callable[[], bool]) -> None:
+        if self.mode == "alone":
+            while not done():
+                time.sleep(1e-4)
+            return
+        while not done():
+            self.unit()
+
+    def finish(self) -> None:
+        if self.in_flight is not None:
+            self.driver._collect(self.in_flight)
+            self.in_flight = None
 
 
-def measure(driver, plan, mode: str, calls: int, filler: QueueFiller | None) -> dict:
-    """Front-end ms per call on a worker thread while this thread does ``mode``."""
+def measure(driver, plan, mode: str, calls: int, filler: QueueFiller | None, process: FeatureProcess | None) -> dict:
+    """Front-end ms per cycle while this thread does ``mode``: on a worker thread, or in ``process`` where given."""
     times: list[float] = []
+    work = MainThreadWork(mode, driver, plan, filler)
+    if process is None:
+        finished = threading.Event()
 
-    def worker() -> None:
+        def worker() -> None:
+            for _ in range(calls):
+                started = time.perf_counter()
+                driver._features(plan)
+                times.append((time.perf_counter() - started) * 1e3)
+            finished.set()
+
+        thread = threading.Thread(target=worker)
+        thread.start()
+        work.until(finished.is_set)
+        thread.join()
+    else:
         for _ in range(calls):
-            started = time.perf_counter()
-            driver._features(plan)
-            times.append((time.perf_counter() - started) * 1e3)
-
-    stop = threading.Event()
-    thread = threading.Thread(target=lambda: (worker(), stop.set()))
-    thread.start()
-    rounds = main_thread_work(mode, driver, plan, stop, filler)
-    thread.join()
-    return {"mode": mode, "frontend_ms": percentiles(times), "main_rounds": rounds}
+            process.submit(plan.slots, plan.blocks, plan.final, plan.joins)
+            work.until(lambda: process._connection.poll())
+            times.append(process.result()[2] * 1e3)
+    work.finish()
+    where = "thread" if process is None else "process"
+    return {"mode": mode, "where": where, "frontend_ms": percentiles(times), "main_rounds": work.rounds}
 
 
 def main() -> int:
@@ -112,12 +141,17 @@ def main() -> int:
         rows = []
         for threads in args.threads:
             torch.set_num_threads(threads)
-            for mode in MODES:
-                if mode == "gpu_spin" and not cuda:
-                    continue
-                row = {"torch_threads": threads, **measure(driver, plan, mode, args.calls, filler)}
-                rows.append(row)
-                print(row, flush=True)
+            process = FeatureProcess(driver.frontend, args.batch, driver.chunk_frames, driver.first_block_samples)
+            try:
+                for where in (None, process):
+                    for mode in MODES:
+                        if mode == "gpu_spin" and not cuda:
+                            continue
+                        row = {"torch_threads": threads, **measure(driver, plan, mode, args.calls, filler, where)}
+                        rows.append(row)
+                        print(row, flush=True)
+            finally:
+                process.close()
     finally:
         driver.close()
     write_result(args.out, {"environment": capture_environment(sys.argv), "batch": args.batch, "rows": rows})
