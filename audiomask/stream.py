@@ -77,7 +77,7 @@ from audiomask.decode import BLANK_ID, CTCHead
 from audiomask.encoders.phi4mm import Phi4MMEncoder
 from audiomask.features import Phi4MMFrontend
 from audiomask.features.frontend import as_samples
-from audiomask.features.process import FeatureProcess
+from audiomask.features.process import MAX_IN_FLIGHT, FeatureProcess
 from audiomask.features.slots import SlotFeatures
 from audiomask.transfer import pinned_empty, to_host
 
@@ -373,15 +373,18 @@ class StreamingDriver:
         """
         start_wall = time.perf_counter()
         ran = 0
-        plan = self._plan(before_plan)
-        future = self._submit(plan)
+        # Cycles planned and handed to the front end ahead of the one being encoded: one for a worker
+        # thread; a process gets the next one queued too, so it never waits for this thread to plan.
+        depth = MAX_IN_FLIGHT if self._process is not None else 1
+        ahead: deque[tuple[_Cycle, Future | _Cycle | None]] = deque()
+        self._plan_ahead(ahead, depth, before_plan)
         in_flight: _InFlight | None = None
-        while plan is not None:
+        while ahead:
+            plan, pending = ahead.popleft()
             waited = time.perf_counter()
-            self._features_result(plan, future)
-            wait_s = time.perf_counter() - waited if future is not None else 0.0  # serial: that was the work
-            upcoming = self._plan(before_plan)
-            upcoming_future = self._submit(upcoming)  # the worker computes N+1 ...
+            self._features_result(plan, pending)
+            wait_s = time.perf_counter() - waited if pending is not None else 0.0  # serial: that was the work
+            self._plan_ahead(ahead, depth, before_plan)  # the front end computes N+1 (and N+2) ...
             record = self._encode(plan)  # ... while cycle N is encoded
             if in_flight is not None:
                 wait_s += self._collect(in_flight)
@@ -392,12 +395,19 @@ class StreamingDriver:
             self.stats.record(
                 CycleTiming(plan.index, len(plan.slots), plan.cpu_s, record.enqueue_s, record.encode_s, wait_s)
             )
-            plan, future = upcoming, upcoming_future
             ran += 1
         if in_flight is not None:
             self.stats.cycles[-1].wait_s += self._collect(in_flight)
         self.stats.wall_s += time.perf_counter() - start_wall
         return ran
+
+    def _plan_ahead(self, ahead: deque, depth: int, before_plan) -> None:
+        """Plan cycles and hand them to the front end until ``depth`` are ahead or none can run yet."""
+        while len(ahead) < depth:
+            plan = self._plan(before_plan)
+            if plan is None:
+                return
+            ahead.append((plan, self._submit(plan)))
 
     def close(self) -> None:
         """Stop the worker thread or process."""

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from audiomask.features import Phi4MMFrontend
-from audiomask.features.process import FeatureProcess
+from audiomask.features.process import MAX_IN_FLIGHT, FeatureProcess
 from audiomask.features.slots import SlotFeatures
 
 BATCH = 4
@@ -61,12 +61,18 @@ def test_the_process_computes_what_the_stage_computes_here():
     here = SlotFeatures(frontend, BATCH, CHUNK_FRAMES)
     # As many torch threads there as here: the same reductions, so the same float32 rounding.
     with FeatureProcess(frontend, BATCH, CHUNK_FRAMES, FIRST_BLOCK, threads=torch.get_num_threads()) as process:
-        for _, slots, blocks, final, joins in cycles(1, 12):
-            process.submit(slots, blocks, final, joins)
-            expected, expected_counts = here.compute(slots, blocks, final, joins)
-            features, counts, cpu_s = process.result()
-            assert counts.tolist() == expected_counts.tolist() and cpu_s > 0
-            np.testing.assert_array_equal(features, expected)
+        expected = []
+        for index, slots, blocks, final, joins in cycles(1, 12):
+            process.submit(slots, blocks, final, joins)  # the next cycle queued behind the one computing
+            features, counts = here.compute(slots, blocks, final, joins)
+            expected.append((features.copy(), counts))
+            if index % 3 == 0:
+                continue  # two in flight now and then: the process computes them in order
+            while expected:
+                features, counts, cpu_s = process.result()
+                wanted_features, wanted_counts = expected.pop(0)
+                assert counts.tolist() == wanted_counts.tolist() and cpu_s > 0
+                np.testing.assert_array_equal(features, wanted_features)
 
 
 def test_the_process_reports_bad_input_and_its_own_failures():
@@ -80,11 +86,13 @@ def test_the_process_reports_bad_input_and_its_own_failures():
         process.submit(np.array([1]), [never_joined], np.array([False]), np.array([], np.int64))
         with pytest.raises(RuntimeError, match="the feature process failed: AttributeError"):
             process.result()
-        block = np.zeros(FIRST_BLOCK, np.float32)  # it serves the next cycle as before
-        process.submit(np.array([0]), [block], np.array([False]), np.array([0]))
-        with pytest.raises(RuntimeError, match="in flight"):
-            process.submit(np.array([0]), [block], np.array([False]), np.array([]))
-        assert process.result()[1].tolist() == [CHUNK_FRAMES, 0, 0, 0]
+        first, later = np.zeros(FIRST_BLOCK, np.float32), np.zeros(BLOCK, np.float32)  # it serves the next ones
+        process.submit(np.array([0]), [first], np.array([False]), np.array([0]))
+        process.submit(np.array([0, 2]), [later, first], np.array([False, False]), np.array([2]))  # queued behind
+        with pytest.raises(RuntimeError, match=f"{MAX_IN_FLIGHT} cycles are in flight"):
+            process.submit(np.array([0]), [later], np.array([False]), np.array([], np.int64))
+        assert process.result()[1].tolist() == [CHUNK_FRAMES, 0, 0, 0]  # in submission order
+        assert process.result()[1].tolist() == [CHUNK_FRAMES, 0, CHUNK_FRAMES, 0]
 
 
 def test_a_dead_process_is_an_error_and_close_frees_the_shared_memory():

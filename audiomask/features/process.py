@@ -12,10 +12,11 @@ bench/probes/pipeline_threads_h200*.json). A process has its own interpreter.
 
 :class:`FeatureProcess` keeps a :class:`~audiomask.features.slots.SlotFeatures`
 in a spawned process. Samples go in and features come out through shared
-memory, two buffers of each alternating by cycle (cycle N's features are read
-while N+1's are written); the pipe carries only the cycle's slots, block
-lengths and flags. One cycle is in flight at a time: :meth:`submit`, then
-:meth:`result`. Starting the process costs an interpreter and torch's import
+memory, three buffers of each taken in turn: while the caller reads cycle N's
+features, the process computes N+1 and has N+2 queued, so that it never waits
+for the caller between cycles. The pipe carries only each cycle's slots, block
+lengths and flags. Up to ``MAX_IN_FLIGHT`` cycles may be submitted before the
+first :meth:`result` is taken; results come in submission order. Starting the process costs an interpreter and torch's import
 (seconds, once per driver) and that interpreter's memory.
 """
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import multiprocessing
 import time
+from collections import deque
 from collections.abc import Sequence
 from multiprocessing.connection import Connection
 from multiprocessing.shared_memory import SharedMemory
@@ -33,11 +35,12 @@ import torch
 from audiomask.features.frontend import Frontend
 from audiomask.features.slots import SlotFeatures
 
-__all__ = ["START_TIMEOUT_S", "FeatureProcess"]
+__all__ = ["MAX_IN_FLIGHT", "START_TIMEOUT_S", "FeatureProcess"]
 
 START_TIMEOUT_S = 120.0  # an interpreter and torch's import, on a loaded machine
 _SAMPLE = np.dtype(np.float32)
-_BUFFERS = 2  # cycle N's buffers are read while N+1's are written
+MAX_IN_FLIGHT = 2  # cycles submitted and not yet taken: one computing, one queued behind it
+_BUFFERS = MAX_IN_FLIGHT + 1  # and the one the caller reads
 
 
 def _views(memory: SharedMemory, shape: tuple[int, ...]) -> np.ndarray:
@@ -120,7 +123,7 @@ class FeatureProcess:
             name="audiomask-features",
             daemon=True,
         )
-        self._buffer: int | None = None  # the buffer of the cycle in flight
+        self._in_flight: deque[int] = deque()  # buffers of the cycles submitted, oldest first
         self._next = 0
         try:
             self._process.start()
@@ -133,9 +136,9 @@ class FeatureProcess:
             raise
 
     def submit(self, slots: np.ndarray, blocks: Sequence[np.ndarray], final: np.ndarray, joins: np.ndarray) -> None:
-        """Start one cycle (see :meth:`SlotFeatures.compute`); the previous one's :meth:`result` must have been taken."""
-        if self._buffer is not None:
-            raise RuntimeError("a cycle is in flight: take its result() before submitting the next")
+        """Queue one cycle (see :meth:`SlotFeatures.compute`), behind those in flight (at most ``MAX_IN_FLIGHT``)."""
+        if len(self._in_flight) >= MAX_IN_FLIGHT:
+            raise RuntimeError(f"{MAX_IN_FLIGHT} cycles are in flight: take a result() before submitting another")
         if len(blocks) > self.batch_size:
             raise ValueError(f"blocks must hold at most {self.batch_size} entries (batch_size), got {len(blocks)}")
         buffer, inputs = self._next, self._inputs[self._next]
@@ -148,13 +151,17 @@ class FeatureProcess:
             self._connection.send((buffer, slots, lengths, final, joins))
         except OSError as error:  # BrokenPipeError among them
             raise self._died() from error
-        self._buffer, self._next = buffer, (buffer + 1) % _BUFFERS
+        self._in_flight.append(buffer)
+        self._next = (buffer + 1) % _BUFFERS
 
     def result(self) -> tuple[np.ndarray, np.ndarray, float]:
-        """The cycle in flight's ``(features, counts, cpu_s)``; ``features`` is valid until the next cycle's result."""
-        if self._buffer is None:
+        """The oldest cycle in flight's ``(features, counts, cpu_s)``; ``features`` stays valid until the next result.
+
+        Blocks until the process has computed it.
+        """
+        if not self._in_flight:
             raise RuntimeError("no cycle is in flight: submit() one first")
-        buffer, self._buffer = self._buffer, None
+        buffer = self._in_flight.popleft()
         _, counts, cpu_s = self._receive()
         return self._outputs[buffer], counts, cpu_s
 
