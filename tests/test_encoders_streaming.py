@@ -9,6 +9,8 @@ equal the offline forward.
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -22,6 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from audiomask.encoders import phi4mm as phi4mm_module
+from audiomask.encoders import streaming
 from audiomask.masks import qwen3_asr
 
 TOLERANCE = 1e-4  # float32 on CPU
@@ -255,6 +258,27 @@ def test_phi4mm_step_frames_equals_push_and_step(phi4mm):
         outputs = by_chunk.step_frames(frames, valid)
         assert by_chunk.last_lengths.tolist() == by_push.last_lengths.tolist()
         torch.testing.assert_close(outputs, expected, rtol=0, atol=0)
+
+
+def test_phi4mm_step_frames_casts_host_frames_on_the_device(phi4mm, monkeypatch):
+    """float32 host frames for a bf16 encoder cross as float32 and are cast there: the same outputs, no host cast."""
+    encoder = copy.deepcopy(phi4mm).to(torch.bfloat16)
+    frames = np.random.default_rng(3).standard_normal((2, 16, PHI_MEL)).astype(np.float32)
+    cast_first = encoder.stream(batch_size=2, chunk_size=2, left_chunk=1)
+    expected = cast_first.step_frames(torch.from_numpy(frames).to(torch.bfloat16), [16, 9])
+    crossed = []
+    original = streaming.to_device
+
+    def recording(data, *args, **kwargs):
+        result = original(data, *args, **kwargs)
+        crossed.append(result.dtype)
+        return result
+
+    monkeypatch.setattr(streaming, "to_device", recording)
+    outputs = encoder.stream(batch_size=2, chunk_size=2, left_chunk=1).step_frames(frames, [16, 9])
+    assert outputs.dtype == torch.bfloat16
+    torch.testing.assert_close(outputs, expected, rtol=0, atol=0)
+    assert torch.float32 in crossed and torch.bfloat16 not in crossed  # the frames crossed as they were
 
 
 def test_phi4mm_step_frames_refuses_bad_input(phi4mm):

@@ -11,6 +11,7 @@
 - :func:`is_dense`: whether a tensor can be copied as one block.
 - :class:`sync_check`: makes tests fail on any ``non_blocking`` host->device
   copy from pageable or non-dense memory.
+- :func:`torch_dtype_of`: the torch dtype a numpy array arrives as.
 - :func:`stage_copy`: the staging memcpy into a slot; :func:`default_ring`:
   the ring ``to_device`` stages through (read its ``stats()``).
 
@@ -33,6 +34,7 @@ from audiomask.transfer.ring import (
     RingStats,
     Staged,
 )
+from audiomask.transfer._resolve import torch_dtype_of
 from audiomask.transfer.staging import (
     PARALLEL_COPY_BYTES,
     default_ring,
@@ -76,4 +78,5 @@ __all__ = [
     "sync_check",
     "to_device",
     "to_host",
+    "torch_dtype_of",
 ]
