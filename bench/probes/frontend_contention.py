@@ -150,11 +150,12 @@ def main() -> int:
                         row = {"torch_threads": threads, **measure(driver, plan, mode, args.calls, filler, where)}
                         rows.append(row)
                         print(row, flush=True)
+                        report = {"environment": capture_environment(sys.argv), "batch": args.batch, "rows": rows}
+                        write_result(args.out, report)  # after every row: a run cut short keeps what it measured
             finally:
                 process.close()
     finally:
         driver.close()
-    write_result(args.out, {"environment": capture_environment(sys.argv), "batch": args.batch, "rows": rows})
     return 0
 
 
