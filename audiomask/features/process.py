@@ -4,10 +4,11 @@ Why: a streaming driver computes cycle N+1's features while it launches cycle
 N's encoder step and decodes cycle N-1. On a worker thread the two share one
 interpreter lock, and every torch call of the front end hands it over and
 takes it back: a main thread running Python at the same time makes each
-hand-back wait (bench/probes/frontend_contention.py: a pure-Python loop on
-the main thread took a 0.9 ms front-end call to 170 ms on 2 cores; on the H200
-the overlapped driver's front end ran 1.7-2.3x slower than alone, whatever
-torch's thread count, the kind of wait or the switch interval:
+hand-back wait (bench/probes/frontend_contention_*.json: a pure-Python loop
+on the main thread took a B = 16 front-end cycle from 2.2 to 496 ms on the
+H200, from 1.8 to 421 ms on a 2-core CPU, where in a process it took 1.3 ms;
+the overlapped driver's front end ran 1.7-2.3x slower than alone on the H200,
+whatever torch's thread count, the kind of wait or the switch interval:
 bench/probes/pipeline_threads_h200*.json). A process has its own interpreter.
 
 :class:`FeatureProcess` keeps a :class:`~audiomask.features.slots.SlotFeatures`
