@@ -6,7 +6,7 @@ interpreter lock, and every torch call of the front end hands it over and
 takes it back: a main thread running Python at the same time makes each
 hand-back wait (bench/probes/frontend_contention_*.json: a pure-Python loop
 on the main thread took a B = 16 front-end cycle from 2.2 to 496 ms on the
-H200, from 1.8 to 421 ms on a 2-core CPU, where in a process it took 1.3 ms;
+H200, from 1.8 to 461 ms on a 2-core CPU, where in a process it took 1.5 ms;
 the overlapped driver's front end ran 1.7-2.3x slower than alone on the H200,
 whatever torch's thread count, the kind of wait or the switch interval:
 bench/probes/pipeline_threads_h200*.json). A process has its own interpreter.
