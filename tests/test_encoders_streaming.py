@@ -261,7 +261,8 @@ def test_phi4mm_step_frames_equals_push_and_step(phi4mm):
 
 
 def test_phi4mm_step_frames_casts_host_frames_on_the_device(phi4mm, monkeypatch):
-    """float32 host frames for a bf16 encoder cross as float32 and are cast there: the same outputs, no host cast."""
+    """float32 host frames for a bf16 encoder cross as float32 and are cast there (the same outputs, no host
+    cast), unless they are as large as a staging memcpy that runs on torch's pool anyway."""
     encoder = copy.deepcopy(phi4mm).to(torch.bfloat16)
     frames = np.random.default_rng(3).standard_normal((2, 16, PHI_MEL)).astype(np.float32)
     cast_first = encoder.stream(batch_size=2, chunk_size=2, left_chunk=1)
@@ -279,6 +280,11 @@ def test_phi4mm_step_frames_casts_host_frames_on_the_device(phi4mm, monkeypatch)
     assert outputs.dtype == torch.bfloat16
     torch.testing.assert_close(outputs, expected, rtol=0, atol=0)
     assert torch.float32 in crossed and torch.bfloat16 not in crossed  # the frames crossed as they were
+    crossed.clear()
+    monkeypatch.setattr(streaming, "parallel_copy_bytes", lambda: frames.nbytes)  # as large as a parallel memcpy
+    outputs = encoder.stream(batch_size=2, chunk_size=2, left_chunk=1).step_frames(frames, [16, 9])
+    torch.testing.assert_close(outputs, expected, rtol=0, atol=0)
+    assert torch.bfloat16 in crossed and torch.float32 not in crossed  # cast while staging: half the bytes
 
 
 def test_phi4mm_step_frames_refuses_bad_input(phi4mm):

@@ -25,7 +25,7 @@ import torch
 from audiomask._validate import check_int
 from audiomask.encoders._common import FrameBuffer, host_lengths
 from audiomask.masks import padding_mask
-from audiomask.transfer import to_device, torch_dtype_of
+from audiomask.transfer import parallel_copy_bytes, to_device, torch_dtype_of
 
 if TYPE_CHECKING:
     from audiomask.encoders.phi4mm import Phi4MMEncoder
@@ -316,16 +316,21 @@ class Phi4MMStream(_Stream):
     def _chunk_on_device(self, chunk: object, out: torch.Tensor | None = None) -> torch.Tensor:
         """``chunk`` on the device in the encoder's dtype (written into ``out`` where given).
 
-        A host chunk of another dtype (float32 features for a bf16 encoder) is
-        copied as it is and cast on the device: a cast on the host runs on
-        torch's intra-op pool, whose threads then spin on the cores that a
-        front-end process computes on (bench/results/latency_pipeline_full_h200.json:
-        the driver's front end in its own process beside a bf16 encoder ran
-        4.9x slower than alone).
+        A host chunk of another dtype (float32 features for a bf16 encoder)
+        under :func:`~audiomask.transfer.parallel_copy_bytes` is copied as it is
+        and cast on the device: a cast on the host runs on torch's intra-op
+        pool, whose threads then spin on the cores that a front-end process
+        computes on (bench/results/latency_pipeline_full_h200.json: the driver's
+        front end in its own process beside a bf16 encoder ran 4.9x slower than
+        alone, B = 16: 655 KB of frames). From that size the staging memcpy runs
+        on that pool anyway, and a cast while staging halves the bytes that
+        cross the bus and the pinned memory they take.
         """
-        host_dtype = chunk.dtype if isinstance(chunk, torch.Tensor) else torch_dtype_of(np.asarray(chunk).dtype)
-        on_device = isinstance(chunk, torch.Tensor) and chunk.device == self.device
-        if on_device or host_dtype in (None, self.dtype):
+        host = chunk if isinstance(chunk, torch.Tensor) else np.asarray(chunk)
+        host_dtype = host.dtype if isinstance(host, torch.Tensor) else torch_dtype_of(host.dtype)
+        on_device = isinstance(host, torch.Tensor) and host.device == self.device
+        nbytes = host.numel() * host.element_size() if isinstance(host, torch.Tensor) else host.nbytes
+        if on_device or host_dtype in (None, self.dtype) or nbytes >= parallel_copy_bytes():
             return to_device(chunk, self.device, dtype=self.dtype, out=out)
         staged = to_device(chunk, self.device)
         if out is None:
