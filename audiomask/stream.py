@@ -234,7 +234,8 @@ class StreamingDriver:
             (:class:`~audiomask.features.process.FeatureProcess`) rather than on a thread: the front end
             then shares no interpreter lock with the main thread, which a thread does at every torch
             call; it costs a second interpreter (seconds to start, once, and its memory). Call
-            :meth:`close` when done.
+            :meth:`close` when done. A script that makes such a driver guards its entry point with
+            ``if __name__ == "__main__":`` (the process is spawned, which imports the script again).
         cuda_graph: replay the encoder's chunk step as CUDA graphs (default: on CUDA; ``False``: eager).
 
     >>> import numpy as np

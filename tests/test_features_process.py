@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -106,3 +108,15 @@ def test_a_dead_process_is_an_error_and_close_frees_the_shared_memory():
     process.close()  # idempotent
     for name in names:
         assert not os.path.exists(f"/dev/shm/{name.lstrip('/')}")
+
+
+def test_a_script_without_a_main_guard_gets_an_error_that_says_so(tmp_path):
+    script = tmp_path / "unguarded.py"
+    script.write_text(
+        "from audiomask.features import Phi4MMFrontend\n"
+        "from audiomask.features.process import FeatureProcess\n"
+        f"FeatureProcess(Phi4MMFrontend(), {BATCH}, {CHUNK_FRAMES}, {FIRST_BLOCK}, threads=1).close()\n"
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode != 0
+    assert "died (exit code 1) while starting" in done.stderr and "if __name__ == '__main__':" in done.stderr

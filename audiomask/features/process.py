@@ -78,7 +78,7 @@ def _serve(
             try:
                 blocks = [inputs[buffer, row, :length] for row, length in enumerate(lengths)]
                 _, counts = stage.compute(slots, blocks, final, joins, out=outputs[buffer])
-            except Exception as error:  # the driver raises it
+            except Exception as error:  # noqa: BLE001 (any failure goes back to the caller, who raises it)
                 connection.send(("error", f"{type(error).__name__}: {error}"))
                 continue
             connection.send(("ok", counts, time.perf_counter() - started))
@@ -131,7 +131,7 @@ class FeatureProcess:
             child.close()
             if not self._connection.poll(START_TIMEOUT_S):
                 raise RuntimeError(f"the feature process did not start within {START_TIMEOUT_S:.0f} s")
-            self._receive()
+            self._receive(starting=True)
         except BaseException:
             self.close()
             raise
@@ -166,18 +166,24 @@ class FeatureProcess:
         _, counts, cpu_s = self._receive()
         return self._outputs[buffer], counts, cpu_s
 
-    def _receive(self) -> tuple:
+    def _receive(self, *, starting: bool = False) -> tuple:
         try:
             message = self._connection.recv()
         except (EOFError, OSError) as error:
-            raise self._died() from error
+            raise self._died(starting) from error
         if message[0] == "error":
             raise RuntimeError(f"the feature process failed: {message[1]}")
         return message
 
-    def _died(self) -> RuntimeError:
+    def _died(self, starting: bool = False) -> RuntimeError:
         self._process.join(timeout=1)
-        return RuntimeError(f"the feature process died (exit code {self._process.exitcode})")
+        message = f"the feature process died (exit code {self._process.exitcode})"
+        if starting:  # the usual cause: spawn imports the parent's script again, and it starts another process
+            message += (
+                " while starting; its own error is printed above. A script that starts one must guard its "
+                "entry point with `if __name__ == '__main__':` (multiprocessing's spawn imports it again)"
+            )
+        return RuntimeError(message)
 
     def close(self) -> None:
         """Stop the process and free the shared memory (idempotent)."""
