@@ -306,12 +306,15 @@ def print_tables(report: dict) -> None:
             f"{pipeline['pipelined_wall_s']:.3f} s (x{pipeline['speedup']:.2f}); cpu {pipeline['cpu_s']:.3f} s, "
             f"gpu {pipeline['gpu_s']:.3f} s, overlap {pipeline['overlap']:.2f}, wall / max(cpu, gpu) "
             f"{pipeline['pipelined_over_max_of_sums']:.2f}; host per chunk p50 {pipeline['host_ms_per_chunk_p50']:.2f} "
-            f"/ p99 {pipeline['host_ms_per_chunk_p99']:.2f} ms\n"
-            f"  front end in its own process: {pipeline['process_wall_s']:.3f} s (x{pipeline['process_speedup']:.2f}); "
-            f"cpu {pipeline['process_cpu_s']:.3f} s, gpu {pipeline['process_gpu_s']:.3f} s, overlap "
-            f"{pipeline['process_overlap']:.2f}, wall / max(cpu, gpu) {pipeline['process_over_max_of_sums']:.2f} "
-            f"(/ the serial run's max {pipeline['process_over_serial_max']:.2f})"
+            f"/ p99 {pipeline['host_ms_per_chunk_p99']:.2f} ms"
         )
+        if "process_wall_s" in pipeline:  # reports from 34fc93f on
+            print(
+                f"  front end in its own process: {pipeline['process_wall_s']:.3f} s "
+                f"(x{pipeline['process_speedup']:.2f}); cpu {pipeline['process_cpu_s']:.3f} s, gpu "
+                f"{pipeline['process_gpu_s']:.3f} s, overlap {pipeline['process_overlap']:.2f}, wall / max(cpu, gpu) "
+                f"{pipeline['process_over_max_of_sums']:.2f} (/ the serial run's max {pipeline['process_over_serial_max']:.2f})"
+            )
     if report["latency"]:
         print(
             f"\n{'latency':<14}{'chunk ms':>9}{'left':>6}{'algo ms':>9}{'p50 ms':>9}{'p95 ms':>9}{'p99 ms':>9}"

@@ -53,15 +53,15 @@ def _transfer(report: dict, axes_pair: object) -> None:
 def _pipeline(report: dict, axes_pair: object) -> None:
     pipeline = report["pipeline"]
     bars_axes, cycles_axes = axes_pair  # type: ignore[misc]
-    names = ["serial wall", "overlapped (thread)", "overlapped (process)", "serial T_cpu", "serial T_gpu"]
-    values = [
-        pipeline["serial_wall_s"],
-        pipeline["pipelined_wall_s"],
-        pipeline["process_wall_s"],
-        pipeline["serial_cpu_s"],
-        pipeline["serial_gpu_s"],
-    ]
-    bars_axes.bar(names, values, color=["grey", "tab:green", "tab:olive", "tab:blue", "tab:orange"])
+    bars = {
+        "serial wall": (pipeline["serial_wall_s"], "grey"),
+        "overlapped (thread)": (pipeline["pipelined_wall_s"], "tab:green"),
+        "overlapped (process)": (pipeline.get("process_wall_s"), "tab:olive"),  # reports from 34fc93f on
+        "serial T_cpu": (pipeline["serial_cpu_s"], "tab:blue"),
+        "serial T_gpu": (pipeline["serial_gpu_s"], "tab:orange"),
+    }
+    shown = {name: bar for name, bar in bars.items() if bar[0] is not None}
+    bars_axes.bar(list(shown), [value for value, _ in shown.values()], color=[color for _, color in shown.values()])
     bars_axes.set_ylabel("s")
     bars_axes.set_title(f"{pipeline['model']}, B={pipeline['batch']}: overlap {pipeline['overlap']:.2f}")
     bars_axes.tick_params(axis="x", labelrotation=20)
