@@ -13,7 +13,7 @@ bench/probes/pipeline_threads_h200*.json). A process has its own interpreter.
 
 :class:`FeatureProcess` keeps a :class:`~audiomask.features.slots.SlotFeatures`
 in a spawned process. Samples go in and features come out through shared
-memory, three buffers of each taken in turn: while the caller reads cycle N's
+memory (torch tensors shared with the process), three buffers of each taken in turn: while the caller reads cycle N's
 features, the process computes N+1 and has N+2 queued, so that it never waits
 for the caller between cycles. The pipe carries only each cycle's slots, block
 lengths and flags. Up to ``MAX_IN_FLIGHT`` cycles may be submitted before the
@@ -25,13 +25,14 @@ from __future__ import annotations
 
 import multiprocessing
 import time
+import weakref
 from collections import deque
 from collections.abc import Sequence
 from multiprocessing.connection import Connection
-from multiprocessing.shared_memory import SharedMemory
 
 import numpy as np
 import torch
+import torch.multiprocessing  # registers the reductions that share tensors' memory with a spawned process
 
 from audiomask.features.frontend import Frontend
 from audiomask.features.slots import SlotFeatures
@@ -39,14 +40,8 @@ from audiomask.features.slots import SlotFeatures
 __all__ = ["MAX_IN_FLIGHT", "START_TIMEOUT_S", "FeatureProcess"]
 
 START_TIMEOUT_S = 120.0  # an interpreter and torch's import, on a loaded machine
-_SAMPLE = np.dtype(np.float32)
 MAX_IN_FLIGHT = 2  # cycles submitted and not yet taken: one computing, one queued behind it
 _BUFFERS = MAX_IN_FLIGHT + 1  # and the one the caller reads
-
-
-def _views(memory: SharedMemory, shape: tuple[int, ...]) -> np.ndarray:
-    """``(_BUFFERS, *shape)`` float32 view of ``memory``."""
-    return np.ndarray((_BUFFERS, *shape), dtype=_SAMPLE, buffer=memory.buf)
 
 
 def _serve(
@@ -54,38 +49,45 @@ def _serve(
     frontend: Frontend,
     batch_size: int,
     chunk_frames: int,
-    block_samples: int,
-    names: tuple[str, str],
+    inputs: torch.Tensor,
+    outputs: torch.Tensor,
     threads: int,
 ) -> None:
     """The process: compute each cycle the pipe brings until it brings None (or closes)."""
     torch.set_num_threads(threads)
-    inputs_memory, outputs_memory = SharedMemory(name=names[0]), SharedMemory(name=names[1])
-    inputs = _views(inputs_memory, (batch_size, block_samples))
-    outputs = _views(outputs_memory, (batch_size, chunk_frames, frontend.n_mels))
-    try:
-        stage = SlotFeatures(frontend, batch_size, chunk_frames)
-        connection.send(("ready",))
-        while True:
-            try:
-                message = connection.recv()
-            except EOFError:
-                return
-            if message is None:
-                return
-            buffer, slots, lengths, final, joins = message
-            started = time.perf_counter()
-            try:
-                blocks = [inputs[buffer, row, :length] for row, length in enumerate(lengths)]
-                _, counts = stage.compute(slots, blocks, final, joins, out=outputs[buffer])
-            except Exception as error:  # noqa: BLE001 (any failure goes back to the caller, who raises it)
-                connection.send(("error", f"{type(error).__name__}: {error}"))
-                continue
-            connection.send(("ok", counts, time.perf_counter() - started))
-    finally:
-        del inputs, outputs  # views of the shared memory: gone before it closes
-        inputs_memory.close()
-        outputs_memory.close()
+    samples, features = inputs.numpy(), outputs.numpy()  # the caller's memory, shared
+    stage = SlotFeatures(frontend, batch_size, chunk_frames)
+    connection.send(("ready",))
+    while True:
+        try:
+            message = connection.recv()
+        except EOFError:
+            return
+        if message is None:
+            return
+        buffer, slots, lengths, final, joins = message
+        started = time.perf_counter()
+        try:
+            blocks = [samples[buffer, row, :length] for row, length in enumerate(lengths)]
+            _, counts = stage.compute(slots, blocks, final, joins, out=features[buffer])
+        except Exception as error:  # noqa: BLE001 (any failure goes back to the caller, who raises it)
+            connection.send(("error", f"{type(error).__name__}: {error}"))
+            continue
+        connection.send(("ok", counts, time.perf_counter() - started))
+
+
+def _shutdown(process: multiprocessing.process.BaseProcess, connection: Connection) -> None:
+    """Ask ``process`` to stop (then make it), and close the pipe."""
+    if process.is_alive():
+        try:
+            connection.send(None)
+        except OSError:  # BrokenPipeError among them
+            pass
+        process.join(timeout=5)
+        if process.is_alive():
+            process.terminate()
+            process.join(timeout=5)
+    connection.close()
 
 
 class FeatureProcess:
@@ -107,25 +109,24 @@ class FeatureProcess:
         self, frontend: Frontend, batch_size: int, chunk_frames: int, block_samples: int, threads: int | None = None
     ) -> None:
         self.batch_size, self.chunk_frames, self.block_samples = batch_size, chunk_frames, block_samples
-        n_mels = frontend.n_mels
-        self._inputs_memory = SharedMemory(create=True, size=_BUFFERS * batch_size * block_samples * _SAMPLE.itemsize)
-        self._outputs_memory = SharedMemory(
-            create=True, size=_BUFFERS * batch_size * chunk_frames * n_mels * _SAMPLE.itemsize
-        )
-        self._inputs = _views(self._inputs_memory, (batch_size, block_samples))
-        self._outputs = _views(self._outputs_memory, (batch_size, chunk_frames, n_mels))
-        context = multiprocessing.get_context("spawn")  # fork would copy CUDA and OpenMP state it cannot use
+        # Shared with the process (torch moves their memory's file descriptors to it); freed with the last
+        # reference on either side, so features handed out stay readable after close().
+        inputs = torch.empty(_BUFFERS, batch_size, block_samples, dtype=torch.float32).share_memory_()
+        outputs = torch.zeros(_BUFFERS, batch_size, chunk_frames, frontend.n_mels, dtype=torch.float32).share_memory_()
+        self._inputs, self._outputs = inputs.numpy(), outputs.numpy()
+        context = torch.multiprocessing.get_context("spawn")  # fork would copy CUDA and OpenMP state it cannot use
         self._connection, child = context.Pipe()
-        names = (self._inputs_memory.name, self._outputs_memory.name)
         threads = torch.get_num_threads() if threads is None else threads
         self._process = context.Process(
             target=_serve,
-            args=(child, frontend, batch_size, chunk_frames, block_samples, names, threads),
+            args=(child, frontend, batch_size, chunk_frames, inputs, outputs, threads),
             name="audiomask-features",
             daemon=True,
         )
         self._in_flight: deque[int] = deque()  # buffers of the cycles submitted, oldest first
         self._next = 0
+        # Stops the process on close(), when the object is collected, or at exit.
+        self._finalizer = weakref.finalize(self, _shutdown, self._process, self._connection)
         try:
             self._process.start()
             child.close()
@@ -186,24 +187,8 @@ class FeatureProcess:
         return RuntimeError(message)
 
     def close(self) -> None:
-        """Stop the process and free the shared memory (idempotent)."""
-        if self._process.is_alive():
-            try:
-                self._connection.send(None)
-            except (BrokenPipeError, OSError):
-                pass
-            self._process.join(timeout=5)
-            if self._process.is_alive():
-                self._process.terminate()
-                self._process.join(timeout=5)
-        self._connection.close()
-        self._inputs = self._outputs = None  # type: ignore[assignment]
-        for memory in (self._inputs_memory, self._outputs_memory):
-            try:
-                memory.close()
-                memory.unlink()
-            except FileNotFoundError:
-                pass
+        """Stop the process (idempotent; also done when the object is collected or the interpreter exits)."""
+        self._finalizer()
 
     def __enter__(self) -> FeatureProcess:
         return self
