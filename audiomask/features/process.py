@@ -13,12 +13,14 @@ bench/probes/pipeline_threads_h200*.json). A process has its own interpreter.
 
 :class:`FeatureProcess` keeps a :class:`~audiomask.features.slots.SlotFeatures`
 in a spawned process. Samples go in and features come out through shared
-memory (torch tensors shared with the process), three buffers of each taken in turn: while the caller reads cycle N's
-features, the process computes N+1 and has N+2 queued, so that it never waits
-for the caller between cycles. The pipe carries only each cycle's slots, block
-lengths and flags. Up to ``MAX_IN_FLIGHT`` cycles may be submitted before the
-first :meth:`result` is taken; results come in submission order. Starting the process costs an interpreter and torch's import
-(seconds, once per driver) and that interpreter's memory.
+memory (torch tensors shared with the process), three buffers of each taken
+in turn: while the caller reads cycle N's features, the process computes N+1
+and has N+2 queued, so that it never waits for the caller between cycles.
+The pipe carries only each cycle's slots, block lengths and flags. Up to
+``MAX_IN_FLIGHT`` cycles may be submitted before the first :meth:`result` is
+taken; results come in submission order. Starting the process costs an
+interpreter and torch's import (seconds, once per driver) and that
+interpreter's memory.
 """
 
 from __future__ import annotations
