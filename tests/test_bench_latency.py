@@ -307,3 +307,14 @@ def test_quick_runs_every_cuda_path(tmp_path: Path) -> None:
     assert report["pipeline"]["gpu_s"] > 0
     assert all(run["max_streams"] >= 1 for run in report["throughput"]), report["throughput"]
     assert all("peak_bytes" in probe for run in report["throughput"] for probe in run["probes"])
+
+
+def test_git_commit_named_by_the_environment_wins(monkeypatch: pytest.MonkeyPatch) -> None:
+    from audiomask.bench.environment import GIT_COMMIT_VARIABLE, git_commit
+
+    monkeypatch.delenv(GIT_COMMIT_VARIABLE, raising=False)
+    from_checkout = git_commit()
+    monkeypatch.setenv(GIT_COMMIT_VARIABLE, "0123abc")
+    assert git_commit() == "0123abc"
+    monkeypatch.setenv(GIT_COMMIT_VARIABLE, "")
+    assert git_commit() == from_checkout

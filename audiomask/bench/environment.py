@@ -55,8 +55,19 @@ def driver_version() -> str | None:
     return _command_output(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
 
 
+GIT_COMMIT_VARIABLE = "AUDIOMASK_GIT_COMMIT"
+
+
 def git_commit() -> str | None:
-    """The checkout's commit (``HEAD``), with ``+dirty`` when tracked files differ from it; ``None`` outside git."""
+    """The checkout's commit (``HEAD``), with ``+dirty`` when tracked files differ from it; ``None`` outside git.
+
+    A copy of the tree whose ``.git`` is missing or stale (a tarball, a remote
+    machine that receives the working tree only) names its commit in the
+    ``AUDIOMASK_GIT_COMMIT`` environment variable, which then wins.
+    """
+    named = os.environ.get(GIT_COMMIT_VARIABLE)
+    if named:
+        return named
     commit = _command_output(["git", "rev-parse", "HEAD"], cwd=_REPOSITORY)
     if commit is None:
         return None
