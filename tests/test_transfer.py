@@ -719,7 +719,7 @@ class FakeCuda:
         self.log: list[str] = []
         self.events: list[FakeCudaEvent] = []
         self.consumer = self.current = FakeStream("consumer", self.log)
-        real_empty, real_copy = torch.empty, torch.Tensor.copy_
+        real_empty, real_copy, real_to = torch.empty, torch.Tensor.copy_, torch.Tensor.to
 
         def empty(*args, **kwargs):
             if kwargs.get("device") is not None:
@@ -731,8 +731,16 @@ class FakeCuda:
                 self.log.append(f"copy on {self.current.name}{' non_blocking' if non_blocking else ''}")
             return real_copy(dst, src, non_blocking)
 
+        def to(src: torch.Tensor, *args, **kwargs) -> torch.Tensor:  # a host->meta .to(): allocation and copy
+            result = real_to(src, *args, **kwargs)
+            if result.device.type == "meta" and src.device.type != "meta":
+                self.log.append(f"allocate on {self.current.name}")
+                self.log.append(f"copy on {self.current.name}{' non_blocking' if kwargs.get('non_blocking') else ''}")
+            return result
+
         monkeypatch.setattr(torch, "empty", empty)
         monkeypatch.setattr(torch.Tensor, "copy_", copy_)
+        monkeypatch.setattr(torch.Tensor, "to", to)
         monkeypatch.setattr(torch.Tensor, "record_stream", lambda t, stream: self.log.append(f"used on {stream.name}"))
         monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: self.current)
         monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: FakeStream("copy", self.log))
