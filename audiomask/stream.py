@@ -533,15 +533,19 @@ class StreamingDriver:
         plan = record.cycle
         # Greedy CTC, GreedyCTCDecoder's rule on the argmax ids: a frame's best id is emitted when it
         # is not the blank and differs from the previous frame's (remembered per slot across cycles).
+        # All slots at once: this runs on the main thread between encoder steps, on every cycle.
         self._previous[plan.joins] = BLANK_ID  # new utterances in these rows
-        best = record.best.cpu().numpy()  # (B, C)
-        for slot, stream, last in zip(plan.slots, plan.streams, plan.final):
-            count = int(record.valid[slot])
-            if count:
-                row = best[slot, :count]
-                before = np.concatenate(([self._previous[slot]], row[:-1]))
-                stream.ids.extend(row[(row != BLANK_ID) & (row != before)].tolist())
-                self._previous[slot] = row[-1]
+        rows = record.best.cpu().numpy()[plan.slots]  # (S, C) for the S occupied slots
+        counts = record.valid[plan.slots]
+        before = np.concatenate((self._previous[plan.slots, None], rows[:, :-1]), axis=1)
+        emitted = (rows != BLANK_ID) & (rows != before) & (np.arange(rows.shape[1]) < counts[:, None])
+        spoke = counts > 0
+        self._previous[plan.slots[spoke]] = rows[spoke, counts[spoke] - 1]
+        ids, start = rows[emitted].tolist(), 0  # row-major: each slot's ids in order, slot after slot
+        ends = np.cumsum(emitted.sum(axis=1)).tolist()
+        for slot, stream, end, count, last in zip(plan.slots, plan.streams, ends, counts.tolist(), plan.final):
+            stream.ids.extend(ids[start:end])
+            start = end
             stream.tokens += count
             if record.outputs is not None and count:
                 stream.outputs.append(record.outputs[slot, :count].cpu())
