@@ -16,7 +16,10 @@ in a spawned process. Samples go in and features come out through shared
 memory (torch tensors shared with the process), three buffers of each taken
 in turn: while the caller reads cycle N's features, the process computes N+1
 and has N+2 queued, so that it never waits for the caller between cycles.
-The pipe carries only each cycle's slots, block lengths and flags. Up to
+Each cycle's description (slots, block lengths, flags) and its results
+(frame counts, compute time) are in shared memory too: the pipe carries one
+byte each way (a pickled message cost ~50 us a cycle to pack and unpack, on
+the side that paces the pipeline). Up to
 ``MAX_IN_FLIGHT`` cycles may be submitted before the first :meth:`result` is
 taken; results come in submission order. Starting the process costs an
 interpreter and torch's import (seconds, once per driver) and that
@@ -25,11 +28,13 @@ interpreter's memory.
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 import time
 import weakref
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
 import numpy as np
@@ -46,43 +51,82 @@ MAX_IN_FLIGHT = 2  # cycles submitted and not yet taken: one computing, one queu
 _BUFFERS = MAX_IN_FLIGHT + 1  # and the one the caller reads
 
 
+# The pipe's messages. To the process: one byte, the buffer of the cycle to compute, or _STOP.
+# From it: _DONE (the cycle, or its start-up) or _FAILED followed by the error's text.
+_STOP, _DONE, _FAILED = b"", b"\x00", b"\x01"
+_SLOTS, _LENGTHS, _FINAL, _JOINS = range(4)  # rows of a cycle's description
+
+
+@dataclass(frozen=True)
+class _Buffers:
+    """The memory shared with the process, ``_BUFFERS`` of each, indexed by buffer first.
+
+    Torch tensors (what crosses to the process), or numpy views of them (:meth:`arrays`).
+    """
+
+    samples: torch.Tensor | np.ndarray  # float32 (B, block_samples): each slot's new samples, from its row's start
+    plans: torch.Tensor | np.ndarray  # int64 (4, B): slots, block lengths, final flags, joins (first `sizes` entries)
+    sizes: torch.Tensor | np.ndarray  # int64 (2,): how many slots, how many joins
+    features: torch.Tensor | np.ndarray  # float32 (B, chunk_frames, n_mels)
+    counts: torch.Tensor | np.ndarray  # int64 (B,): frames per slot
+    cpu_s: torch.Tensor | np.ndarray  # float64 (): the compute's seconds
+
+    @classmethod
+    def allocate(cls, batch_size: int, block_samples: int, chunk_frames: int, n_mels: int) -> _Buffers:
+        def shared(*shape: int, dtype: torch.dtype) -> torch.Tensor:
+            return torch.zeros(_BUFFERS, *shape, dtype=dtype).share_memory_()
+
+        return cls(
+            shared(batch_size, block_samples, dtype=torch.float32),
+            shared(4, batch_size, dtype=torch.int64),
+            shared(2, dtype=torch.int64),
+            shared(batch_size, chunk_frames, n_mels, dtype=torch.float32),
+            shared(batch_size, dtype=torch.int64),
+            shared(dtype=torch.float64),
+        )
+
+    def arrays(self) -> _Buffers:
+        """The same memory as numpy arrays, each a view that holds it (not ``dataclasses.astuple``: it copies)."""
+        return _Buffers(*(getattr(self, field.name).numpy() for field in dataclasses.fields(self)))
+
+
 def _serve(
-    connection: Connection,
-    frontend: Frontend,
-    batch_size: int,
-    chunk_frames: int,
-    inputs: torch.Tensor,
-    outputs: torch.Tensor,
-    threads: int,
+    connection: Connection, frontend: Frontend, batch_size: int, chunk_frames: int, buffers: _Buffers, threads: int
 ) -> None:
-    """The process: compute each cycle the pipe brings until it brings None (or closes)."""
+    """The process: compute each cycle the pipe names until it says _STOP (or closes)."""
     torch.set_num_threads(threads)
-    samples, features = inputs.numpy(), outputs.numpy()  # the caller's memory, shared
+    shared = buffers.arrays()  # the caller's memory
     stage = SlotFeatures(frontend, batch_size, chunk_frames)
-    connection.send(("ready",))
+    connection.send_bytes(_DONE)
     while True:
         try:
-            message = connection.recv()
+            message = connection.recv_bytes()
         except EOFError:
             return
-        if message is None:
+        if message == _STOP:
             return
-        buffer, slots, lengths, final, joins = message
+        buffer = message[0]
         started = time.perf_counter()
         try:
-            blocks = [samples[buffer, row, :length] for row, length in enumerate(lengths)]
-            _, counts = stage.compute(slots, blocks, final, joins, out=features[buffer])
+            plan, (slots, joins) = shared.plans[buffer], shared.sizes[buffer]
+            blocks = [shared.samples[buffer, row, :length] for row, length in enumerate(plan[_LENGTHS, :slots])]
+            final = plan[_FINAL, :slots].astype(bool)
+            _, counts = stage.compute(
+                plan[_SLOTS, :slots], blocks, final, plan[_JOINS, :joins], shared.features[buffer]
+            )
         except Exception as error:  # noqa: BLE001 (any failure goes back to the caller, who raises it)
-            connection.send(("error", f"{type(error).__name__}: {error}"))
+            connection.send_bytes(_FAILED + f"{type(error).__name__}: {error}".encode())
             continue
-        connection.send(("ok", counts, time.perf_counter() - started))
+        shared.counts[buffer] = counts
+        shared.cpu_s[buffer] = time.perf_counter() - started
+        connection.send_bytes(_DONE)
 
 
 def _shutdown(process: multiprocessing.process.BaseProcess, connection: Connection) -> None:
     """Ask ``process`` to stop (then make it), and close the pipe."""
     if process.is_alive():
         try:
-            connection.send(None)
+            connection.send_bytes(_STOP)
         except OSError:  # BrokenPipeError among them
             pass
         process.join(timeout=5)
@@ -113,15 +157,14 @@ class FeatureProcess:
         self.batch_size, self.chunk_frames, self.block_samples = batch_size, chunk_frames, block_samples
         # Shared with the process (torch moves their memory's file descriptors to it); freed with the last
         # reference on either side, so features handed out stay readable after close().
-        inputs = torch.empty(_BUFFERS, batch_size, block_samples, dtype=torch.float32).share_memory_()
-        outputs = torch.zeros(_BUFFERS, batch_size, chunk_frames, frontend.n_mels, dtype=torch.float32).share_memory_()
-        self._inputs, self._outputs = inputs.numpy(), outputs.numpy()
+        buffers = _Buffers.allocate(batch_size, block_samples, chunk_frames, frontend.n_mels)
+        self._shared = buffers.arrays()
         context = torch.multiprocessing.get_context("spawn")  # fork would copy CUDA and OpenMP state it cannot use
         self._connection, child = context.Pipe()
         threads = torch.get_num_threads() if threads is None else threads
         self._process = context.Process(
             target=_serve,
-            args=(child, frontend, batch_size, chunk_frames, inputs, outputs, threads),
+            args=(child, frontend, batch_size, chunk_frames, buffers, threads),
             name="audiomask-features",
             daemon=True,
         )
@@ -145,14 +188,22 @@ class FeatureProcess:
             raise RuntimeError(f"{MAX_IN_FLIGHT} cycles are in flight: take a result() before submitting another")
         if len(blocks) > self.batch_size:
             raise ValueError(f"blocks must hold at most {self.batch_size} entries (batch_size), got {len(blocks)}")
-        buffer, inputs = self._next, self._inputs[self._next]
+        if not len(slots) == len(blocks) == len(final):
+            raise ValueError(
+                f"slots, blocks and final must have one entry per slot, got {len(slots)}, {len(blocks)}, {len(final)}"
+            )
+        buffer, shared = self._next, self._shared
         lengths = np.array([len(block) for block in blocks], np.int64)
         if lengths.size and lengths.max() > self.block_samples:
             raise ValueError(f"a block holds {lengths.max()} samples, more than block_samples={self.block_samples}")
         for row, block in enumerate(blocks):
-            inputs[row, : len(block)] = block
+            shared.samples[buffer, row, : len(block)] = block
+        plan, count = shared.plans[buffer], len(blocks)
+        plan[_SLOTS, :count], plan[_LENGTHS, :count], plan[_FINAL, :count] = slots, lengths, final
+        plan[_JOINS, : len(joins)] = joins
+        shared.sizes[buffer] = count, len(joins)
         try:
-            self._connection.send((buffer, slots, lengths, final, joins))
+            self._connection.send_bytes(bytes((buffer,)))
         except OSError as error:  # BrokenPipeError among them
             raise self._died() from error
         self._in_flight.append(buffer)
@@ -166,17 +217,17 @@ class FeatureProcess:
         if not self._in_flight:
             raise RuntimeError("no cycle is in flight: submit() one first")
         buffer = self._in_flight.popleft()
-        _, counts, cpu_s = self._receive()
-        return self._outputs[buffer], counts, cpu_s
+        self._receive()
+        shared = self._shared
+        return shared.features[buffer], shared.counts[buffer].copy(), float(shared.cpu_s[buffer])
 
-    def _receive(self, *, starting: bool = False) -> tuple:
+    def _receive(self, *, starting: bool = False) -> None:
         try:
-            message = self._connection.recv()
+            message = self._connection.recv_bytes()
         except (EOFError, OSError) as error:
             raise self._died(starting) from error
-        if message[0] == "error":
-            raise RuntimeError(f"the feature process failed: {message[1]}")
-        return message
+        if message.startswith(_FAILED):
+            raise RuntimeError(f"the feature process failed: {message[len(_FAILED) :].decode()}")
 
     def _died(self, starting: bool = False) -> RuntimeError:
         self._process.join(timeout=1)

@@ -27,25 +27,19 @@ from audiomask.transfer import KiB, to_device
 from audiomask.transfer.harness import QueueFiller, pin_per_copy
 
 SIZES = (16 * KiB, 64 * KiB)
-SLOTS = (
-    64  # premade slots used in turn: a busy queue holds each copy's slot until it runs
-)
+SLOTS = 64  # premade slots used in turn: a busy queue holds each copy's slot until it runs
 REPS = 2000
 
 
 def _lean_forms(nbytes: int) -> dict[str, object]:
-    slots = [
-        torch.empty(nbytes, dtype=torch.uint8, pin_memory=True) for _ in range(SLOTS)
-    ]
+    slots = [torch.empty(nbytes, dtype=torch.uint8, pin_memory=True) for _ in range(SLOTS)]
     views = [slot.numpy() for slot in slots]
     events = [torch.cuda.Event() for _ in range(SLOTS)]
     turn = [0]
 
     def stage(payload: np.ndarray) -> tuple[torch.Tensor, torch.cuda.Event]:
         i = turn[0] = (turn[0] + 1) % SLOTS
-        events[
-            i
-        ].synchronize()  # a slot is reused only once its last copy has completed
+        events[i].synchronize()  # a slot is reused only once its last copy has completed
         np.copyto(views[i], payload)
         return slots[i], events[i]
 
@@ -74,10 +68,7 @@ def main() -> int:
         tensor = torch.from_numpy(payload)
         forms = {
             "pin_per_copy": lambda _, t=tensor: pin_per_copy(t, "cuda"),
-            **{
-                name: (lambda _, f=f, p=payload: f(p))
-                for name, f in _lean_forms(nbytes).items()
-            },
+            **{name: (lambda _, f=f, p=payload: f(p)) for name, f in _lean_forms(nbytes).items()},
             "to_device": lambda _, p=payload: to_device(p, "cuda"),
         }
         for busy in (False, True):
@@ -94,9 +85,7 @@ def main() -> int:
                     f"p50 {row['p50']:.4f} p99 {row['p99']:.4f} ms",
                     flush=True,
                 )
-    write_result(
-        out, {"environment": capture_environment(sys.argv), "reps": REPS, "rows": rows}
-    )
+    write_result(out, {"environment": capture_environment(sys.argv), "reps": REPS, "rows": rows})
     return 0
 
 
