@@ -123,8 +123,14 @@ def _pipeline_runs(
 ) -> dict:
     calibration: list[dict] = []
     warmup = left_chunk + 2  # cycles each drive() runs before its timed ones
-    # A final run costs this many calibration runs of the same B (cycles scale the time, warm-up included).
-    final_runs = 3 * repeats * (warmup + cycles) / (warmup + CALIBRATION_CYCLES)
+    # One final run of each mode costs this many calibration runs of the same B (cycles scale the time,
+    # warm-up included). The calibration stops where even a single final run of each mode would no longer
+    # fit: a balanced B with fewer repeats tells more than an unbalanced one with all of them.
+    final_runs = 3 * (warmup + cycles) / (warmup + CALIBRATION_CYCLES)
+    # The process's first drive pays one-time costs (CUDA graph captures, allocator and ring growth): run
+    # untimed, so that neither B = 1's figures nor the budget rule see them (on the H200 it took 0.50 s,
+    # later ones 0.24 s, and with 96 cycles the rule then stopped the calibration at B = 1).
+    drive(model, 1, CALIBRATION_CYCLES, chunk_size, left_chunk, overlap=False)
     batch = 1
     while True:
         began = time.perf_counter()
@@ -139,7 +145,7 @@ def _pipeline_runs(
     best = min(calibration, key=lambda row: abs(np.log(max(row["cpu_s"], 1e-9) / max(row["gpu_s"], 1e-9))))
     batch = best["batch"]
     # As many repeats as the budget affords (at least one of each mode).
-    affordable = int(budget.left() / (best["seconds"] * final_runs / repeats)) if best["seconds"] > 0 else repeats
+    affordable = int(budget.left() / (best["seconds"] * final_runs)) if best["seconds"] > 0 else repeats
     repeats = max(1, min(repeats, affordable))
     serial_runs, pipelined_runs, process_runs = [], [], []
     for _ in range(repeats):
