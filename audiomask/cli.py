@@ -70,7 +70,7 @@ EXIT_INTERRUPTED = 128 + 2  # the shell's status for a process ended by SIGINT (
 STDIN = "-"
 # Suffixes of the containers libsndfile reads: what a directory argument expands to.
 AUDIO_SUFFIXES = frozenset(
-    ".wav .wave .flac .ogg .oga .opus .mp3 .aiff .aif .aifc .au .snd .caf .w64 .rf64 .sph".split()  # noqa: SIM905
+    ".wav .wave .flac .ogg .oga .opus .mp3 .aiff .aif .aifc .au .snd .caf .w64 .rf64 .sph".split()
 )
 # torch intra-op threads while transcribing. A chunk step multiplies matrices of a few tokens,
 # too small to share out, and the front end runs on a second thread beside it (audiomask.stream):

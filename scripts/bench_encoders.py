@@ -49,11 +49,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, installed or not
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _benchenv import capture_environment, write_result  # noqa: E402
+from _benchenv import capture_environment, write_result
 
-from audiomask.encoders import Phi4MMAudioConfig, Phi4MMEncoder  # noqa: E402
-from audiomask.masks.phi4mm import FEATURE_HOP_MS  # noqa: E402
-from audiomask.transfer.harness import QueueFiller  # noqa: E402
+from audiomask.encoders import Phi4MMAudioConfig, Phi4MMEncoder
+from audiomask.masks.phi4mm import FEATURE_HOP_MS
+from audiomask.transfer.harness import QueueFiller
 
 TINY = Phi4MMAudioConfig(
     hidden_size=16,

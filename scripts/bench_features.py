@@ -156,7 +156,11 @@ def main() -> None:
     from torchaudio.compliance.kaldi import fbank
 
     phi, phi32 = Phi4MMFrontend(), Phi4MMFrontend(fft_dtype=torch.float32)
-    whisper, whisper_running, qwen3 = WhisperFrontend(128), WhisperFrontend(128, floor="running"), WhisperFrontend.qwen3_asr()
+    whisper, whisper_running, qwen3 = (
+        WhisperFrontend(128),
+        WhisperFrontend(128, floor="running"),
+        WhisperFrontend.qwen3_asr(),
+    )
 
     x = speech(UTTERANCE_S)
     rng = np.random.default_rng(0)
@@ -190,7 +194,9 @@ def main() -> None:
         "kaldi_fbank_clamped_vs_transformers_30s": max_diff(
             np.maximum(kaldi(x).numpy(), 0.0), hf(hf_phi, x, "audio_input_features")[0]
         ),
-        "whisper128_vs_transformers_30s": max_diff(whisper(x), hf(hf_whisper, x, "input_features", padding="longest")[0]),
+        "whisper128_vs_transformers_30s": max_diff(
+            whisper(x), hf(hf_whisper, x, "input_features", padding="longest")[0]
+        ),
         "qwen3_vs_transformers_30s": max_diff(qwen3(x), hf(hf_qwen3, x, "input_features", padding="longest")[0]),
     }
 
@@ -206,6 +212,7 @@ def main() -> None:
         times = time_interleaved(methods, rounds, args.warmup)
         summary = summarise(times, audio_s, baseline, pushes)
         cases.append({"case": name, "audio_s": audio_s, "rounds": rounds, "methods": summary})
+
     case(
         "phi4mm_single_30s",
         UTTERANCE_S,

@@ -40,9 +40,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, installed or not
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _benchenv import capture_environment, write_result  # noqa: E402
+from _benchenv import capture_environment, write_result
 
-from audiomask.masks import phi4mm  # noqa: E402
+from audiomask.masks import phi4mm
 
 CHUNK_SIZE = 16  # tokens per chunk (16 x 80 ms = 1.28 s)
 LEFT_CHUNK = phi4mm.DEFAULT_LEFT_CHUNK  # 18 chunks of left context (config default)
@@ -182,9 +182,11 @@ def main() -> None:
         "results": results,
     }
 
-    header = f"{'mask':<15}{'L':>6}{'B':>4}" + "".join(
-        f"{name + ' med/p99':>22}" for name in ("ours", "ours_out", "upstream", "naive", "fill")
-    ) + f"{'x up (out)':>12}{'x up (fill)':>12}{'out/fill':>10}"
+    header = (
+        f"{'mask':<15}{'L':>6}{'B':>4}"
+        + "".join(f"{name + ' med/p99':>22}" for name in ("ours", "ours_out", "upstream", "naive", "fill"))
+        + f"{'x up (out)':>12}{'x up (fill)':>12}{'out/fill':>10}"
+    )
     print(header)
     for case in results:
         t = case["timings"]

@@ -34,11 +34,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, installed or not
 
-from audiomask.bench.environment import capture_environment, write_result  # noqa: E402
-from audiomask.bench.models import build_model  # noqa: E402
-from audiomask.bench.overlap import drive, pipeline_section, pipeline_threads  # noqa: E402
-from audiomask.bench.timing import Budget, percentiles  # noqa: E402
-from audiomask.encoders import Phi4MMEncoder  # noqa: E402
+from audiomask.bench.environment import capture_environment, write_result
+from audiomask.bench.models import build_model
+from audiomask.bench.overlap import drive, pipeline_section, pipeline_threads
+from audiomask.bench.timing import Budget, percentiles
+from audiomask.encoders import Phi4MMEncoder
 
 CHUNK_TOKENS = 16  # 16 tokens x 80 ms = 1.28 s chunks
 LEFT_CHUNKS = 2

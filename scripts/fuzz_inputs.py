@@ -46,16 +46,16 @@ from test_hostile_masks import (
 HANG_SECONDS = 20  # one execution: a few ms normally, ~0.2 s at worst (a 16 MiB resampling filter)
 
 
-class Hang(Exception):
+class HangError(Exception):
     """An execution ran longer than HANG_SECONDS."""
 
 
 @contextlib.contextmanager
 def hang_alarm(seconds: int) -> Iterator[None]:
-    """Raise :class:`Hang` in the main thread if the block runs longer than ``seconds``."""
+    """Raise :class:`HangError` in the main thread if the block runs longer than ``seconds``."""
 
     def expire(signum: int, frame: object) -> None:
-        raise Hang(f"execution ran longer than {seconds} s")
+        raise HangError(f"execution ran longer than {seconds} s")
 
     previous = signal.signal(signal.SIGALRM, expire)
     signal.alarm(seconds)

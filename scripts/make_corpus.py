@@ -148,7 +148,7 @@ def check_engine(name: str, command: Sequence[str]) -> str:
     """
     option = ENGINE_OPTION[name]
     try:
-        result = subprocess.run([*command, "--version"], capture_output=True, text=True, timeout=60)
+        result = subprocess.run([*command, "--version"], capture_output=True, text=True, timeout=60, check=False)
     except OSError as error:
         raise ValueError(f"{option}: cannot run {shlex.join(command)!r}: {error}") from None
     lines = [line.strip() for line in (result.stdout + result.stderr).splitlines()]
@@ -163,7 +163,9 @@ ENGINE_OPTION = {"espeak-ng": "--espeak", "flite": "--flite", "festival": "--fes
 
 def festival_voices(command: Sequence[str]) -> list[str]:
     """The voices ``(voice.list)`` names in festival."""
-    result = subprocess.run([*command, "-b", "(print (voice.list))"], capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [*command, "-b", "(print (voice.list))"], capture_output=True, text=True, timeout=60, check=False
+    )
     return result.stdout.strip().strip("()").split()
 
 
@@ -441,7 +443,7 @@ def synthesise(task: tuple[dict, dict[str, list[str]], str]) -> dict:
     os.close(handle)
     try:
         command = tts_command(job, commands, raw_path)
-        result = subprocess.run(command, capture_output=True, text=True, timeout=TTS_TIMEOUT_S)
+        result = subprocess.run(command, capture_output=True, text=True, timeout=TTS_TIMEOUT_S, check=False)
         if result.returncode != 0:
             raise RuntimeError(
                 f"{job['engine']} failed on utterance {job['id']}: {shlex.join(command)}: "

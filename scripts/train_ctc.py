@@ -828,7 +828,7 @@ def render_card(
         "| chunk ms | " + " | ".join(f"{machine(r)}: compute ms / latency ms / RTF" for r in eval_reports) + " |",
         "| --- | " + " | ".join("---" for _ in eval_reports) + " |",
     ]
-    for index, ms in enumerate(config["eval_chunk_ms"]):
+    for ms in config["eval_chunk_ms"]:
         cells = []
         for r in eval_reports:
             found = [x for x in r["results"]["latency"] if x["chunk_ms"] == ms]

@@ -50,8 +50,12 @@ def test_count_and_offline_frames_match_the_definition(framing):
         expected = reference_frames(framing, x)
         assert framing.count(n) == len(expected), n
         count = framing.count(n)
-        np.testing.assert_array_equal(segment_frames(framing, framing.segment(framing.pad_signal(x), count), count), expected)
-    np.testing.assert_array_equal(framing.count(np.array([0, 400, 16000])), [framing.count(0), framing.count(400), framing.count(16000)])
+        np.testing.assert_array_equal(
+            segment_frames(framing, framing.segment(framing.pad_signal(x), count), count), expected
+        )
+    np.testing.assert_array_equal(
+        framing.count(np.array([0, 400, 16000])), [framing.count(0), framing.count(400), framing.count(16000)]
+    )
 
 
 def stream_frames(framing: Framing, x: np.ndarray, sizes, min_samples: int = 0) -> np.ndarray:
@@ -75,7 +79,9 @@ def test_streamed_frames_equal_offline_frames_for_any_chunking(framing, data):
 def test_flush_zero_extends_to_min_samples(framing):
     x = np.random.default_rng(1).normal(size=37).astype(np.float32)
     extended = np.concatenate([x, np.zeros(900 - len(x), np.float32)])
-    np.testing.assert_array_equal(stream_frames(framing, x, [5, 11], min_samples=900), reference_frames(framing, extended))
+    np.testing.assert_array_equal(
+        stream_frames(framing, x, [5, 11], min_samples=900), reference_frames(framing, extended)
+    )
 
 
 def test_push_returns_frames_as_soon_as_their_samples_are_in():
@@ -101,7 +107,11 @@ def test_pack_lays_segments_at_hop_multiples_and_picks_their_frames():
 
 
 def slaney_banks(bins: int, n_mels: int) -> np.ndarray:
-    return torchaudio.functional.melscale_fbanks(bins, 0.0, 8000.0, n_mels, 16000, norm="slaney", mel_scale="slaney").double().numpy()
+    return (
+        torchaudio.functional.melscale_fbanks(bins, 0.0, 8000.0, n_mels, 16000, norm="slaney", mel_scale="slaney")
+        .double()
+        .numpy()
+    )
 
 
 @pytest.mark.filterwarnings("ignore:At least one mel filterbank has all zero values")
@@ -140,7 +150,9 @@ def brute_force_split_cost(first, end, groups):
     for k in range(min(groups, n)):
         for cuts in combinations(range(1, n), k):
             bounds = [0, *cuts, n]
-            best = min(best, sum((end[a:b].max() - first[a:b].min()) * (b - a) for a, b in zip(bounds[:-1], bounds[1:])))
+            best = min(
+                best, sum((end[a:b].max() - first[a:b].min()) * (b - a) for a, b in zip(bounds[:-1], bounds[1:]))
+            )
     return best
 
 

@@ -190,7 +190,10 @@ def test_streams_concatenated_pushes_equal_offline(frontend):
         (lambda f: f(np.zeros(400, np.int16)), "samples must hold floating-point samples in [-1, 1], got dtype int16"),
         (lambda f: f.batch([]), "signals must hold at least one signal, got an empty sequence"),
         (lambda f: f.batch(np.zeros(400, np.float32)), "signals must be a sequence of 1-D arrays"),
-        (lambda f: f.batch([np.zeros(400), np.zeros((1, 2))]), "signals[1] must be 1-D (mono samples), got shape (1, 2)"),
+        (
+            lambda f: f.batch([np.zeros(400), np.zeros((1, 2))]),
+            "signals[1] must be 1-D (mono samples), got shape (1, 2)",
+        ),
         (lambda f: f.streams(0), "count must be >= 1, got 0"),
         (lambda f: f.streams(2).push([np.zeros(3)]), "chunks must hold one chunk per stream (2), got 1"),
         (lambda f: Phi4MMFrontend(fft_dtype=torch.float16), "fft_dtype must be torch.float32 or torch.float64"),

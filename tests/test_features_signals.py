@@ -50,7 +50,9 @@ def speech_like(seconds: float, seed: int = 0, level_db: float = -6.0, sample_ra
     pieces, length = [], 0
     while length < total:
         kind = rng.choice(["voiced", "fricative", "pause"], p=[0.55, 0.2, 0.25])
-        n = int(rng.uniform(*{"voiced": (0.1, 0.4), "fricative": (0.05, 0.15), "pause": (0.05, 0.3)}[kind]) * sample_rate)
+        n = int(
+            rng.uniform(*{"voiced": (0.1, 0.4), "fricative": (0.05, 0.15), "pause": (0.05, 0.3)}[kind]) * sample_rate
+        )
         if kind == "voiced":
             pieces.append(_voiced(n, rng, sample_rate))
         elif kind == "fricative":

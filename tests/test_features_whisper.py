@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from test_features_signals import cut, speech_like
 
 from audiomask.audio import load
-from audiomask.features._framing import pack
 from audiomask.features import WhisperFrontend
+from audiomask.features._framing import pack
 from audiomask.features.whisper import (
     DYNAMIC_RANGE,
     LOG_OFFSET,
@@ -221,7 +221,9 @@ def test_running_floor_holds_leading_silence_at_the_prior_then_follows_the_peak(
     log_mel = unfloored_log_mel(x)
     peak = log_mel.max()
     assert peak < PEAK_PRIOR  # quiet speech: after its peak the floor is its own, not the prior's
-    np.testing.assert_allclose(features[:, -1], (np.maximum(log_mel[:, -1], peak - DYNAMIC_RANGE) + LOG_OFFSET) / LOG_SCALE, atol=1e-5)
+    np.testing.assert_allclose(
+        features[:, -1], (np.maximum(log_mel[:, -1], peak - DYNAMIC_RANGE) + LOG_OFFSET) / LOG_SCALE, atol=1e-5
+    )
 
 
 @pytest.mark.parametrize(

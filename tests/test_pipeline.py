@@ -45,9 +45,7 @@ def noise(seed: int, n: int) -> np.ndarray:
     return (envelope * rng.standard_normal(n)).astype(np.float32)
 
 
-def offline_text(
-    model: ASRModel, samples: np.ndarray, chunk_size: int, left_chunk: int
-) -> str:
+def offline_text(model: ASRModel, samples: np.ndarray, chunk_size: int, left_chunk: int) -> str:
     features = torch.from_numpy(Phi4MMFrontend()(samples))
     with torch.no_grad():
         outputs, lengths = model.encoder(
@@ -66,9 +64,7 @@ def test_stream_text_equals_offline_greedy(model, chunk_ms, left_chunks):
     samples = noise(chunk_ms, 21000)
     expected = offline_text(model, samples, chunk_ms // 80, left_chunks)
     assert len(expected) > 1
-    with StreamingRecognizer(
-        model, chunk_ms=chunk_ms, left_chunks=left_chunks
-    ) as recognizer:
+    with StreamingRecognizer(model, chunk_ms=chunk_ms, left_chunks=left_chunks) as recognizer:
         stream = recognizer.open_stream("s1")
         cuts = np.sort(np.random.default_rng(0).integers(0, len(samples), 9))
         partials = []
@@ -77,9 +73,7 @@ def test_stream_text_equals_offline_greedy(model, chunk_ms, left_chunks):
             partials.append(stream.partial())
         text = stream.finish()
         assert text == expected
-        assert all(
-            expected.startswith(p) for p in partials
-        )  # greedy CTC partials only grow
+        assert all(expected.startswith(p) for p in partials)  # greedy CTC partials only grow
         assert stream.finish() == text  # idempotent
         assert recognizer.transcribe(samples) == expected
 
@@ -96,9 +90,7 @@ def test_many_streams_interleaved(model, frontend_process):
                 if position < len(samples):
                     stream.accept(samples[position : position + 2500])
         with pytest.raises(RuntimeError, match="u0"):
-            streams[
-                0
-            ].finish()  # u1 and u2 share its step and have not ended: the batch cannot advance
+            streams[0].finish()  # u1 and u2 share its step and have not ended: the batch cannot advance
         for stream in streams:
             stream.input_finished()
         texts = [stream.finish() for stream in streams]

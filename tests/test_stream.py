@@ -31,19 +31,12 @@ def head():
     return CTCHead(16, VOCAB).eval()
 
 
-def signals(
-    seed: int, count: int, low: int = 400, high: int = 16000
-) -> list[np.ndarray]:
+def signals(seed: int, count: int, low: int = 400, high: int = 16000) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)
-    return [
-        (0.1 * rng.standard_normal(int(n))).astype(np.float32)
-        for n in rng.integers(low, high, count)
-    ]
+    return [(0.1 * rng.standard_normal(int(n))).astype(np.float32) for n in rng.integers(low, high, count)]
 
 
-def offline(
-    encoder, samples: np.ndarray, chunk_size: int, left_chunk: int
-) -> torch.Tensor:
+def offline(encoder, samples: np.ndarray, chunk_size: int, left_chunk: int) -> torch.Tensor:
     """The whole-utterance ``hard``-masked forward of the offline features: ``(L, D)``."""
     features = torch.from_numpy(Phi4MMFrontend()(samples))
     with torch.no_grad():
@@ -80,9 +73,7 @@ def test_single_stream_equals_offline(encoder, head, chunk_size, left_chunk):
 
 
 @pytest.mark.parametrize(("chunk_size", "left_chunk"), CHUNKINGS)
-def test_batched_streams_with_offsets_equal_offline(
-    encoder, head, chunk_size, left_chunk
-):
+def test_batched_streams_with_offsets_equal_offline(encoder, head, chunk_size, left_chunk):
     """More streams than slots: slots are freed and reused mid-run, streams start at random cycles."""
     batch = signals(10 + chunk_size, 9)
     starts = np.random.default_rng(chunk_size).integers(0, 6, len(batch)).tolist()
@@ -109,9 +100,7 @@ def test_batched_streams_with_offsets_equal_offline(
 def test_batch_independence(encoder, head):
     """The same stream alone and inside a batch of many streams of random lengths and start offsets."""
     target = signals(99, 1, 12000, 12001)[0]
-    alone = StreamingDriver(
-        encoder, head, chunk_size=2, left_chunk=1, keep_outputs=True
-    )
+    alone = StreamingDriver(encoder, head, chunk_size=2, left_chunk=1, keep_outputs=True)
     (single,) = alone.run([target])
     alone.close()
     others = signals(5, 63, 400, 20000)
@@ -161,13 +150,7 @@ def test_instrumentation(encoder, head):
     assert len(stats.cycles) >= max(s.tokens for s in streams) // 2
     assert [c.cycle for c in stats.cycles] == list(range(len(stats.cycles)))
     for c in stats.cycles:
-        assert (
-            c.cpu_s >= 0
-            and c.enqueue_s >= 0
-            and c.encode_s >= 0
-            and c.wait_s >= 0
-            and 1 <= c.streams <= 2
-        )
+        assert c.cpu_s >= 0 and c.enqueue_s >= 0 and c.encode_s >= 0 and c.wait_s >= 0 and 1 <= c.streams <= 2
     assert stats.wall_s > 0 and stats.cpu_s > 0 and stats.gpu_s > 0
     assert stats.overlap() <= 1.0 + 1e-9 or stats.cpu_s + stats.gpu_s > stats.wall_s
 
@@ -198,9 +181,7 @@ def test_overlap_formula():
 def test_live_feeding_in_odd_pieces(encoder, head):
     """Samples arriving in arbitrary pieces give the same outputs as the whole signal."""
     samples = signals(8, 1, 15000, 15001)[0]
-    driver = StreamingDriver(
-        encoder, head, chunk_size=2, left_chunk=1, keep_outputs=True
-    )
+    driver = StreamingDriver(encoder, head, chunk_size=2, left_chunk=1, keep_outputs=True)
     stream = driver.open("live")
     cuts = np.sort(np.random.default_rng(8).integers(0, len(samples), 12))
     for piece in np.split(samples, cuts):

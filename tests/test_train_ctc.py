@@ -296,7 +296,16 @@ def test_card_lists_the_training_stages(trained: Path, tmp_path: Path) -> None:
     first.write_text((trained / "train.json").read_text())
     card = tmp_path / "MODEL_CARD.md"
     train_ctc.main(
-        ["card", "--train", str(first), str(trained / "train.json"), "--eval", str(trained / "eval.json"), "--out", str(card)]
+        [
+            "card",
+            "--train",
+            str(first),
+            str(trained / "train.json"),
+            "--eval",
+            str(trained / "eval.json"),
+            "--out",
+            str(card),
+        ]
     )
     text = card.read_text()
     assert "from 2 training stages" in text
@@ -307,7 +316,9 @@ def test_card_lists_the_training_stages(trained: Path, tmp_path: Path) -> None:
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a machine without CUDA")
 def test_cuda_without_cuda_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="--device cuda: CUDA is not available here"):
-        train_ctc.main(["train", "--corpus", str(tmp_path), "--out", str(tmp_path / "out"), "--steps", "1", "--device", "cuda"])
+        train_ctc.main(
+            ["train", "--corpus", str(tmp_path), "--out", str(tmp_path / "out"), "--steps", "1", "--device", "cuda"]
+        )
 
 
 def test_card_lists_engines_never_trained_on(trained: Path, tmp_path: Path) -> None:

@@ -115,11 +115,9 @@ def _random_asr(config: Phi4MMAudioConfig) -> ASRModel:
 
 def _shipped() -> tuple[ASRModel, str]:
     """The packaged model where it is there, else a random one of its architecture."""
-    try:
-        from audiomask.checkpoint import DEFAULT_MODEL_PATH, load_model
-    except ImportError:
-        DEFAULT_MODEL_PATH = None
-    if DEFAULT_MODEL_PATH is not None and DEFAULT_MODEL_PATH.is_file():
+    from audiomask.checkpoint import DEFAULT_MODEL_PATH, load_model
+
+    if DEFAULT_MODEL_PATH.is_file():
         return load_model(), f"audiomask.checkpoint.load_model() ({DEFAULT_MODEL_PATH.name})"
     return _random_asr(SHIPPED_CONFIG), "random weights of the shipped architecture (no packaged model yet)"
 

@@ -190,7 +190,7 @@ class Frontend(ABC):
     def _log_(self, mel: torch.Tensor) -> None:
         """Clamp and take the log of mel power in place."""
 
-    def _finish(self, batch: torch.Tensor, counts: np.ndarray, state: np.ndarray | None) -> None:
+    def _finish(self, batch: torch.Tensor, counts: np.ndarray, state: np.ndarray | None) -> None:  # noqa: B027 (a hook)
         """Post-process a ``(S, width, n_mels)`` batch in place; row ``s`` holds ``counts[s]`` frames, zeros after.
 
         ``state`` is None for whole utterances, else the per-stream state from
@@ -326,7 +326,9 @@ class FeatureStreams:
     def __len__(self) -> int:
         return len(self._framers)
 
-    def _emit(self, pieces: list[tuple[np.ndarray, int]], extra: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def _emit(
+        self, pieces: list[tuple[np.ndarray, int]], extra: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         segments, counts = zip(*pieces)
         packed = pack(segments, counts, self.frontend.framing)
         counts = packed.counts if extra is None else packed.counts + extra

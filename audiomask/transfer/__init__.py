@@ -21,6 +21,7 @@ Without CUDA everything works and returns CPU tensors. The copies that stall
 
 from __future__ import annotations
 
+from audiomask.transfer._resolve import torch_dtype_of
 from audiomask.transfer.dense import is_dense
 from audiomask.transfer.ring import (
     DEFAULT_MAX_PINNED_BYTES,
@@ -34,7 +35,6 @@ from audiomask.transfer.ring import (
     RingStats,
     Staged,
 )
-from audiomask.transfer._resolve import torch_dtype_of
 from audiomask.transfer.staging import (
     PARALLEL_COPY_BYTES,
     default_ring,

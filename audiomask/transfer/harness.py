@@ -117,9 +117,7 @@ class QueueFeed:
         piece_ms: milliseconds per queued piece: the resolution of :meth:`queued_ms`.
     """
 
-    def __init__(
-        self, filler: QueueFiller, stream: torch.cuda.Stream, depth_ms: float, piece_ms: float = 1.0
-    ) -> None:
+    def __init__(self, filler: QueueFiller, stream: torch.cuda.Stream, depth_ms: float, piece_ms: float = 1.0) -> None:
         if not depth_ms > 0:
             raise ValueError(f"depth_ms must be > 0, got {depth_ms}")
         if not 0 < piece_ms <= depth_ms:

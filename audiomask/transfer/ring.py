@@ -437,7 +437,13 @@ class PinnedRing:
             return [slot]
         array, segment = buffer.numpy(), Segment(nbytes * count)
         return [
-            Slot(buffer[i * nbytes : (i + 1) * nbytes], array[i * nbytes : (i + 1) * nbytes], nbytes, pinned, segment=segment)
+            Slot(
+                buffer[i * nbytes : (i + 1) * nbytes],
+                array[i * nbytes : (i + 1) * nbytes],
+                nbytes,
+                pinned,
+                segment=segment,
+            )
             for i in range(count)
         ]
 

@@ -92,7 +92,11 @@ def main() -> None:
     for name, env in runs:
         label = name + (" OMP_WAIT_POLICY=PASSIVE" if env else "")
         out = subprocess.run(
-            [sys.executable, __file__, "--variant", name], env={**os.environ, **env}, capture_output=True, text=True
+            [sys.executable, __file__, "--variant", name],
+            env={**os.environ, **env},
+            capture_output=True,
+            text=True,
+            check=False,
         )
         if out.returncode:
             print(label, "failed:", out.stderr[-2000:])
@@ -104,6 +108,7 @@ def main() -> None:
             print(f"   {row:26s} {p50:.4f} / {p99:.4f}")
     if args.json:
         write_result(Path(args.json), {"environment": capture_environment(sys.argv), "ms_p50_p99": results})
+
 
 if __name__ == "__main__":
     main()

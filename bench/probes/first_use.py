@@ -34,6 +34,6 @@ for mib in (1, 8, 64):
 
     kept = behind_queue(f"first {mib} MiB allocation on the new stream (new segment)", allocate_on_fresh_pool)
     del kept
-    behind_queue(f"same allocation again (cached block)", allocate_on_fresh_pool)
+    behind_queue("same allocation again (cached block)", allocate_on_fresh_pool)
 behind_queue("pinned host allocation 8 MiB (new)", lambda: torch.empty(8 << 20, dtype=torch.uint8, pin_memory=True))
 behind_queue("cuda event create+record", lambda: torch.cuda.Event().record(stream))

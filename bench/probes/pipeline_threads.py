@@ -93,14 +93,22 @@ def measure(model: object, batch: int, cycles: int, repeats: int) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--threads", type=int, nargs="+", default=sorted({CORES, max(1, CORES - 1), max(1, CORES // 2), 4}, reverse=True))
+    parser.add_argument(
+        "--threads",
+        type=int,
+        nargs="+",
+        default=sorted({CORES, max(1, CORES - 1), max(1, CORES // 2), 4}, reverse=True),
+    )
     parser.add_argument("--batches", type=int, nargs="+", default=[16, 64, 256])
     parser.add_argument("--cycles", type=int, default=24)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--model", default="shipped", choices=["shipped", "phi4mm_full"])
     parser.add_argument("--wait", nargs="+", default=["spin"], choices=["spin", "block"])
     parser.add_argument(
-        "--switch-ms", type=float, nargs="+", default=[sys.getswitchinterval() * 1e3],
+        "--switch-ms",
+        type=float,
+        nargs="+",
+        default=[sys.getswitchinterval() * 1e3],
         help="Python's thread switch interval(s) to run under, ms (default: this interpreter's, 5 ms)",
     )
     parser.add_argument("--out", required=True)

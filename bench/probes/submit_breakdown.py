@@ -63,14 +63,22 @@ for n in (16 * KiB, 1 * MiB):
     show(f"rec, then copy side {n // KiB}K", [("rec", lambda: ev.record(side)), ("copy", lambda n=n: copy_on(side, n))])
     show(f"alloc side {n // KiB}K", [("alloc", lambda n=n: alloc_on(side, n))])
     show(f"alloc current {n // KiB}K", [("alloc", lambda n=n: torch.empty(n, dtype=torch.uint8, device="cuda"))])
-    show(f"wait_event current", [("rec", lambda: ev.record(side)), ("wait", lambda: current.wait_event(ev))])
+    show("wait_event current", [("rec", lambda: ev.record(side)), ("wait", lambda: current.wait_event(ev))])
 
 ring = PinnedRing()
 for n in (16 * KiB, 1 * MiB, 16 * MiB):
     data = np.random.default_rng(0).integers(0, 255, n, dtype=np.uint8)
     show(f"to_device {n // KiB}K", [("to_device", lambda d=data: to_device(d, "cuda", ring=ring))])
-    show(f"to_device x2 {n // KiB}K", [("first", lambda d=data: to_device(d, "cuda", ring=ring)),
-                                       ("second", lambda d=data: to_device(d, "cuda", ring=ring))])
+    show(
+        f"to_device x2 {n // KiB}K",
+        [
+            ("first", lambda d=data: to_device(d, "cuda", ring=ring)),
+            ("second", lambda d=data: to_device(d, "cuda", ring=ring)),
+        ],
+    )
     out = torch.empty(n, dtype=torch.uint8, device="cuda")
     show(f"to_device out= {n // KiB}K", [("to_device", lambda d=data, o=out: to_device(d, "cuda", ring=ring, out=o))])
-    show(f"to_device stream=cur {n // KiB}K", [("to_device", lambda d=data: to_device(d, "cuda", ring=ring, stream=current))])
+    show(
+        f"to_device stream=cur {n // KiB}K",
+        [("to_device", lambda d=data: to_device(d, "cuda", ring=ring, stream=current))],
+    )

@@ -126,15 +126,26 @@ def section_calls() -> None:
         t.record_stream(cur)
         del t
 
-    show("empty+record_stream(cur)+free side", alloc_record_free, ("idle", "busy", "first"), setup=on_side[0],
-         teardown=on_side[1])
+    show(
+        "empty+record_stream(cur)+free side",
+        alloc_record_free,
+        ("idle", "busy", "first"),
+        setup=on_side[0],
+        teardown=on_side[1],
+    )
 
     for n in (16 * KiB, 1 * MiB, 16 * MiB, 64 * MiB):
         src = torch.empty(n, dtype=torch.uint8, pin_memory=True)
         dst = torch.empty(n, dtype=torch.uint8, device=DEV)
         modes, reps = ("idle", "busy", "first"), (300 if n <= MiB else 60)
-        show(f"copy_ {n // KiB}K hostalloc on side", lambda: dst.copy_(src, non_blocking=True), modes, reps,
-             setup=on_side[0], teardown=on_side[1])
+        show(
+            f"copy_ {n // KiB}K hostalloc on side",
+            lambda: dst.copy_(src, non_blocking=True),
+            modes,
+            reps,
+            setup=on_side[0],
+            teardown=on_side[1],
+        )
         show(f"copy_ {n // KiB}K hostalloc on cur", lambda: dst.copy_(src, non_blocking=True), modes, reps)
         if n in (16 * KiB, 16 * MiB):
             mm = mmap.mmap(-1, n)
@@ -142,14 +153,21 @@ def section_calls() -> None:
             err = torch.cuda.cudart().cudaHostRegister(reg.ctypes.data, n, 0)
             rt = torch.from_numpy(reg)
             print(f"  cudaHostRegister -> {err}; is_pinned={rt.is_pinned()}")
-            show(f"copy_ {n // KiB}K registered on side", lambda: dst.copy_(rt, non_blocking=True), modes, reps,
-                 setup=on_side[0], teardown=on_side[1])
+            show(
+                f"copy_ {n // KiB}K registered on side",
+                lambda: dst.copy_(rt, non_blocking=True),
+                modes,
+                reps,
+                setup=on_side[0],
+                teardown=on_side[1],
+            )
             try:
                 from cuda.bindings import driver as cu
 
                 dptr, sptr, hs = cu.CUdeviceptr(dst.data_ptr()), src.data_ptr(), cu.CUstream(side.cuda_stream)
-                show(f"cuMemcpyHtoDAsync {n // KiB}K side", lambda: cu.cuMemcpyHtoDAsync(dptr, sptr, n, hs), modes,
-                     reps)
+                show(
+                    f"cuMemcpyHtoDAsync {n // KiB}K side", lambda: cu.cuMemcpyHtoDAsync(dptr, sptr, n, hs), modes, reps
+                )
             except Exception as error:  # noqa: BLE001
                 print(f"  cuda.bindings unavailable: {error!r}")
             torch.cuda.synchronize()
@@ -171,8 +189,12 @@ def section_submit() -> None:
         keep.clear()
         show(f"pin_per_copy {n // KiB}K (kept)", lambda: keep.append(pin_per_copy(tensor, DEV)), modes, reps=100)
         keep.clear()
-        show(f"pinned.to(dev) {n // KiB}K on cur", lambda: keep.append(pinned.to(DEV, non_blocking=True)), modes,
-             reps=100)
+        show(
+            f"pinned.to(dev) {n // KiB}K on cur",
+            lambda: keep.append(pinned.to(DEV, non_blocking=True)),
+            modes,
+            reps=100,
+        )
         keep.clear()
         # step by step, as Staged._submit does it (one call per rep after a fill)
         steps: dict[str, list[float]] = {}
@@ -258,8 +280,10 @@ def section_engines() -> None:
                     row[cond] = stats(times)
                 torch.cuda.synchronize()
                 results[f"engine {engine} {n // KiB}K"] = row
-                print(f"  {engine:5s} {n // KiB:6d}K " + "  ".join(f"{c}={v[0]:.3f}/{v[1]:.3f}" for c, v in row.items()),
-                      flush=True)
+                print(
+                    f"  {engine:5s} {n // KiB:6d}K " + "  ".join(f"{c}={v[0]:.3f}/{v[1]:.3f}" for c, v in row.items()),
+                    flush=True,
+                )
 
 
 def main() -> None:

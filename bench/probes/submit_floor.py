@@ -194,7 +194,12 @@ def main() -> None:
             ev.wait(cur)
 
         show(f"submit torch {tag} registered (copy,rec,wait)", torch_submit)
-        dst_ptr, src_ptr, side_handle, cur_handle = dst.data_ptr(), reg_np.ctypes.data, side.cuda_stream, cur.cuda_stream
+        dst_ptr, src_ptr, side_handle, cur_handle = (
+            dst.data_ptr(),
+            reg_np.ctypes.data,
+            side.cuda_stream,
+            cur.cuda_stream,
+        )
 
         def raw_submit():
             RT.cudaMemcpyAsync(dst_ptr, src_ptr, n, H2D, side_handle)
@@ -228,6 +233,7 @@ def main() -> None:
         show(f"ring_in_place submit {tag} out=", ring_submit_out, before=lease)
     if args.json:
         write_result(Path(args.json), {"environment": capture_environment(sys.argv), "ms_p50_p99": results})
+
 
 if __name__ == "__main__":
     main()

@@ -155,7 +155,9 @@ def main() -> int:
                 flush=True,
             )
             print("   phases", {k: round(v, 4) for k, v in row["ring"]["phases_p50_ms"].items()}, flush=True)
-            print("   slowest", {k: round(v, 4) for k, v in row["ring"]["slowest"]["phases_ms_mean"].items()}, flush=True)
+            print(
+                "   slowest", {k: round(v, 4) for k, v in row["ring"]["slowest"]["phases_ms_mean"].items()}, flush=True
+            )
     write_result(out, {"environment": capture_environment(sys.argv), "reps": REPS, "rows": rows})
     return 0
 
