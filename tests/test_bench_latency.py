@@ -6,7 +6,9 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -20,6 +22,7 @@ from audiomask.bench.device_masks import hs_mask_torch
 from audiomask.bench.throughput import ProbePlan, search
 from audiomask.bench.timing import Budget
 from audiomask.masks.phi4mm import hs_mask
+from audiomask.stream import CycleTiming, RunStats
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_latency.py"
 QUICK_TIMEOUT_S = 120  # issue 7: under a minute on a 2-core machine; the margin is for a loaded one
@@ -318,3 +321,30 @@ def test_git_commit_named_by_the_environment_wins(monkeypatch: pytest.MonkeyPatc
     assert git_commit() == "0123abc"
     monkeypatch.setenv(GIT_COMMIT_VARIABLE, "")
     assert git_commit() == from_checkout
+
+
+def test_pipeline_calibration_warms_up_untimed_and_stops_at_the_balanced_batch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The first drive pays one-time costs and must not count; B doubles until the front end catches the encoder."""
+    calls: list[tuple[int, bool, bool]] = []
+
+    def fake_drive(model, batch, cycles, chunk_size, left_chunk, *, overlap, frontend_process=False):
+        calls.append((batch, overlap, frontend_process))
+        if len(calls) == 1:
+            time.sleep(0.3)  # the one-time costs (graph captures, allocator growth) of a process's first drive
+        per_cycle_cpu, per_cycle_gpu = 0.001 * batch, 0.004  # balanced at B = 4
+        timings = [CycleTiming(i, batch, per_cycle_cpu, 0.0, per_cycle_gpu, 0.0) for i in range(cycles)]
+        return RunStats(timings, wall_s=cycles * max(per_cycle_cpu, per_cycle_gpu))
+
+    monkeypatch.setattr(overlap, "drive", fake_drive)
+    model = SimpleNamespace(
+        name="fake", asr=SimpleNamespace(encoder=SimpleNamespace(config=SimpleNamespace(time_reduction=4)))
+    )
+    # Enough for the calibration and one final run of each mode, not for all repeats of a 96-cycle run.
+    report = overlap._pipeline_runs(model, 8, 8, 96, 3, 64, Budget(1.0))  # type: ignore[arg-type]
+    assert calls[0] == (1, False, False)  # the untimed warm-up
+    assert [row["batch"] for row in report["calibration"]] == [1, 2, 4]
+    assert report["batch"] == 4 and 1 <= report["repeats"] <= 3
+    final = calls[1 + len(report["calibration"]) :]
+    assert final == [(4, False, False), (4, True, False), (4, True, True)] * report["repeats"]
