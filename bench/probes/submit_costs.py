@@ -138,14 +138,11 @@ def section_calls() -> None:
         src = torch.empty(n, dtype=torch.uint8, pin_memory=True)
         dst = torch.empty(n, dtype=torch.uint8, device=DEV)
         modes, reps = ("idle", "busy", "first"), (300 if n <= MiB else 60)
-        show(
-            f"copy_ {n // KiB}K hostalloc on side",
-            lambda: dst.copy_(src, non_blocking=True),
-            modes,
-            reps,
-            setup=on_side[0],
-            teardown=on_side[1],
-        )
+
+        def show_on_side(label: str, call, modes=modes, reps=reps) -> None:
+            show(label, call, modes, reps, setup=on_side[0], teardown=on_side[1])
+
+        show_on_side(f"copy_ {n // KiB}K hostalloc on side", lambda: dst.copy_(src, non_blocking=True))
         show(f"copy_ {n // KiB}K hostalloc on cur", lambda: dst.copy_(src, non_blocking=True), modes, reps)
         if n in (16 * KiB, 16 * MiB):
             mm = mmap.mmap(-1, n)
@@ -153,14 +150,7 @@ def section_calls() -> None:
             err = torch.cuda.cudart().cudaHostRegister(reg.ctypes.data, n, 0)
             rt = torch.from_numpy(reg)
             print(f"  cudaHostRegister -> {err}; is_pinned={rt.is_pinned()}")
-            show(
-                f"copy_ {n // KiB}K registered on side",
-                lambda: dst.copy_(rt, non_blocking=True),
-                modes,
-                reps,
-                setup=on_side[0],
-                teardown=on_side[1],
-            )
+            show_on_side(f"copy_ {n // KiB}K registered on side", lambda: dst.copy_(rt, non_blocking=True))
             try:
                 from cuda.bindings import driver as cu
 
