@@ -1108,8 +1108,8 @@ def test_a_large_staged_copy_is_queued_behind_a_gate_before_its_memcpy(
         "allocate on consumer",  # before the gate: an allocation may wait for every stream
         "consumer waits for gate 1",
         "copy on consumer non_blocking",
+        "event 0 recorded on consumer",  # the whole submit before the memcpy: only the gate's store after it
         "staged while the gate is at 0",
-        "event 0 recorded on consumer",
     ]
     assert slot.gate[0] == 1 and ring.stats().leased == 0
     fake_cuda.events[0].done = True

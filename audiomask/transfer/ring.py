@@ -580,9 +580,11 @@ class Staged:
         Allocating before the staging memcpy keeps the submit's own work off
         the caches that a large memcpy has just flushed. From
         ``GATED_COPY_BYTES`` the whole submit goes first: the copy is queued
-        behind a gate (:mod:`audiomask.transfer._gate`), ``fill()`` runs, then
-        the gate opens (whatever ``fill()`` raised: the stream must not wait
-        forever; the slot is released guarded by the copy's event).
+        behind a gate (:mod:`audiomask.transfer._gate`), the slot released
+        guarded by the copy's event (which cannot complete before the gate
+        opens) and the consumer's wait queued; then ``fill()`` runs and the
+        gate opens (whatever ``fill()`` raised: the stream must not wait
+        forever), so after the memcpy the host does one store.
         """
         slot = self._live()
         if target.type == "cpu":
@@ -628,19 +630,18 @@ class Staged:
                 _set_stream(consumer_ids, consumer)
                 if device != target.index:
                     torch.cuda.set_device(device)
-        try:
-            if gated:  # the copy waits on the GPU for the staged payload: stage it, then let the copy run
-                try:
-                    fill()  # type: ignore[misc]
-                finally:
-                    _gate.open_(slot.gate, slot.gate_value)  # type: ignore[arg-type]
-        finally:  # the copy is queued: whatever fill() raised, the slot stays busy until it has run
+        try:  # the copy is queued: the slot stays busy until it has run, whatever fill() raises
             ring._pool.release(slot, done, self.nbytes, copy_ids, record_on=copy_stream)
             self._slot = None
-        if copy_ids != consumer_ids:
-            done.wait(consumer)
-            if out is None:
-                destination.record_stream(consumer)  # not reused before the consumer's queued work has run
+            if copy_ids != consumer_ids:
+                done.wait(consumer)
+                if out is None:
+                    destination.record_stream(consumer)  # not reused before the consumer's queued work has run
+            if gated:  # the copy waits on the GPU for the staged payload: stage it last, then let the copy run
+                fill()  # type: ignore[misc]
+        finally:
+            if gated:
+                _gate.open_(slot.gate, slot.gate_value)  # type: ignore[arg-type]
         return self._results(destination)
 
     def _write(
