@@ -12,7 +12,10 @@ of 64 MiB take ~1.2 ms each on the bus), and the closed gate of the copy queued 
   through the memcpy);
 - ``gate_closed``: with a copy queued behind a closed gate (opened after the memcpy);
 - ``to_device`` and ``to_device_back_to_back``: the whole call, from an idle device and right after
-  the previous call (whose copy may still run).
+  the previous call (whose copy may still run);
+- ``small_after_memcpy``: ``to_device`` of 16 KiB right after the staging memcpy of the row's size,
+  against ``small_alone`` (after a synchronise only): what a large memcpy, which runs on every core
+  (the calling thread included) and refills their caches with payload, costs the host code after it.
 
 Usage (H200): python3 bench/probes/staging_contention.py --out bench/probes/staging_contention_h200.json
 """
@@ -28,7 +31,7 @@ import torch
 from _probe import out_path, percentiles
 
 from audiomask.bench.environment import capture_environment, write_result
-from audiomask.transfer import MiB, _gate, to_device
+from audiomask.transfer import KiB, MiB, _gate, to_device
 
 SIZES = (4 * MiB, 16 * MiB, 64 * MiB)
 REPS = 60
@@ -40,6 +43,7 @@ def main() -> int:
     stream = torch.cuda.current_stream()
     word_tensor, word = _gate.new_word()
     rng = np.random.default_rng(0)
+    small = rng.integers(0, 256, 16 * KiB, dtype=np.uint8)
     rows = []
     gate_values = itertools.count(1)
     for nbytes in SIZES:
@@ -49,7 +53,16 @@ def main() -> int:
         result = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
         spare = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
         times: dict[str, list[float]] = {
-            k: [] for k in ("alone", "beside_dma", "gate_closed", "to_device", "to_device_back_to_back")
+            k: []
+            for k in (
+                "alone",
+                "beside_dma",
+                "gate_closed",
+                "to_device",
+                "to_device_back_to_back",
+                "small_alone",
+                "small_after_memcpy",
+            )
         }
         for i in range(REPS + WARMUP):
             torch.cuda.synchronize()
@@ -82,8 +95,19 @@ def main() -> int:
             start = time.perf_counter()
             to_device(source, "cuda")
             back_to_back = time.perf_counter() - start
+
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            to_device(small, "cuda")
+            small_alone = time.perf_counter() - start
+            torch.cuda.synchronize()
+            staging.copy_(source)
+            start = time.perf_counter()
+            to_device(small, "cuda")
+            small_after = time.perf_counter() - start
             if i >= WARMUP:
-                for key, seconds in zip(times, (alone, beside_dma, gate_closed, cold, back_to_back)):
+                measured = (alone, beside_dma, gate_closed, cold, back_to_back, small_alone, small_after)
+                for key, seconds in zip(times, measured):
                     times[key].append(seconds * 1e3)
         row = {"bytes": nbytes} | {k: percentiles(v) for k, v in times.items()}
         rows.append(row)
