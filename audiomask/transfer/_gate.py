@@ -7,8 +7,9 @@ pinned_kinds_h200.json). So the ring queues the copy first, behind a
 ``cuStreamWaitValue32`` on a pinned word, then stages the payload and writes the
 word: the stream copies once the word reaches the value, and the host pays the
 memcpy and one store (the probe: within 0.02 ms of the memcpy at 16 and 64 MiB;
-the transfer benchmark's blocks still found ``to_device`` 0.13 / 0.36 ms over its
-separately timed memcpy there, bench/results/transfer_h200.json).
+the transfer benchmark's blocks still found ``to_device`` 0.12 / 0.34 ms over its
+separately timed memcpy there, bench/results/transfer_h200.json: the submit's own
+steps run slower on the caches a large payload has just passed through).
 
 torch does not expose stream memory operations, so the driver's entry point is
 called through ctypes (as vLLM's ``cuda_wrapper`` does for the runtime). Where
