@@ -1128,6 +1128,23 @@ def test_a_large_staged_copy_is_queued_behind_a_gate_before_its_memcpy(
         "allocate on consumer",
         "staged while the gate is at 2",
     ]
+    fake_cuda.events[0].done = True
+    fake_cuda.consumer.idle = False  # the copy goes to the copy stream: its handoff is queued before the memcpy too
+    fake_cuda.log.clear()
+    with ring.stage(3 * KiB, np.uint8) as staged:
+        staged._to(META, None, None, fill)
+    assert [line for line in fake_cuda.log if "queried" not in line] == [
+        "current stream copy",
+        "allocate on copy",
+        "copy waits for gate 3",
+        "copy on copy non_blocking",
+        "current stream consumer",
+        "event 0 recorded on copy",
+        "consumer waits for event 0",
+        "used on consumer",
+        "staged while the gate is at 2",
+    ]
+    assert slot.gate[0] == 3 and ring.stats().leased == 0
 
 
 def test_submit_into_out_runs_on_the_busy_consumer_after_its_queued_work(fake_cuda: FakeCuda) -> None:
