@@ -24,11 +24,11 @@ _LAZY = {
     "iter_blocks": "audiomask.audio",
     "Phi4MMFrontend": "audiomask.features",
     "WhisperFrontend": "audiomask.features",
-    "Phi4MMEncoder": "audiomask.encoders",
-    "Qwen3ASREncoder": "audiomask.encoders",
-    "from_pretrained": "audiomask.encoders",
-    "ASRModel": "audiomask.pipeline",
-    "StreamingRecognizer": "audiomask.pipeline",
+    "Phi4MMEncoder": "audiomask.models",
+    "Qwen3ASREncoder": "audiomask.models",
+    "from_pretrained": "audiomask.models",
+    "ASRModel": "audiomask.asr.model",
+    "StreamingRecognizer": "audiomask.asr.recognizer",
 }
 
 __all__ = ["AudioError", "__version__", *_LAZY]

@@ -45,7 +45,8 @@ import soundfile as sf
 import torch
 import torchaudio
 
-from audiomask._validate import check_int
+from audiomask.checks import check_int
+from audiomask.constants import SAMPLE_RATE
 from audiomask.errors import AudioError
 
 __all__ = [
@@ -63,7 +64,7 @@ __all__ = [
     "load",
 ]
 
-TARGET_SR = 16000  # Hz: the rate both front ends take
+TARGET_SR = SAMPLE_RATE  # Hz: the rate both front ends take
 # 7.1 surround. Files with more channels are microphone arrays or ambisonics,
 # whose channels cancel each other in a plain average: refused, not mixed.
 MAX_CHANNELS = 8

@@ -1,7 +1,7 @@
 """The ``audiomask`` command line: transcribe audio files, describe the model, benchmark, demo.
 
 ``audiomask transcribe FILE...`` streams each file through the
-:class:`~audiomask.pipeline.StreamingRecognizer` (one encoder chunk of audio
+:class:`~audiomask.asr.recognizer.StreamingRecognizer` (one encoder chunk of audio
 at a time, as a live source would arrive) and prints ``FILE<TAB>TEXT`` lines
 on stdout, in argument order; ``-`` reads a wav from stdin, a directory
 stands for its audio files (sorted, not recursive). ``--json`` prints one
@@ -53,14 +53,12 @@ from typing import Any, TextIO
 import numpy as np
 
 import audiomask
+from audiomask.constants import FRAMES_PER_SECOND, SAMPLE_RATE
 from audiomask.masks import phi4mm, qwen3_asr
 
 __all__ = ["main"]
 
-SAMPLE_RATE = 16_000  # Hz
 MS_PER_S = 1000
-FEATURE_HOP_SAMPLES = 160  # one feature frame per 10 ms
-FRAMES_PER_SECOND = SAMPLE_RATE // FEATURE_HOP_SAMPLES  # 100 feature frames per second
 DEMO_UTTERANCES_S = (30.0, 12.3, 5.0, 0.8)  # seconds of audio per utterance in the demo batch
 DEMO_CHUNK_TOKENS = 16  # 16 tokens x 80 ms = 1.28 s chunks
 DEMO_LEFT_CHUNKS = 2  # chunks of left context
@@ -73,7 +71,7 @@ AUDIO_SUFFIXES = frozenset(
     ".wav .wave .flac .ogg .oga .opus .mp3 .aiff .aif .aifc .au .snd .caf .w64 .rf64 .sph".split()
 )
 # torch intra-op threads while transcribing. A chunk step multiplies matrices of a few tokens,
-# too small to share out, and the front end runs on a second thread beside it (audiomask.stream):
+# too small to share out, and the front end runs on a second thread beside it (audiomask.asr.driver):
 # on the shared 2-core CPU the shipped architecture's CLI RTF was 0.10 with one thread against
 # 0.12 with two (bench/results/cli_rtf_cpu_2core.json; 0.14 against 0.25 when the load was higher).
 TRANSCRIBE_THREADS = 1
@@ -273,8 +271,8 @@ def _transcribe_file(recognizer: Any, name: str, path: Path, output: _Output) ->
 
 
 def _recognizer(args: argparse.Namespace, device: str) -> Any:
-    from audiomask.checkpoint import load_model
-    from audiomask.pipeline import StreamingRecognizer
+    from audiomask.asr.checkpoint import load_model
+    from audiomask.asr.recognizer import StreamingRecognizer
 
     model = load_model(args.model)
     try:
@@ -286,7 +284,7 @@ def _recognizer(args: argparse.Namespace, device: str) -> Any:
 def _transcribe(args: argparse.Namespace) -> int:
     import torch
 
-    from audiomask._validate import check_int
+    from audiomask.checks import check_int
 
     device = _pick_device(args.device)
     torch.set_num_threads(check_int("--threads", args.threads, minimum=1))
@@ -369,7 +367,7 @@ def _info_lines(args: argparse.Namespace) -> Iterator[str]:
     import torch
     import torchaudio
 
-    from audiomask.checkpoint import model_info
+    from audiomask.asr.checkpoint import model_info
 
     device = _pick_device(args.device)
     yield "versions"
@@ -498,7 +496,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"audiomask {audiomask.__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     device_help = "auto (default: cuda when available), cpu, cuda or cuda:N"
-    model_help = "a model file written by audiomask.checkpoint.save_model (default: the model shipped in the package)"
+    model_help = (
+        "a model file written by audiomask.asr.checkpoint.save_model (default: the model shipped in the package)"
+    )
 
     transcribe = commands.add_parser(
         "transcribe",

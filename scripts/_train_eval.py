@@ -6,7 +6,7 @@
 - :func:`offline_texts`: whole utterances through the encoder's forward with
   hard chunk masks (or full attention), greedy CTC.
 - :func:`streaming_texts`: the real streaming path, chunk by chunk:
-  :class:`audiomask.pipeline.StreamingRecognizer` streams fed ``chunk_ms``
+  :class:`audiomask.asr.recognizer.StreamingRecognizer` streams fed ``chunk_ms``
   pieces of samples, many streams sharing each encoder step.
 - :func:`chunk_latency`: one stream's per-chunk compute time and real-time factor.
 - :func:`evaluate`: all of them per engine on a corpus's held-out utterances.
@@ -20,10 +20,12 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
+from audiomask.asr.decoding import greedy_decode
+from audiomask.asr.model import ASRModel
+from audiomask.asr.recognizer import StreamingRecognizer
 from audiomask.audio import load
-from audiomask.decode import greedy_decode
+from audiomask.constants import FRAME_MS
 from audiomask.masks.phi4mm import subsampled_lengths
-from audiomask.pipeline import FRAME_MS, ASRModel, StreamingRecognizer
 
 SAMPLE_RATE = 16000  # Hz
 FRONTEND_LOOKAHEAD_MS = 15  # a 25 ms analysis window every 10 ms: a frame's last sample is 15 ms past its hop

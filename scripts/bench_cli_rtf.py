@@ -49,11 +49,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _benchenv import capture_environment, write_result  # noqa: E402
 
+from audiomask.asr.checkpoint import DEFAULT_MODEL_PATH, load_model, model_info, save_model  # noqa: E402
+from audiomask.asr.recognizer import StreamingRecognizer  # noqa: E402
 from audiomask.audio import TARGET_SR, iter_blocks, load  # noqa: E402
 from audiomask.bench.models import build_model  # noqa: E402
-from audiomask.checkpoint import DEFAULT_MODEL_PATH, load_model, model_info, save_model  # noqa: E402
 from audiomask.cli import TRANSCRIBE_THREADS  # noqa: E402
-from audiomask.pipeline import StreamingRecognizer  # noqa: E402
 
 RTF_TARGET = 0.1  # issue 6, acceptance 3
 GAP_S = 0.3  # silence between the repeated utterances

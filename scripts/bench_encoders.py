@@ -51,8 +51,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _benchenv import capture_environment, write_result
 
-from audiomask.encoders import Phi4MMAudioConfig, Phi4MMEncoder
 from audiomask.masks.phi4mm import FEATURE_HOP_MS
+from audiomask.models import Phi4MMAudioConfig, Phi4MMEncoder
 from audiomask.transfer.harness import QueueFiller
 
 TINY = Phi4MMAudioConfig(

@@ -38,7 +38,7 @@ from audiomask.bench.environment import capture_environment, write_result
 from audiomask.bench.models import build_model
 from audiomask.bench.overlap import drive, pipeline_section, pipeline_threads
 from audiomask.bench.timing import Budget, percentiles
-from audiomask.encoders import Phi4MMEncoder
+from audiomask.models import Phi4MMEncoder
 
 CHUNK_TOKENS = 16  # 16 tokens x 80 ms = 1.28 s chunks
 LEFT_CHUNKS = 2

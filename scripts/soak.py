@@ -1,7 +1,7 @@
 """Soak the streaming driver: many live streams, >= 100,000 chunks, a checksum on every transfer.
 
 A tiny random Phi-4MM encoder (``tests/encoder_models.tiny_phi4mm``) and CTC
-head run in a :class:`~audiomask.stream.StreamingDriver` of ``--streams``
+head run in a :class:`~audiomask.asr.driver.StreamingDriver` of ``--streams``
 slots. Streams come and go as on a server: each sends 0.3-5 s of noise in
 pieces of 0.5-1.5 chunks per tick, then ends, and a new one opens in its
 place, so slots are freed and reused all the time. Every tick feeds the
@@ -49,8 +49,8 @@ from encoder_models import tiny_phi4mm
 
 import audiomask
 import audiomask.transfer
-from audiomask.decode import CTCHead
-from audiomask.stream import DriverStream, StreamingDriver
+from audiomask.asr.driver import DriverStream, StreamingDriver
+from audiomask.models.ctc import CTCHead
 from audiomask.transfer import PinnedRing, default_ring
 
 CHUNK_TOKENS, LEFT_CHUNKS = 2, 2  # 160 ms chunks (2 tokens of 80 ms), 2 chunks of left context

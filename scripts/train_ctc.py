@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """Train audiomask's shipped streaming Conformer-CTC model, evaluate it, and write its model card.
 
-Model: :class:`audiomask.encoders.Phi4MMEncoder` (a Phi-4MM-style Conformer,
+Model: :class:`audiomask.models.Phi4MMEncoder` (a Phi-4MM-style Conformer,
 small: :class:`TrainConfig` has the sizes) with
 ``time_reduction`` 4 (40 ms tokens: 25 a second, against
 ~15 characters a second of speech, so CTC has room for its blanks), and a
-:class:`audiomask.decode.CTCHead` over the characters of ``make_corpus.ALPHABET``.
+:class:`audiomask.asr.decoding.CTCHead` over the characters of ``make_corpus.ALPHABET``.
 
 Training (``train``): features of every training utterance of a
 ``scripts/make_corpus.py`` corpus, clean and augmented (speed, volume, noise:
@@ -17,21 +17,21 @@ device; AdamW with warm-up and cosine decay; an exponential moving average
 (EMA) of the weights is what is saved and evaluated. Training runs a fixed
 ``--steps``, or as many as fit before ``--deadline`` minus the evaluation's
 reserve (measured on the first steps and recorded, so ``--steps`` reproduces
-the run). The model file (:func:`audiomask.checkpoint.save_model`, float16) is
+the run). The model file (:func:`audiomask.asr.checkpoint.save_model`, float16) is
 written every :data:`CHECKPOINT_EVERY_S` seconds and at the end; the
 evaluation then reloads it, so the figures are those of the shipped weights.
 
 Evaluation (``train``, or ``eval`` for a model file): CER/WER on the corpus's
 held-out split (voices and sentences never trained on) per engine, offline
 (full attention; hard chunk masks) and streaming through
-:class:`audiomask.pipeline.StreamingRecognizer` at 160, 320, 640 and 1280 ms, and
+:class:`audiomask.asr.recognizer.StreamingRecognizer` at 160, 320, 640 and 1280 ms, and
 single-stream latency per chunk size (``_train_eval``).
 
 Subcommands:
   train --corpus DIR --out DIR [--device cuda] [--deadline UNIX_S | --steps N]
         -> OUT/ctc-small.safetensors, OUT/train.json, OUT/eval.json
   eval  --corpus DIR --model FILE --out FILE.json [--device cpu] [--limit N] [--split train]
-  card  --train [stage1.json ...] train.json --eval eval.json [eval_cpu.json ...] --out audiomask/models/MODEL_CARD.md
+  card  --train [stage1.json ...] train.json --eval eval.json [eval_cpu.json ...] --out audiomask/assets/MODEL_CARD.md
 
 The shipped model (H200; the corpus made in the same call):
   python3 scripts/make_corpus.py --out /tmp/corpus --hours 32 --workers 16 ... (see make_corpus.py)
@@ -65,11 +65,13 @@ from _train_data import Batcher, FeatureSet, Utterance, compute_features, ctc_fe
 from _train_eval import evaluate  # noqa: E402
 from make_corpus import ALPHABET  # noqa: E402
 
-from audiomask.checkpoint import load_model, model_info, save_model  # noqa: E402
-from audiomask.decode import BLANK_ID, CharTokenizer, CTCHead  # noqa: E402
-from audiomask.encoders import Phi4MMAudioConfig, Phi4MMEncoder  # noqa: E402
+from audiomask.asr.checkpoint import load_model, model_info, save_model  # noqa: E402
+from audiomask.asr.decoding import BLANK_ID, CharTokenizer  # noqa: E402
+from audiomask.asr.model import ASRModel  # noqa: E402
+from audiomask.constants import FRAME_MS
 from audiomask.masks.phi4mm import subsampled_lengths  # noqa: E402
-from audiomask.pipeline import FRAME_MS, ASRModel  # noqa: E402
+from audiomask.models import Phi4MMAudioConfig, Phi4MMEncoder  # noqa: E402
+from audiomask.models.ctc import CTCHead
 from audiomask.transfer import to_device  # noqa: E402
 
 MODEL_FILE = "ctc-small.safetensors"
@@ -732,7 +734,7 @@ def render_card(
         "",
         "## Model",
         "",
-        f"- `audiomask.encoders.Phi4MMEncoder`: {config['num_blocks']} Conformer blocks, {config['hidden_size']} wide, "
+        f"- `audiomask.models.Phi4MMEncoder`: {config['num_blocks']} Conformer blocks, {config['hidden_size']} wide, "
         f"{config['num_heads']} heads, feed-forward {config['intermediate_size']}, causal conv kernel "
         f"{config['conv_kernel_tokens']} tokens, subsampling {config['subsampling_channels']} channels, "
         f"`time_reduction` {config['time_reduction']} ({10 * config['time_reduction']} ms tokens); "

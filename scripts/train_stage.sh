@@ -5,7 +5,7 @@
 # DEADLINE (unix seconds) and evaluate on the held-out split. Writes OUT/{ctc-small.safetensors,
 # train.json,eval.json,log.txt,corpus.json}.
 #
-#   bash scripts/train_stage.sh audiomask/models/ctc-small.safetensors "$OUT/stage" $(( $(date +%s) + 580 ))
+#   bash scripts/train_stage.sh audiomask/assets/ctc-small.safetensors "$OUT/stage" $(( $(date +%s) + 580 ))
 #
 # ENGINES (default "espeak-ng flite"; add festival when its packages are in .tts/), HOURS (40),
 # WORKERS (16), BATCH_AUDIO_S (3600) and PEAK_LR (0.001) override the stage's settings.

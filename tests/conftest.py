@@ -1,23 +1,60 @@
-"""Shared test settings: the ``gpu`` marker skips cleanly where CUDA is absent."""
+"""Shared test settings and fixtures.
+
+- The ``gpu`` marker skips cleanly where CUDA is absent.
+- Every test module runs with one torch thread: tiny models gain nothing
+  from intra-op threads, and on a 2-core machine their spin-waiting made a
+  streaming test 25x slower.
+- Session fixtures that return factories (``cut``,
+  ``tiny_phi4mm``, ``tiny_qwen3_asr``, ``tiny_asr_model``) are the one place
+  each test input is defined; tests take them as arguments and never import
+  one another.
+"""
 
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable
 
+import numpy as np
 import pytest
+import torch
 from hypothesis import HealthCheck, settings
+
+from audiomask.asr.decoding import CharTokenizer
+from audiomask.asr.model import ASRModel
+from audiomask.models import Phi4MMAudioConfig, Phi4MMEncoder, Qwen3ASRConfig, Qwen3ASREncoder
+from audiomask.models.ctc import CTCHead
 
 # CI and developer machines have 2 cores: keep property tests bounded but real.
 settings.register_profile("default", max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("fuzz", max_examples=5000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("default")
 
+# The tiny encoders: every code path live, CPU-cheap. bias_max_distance 20 < the longest
+# test sequences, so the relative bias clips.
+PHI4MM_TINY = {
+    "hidden_size": 16,
+    "intermediate_size": 24,
+    "num_blocks": 2,
+    "num_attention_heads": 2,
+    "ext_pw_out_channel": 16,
+    "depthwise_separable_out_channel": 16,
+    "nemo_conv_channels": 4,
+    "bias_max_distance": 20,
+}
+QWEN3_ASR_TINY = {
+    "encoder_layers": 2,
+    "encoder_attention_heads": 2,
+    "encoder_ffn_dim": 32,
+    "d_model": 16,
+    "downsample_hidden_size": 4,
+}
+TINY_ALPHABET = "abcdefghijklmnopqrstuvwxyz '"
+
 
 def _cuda_available() -> bool:
     if importlib.util.find_spec("torch") is None:
         return False
-    import torch
-
     return torch.cuda.is_available()
 
 
@@ -28,3 +65,92 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def torch_one_thread():
+    """One torch thread while a module's tests run."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def cut(samples: np.ndarray, sizes) -> list[np.ndarray]:
+    """``samples`` cut into consecutive chunks of ``sizes`` (cycled until the samples run out)."""
+    sizes = list(sizes)
+    if not any(sizes):
+        raise ValueError(f"sizes must hold a positive size, got {sizes}")
+    chunks, start, i = [], 0, 0
+    while start < len(samples):
+        size = sizes[i % len(sizes)]
+        chunks.append(samples[start : start + size])
+        start += size
+        i += 1
+    return chunks
+
+
+def randomize(module: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
+    """Every parameter and buffer ~ N(0, 0.3^2) (``global_invstd`` around 1), so zero-initialised ones take part."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, tensor in [*module.named_parameters(), *module.named_buffers()]:
+            if tensor.is_floating_point() and "positional_embedding" not in name:
+                noise = torch.randn(tensor.shape, generator=generator) * 0.3
+                tensor.copy_(noise + (1.0 if name.endswith("global_invstd") else 0.0))
+    return module.eval()
+
+
+def make_tiny_phi4mm(seed: int = 0, **overrides: object) -> Phi4MMEncoder:
+    """A random-weight Phi-4MM encoder of :data:`PHI4MM_TINY` (``overrides`` replace config fields)."""
+    return randomize(Phi4MMEncoder(Phi4MMAudioConfig(**{**PHI4MM_TINY, **overrides})), seed)
+
+
+def make_tiny_qwen3_asr(seed: int = 0, **overrides: object) -> Qwen3ASREncoder:
+    """A random-weight Qwen3-ASR encoder of :data:`QWEN3_ASR_TINY` (``overrides`` replace config fields)."""
+    return randomize(Qwen3ASREncoder(Qwen3ASRConfig(**{**QWEN3_ASR_TINY, **overrides})), seed)
+
+
+def make_tiny_asr_model(seed: int = 0, alphabet: str = TINY_ALPHABET) -> ASRModel:
+    """A random tiny Phi-4MM encoder, CTC head and character tokenizer."""
+    tokenizer = CharTokenizer(alphabet)
+    encoder = make_tiny_phi4mm(seed)
+    torch.manual_seed(seed)
+    head = CTCHead(PHI4MM_TINY["hidden_size"], tokenizer.vocab_size).eval()
+    return ASRModel(encoder, head, tokenizer)
+
+
+def max_valid_diff(outputs: torch.Tensor, reference: torch.Tensor, lengths: object) -> float:
+    """Largest |outputs - reference| over each row's first ``lengths[b]`` positions (0 when none)."""
+    diffs = [(outputs[b, :n] - reference[b, :n]).abs().max().item() for b, n in enumerate(lengths) if n]
+    return max(diffs, default=0.0)
+
+
+@pytest.fixture(scope="session", name="cut")
+def cut_fixture() -> Callable[..., list[np.ndarray]]:
+    return cut
+
+
+@pytest.fixture(scope="session")
+def tiny_phi4mm() -> Callable[..., Phi4MMEncoder]:
+    return make_tiny_phi4mm
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_asr() -> Callable[..., Qwen3ASREncoder]:
+    return make_tiny_qwen3_asr
+
+
+@pytest.fixture(scope="session")
+def tiny_asr_model() -> Callable[..., ASRModel]:
+    return make_tiny_asr_model
+
+
+@pytest.fixture(scope="session", name="randomize")
+def randomize_fixture() -> Callable[..., torch.nn.Module]:
+    return randomize
+
+
+@pytest.fixture(scope="session", name="max_valid_diff")
+def max_valid_diff_fixture() -> Callable[..., float]:
+    return max_valid_diff

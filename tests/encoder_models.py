@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from audiomask.encoders import Phi4MMAudioConfig, Phi4MMEncoder, Qwen3ASRConfig, Qwen3ASREncoder
+from audiomask.models import Phi4MMAudioConfig, Phi4MMEncoder, Qwen3ASRConfig, Qwen3ASREncoder
 
 # bias_max_distance 20 < the longest test sequences, so the relative bias clips.
 PHI4MM_TINY = {

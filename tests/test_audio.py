@@ -18,10 +18,10 @@ import torch
 import torchaudio
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_features_signals import speech_like
 
 import audiomask
 from audiomask.audio import MAX_CHANNELS, Resampler, TruncatedAudioWarning, iter_blocks, load
+from audiomask.bench.signals import speech_like
 
 ULP = float(np.spacing(np.float32(1.0)))  # the resampler's documented bound against the whole-file call
 RATES = [8000, 16000, 22050, 44100, 48000]

@@ -20,10 +20,10 @@ import torch
 from test_audio import BAD, make_bad
 from test_checkpoint import tiny_model
 
+from audiomask.asr.checkpoint import DEFAULT_MODEL_PATH, load_model, model_info, save_model
+from audiomask.asr.recognizer import StreamingRecognizer
 from audiomask.audio import load
-from audiomask.checkpoint import DEFAULT_MODEL_PATH, load_model, model_info, save_model
 from audiomask.cli import main
-from audiomask.pipeline import StreamingRecognizer
 
 ROOT = Path(__file__).resolve().parents[1]
 # The checkout first, then whatever the caller had on the path (the H200 keeps soundfile there).

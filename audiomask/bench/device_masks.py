@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from audiomask._validate import check_int
+from audiomask.checks import check_int
 from audiomask.masks.phi4mm import TIME_REDUCTION
 
 __all__ = ["hs_mask_torch"]

@@ -13,7 +13,7 @@ Sections (each in the JSON report under its name):
 2. ``pipeline``: serial versus overlapped driver, the overlap figure and
    the host time per chunk (:mod:`audiomask.bench.overlap`).
 3. ``latency``: one stream per chunk size (160, 320, 640, 1280 ms) through
-   :class:`~audiomask.pipeline.StreamingRecognizer`: algorithmic latency,
+   :class:`~audiomask.asr.recognizer.StreamingRecognizer`: algorithmic latency,
    compute latency p50/p95/p99, first-partial latency, real-time factor
    (:mod:`audiomask.bench.single_stream`).
 4. ``throughput``: the most concurrent real-time streams (p99 chunk latency
@@ -59,7 +59,7 @@ from audiomask.bench.overlap import pipeline_section, pipeline_threads
 from audiomask.bench.single_stream import measure_latency
 from audiomask.bench.throughput import ProbePlan, make_probe, search
 from audiomask.bench.timing import Budget, log
-from audiomask.pipeline import FRAME_MS
+from audiomask.constants import FRAME_MS
 from audiomask.transfer import KiB, MiB, default_ring
 from audiomask.transfer.harness import QueueFiller
 

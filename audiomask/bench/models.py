@@ -1,6 +1,6 @@
 """The encoders the latency benchmark measures, by name, built once per run.
 
-- ``shipped``: :func:`audiomask.checkpoint.load_model` (the model inside the
+- ``shipped``: :func:`audiomask.asr.checkpoint.load_model` (the model inside the
   package) where it is there; until it is, a random model of the shipped
   architecture (:data:`SHIPPED_CONFIG`), said so in the report. Float32, as shipped.
 - ``phi4mm_full``: the full-size Phi-4MM encoder (``Phi4MMAudioConfig()``,
@@ -20,20 +20,21 @@ from dataclasses import dataclass
 
 import torch
 
-from audiomask.decode import CharTokenizer, CTCHead
-from audiomask.encoders import (
+from audiomask.asr.decoding import CharTokenizer
+from audiomask.asr.driver import StreamingDriver
+from audiomask.asr.model import ASRModel
+from audiomask.models import (
     Phi4MMAudioConfig,
     Phi4MMEncoder,
     Qwen3ASRConfig,
     Qwen3ASREncoder,
 )
-from audiomask.pipeline import ASRModel
-from audiomask.stream import StreamingDriver
+from audiomask.models.ctc import CTCHead
 
 __all__ = ["MODEL_NAMES", "QWEN3_ASR_06B", "SHIPPED_CONFIG", "BenchModel", "build_model"]
 
 MODEL_NAMES = ("shipped", "phi4mm_full", "qwen3_asr_0.6b")
-# The shipped model's architecture (scripts/train_ctc.py TrainConfig, audiomask.checkpoint): 4 frames
+# The shipped model's architecture (scripts/train_ctc.py TrainConfig, audiomask.asr.checkpoint): 4 frames
 # (40 ms) per token, 320 ms chunks (8 tokens), 8 chunks of left context.
 SHIPPED_CONFIG = Phi4MMAudioConfig(
     hidden_size=192,
@@ -83,7 +84,7 @@ class BenchModel:
         return self.asr.encoder if self.asr is not None else self.encoder  # type: ignore[return-value]
 
     def driver(self, batch_size: int, chunk_size: int, left_chunk: int, **options: object) -> StreamingDriver:
-        """A :class:`~audiomask.stream.StreamingDriver` of ``batch_size`` slots over this (Phi-4MM) model."""
+        """A :class:`~audiomask.asr.driver.StreamingDriver` of ``batch_size`` slots over this (Phi-4MM) model."""
         if self.asr is None:
             raise ValueError(f"the driver runs Phi-4MM ASR models only, got {self.name!r}")
         asr = self.asr
@@ -115,10 +116,10 @@ def _random_asr(config: Phi4MMAudioConfig) -> ASRModel:
 
 def _shipped() -> tuple[ASRModel, str]:
     """The packaged model where it is there, else a random one of its architecture."""
-    from audiomask.checkpoint import DEFAULT_MODEL_PATH, load_model
+    from audiomask.asr.checkpoint import DEFAULT_MODEL_PATH, load_model
 
     if DEFAULT_MODEL_PATH.is_file():
-        return load_model(), f"audiomask.checkpoint.load_model() ({DEFAULT_MODEL_PATH.name})"
+        return load_model(), f"audiomask.asr.checkpoint.load_model() ({DEFAULT_MODEL_PATH.name})"
     return _random_asr(SHIPPED_CONFIG), "random weights of the shipped architecture (no packaged model yet)"
 
 

@@ -1,7 +1,7 @@
 """Serial versus overlapped driver: does the CPU's front end hide behind the encoder step?
 
 The workload is a batch of ``B`` streams through
-:class:`~audiomask.stream.StreamingDriver`, with every stream's audio there
+:class:`~audiomask.asr.driver.StreamingDriver`, with every stream's audio there
 from the start (so that the next cycle's features *can* be computed while the
 current cycle is encoded: a server catching up, or batch transcription). ``B``
 comes from a short serial calibration, doubling from 1, that makes the front
@@ -37,11 +37,11 @@ import time
 import numpy as np
 import torch
 
+from audiomask.asr.driver import RunStats
 from audiomask.bench.models import BenchModel
 from audiomask.bench.signals import shared_noise
 from audiomask.bench.timing import Budget, log, percentiles
-from audiomask.pipeline import FRAME_MS
-from audiomask.stream import RunStats
+from audiomask.constants import FRAME_MS
 
 __all__ = ["WITHIN", "drive", "pipeline_section", "pipeline_threads"]
 

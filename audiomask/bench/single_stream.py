@@ -1,4 +1,4 @@
-"""Single-stream latency per chunk size, through the public API (:class:`~audiomask.pipeline.StreamingRecognizer`).
+"""Single-stream latency per chunk size, through the public API (:class:`~audiomask.asr.recognizer.StreamingRecognizer`).
 
 For one stream, audio arrives block by block as a live source would deliver
 it: the first block is one chunk plus the front end's lookahead (a frame's
@@ -24,10 +24,11 @@ from __future__ import annotations
 
 import time
 
+from audiomask.asr.recognizer import StreamingRecognizer
 from audiomask.bench.models import BenchModel
 from audiomask.bench.signals import SAMPLE_RATE, noise
 from audiomask.bench.timing import percentiles
-from audiomask.pipeline import FRAME_MS, StreamingRecognizer
+from audiomask.constants import FRAME_MS
 
 __all__ = ["measure_latency"]
 

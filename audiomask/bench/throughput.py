@@ -6,7 +6,7 @@ the result: a real-time system keeps up while it is below the chunk's
 duration (then no overlap across chunks is possible, so a chunk's features
 and its encoder step run one after the other). Two ways to run a probe:
 
-- ``driver``: :class:`~audiomask.stream.StreamingDriver`, the whole
+- ``driver``: :class:`~audiomask.asr.driver.StreamingDriver`, the whole
   recognizer: every stream's samples fed, then one cycle (front end for all
   ``N`` streams in one batched call, masks, transfer, encoder step, CTC head,
   argmax back on the host, greedy decoding). Phi-4MM models only.
@@ -44,7 +44,7 @@ import torch
 from audiomask.bench.models import BenchModel
 from audiomask.bench.signals import SAMPLE_RATE, shared_noise
 from audiomask.bench.timing import Budget, log, percentiles
-from audiomask.pipeline import FRAME_MS
+from audiomask.constants import FRAME_MS
 
 __all__ = ["PATHS", "TOLERANCE", "ProbePlan", "make_probe", "search"]
 

@@ -1,6 +1,6 @@
 """What every front end shares: argument checks, batched computation, streams.
 
-A front end states its :class:`~audiomask.features._framing.Framing`, how a
+A front end states its :class:`~audiomask.features.framing.Framing`, how a
 block of frames becomes mel power (``_mel_power_into``, usually through
 :class:`MelBands`) and how power becomes log (``_log_``); Whisper adds a step
 across frames (its ``max - 8`` floor, ``_finish``). Everything else, here, is
@@ -18,9 +18,9 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from audiomask._validate import check_int
 from audiomask.audio import check_samples
-from audiomask.features._framing import Framing, PackedFrames, StreamFramer, pack
+from audiomask.checks import check_int
+from audiomask.features.framing import Framing, PackedFrames, StreamFramer, pack
 
 __all__ = ["BANDED_FROM_FRAMES", "SLAB_FRAMES", "FeatureStream", "FeatureStreams", "Frontend", "MelBands", "as_samples"]
 

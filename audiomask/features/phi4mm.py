@@ -32,7 +32,8 @@ import threading
 import numpy as np
 import torch
 
-from audiomask.features._framing import Framing
+from audiomask.constants import HOP_LENGTH, SAMPLE_RATE, WINDOW_LENGTH
+from audiomask.features.framing import Framing
 from audiomask.features.frontend import SLAB_FRAMES, Frontend, MelBands
 
 __all__ = [
@@ -48,9 +49,8 @@ __all__ = [
     "kaldi_mel_banks",
 ]
 
-SAMPLE_RATE = 16000  # Hz
-WIN_SAMPLES = SAMPLE_RATE * 25 // 1000  # 400: 25 ms frames
-HOP_SAMPLES = SAMPLE_RATE * 10 // 1000  # 160: one frame per 10 ms
+WIN_SAMPLES = WINDOW_LENGTH  # 400: 25 ms frames
+HOP_SAMPLES = HOP_LENGTH  # 160: one frame per 10 ms
 N_FFT = 512  # the next power of two above WIN_SAMPLES
 N_MELS = 80
 MEL_LOW_HZ = 0.0

@@ -2,7 +2,7 @@
 
 Every cycle the driver hands over the next block of samples of each occupied
 slot; :class:`SlotFeatures` frames them with the slot's own
-:class:`~audiomask.features._framing.StreamFramer` (the overlap between blocks
+:class:`~audiomask.features.framing.StreamFramer` (the overlap between blocks
 carried per slot), computes the frames of all slots in one front-end call, and
 lays them out as a ``(B, chunk_frames, n_mels)`` batch. It holds per-slot
 state, so one owner calls it, in cycle order: the driver's worker thread, or
@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from audiomask.features._framing import StreamFramer, pack
+from audiomask.features.framing import StreamFramer, pack
 from audiomask.features.frontend import Frontend
 
 __all__ = ["SlotFeatures"]

@@ -48,8 +48,9 @@ import numpy as np
 import torch
 import torchaudio
 
-from audiomask._validate import check_int
-from audiomask.features._framing import Framing
+from audiomask.checks import check_int
+from audiomask.constants import HOP_LENGTH, SAMPLE_RATE, WINDOW_LENGTH
+from audiomask.features.framing import Framing
 from audiomask.features.frontend import Frontend, MelBands
 
 __all__ = [
@@ -66,9 +67,8 @@ __all__ = [
     "WhisperFrontend",
 ]
 
-SAMPLE_RATE = 16000  # Hz
-N_FFT = 400  # 25 ms window = FFT size (201 bins)
-HOP_SAMPLES = SAMPLE_RATE * 10 // 1000  # 160: one frame per 10 ms
+N_FFT = WINDOW_LENGTH  # 400: the 25 ms window is the FFT size (201 bins)
+HOP_SAMPLES = HOP_LENGTH  # 160: one frame per 10 ms
 MEL_HIGH_HZ = SAMPLE_RATE / 2
 POWER_FLOOR = 1e-10  # clamp before log10: -10 for digital silence
 # Filter groups of the banded mel product (measured at 512 frames: 4-6 fastest, ~315 ns a frame; dense 590).

@@ -31,7 +31,7 @@ import math
 
 import numpy as np
 
-from audiomask._validate import check_int, check_lengths, check_out
+from audiomask.checks import check_int, check_lengths, check_out
 
 __all__ = ["DEFAULT_MAX_MASK_BYTES", "max_mask_bytes", "padding_mask", "set_max_mask_bytes", "subsequent_chunk_mask"]
 

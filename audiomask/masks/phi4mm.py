@@ -19,7 +19,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from audiomask._validate import check_int, check_lengths
+from audiomask.checks import check_int, check_lengths
+from audiomask.constants import FRAME_MS
 from audiomask.masks.chunk import _chunk_band, _output, _regular_band
 
 __all__ = [
@@ -33,7 +34,7 @@ __all__ = [
     "subsampled_lengths",
 ]
 
-FEATURE_HOP_MS = 10  # one 80-mel feature frame per 10 ms (hop 160 at 16 kHz)
+FEATURE_HOP_MS = FRAME_MS  # one 80-mel feature frame per 10 ms (hop 160 at 16 kHz)
 SUBSAMPLING_CONVS = 3  # NeMo dw_striding subsampling: three stride-2 convolutions
 TIME_REDUCTION = 2**SUBSAMPLING_CONVS  # 8 feature frames per encoder token
 TOKEN_MS = FEATURE_HOP_MS * TIME_REDUCTION  # 80 ms of audio per encoder token

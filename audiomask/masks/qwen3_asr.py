@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from audiomask._validate import INT64_MAX, check_int, check_lengths
+from audiomask.checks import INT64_MAX, check_int, check_lengths
 from audiomask.masks.chunk import _chunk_band, _output, check_alloc, padding_mask
 
 __all__ = [

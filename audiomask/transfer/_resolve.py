@@ -1,7 +1,7 @@
 """Argument resolution shared by the transfer modules: devices, dtypes, streams, ``out`` tensors.
 
 Every helper returns the canonical value or raises :class:`ValueError` whose
-message names the argument and the value, like :mod:`audiomask._validate`.
+message names the argument and the value, like :mod:`audiomask.checks`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from audiomask._validate import check_int
+from audiomask.checks import check_int
 from audiomask.transfer.dense import is_dense
 
 __all__ = [

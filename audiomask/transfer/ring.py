@@ -58,7 +58,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from audiomask._validate import check_int
+from audiomask.checks import check_int
 from audiomask.errors import PinnedMemoryWarning
 from audiomask.transfer import _gate
 from audiomask.transfer._pool import SMALL_SLOT_BYTES, Completion, Segment, Slot, SlotPool

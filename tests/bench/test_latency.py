@@ -1,0 +1,350 @@
+"""The latency benchmark: ``--quick`` writes every section's fields; its torch mask and its search are right."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from audiomask.asr.driver import CycleTiming, RunStats
+from audiomask.bench import overlap
+from audiomask.bench import transfer as transfer_bench
+from audiomask.bench.device_masks import hs_mask_torch
+from audiomask.bench.throughput import ProbePlan, search
+from audiomask.bench.timing import Budget
+from audiomask.masks.phi4mm import hs_mask
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_latency.py"
+QUICK_TIMEOUT_S = 120  # issue 7: under a minute on a 2-core machine; the margin is for a loaded one
+
+
+def run_quick(out: Path, device: str) -> tuple[dict, str]:
+    """``bench_latency.py --quick`` on ``device``: the report it wrote and what it printed."""
+    environment = {**os.environ, "OMP_NUM_THREADS": "1"}  # small models: extra threads only spin on a shared machine
+    completed = subprocess.run(
+        [sys.executable, str(SCRIPT), "--quick", "--device", device, "--no-plots", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=QUICK_TIMEOUT_S,
+        env=environment,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stderr
+    return json.loads(out.read_text()), completed.stdout
+
+
+@pytest.fixture(scope="module")
+def quick_report(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, str]:
+    return run_quick(tmp_path_factory.mktemp("latency") / "latency.json", "cpu")
+
+
+def test_quick_report_has_every_section(quick_report: tuple[dict, str]) -> None:
+    report, _ = quick_report
+    assert {"environment", "transfer", "pipeline", "latency", "throughput", "verdicts", "settings", "models"} <= set(
+        report
+    )
+    environment = report["environment"]
+    for key in ("command", "date", "git_commit", "torch_version", "torchaudio_version", "gpu", "driver", "cpu_count"):
+        assert key in environment, key
+    assert environment["command"].endswith("--out " + environment["argv"][-1])
+    assert report["settings"]["quick"] is True
+
+
+def test_quick_transfer_entries(quick_report: tuple[dict, str]) -> None:
+    entries = quick_report[0]["transfer"]
+    # No CUDA here: the strategies that mean something on the CPU, idle, at every quick size.
+    assert {e["strategy"] for e in entries} == {"ring", "ring_in_place", "on_device"}
+    assert len({e["bytes"] for e in entries}) == len(quick_report[0]["settings"]["transfer_sizes"])
+    for entry in entries:
+        assert {"strategy", "bytes", "busy_gpu", "gpu_state", "host_ms_p50", "host_ms_p99", "end_to_end_ms_p50"} <= (
+            entry.keys()
+        )
+        assert entry["busy_gpu"] is False and entry["gpu_state"] == "idle"
+        assert 0 < entry["host_ms_p50"] <= entry["host_ms_p99"]
+    assert any("pageable and pin_per_copy" in note for note in quick_report[0]["notes"])
+
+
+def test_pipeline_section_runs_on_the_threads_asked_and_puts_the_count_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = []
+    monkeypatch.setattr(overlap, "_pipeline_runs", lambda *args: seen.append(torch.get_num_threads()) or {"batch": 1})
+    before = torch.get_num_threads()
+    asked = before + 1
+    section = overlap.pipeline_section(None, 1, 1, 1, 1, 1, Budget(1.0), asked)  # type: ignore[arg-type]
+    assert seen == [asked] and section == {"torch_threads": asked, "batch": 1}
+    assert torch.get_num_threads() == before
+    assert overlap.pipeline_threads(16) == 15 and overlap.pipeline_threads(1) == 1
+
+
+def test_quick_pipeline_fields(quick_report: tuple[dict, str]) -> None:
+    pipeline = quick_report[0]["pipeline"]
+    assert {"overlap", "serial_wall_s", "pipelined_wall_s", "cpu_s", "gpu_s", "batch"} <= pipeline.keys()
+    assert pipeline["serial_wall_s"] > 0 and pipeline["pipelined_wall_s"] > 0
+    # The overlap figure is the formula of issue 5 on the reported times.
+    shorter = min(pipeline["cpu_s"], pipeline["gpu_s"])
+    expected = (pipeline["cpu_s"] + pipeline["gpu_s"] - pipeline["pipelined_wall_s"]) / shorter
+    assert pipeline["overlap"] == pytest.approx(expected)
+    # The same driver with its front end in a process of its own, beside it.
+    assert pipeline["process_wall_s"] > 0 and pipeline["process_cpu_s"] > 0
+    assert pipeline["process_over_max_of_sums"] == pytest.approx(
+        pipeline["process_wall_s"] / max(pipeline["process_cpu_s"], pipeline["process_gpu_s"])
+    )
+
+
+def test_quick_latency_rows(quick_report: tuple[dict, str]) -> None:
+    rows = quick_report[0]["latency"]
+    assert [row["chunk_ms"] for row in rows] == [160, 320, 640, 1280]
+    for row in rows:
+        assert row["algorithmic_latency_ms"] == row["chunk_ms"] + 15  # Phi-4MM's frame lookahead: 240 samples
+        assert row["compute_ms_p50"] <= row["compute_ms_p95"] <= row["compute_ms_p99"]
+        assert row["first_partial_ms"] == pytest.approx(row["algorithmic_latency_ms"] + row["first_chunk_compute_ms"])
+        assert row["rtf"] > 0
+
+
+def test_quick_throughput_runs(quick_report: tuple[dict, str]) -> None:
+    runs = quick_report[0]["throughput"]
+    assert {(run["model"], run["path"]) for run in runs} == {
+        ("shipped", "driver"),
+        ("phi4mm_full", "encoder_step"),
+        ("phi4mm_full", "driver"),
+        ("qwen3_asr_0.6b", "encoder_step"),
+    }
+    for run in runs:
+        assert {"max_streams", "chunk_ms", "limited_by", "probes", "criterion"} <= run.keys()
+        passed = [probe["streams"] for probe in run["probes"] if probe["ok"]]
+        assert run["max_streams"] == max(passed, default=0)
+    assert "phi4mm_full" in quick_report[0]["models"]
+    assert "stand-in" in quick_report[0]["models"]["phi4mm_full"]["source"]  # --quick says it is no measurement
+
+
+def test_quick_prints_tables_and_verdicts(quick_report: tuple[dict, str]) -> None:
+    stdout = quick_report[1]
+    for heading in ("transfer (ms;", "pipeline (", "latency ", "throughput "):
+        assert heading in stdout
+    assert "throughput reported for both full-size configs: yes" in stdout
+
+
+def test_plot_from_a_report_needs_matplotlib_or_writes_pngs(quick_report: tuple[dict, str], tmp_path: Path) -> None:
+    report_path = tmp_path / "report.json"
+    report_path.write_text(json.dumps(quick_report[0]))
+    completed = subprocess.run(
+        [sys.executable, str(SCRIPT), "--plot", str(report_path)], capture_output=True, text=True, check=False
+    )
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert completed.returncode == 1 and "matplotlib is not installed" in completed.stdout
+        return
+    assert completed.returncode == 0, completed.stderr
+    for section in ("transfer", "pipeline", "latency", "throughput"):
+        assert (tmp_path / f"report_{section}.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--seconds", "0"], "--seconds must be > 0, got 0.0"),
+        (["--max-streams", "0"], "--max-streams must be >= 1, got 0"),
+        (["--sections", "nonsense"], "invalid choice: 'nonsense'"),
+        (["--device", "tpu:0"], "--device must be auto, cpu or cuda[:N], got 'tpu:0'"),
+    ],
+)
+def test_bad_arguments_are_one_line_errors(argv: list[str], message: str) -> None:
+    completed = subprocess.run([sys.executable, str(SCRIPT), *argv], capture_output=True, text=True, check=False)
+    assert completed.returncode == 2
+    assert message in completed.stderr and "Traceback" not in completed.stderr
+
+
+# --------------------------------------------------------------------------- the mask built on the device
+
+
+@given(
+    lengths=st.lists(st.integers(0, 200), min_size=1, max_size=5),
+    extra=st.integers(0, 40),
+    chunk_size=st.integers(-1, 7),
+    left_chunk=st.integers(0, 4),
+    time_reduction=st.sampled_from([1, 2, 4, 8]),
+)
+def test_hs_mask_torch_equals_numpy_hs_mask(
+    lengths: list[int], extra: int, chunk_size: int, left_chunk: int, time_reduction: int
+) -> None:
+    max_frames = max(lengths) + extra
+    expected = hs_mask(lengths, max_frames, chunk_size, left_chunk, time_reduction)
+    built = hs_mask_torch(torch.tensor(lengths), max_frames, chunk_size, left_chunk, time_reduction)
+    assert built.dtype == torch.bool
+    np.testing.assert_array_equal(built.numpy(), expected)
+
+
+def test_hs_mask_torch_writes_into_out() -> None:
+    out = torch.zeros(2, 5, 5, dtype=torch.bool)
+    result = hs_mask_torch(torch.tensor([40, 17]), 40, chunk_size=2, left_chunk=1, out=out)
+    assert result.data_ptr() == out.data_ptr()
+    np.testing.assert_array_equal(out.numpy(), hs_mask([40, 17], 40, 2, 1))
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: hs_mask_torch(torch.tensor([1.5]), 8, 2, 1), r"feature_lengths must be a 1-D integer tensor"),
+        (lambda: hs_mask_torch([8], 8, 2, 1), r"feature_lengths must be a 1-D integer tensor, got <class 'list'>"),
+        (lambda: hs_mask_torch(torch.tensor([8]), -1, 2, 1), r"max_frames must be >= 0, got -1"),
+        (lambda: hs_mask_torch(torch.tensor([8]), 8, 2, -1), r"left_chunk must be >= 0, got -1"),
+        (
+            lambda: hs_mask_torch(torch.tensor([8]), 8, 2, 1, out=torch.zeros(1, 2, 2, dtype=torch.bool)),
+            r"out must be a bool tensor of shape \(1, 1, 1\)",
+        ),
+    ],
+)
+def test_hs_mask_torch_rejects_bad_arguments(call, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+# --------------------------------------------------------------------------- the throughput search
+
+
+def _probe_passing_up_to(capacity: int, calls: list[int]):
+    """A fake probe: chunk latency 10 ms up to ``capacity`` streams, 2000 ms beyond (chunk of 1000 ms)."""
+
+    def probe(streams: int) -> tuple[list[float], bool]:
+        calls.append(streams)
+        seconds = 0.01 if streams <= capacity else 2.0
+        return [seconds] * 4, streams > capacity
+
+    return probe
+
+
+@pytest.mark.parametrize("capacity", [1, 5, 37, 100])
+def test_search_finds_the_capacity_within_the_tolerance(capacity: int) -> None:
+    calls: list[int] = []
+    result = search(
+        _probe_passing_up_to(capacity, calls),
+        {"model": "fake", "path": "x", "chunk_ms": 1000},
+        torch.device("cpu"),
+        Budget(60),
+        max_streams=1024,
+    )
+    assert result["max_streams"] <= capacity < result["first_failing"]
+    assert result["first_failing"] - result["max_streams"] <= max(1, 0.05 * result["max_streams"])
+    assert result["limited_by"] == "latency"
+    doubling = calls[: next(i for i, n in enumerate(calls) if n > capacity) + 1]
+    assert doubling == [2**i for i in range(len(doubling))]  # then bisection inside the bracket doubling made
+    assert all(doubling[-2] < n < doubling[-1] for n in calls[len(doubling) :])
+    assert [probe["streams"] for probe in result["probes"]] == calls
+
+
+def test_search_stops_at_max_streams() -> None:
+    result = search(
+        _probe_passing_up_to(10**6, []),
+        {"model": "fake", "path": "x", "chunk_ms": 1000},
+        torch.device("cpu"),
+        Budget(60),
+        max_streams=12,
+    )
+    assert (result["max_streams"], result["first_failing"], result["limited_by"]) == (12, None, "max_streams")
+    assert [probe["streams"] for probe in result["probes"]] == [1, 2, 4, 8, 12]
+
+
+def test_search_records_a_probe_that_raises() -> None:
+    def probe(streams: int) -> tuple[list[float], bool]:
+        if streams > 4:
+            raise RuntimeError("a request of 9 bytes exceeds max_pinned_bytes=8")
+        return [0.01], False
+
+    result = search(probe, {"model": "fake", "path": "x", "chunk_ms": 1000}, torch.device("cpu"), Budget(60), 64)
+    assert (result["max_streams"], result["first_failing"], result["limited_by"]) == (4, 5, "error")
+    failure = next(p for p in result["probes"] if p["streams"] == 8)
+    assert failure["ok"] is False and "exceeds max_pinned_bytes" in failure["error"]
+
+
+def test_a_probe_plan_with_early_exceedances_fails_the_probe() -> None:
+    # p99 of up to 101 chunks is above the duration once two are: the probe stops there.
+    from audiomask.bench.throughput import _timed_chunks
+
+    durations = iter([0.0, 0.0, 0.03, 0.0, 0.03, 0.0, 0.0])
+
+    def step(index: int) -> None:
+        import time
+
+        time.sleep(next(durations))
+
+    seconds, stopped = _timed_chunks(step, warmup=1, plan=ProbePlan(warmup=0, chunks=6), duration_s=0.02)
+    assert stopped and len(seconds) == 4
+
+
+# --------------------------------------------------------------------------- CUDA (the H200)
+
+
+@pytest.mark.gpu
+def test_hs_mask_torch_on_cuda_equals_numpy() -> None:
+    from audiomask.transfer import to_device
+
+    lengths = np.array([3000, 1230, 8, 0], dtype=np.int64)
+    built = hs_mask_torch(to_device(lengths, "cuda"), 3000, chunk_size=16, left_chunk=4)
+    assert built.device.type == "cuda"
+    np.testing.assert_array_equal(built.cpu().numpy(), hs_mask(lengths, 3000, 16, 4))
+
+
+@pytest.mark.gpu
+def test_quick_runs_every_cuda_path(tmp_path: Path) -> None:
+    report, _ = run_quick(tmp_path / "latency_cuda.json", "cuda")
+    entries = report["transfer"]
+    assert {e["strategy"] for e in entries} == {"pageable", "pin_per_copy", "ring", "ring_in_place", "on_device"}
+    assert {e["busy_gpu"] for e in entries} == {False, True}
+    assert {e["gpu_state"] for e in entries} == {"idle", "busy", "busy_hot", "busy_steady"}
+    assert all(e["busy_gpu"] == (e["gpu_state"] != "idle") for e in entries)
+    steady = [e for e in entries if e["gpu_state"] == "busy_steady"]
+    assert all(e["queue_ms_min"] >= transfer_bench.STEADY_MIN_QUEUE_MS for e in steady), steady
+    assert all("gpu_ms_p50" in e and "end_to_end_ms_p50" in e for e in entries)
+    assert all(e["queue_still_busy"] == 1.0 for e in entries if e["busy_gpu"] and e["strategy"] == "ring_in_place")
+    assert report["environment"]["gpu"] and report["settings"]["busy_ms_measured"] > 0
+    assert report["pipeline"]["gpu_s"] > 0
+    assert all(run["max_streams"] >= 1 for run in report["throughput"]), report["throughput"]
+    assert all("peak_bytes" in probe for run in report["throughput"] for probe in run["probes"])
+
+
+def test_git_commit_named_by_the_environment_wins(monkeypatch: pytest.MonkeyPatch) -> None:
+    from audiomask.bench.environment import GIT_COMMIT_VARIABLE, git_commit
+
+    monkeypatch.delenv(GIT_COMMIT_VARIABLE, raising=False)
+    from_checkout = git_commit()
+    monkeypatch.setenv(GIT_COMMIT_VARIABLE, "0123abc")
+    assert git_commit() == "0123abc"
+    monkeypatch.setenv(GIT_COMMIT_VARIABLE, "")
+    assert git_commit() == from_checkout
+
+
+def test_pipeline_calibration_warms_up_untimed_and_stops_at_the_balanced_batch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The first drive pays one-time costs and must not count; B doubles until the front end catches the encoder."""
+    calls: list[tuple[int, bool, bool]] = []
+
+    def fake_drive(model, batch, cycles, chunk_size, left_chunk, *, overlap, frontend_process=False):
+        calls.append((batch, overlap, frontend_process))
+        if len(calls) == 1:
+            time.sleep(0.3)  # the one-time costs (graph captures, allocator growth) of a process's first drive
+        per_cycle_cpu, per_cycle_gpu = 0.001 * batch, 0.004  # balanced at B = 4
+        timings = [CycleTiming(i, batch, per_cycle_cpu, 0.0, per_cycle_gpu, 0.0) for i in range(cycles)]
+        return RunStats(timings, wall_s=cycles * max(per_cycle_cpu, per_cycle_gpu))
+
+    monkeypatch.setattr(overlap, "drive", fake_drive)
+    model = SimpleNamespace(
+        name="fake", asr=SimpleNamespace(encoder=SimpleNamespace(config=SimpleNamespace(time_reduction=4)))
+    )
+    # Enough for the calibration and one final run of each mode, not for all repeats of a 96-cycle run.
+    report = overlap._pipeline_runs(model, 8, 8, 96, 3, 64, Budget(1.0))  # type: ignore[arg-type]
+    assert calls[0] == (1, False, False)  # the untimed warm-up
+    assert [row["batch"] for row in report["calibration"]] == [1, 2, 4]
+    assert report["batch"] == 4 and 1 <= report["repeats"] <= 3
+    final = calls[1 + len(report["calibration"]) :]
+    assert final == [(4, False, False), (4, True, False), (4, True, True)] * report["repeats"]

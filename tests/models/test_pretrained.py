@@ -1,0 +1,158 @@
+"""audiomask.models.from_pretrained: transformers checkpoints saved with save_pretrained load and reproduce."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from encoder_models import (
+    PHI4MM_TINY,
+    QWEN3_ASR_TINY,
+    max_valid_diff,
+    randomize,
+    torch_one_thread,  # noqa: F401 (an autouse fixture)
+)
+
+from audiomask.models import Phi4MMEncoder, Qwen3ASREncoder, from_pretrained
+
+pytestmark = pytest.mark.parity
+transformers = pytest.importorskip("transformers")
+TOLERANCE = 1e-4
+
+
+def tiny_phi4mm_upstream():
+    config = transformers.Phi4MultimodalAudioConfig(**PHI4MM_TINY, chunk_size=3, left_chunk=1)
+    return randomize(transformers.Phi4MultimodalAudioModel(config))
+
+
+def tiny_qwen3_asr_upstream():
+    return randomize(transformers.Qwen3ASREncoder(transformers.Qwen3ASREncoderConfig(**QWEN3_ASR_TINY)))
+
+
+@pytest.fixture(scope="module")
+def saved_encoders(tmp_path_factory):
+    """Each upstream encoder saved on its own, and sharded (the index file path)."""
+    phi, qwen = tiny_phi4mm_upstream(), tiny_qwen3_asr_upstream()
+    paths = {name: tmp_path_factory.mktemp(name) for name in ("phi", "qwen", "qwen_sharded")}
+    phi.save_pretrained(paths["phi"])
+    qwen.save_pretrained(paths["qwen"])
+    qwen.save_pretrained(paths["qwen_sharded"], max_shard_size="20KB")
+    assert (paths["qwen_sharded"] / "model.safetensors.index.json").is_file()
+    return phi, qwen, paths
+
+
+def test_phi4mm_audio_model_directory(saved_encoders):
+    phi, _, paths = saved_encoders
+    encoder = from_pretrained(paths["phi"])
+    assert isinstance(encoder, Phi4MMEncoder) and not encoder.training
+    assert (encoder.config.chunk_size, encoder.config.left_chunk) == (3, 1)  # the config's settings come along
+    lengths = [120, 57]
+    features = torch.randn(2, 120, 80)
+    mask = torch.arange(120)[None] < torch.tensor(lengths)[:, None]
+    with torch.no_grad():
+        reference = phi(features, mask)
+        outputs, output_lengths = encoder(features, lengths)
+    assert max_valid_diff(outputs, reference, output_lengths.tolist()) <= TOLERANCE
+
+
+@pytest.mark.parametrize("directory", ["qwen", "qwen_sharded"])
+def test_qwen3_asr_encoder_directory(saved_encoders, directory):
+    _, qwen, paths = saved_encoders
+    encoder = from_pretrained(paths[directory])
+    assert isinstance(encoder, Qwen3ASREncoder) and not encoder.training
+    lengths = [1000, 250]
+    features = torch.randn(2, 128, 1000)
+    mask = (torch.arange(1000)[None] < torch.tensor(lengths)[:, None]).long()
+    with torch.no_grad():
+        packed = qwen(features, mask).last_hidden_state
+        outputs, output_lengths = encoder(features, lengths)
+    rows = torch.split(packed, output_lengths.tolist())
+    assert max((outputs[b, : len(row)] - row).abs().max().item() for b, row in enumerate(rows)) <= TOLERANCE
+
+
+def assert_same_weights(encoder: torch.nn.Module, reference: torch.nn.Module) -> None:
+    ours, theirs = encoder.state_dict(), reference.state_dict()
+    assert ours.keys() == theirs.keys()
+    for name, tensor in theirs.items():
+        torch.testing.assert_close(ours[name], tensor, rtol=0, atol=0, msg=name)
+
+
+def test_full_phi4_multimodal_checkpoint(tmp_path):
+    """The audio config nested, the weights under model.embed_tokens_extend.audio_embed.encoder."""
+    config = transformers.Phi4MultimodalConfig(
+        vocab_size=300,
+        hidden_size=16,
+        intermediate_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        audio_config=PHI4MM_TINY,
+        vision_config={"hidden_size": 16, "intermediate_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2},
+        bos_token_id=1,
+        pad_token_id=1,
+        eos_token_id=[2],
+    )
+    model = randomize(transformers.Phi4MultimodalForCausalLM(config))
+    model.save_pretrained(tmp_path)
+    encoder = from_pretrained(tmp_path)
+    assert_same_weights(encoder, model.model.embed_tokens_extend.audio_embed.encoder)
+
+
+def test_full_qwen3_asr_checkpoint(tmp_path):
+    """The audio config nested, the weights under model.audio_tower; bfloat16 on request."""
+    text = {
+        "vocab_size": 300,
+        "hidden_size": 24,
+        "intermediate_size": 16,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": 12,
+    }
+    model = randomize(
+        transformers.Qwen3ASRForConditionalGeneration(
+            transformers.Qwen3ASRConfig(audio_config=QWEN3_ASR_TINY, text_config=text)
+        )
+    )
+    model.save_pretrained(tmp_path)
+    assert_same_weights(from_pretrained(tmp_path), model.model.audio_tower)
+    assert next(from_pretrained(tmp_path, dtype=torch.bfloat16).parameters()).dtype == torch.bfloat16
+
+
+def test_not_a_checkpoint_directory(tmp_path):
+    with pytest.raises(ValueError, match="path must be a checkpoint directory with a config.json, got"):
+        from_pretrained(tmp_path)
+
+
+def test_other_model_type(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    with pytest.raises(ValueError, match="model_type must be one of .* got 'bert'"):
+        from_pretrained(tmp_path)
+
+
+def test_no_weights(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3_asr_encoder"}))
+    with pytest.raises(ValueError, match="holds neither model.safetensors nor model.safetensors.index.json"):
+        from_pretrained(tmp_path)
+
+
+def edit_config(directory, **changes) -> None:
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config, **changes}))
+
+
+def test_weights_that_do_not_fit_the_config(saved_encoders, tmp_path):
+    _, qwen, _ = saved_encoders
+    qwen.save_pretrained(tmp_path)
+    edit_config(tmp_path, d_model=32)
+    with pytest.raises(ValueError, match="the weights do not fit the config"):
+        from_pretrained(tmp_path)
+
+
+def test_weights_of_another_model(saved_encoders, tmp_path):
+    phi, _, _ = saved_encoders
+    phi.save_pretrained(tmp_path)
+    edit_config(tmp_path, model_type="qwen3_asr_encoder")
+    with pytest.raises(ValueError, match="expected the weights of one audio encoder .* found 0"):
+        from_pretrained(tmp_path)

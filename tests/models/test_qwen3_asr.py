@@ -1,0 +1,139 @@
+"""audiomask.models.qwen3_asr: parity with transformers' Qwen3ASREncoder (sdpa and eager), windows, checks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from encoder_models import (
+    QWEN3_ASR_TINY,
+    max_valid_diff,
+    randomize,
+    tiny_qwen3_asr,
+    torch_one_thread,  # noqa: F401 (an autouse fixture)
+)
+
+from audiomask.masks import qwen3_asr
+from audiomask.models import Qwen3ASRConfig, Qwen3ASREncoder
+
+TOLERANCE = 1e-4  # float32 on CPU (acceptance 1)
+MEL = 128
+
+
+@pytest.fixture(scope="module")
+def upstream():
+    transformers = pytest.importorskip("transformers")
+    model = randomize(transformers.Qwen3ASREncoder(transformers.Qwen3ASREncoderConfig(**QWEN3_ASR_TINY)))
+    ours = Qwen3ASREncoder(Qwen3ASRConfig(**QWEN3_ASR_TINY)).eval()
+    ours.load_state_dict(model.state_dict())
+    return model, ours
+
+
+def unpack(packed: torch.Tensor, lengths: list[int]) -> torch.Tensor:
+    """transformers' packed tokens ``(sum N_b, D)`` -> ``(B, N_max, D)`` zero-padded."""
+    rows = torch.split(packed, lengths)
+    return torch.nn.utils.rnn.pad_sequence(list(rows), batch_first=True)
+
+
+BATCHES = {
+    "one_window": (300, [300, 250, 50, 0]),  # remainders of 50 frames (7 tokens); an empty utterance
+    "windows": (2100, [2100, 1234, 900, 130]),  # 273 tokens: windows 104 + 104 + 65; a window ending mid-chunk
+}
+
+
+@pytest.mark.parity
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+@pytest.mark.parametrize("batch", sorted(BATCHES))
+def test_equals_transformers(upstream, batch, attention):
+    """Both of transformers' attention paths attend window by window (5.24 splits by cu_seqlens)."""
+    model, ours = upstream
+    model.config._attn_implementation = attention
+    frames, lengths = BATCHES[batch]
+    features = torch.randn(len(lengths), MEL, frames, generator=torch.Generator().manual_seed(1))
+    mask = (torch.arange(frames)[None] < torch.tensor(lengths)[:, None]).long()
+    with torch.no_grad():
+        packed = model(features, mask).last_hidden_state
+        outputs, output_lengths = ours(features, lengths)
+    expected_lengths = qwen3_asr.output_lengths(lengths).tolist()
+    assert output_lengths.tolist() == expected_lengths
+    assert outputs.shape == (len(lengths), max(expected_lengths), QWEN3_ASR_TINY["d_model"])
+    assert max_valid_diff(outputs, unpack(packed, expected_lengths), expected_lengths) <= TOLERANCE
+    assert torch.isfinite(outputs).all()  # padding rows and the empty utterance's windows included
+
+
+def test_state_dict_matches_transformers(upstream):
+    model, ours = upstream
+    assert {n: tuple(t.shape) for n, t in ours.state_dict().items()} == {
+        n: tuple(t.shape) for n, t in model.state_dict().items()
+    }
+    torch.testing.assert_close(ours.positional_embedding, model.positional_embedding.positional_embedding)
+
+
+def test_config_defaults_equal_transformers():
+    transformers = pytest.importorskip("transformers")
+    reference = transformers.Qwen3ASREncoderConfig()
+    ours = Qwen3ASRConfig()
+    for field in ours.__dataclass_fields__:
+        assert getattr(ours, field) == getattr(reference, field), field
+    assert (ours.chunk_frames, ours.chunk_tokens, ours.window_tokens) == (
+        qwen3_asr.CHUNK_FRAMES,
+        qwen3_asr.TOKENS_PER_CHUNK,
+        qwen3_asr.WINDOW_TOKENS,
+    )
+
+
+def test_windows_do_not_see_each_other():
+    """Changing frames of the second window changes nothing in the first window's outputs."""
+    encoder = tiny_qwen3_asr()
+    features = torch.randn(1, MEL, 1700)
+    changed = features.clone()
+    changed[:, :, 800:] += 1
+    with torch.no_grad():
+        before, _ = encoder(features, [1700])
+        after, _ = encoder(changed, [1700])
+    window = qwen3_asr.WINDOW_TOKENS
+    torch.testing.assert_close(after[:, :window], before[:, :window], rtol=0, atol=0)
+    assert not torch.allclose(after[:, window:], before[:, window:])
+
+
+def test_frames_not_a_multiple_of_the_chunk_are_zero_padded():
+    encoder = tiny_qwen3_asr()
+    features = torch.randn(2, MEL, 237)
+    with torch.no_grad():
+        outputs, lengths = encoder(features, [237, 120])
+        padded, _ = encoder(torch.nn.functional.pad(features, (0, 63)), [237, 120])
+    torch.testing.assert_close(outputs, padded[:, : outputs.shape[1]], rtol=0, atol=0)
+    assert lengths.tolist() == qwen3_asr.output_lengths([237, 120]).tolist()
+
+
+def test_empty_batch_rows():
+    encoder = tiny_qwen3_asr()
+    with torch.no_grad():
+        outputs, lengths = encoder(torch.zeros(2, MEL, 0), [0, 0])
+    assert outputs.shape == (2, 0, 16) and lengths.tolist() == [0, 0]
+
+
+@pytest.mark.parametrize(
+    ("features", "lengths", "message"),
+    [
+        (torch.zeros(2, 80, 100), [100, 100], r"features must have shape \(B, 128, T\), got \(2, 80, 100\)"),
+        (torch.zeros(2, MEL, 100), [101, 1], r"feature_lengths must be <= T \(features.shape\[2\]\) \(100\), got 101"),
+        (torch.zeros(2, MEL, 100), [1, 2, 3], r"feature_lengths must have 2 entries"),
+    ],
+)
+def test_bad_arguments(features, lengths, message):
+    with pytest.raises(ValueError, match=message):
+        tiny_qwen3_asr()(features, lengths)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"n_window_infer": 750}, r"n_window_infer must be a multiple of 2 \* n_window \(100\), got 750"),
+        ({"max_position_embeddings": 12}, r"max_position_embeddings must be >= the tokens of a chunk \(13\), got 12"),
+        ({"d_model": 15, "encoder_attention_heads": 3}, "d_model must be even"),
+        ({"activation_function": "nope"}, "activation_function must be one of"),
+    ],
+)
+def test_bad_config(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        Qwen3ASREncoder(Qwen3ASRConfig(**{**QWEN3_ASR_TINY, **overrides}))
