@@ -41,34 +41,19 @@ import argparse
 import dataclasses
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, installed or not
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from _benchenv import capture_environment, write_result
-
-from audiomask.masks.phi4mm import FEATURE_HOP_MS
+from audiomask.bench.environment import capture_environment, write_result
+from audiomask.bench.harness import QueueFiller
+from audiomask.bench.models import TINY_PHI4MM
+from audiomask.bench.timing import MS_PER_S, percentiles
+from audiomask.constants import FRAME_MS
 from audiomask.models import Phi4MMAudioConfig, Phi4MMEncoder
-from audiomask.transfer.harness import QueueFiller
-
-TINY = Phi4MMAudioConfig(
-    hidden_size=16,
-    intermediate_size=16,
-    num_blocks=2,
-    num_attention_heads=2,
-    ext_pw_out_channel=16,
-    depthwise_separable_out_channel=16,
-    nemo_conv_channels=4,
-)
-
-
-def percentiles(samples: list[float]) -> dict[str, float]:
-    values = np.asarray(samples)
-    return {key: float(np.percentile(values, q)) for key, q in (("p50", 50), ("p95", 95), ("p99", 99))}
+from audiomask.streaming import Phi4MMStream
 
 
 def run(
@@ -79,7 +64,7 @@ def run(
 ) -> dict:
     """Stream ``args.warmup + args.chunks`` chunks twice (idle, then gated); per-chunk times."""
     config = encoder.config
-    stream = encoder.stream(batch_size=batch_size, chunk_size=args.chunk_size, left_chunk=args.left_chunk)
+    stream = Phi4MMStream(encoder, batch_size, args.chunk_size, args.left_chunk)
     chunk_frames = args.chunk_size * config.time_reduction
     features = torch.randn(batch_size, chunk_frames, config.input_size)  # host features, as a front end makes
     cuda = filler is not None
@@ -96,7 +81,7 @@ def run(
                 start.record()
             began = time.perf_counter()
             outputs = stream.push(features)
-            host_ms = (time.perf_counter() - began) * 1e3
+            host_ms = (time.perf_counter() - began) * MS_PER_S
             if cuda:
                 end.record()
                 held = not start.query()
@@ -120,8 +105,8 @@ def run(
             row[name] = percentiles(samples)
     if gate_held:
         row["gate_held"] = float(np.mean(gate_held))
-        chunk_audio_s = chunk_frames * FEATURE_HOP_MS / 1e3
-        row["audio_s_per_s"] = batch_size * chunk_audio_s / (row["gpu_busy_ms"]["p50"] / 1e3)
+        chunk_audio_s = chunk_frames * FRAME_MS / MS_PER_S
+        row["audio_s_per_s"] = batch_size * chunk_audio_s / (row["gpu_busy_ms"]["p50"] / MS_PER_S)
     row.update(diagnostics)
     row["per_chunk"] = times
     return row
@@ -149,7 +134,8 @@ def diagnose(stream, features: torch.Tensor) -> dict:
     return {"sync_calls": sync_calls, "kernels_per_push": len(device_events), "top_kernels": table}
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the benchmark (``argv`` without the program name; default ``sys.argv[1:]``); returns the exit status."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, help="write the JSON report here")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16, 256], help="streams per step")
@@ -159,10 +145,10 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=8, help="untimed chunks first (fill the caches, warm up)")
     parser.add_argument("--gate-ms", type=float, default=200.0, help="GPU work queued ahead of gated steps (ms)")
     parser.add_argument("--tiny", action="store_true", help="a 2-block toy config: a smoke test, not a measurement")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     began = time.perf_counter()
     cuda = torch.cuda.is_available()
-    config = TINY if args.tiny else Phi4MMAudioConfig()
+    config = TINY_PHI4MM if args.tiny else Phi4MMAudioConfig()
     torch.manual_seed(0)
     encoder = Phi4MMEncoder(config).eval()  # PyTorch's default initialisation: random weights
     dtype = torch.bfloat16 if cuda else torch.float32
@@ -174,7 +160,7 @@ def main() -> None:
         "dtype": str(dtype).removeprefix("torch."),
         "chunk_size": args.chunk_size,
         "left_chunk": args.left_chunk,
-        "chunk_ms": args.chunk_size * config.time_reduction * FEATURE_HOP_MS,
+        "chunk_ms": args.chunk_size * config.time_reduction * FRAME_MS,
         "gate_ms": args.gate_ms,
     }
     filler = QueueFiller("cuda") if cuda else None
@@ -191,7 +177,8 @@ def main() -> None:
     report["seconds"] = time.perf_counter() - began
     if args.out:
         write_result(args.out, report)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main(sys.argv[1:]))

@@ -30,24 +30,20 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
-from collections.abc import Callable
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # the checkout, installed or not
-sys.path.insert(0, str(ROOT / "scripts"))
+from audiomask.audio import load
+from audiomask.bench.environment import capture_environment, write_result
+from audiomask.bench.timing import MS_PER_S, NS_PER_S, time_interleaved
+from audiomask.constants import FRAME_MS, SAMPLE_RATE, WINDOW_MS
+from audiomask.features import Phi4MMFrontend, WhisperFrontend
+from audiomask.features.whisper import PEAK_PRIOR
 
-from _benchenv import capture_environment, write_result  # noqa: E402
-
-from audiomask.audio import load  # noqa: E402
-from audiomask.features import Phi4MMFrontend, WhisperFrontend  # noqa: E402
-from audiomask.features.whisper import PEAK_PRIOR  # noqa: E402
-
-SAMPLE_RATE = 16000
+ROOT = Path(__file__).resolve().parents[1]  # the checkout: samples/
 UTTERANCE_S = 30.0
 BATCH = 32
 BATCH_SECONDS = (5.0, 30.0)  # uniform range of the batch's utterance lengths
@@ -65,32 +61,18 @@ def speech(seconds: float, offset: int = 0) -> np.ndarray:
     return np.ascontiguousarray(np.tile(tiled, reps)[offset : offset + n])
 
 
-def time_interleaved(methods: dict[str, Callable[[], object]], rounds: int, warmup: int) -> dict[str, np.ndarray]:
-    """Seconds per call of each method, the methods called in turn each round."""
-    for fn in methods.values():
-        for _ in range(warmup):
-            fn()
-    times = {name: np.empty(rounds) for name in methods}
-    for r in range(rounds):
-        for name, fn in methods.items():
-            start = time.perf_counter()
-            fn()
-            times[name][r] = time.perf_counter() - start
-    return times
-
-
 def summarise(times: dict[str, np.ndarray], audio_s: float, baseline: str | None, pushes: dict[str, int]) -> dict:
     out = {}
     for name, t in times.items():
         out[name] = {
-            "median_ms": float(np.median(t) * 1e3),
-            "p95_ms": float(np.percentile(t, 95) * 1e3),
-            "p99_ms": float(np.percentile(t, 99) * 1e3),
+            "median_ms": float(np.median(t) * MS_PER_S),
+            "p95_ms": float(np.percentile(t, 95) * MS_PER_S),
+            "p99_ms": float(np.percentile(t, 99) * MS_PER_S),
             "x_real_time": audio_s / float(np.median(t)),
         }
         if name in pushes:  # a streamed call: its pushes and flush, on average
             out[name]["pushes"] = pushes[name]
-            out[name]["median_ms_per_push"] = float(np.median(t) * 1e3 / pushes[name])
+            out[name]["median_ms_per_push"] = float(np.median(t) * MS_PER_S / pushes[name])
         if baseline is not None and name != baseline:
             out[name][f"speedup_vs_{baseline}"] = float(np.median(times[baseline] / t))
     return out
@@ -139,13 +121,14 @@ def floor_deviation() -> list[dict]:
     return rows
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the benchmark (``argv`` without the program name; default ``sys.argv[1:]``); returns the exit status."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, help="write the JSON results here")
     parser.add_argument("--rounds", type=int, default=30, help="timed rounds per case (single-utterance cases)")
     parser.add_argument("--batch-rounds", type=int, default=8, help="timed rounds per batch / streams case")
     parser.add_argument("--warmup", type=int, default=2, help="untimed calls per method first")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     import transformers
 
@@ -175,8 +158,8 @@ def main() -> None:
         return fbank(
             torch.from_numpy(audio)[None] * 32768,
             num_mel_bins=80,
-            frame_length=25.0,
-            frame_shift=10.0,
+            frame_length=float(WINDOW_MS),
+            frame_shift=float(FRAME_MS),
             dither=0.0,
             preemphasis_coefficient=0.97,
             remove_dc_offset=False,
@@ -202,14 +185,14 @@ def main() -> None:
 
     cases = []
 
-    chunks = {f"stream_{int(c * 1000)}ms": int(c * SAMPLE_RATE) for c in STREAM_CHUNKS_S}
+    chunks = {f"stream_{int(c * MS_PER_S)}ms": int(c * SAMPLE_RATE) for c in STREAM_CHUNKS_S}
     streams_chunk = int(STREAMS_CHUNK_S * SAMPLE_RATE)
     pushes = {name: -(-len(x) // n) + 1 for name, n in chunks.items()}  # + the flush
     pushes["streams32_1280ms"] = -(-max(map(len, signals)) // streams_chunk) + 1
 
     def case(name: str, audio_s: float, methods: dict, baseline: str | None, rounds: int) -> None:
         print(f"{name} ...", flush=True)
-        times = time_interleaved(methods, rounds, args.warmup)
+        times = {name: ns / NS_PER_S for name, ns in time_interleaved(methods, rounds, args.warmup).items()}
         summary = summarise(times, audio_s, baseline, pushes)
         cases.append({"case": name, "audio_s": audio_s, "rounds": rounds, "methods": summary})
 
@@ -294,7 +277,8 @@ def main() -> None:
     print("accuracy (max abs diff):", {k: f"{v:.1e}" for k, v in accuracy.items()})
     if args.out:
         write_result(args.out, report)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main(sys.argv[1:]))

@@ -3,14 +3,12 @@
 
 Usage (the H200): python3 scripts/bench_latency.py --out bench/results/latency_h200.json
 CPU smoke test:   python3 scripts/bench_latency.py --quick --out /tmp/latency.json
+PNGs of a report: python3 scripts/bench_latency.py --plot bench/results/latency_h200.json
 """
 
 from __future__ import annotations
 
 import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, installed or not
 
 from audiomask.bench.latency import main
 

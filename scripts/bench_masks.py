@@ -30,18 +30,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, installed or not
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from _benchenv import capture_environment, write_result
-
+from audiomask.bench.environment import capture_environment, write_result
+from audiomask.bench.timing import NS_PER_S, time_interleaved
 from audiomask.masks import phi4mm
 
 CHUNK_SIZE = 16  # tokens per chunk (16 x 80 ms = 1.28 s)
@@ -50,26 +46,18 @@ TIME_REDUCTION = phi4mm.TIME_REDUCTION  # 8 feature frames (10 ms) per token
 SEQ_LENS = (375, 1500)  # tokens: 30 s and 120 s of audio
 BATCH_SIZES = (1, 8)
 HS_BATCH = 8
+NS_PER_US = NS_PER_S // 1_000_000  # the timings are nanoseconds; the report, microseconds
 
 
-def time_interleaved(methods: dict[str, Callable[[], object]], repeats: int, warmup: int) -> dict[str, dict]:
-    """Median / p99 / mean in microseconds, calling the methods in turn each round."""
-    for fn in methods.values():
-        for _ in range(warmup):
-            fn()
-    samples = {name: np.empty(repeats, dtype=np.int64) for name in methods}
-    for r in range(repeats):
-        for name, fn in methods.items():
-            start = time.perf_counter_ns()
-            fn()
-            samples[name][r] = time.perf_counter_ns() - start
+def summarise(times: dict[str, np.ndarray]) -> dict[str, dict]:
+    """Median / p99 / mean in microseconds of each method's nanosecond timings."""
     return {
         name: {
-            "median_us": float(np.median(ns)) / 1e3,
-            "p99_us": float(np.percentile(ns, 99)) / 1e3,
-            "mean_us": float(ns.mean()) / 1e3,
+            "median_us": float(np.median(ns)) / NS_PER_US,
+            "p99_us": float(np.percentile(ns, 99)) / NS_PER_US,
+            "mean_us": float(ns.mean()) / NS_PER_US,
         }
-        for name, ns in samples.items()
+        for name, ns in times.items()
     }
 
 
@@ -101,7 +89,7 @@ def run_case(
     if naive is not None:
         methods["naive"] = naive
     methods["fill"] = lambda: out.fill(True)  # the same buffer ours_out writes
-    timings = time_interleaved(methods, args.repeats, args.warmup)
+    timings = summarise(time_interleaved(methods, args.repeats, args.warmup))
     up = timings["upstream"]["median_us"]
     return {
         "mask": mask,
@@ -115,12 +103,13 @@ def run_case(
     }
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the benchmark (``argv`` without the program name; default ``sys.argv[1:]``); returns the exit status."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, help="write the JSON results here")
     parser.add_argument("--repeats", type=int, default=500, help="timed calls per method and case")
     parser.add_argument("--warmup", type=int, default=20, help="untimed calls per method and case first")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     import torch
     from transformers.models.phi4_multimodal.modeling_phi4_multimodal import adaptive_enc_mask
@@ -206,7 +195,8 @@ def main() -> None:
 
     if args.out:
         write_result(args.out, report)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main(sys.argv[1:]))

@@ -1,15 +1,13 @@
 #!/usr/bin/env python3
 """Host->device copy strategies side by side: see :mod:`audiomask.bench.transfer` (flags, output, verdicts).
 
-Usage: python3 scripts/bench_transfer.py --out bench/results/transfer_h200.json [--quick]
+Usage (the H200): python3 scripts/bench_transfer.py --out bench/results/transfer_h200.json
+CPU smoke test:   python3 scripts/bench_transfer.py --quick --out /tmp/transfer.json
 """
 
 from __future__ import annotations
 
 import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, installed or not
 
 from audiomask.bench.transfer import main
 

@@ -1,9 +1,9 @@
-"""The model file: an :class:`~audiomask.asr.recognizer.ASRModel` in one safetensors file, with its config and card.
+"""The model file: an :class:`~audiomask.asr.model.ASRModel` in one safetensors file, with its config and card.
 
 Layout of the file (format :data:`FORMAT`):
 
 - tensors ``encoder.<name>`` (the :class:`~audiomask.models.Phi4MMEncoder`
-  state dict) and ``head.<name>`` (the :class:`~audiomask.asr.decoding.CTCHead`'s),
+  state dict) and ``head.<name>`` (the :class:`~audiomask.models.ctc.CTCHead`'s),
   floating tensors stored in the ``dtype`` given to :func:`save_model`;
 - string metadata: ``format``; ``encoder_config`` (JSON of the
   :class:`~audiomask.models.Phi4MMAudioConfig` fields); ``alphabet`` (the
@@ -13,25 +13,22 @@ Layout of the file (format :data:`FORMAT`):
   ``card``, free-form JSON (training data, error-rate tables, ...).
 
 :func:`load_model` with no path loads the model shipped inside the package
-(:data:`DEFAULT_MODEL_PATH`); :func:`model_info` reads a file's metadata and
-tensor shapes without loading its weights.
+(:data:`DEFAULT_MODEL_PATH`, of the architecture :data:`SHIPPED_ENCODER_CONFIG`);
+:func:`model_info` reads a file's metadata and tensor shapes without loading its weights.
+The format holds Phi-4MM encoders.
 
->>> import tempfile, torch
+>>> import tempfile
 >>> from audiomask.asr.decoding import CharTokenizer
->>> from audiomask.models.ctc import CTCHead
->>> from audiomask.models import Phi4MMAudioConfig, Phi4MMEncoder
 >>> from audiomask.asr.model import ASRModel
->>> config = Phi4MMAudioConfig(hidden_size=8, intermediate_size=8, num_blocks=1, num_attention_heads=2,
-...     ext_pw_out_channel=8, depthwise_separable_out_channel=8, nemo_conv_channels=2)
->>> model = ASRModel(Phi4MMEncoder(config), CTCHead(8, 4), CharTokenizer("ab "))
->>> path = tempfile.mkdtemp() + "/tiny.safetensors"
->>> save_model(model, path, chunk_ms=320, left_chunks=2, card={"data": "none: random weights"})
+>>> model = ASRModel(Phi4MMEncoder(SHIPPED_ENCODER_CONFIG), CTCHead(192, 4), CharTokenizer("ab "))
+>>> path = tempfile.mkdtemp() + "/random.safetensors"
+>>> save_model(model, path, chunk_ms=640, left_chunks=2, card={"data": "none: random weights"})
 >>> info = model_info(path)
 >>> info["chunk_ms"], info["left_chunks"], info["alphabet"], info["parameters"] > 0
-(320, 2, 'ab ', True)
+(640, 2, 'ab ', True)
 >>> loaded = load_model(path)
->>> loaded.encoder.config.chunk_size, loaded.tokenizer.alphabet   # 320 ms = 4 tokens of 80 ms
-(4, 'ab ')
+>>> loaded.encoder.config.chunk_size, loaded.tokenizer.alphabet   # 640 ms = 16 tokens of 40 ms
+(16, 'ab ')
 """
 
 from __future__ import annotations
@@ -51,13 +48,31 @@ from audiomask.asr.decoding import CharTokenizer
 from audiomask.asr.model import ASRModel
 from audiomask.checks import check_int
 from audiomask.constants import FRAME_MS
+from audiomask.models import Phi4MMAudioConfig, Phi4MMEncoder
 from audiomask.models.ctc import CTCHead
-from audiomask.models.phi4mm import Phi4MMAudioConfig, Phi4MMEncoder
 
-__all__ = ["DEFAULT_MODEL_PATH", "FORMAT", "load_model", "model_info", "save_model"]
+__all__ = ["DEFAULT_MODEL_PATH", "FORMAT", "SHIPPED_ENCODER_CONFIG", "load_model", "model_info", "save_model"]
 
 FORMAT = "audiomask-ctc/1"  # the metadata "format" of the files this module writes and reads
 DEFAULT_MODEL_PATH = Path(str(files("audiomask") / "assets" / "ctc-small.safetensors"))
+# The shipped model's encoder: a small streaming Phi-4MM Conformer (the released one is 1024 wide,
+# 24 blocks, 8 frames a token), with its streaming defaults: 4 frames (40 ms) per token, chunks of
+# 8 tokens (320 ms), 8 chunks (2.56 s) of left context. Its causal conv sees 8 past tokens (320 ms),
+# its relative-position bias is clipped at 128 tokens (5.12 s).
+SHIPPED_ENCODER_CONFIG = Phi4MMAudioConfig(
+    hidden_size=192,
+    intermediate_size=512,
+    num_blocks=6,
+    num_attention_heads=4,
+    ext_pw_out_channel=192,
+    depthwise_separable_out_channel=192,
+    kernel_size=9,
+    nemo_conv_channels=64,
+    time_reduction=4,
+    bias_max_distance=128,
+    chunk_size=8,
+    left_chunk=8,
+)
 STORAGE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # what floating weights may be stored as
 
 _ENCODER_PREFIX = "encoder."
@@ -109,6 +124,8 @@ def save_model(
     """
     if not isinstance(model, ASRModel):
         raise ValueError(f"model must be an ASRModel, got {type(model).__name__}")
+    if not isinstance(model.encoder, Phi4MMEncoder):
+        raise ValueError(f"model.encoder must be a Phi4MMEncoder (the format's), got {type(model.encoder).__name__}")
     dtype = _check_dtype("dtype", dtype)
     if card is not None and not isinstance(card, Mapping):
         raise ValueError(f"card must be a mapping (JSON object), got {type(card).__name__}")

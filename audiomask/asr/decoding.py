@@ -89,9 +89,9 @@ class GreedyCTCDecoder:
         self.blank = check_int("blank", blank, minimum=0)
         self._previous = np.full(self.batch_size, self.blank, np.int64)
 
-    def reset(self) -> None:
-        """Start new utterances."""
-        self._previous[:] = self.blank
+    def reset(self, streams: object = None) -> None:
+        """Start new utterances in ``streams`` (stream indices; ``None``: all)."""
+        self._previous[slice(None) if streams is None else np.asarray(streams, np.int64)] = self.blank
 
     def push(self, logits: torch.Tensor, lengths: object = None) -> list[list[int]]:
         """Decode the next chunk ``logits`` ``(B, n, V)`` (any monotone scores: logits, log-probs).
@@ -110,12 +110,27 @@ class GreedyCTCDecoder:
             lengths = check_lengths("lengths", lengths, maximum=frames, maximum_name="n (logits.shape[1])")
             if lengths.size != self.batch_size:
                 raise ValueError(f"lengths must have {self.batch_size} entries (batch_size), got {lengths.size}")
-        best = logits.argmax(dim=-1).cpu().numpy()  # (B, n)
-        before = np.concatenate([self._previous[:, None], best], axis=1)[:, :frames]
-        keep = (best != self.blank) & (best != before) & (np.arange(frames) < lengths[:, None])
-        ended = lengths > 0
-        self._previous[ended] = best[ended, lengths[ended] - 1]
-        return [row[mask].tolist() for row, mask in zip(best, keep)]
+        return self.push_best(logits.argmax(dim=-1).cpu().numpy(), lengths, np.arange(self.batch_size))
+
+    def push_best(self, best: np.ndarray, lengths: np.ndarray, streams: np.ndarray) -> list[list[int]]:
+        """Decode the next chunk of some streams from their best ids: the new token ids of each.
+
+        ``best`` ``(S, n)`` int: each frame's best token id (the argmax of its
+        scores) for the streams ``streams`` ``(S,)`` (indices, distinct);
+        ``lengths`` ``(S,)``: their real frames. All rows at once: a driver
+        calls this on every chunk step, on the thread that launches the steps.
+
+        >>> GreedyCTCDecoder(3).push_best(np.array([[2, 2, 0], [1, 0, 1]]), np.array([3, 3]), np.array([2, 0]))
+        [[2], [1, 1]]
+        """
+        frames = best.shape[1]
+        before = np.concatenate((self._previous[streams, None], best[:, :-1]), axis=1)
+        emitted = (best != self.blank) & (best != before) & (np.arange(frames) < lengths[:, None])
+        spoke = lengths > 0
+        self._previous[streams[spoke]] = best[spoke, lengths[spoke] - 1]
+        ids = best[emitted].tolist()  # row-major: each stream's ids in order, stream after stream
+        ends = np.cumsum(emitted.sum(axis=1)).tolist()
+        return [ids[start:end] for start, end in zip([0, *ends[:-1]], ends)]
 
 
 def greedy_decode(logits: torch.Tensor, lengths: object = None, blank: int = BLANK_ID) -> list[list[int]]:

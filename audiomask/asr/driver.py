@@ -1,29 +1,30 @@
 """The streaming driver: CPU features of cycle N+1 overlap the encoder step of cycle N, for many streams.
 
-:class:`StreamingDriver` owns ``batch_size`` encoder slots
-(:class:`~audiomask.streaming.Phi4MMStream`: preallocated caches,
-static shapes) and advances every stream that occupies a slot by one encoder
+:class:`StreamingDriver` owns the ``B`` slots of an encoder stream (any
+:class:`~audiomask.streaming.EncoderStream`: preallocated caches, static
+shapes) and advances every utterance that occupies a slot by one encoder
 chunk per *cycle*:
 
 1. **plan** (main thread, host bookkeeping only): admit waiting streams into
    free slots; take each occupied slot's next block of samples (a stream's
-   first block is ``chunk_frames * hop + (win - hop)`` samples, later blocks
-   ``chunk_frames * hop``, so every block but the last yields exactly one
-   encoder chunk of frames, whatever sizes the samples arrived in).
+   first block is ``hop * (chunk_frames - 1) + win - pad`` samples, later
+   blocks ``chunk_frames * hop``, so every block but the last yields exactly
+   one encoder chunk of frames, whatever sizes the samples arrived in).
 2. **features** (worker thread): the frames of every slot's block in ONE
-   batched front-end call (:class:`~audiomask.features.Phi4MMFrontend`), laid
-   out as a ``(B, chunk_frames, 80)`` host batch.
+   batched front-end call (by default the stream family's,
+   :meth:`~audiomask.streaming.EncoderStream.default_frontend`), laid out as
+   the stream's ``chunk_shape`` host batch.
 3. **encode** (main thread): the batch is staged to the device with
    :func:`audiomask.transfer.to_device` (the only host->device path); slots
    whose stream starts this cycle are reset
-   (:meth:`~audiomask.streaming.Phi4MMStream.reset_slots`); one
+   (:meth:`~audiomask.streaming.EncoderStream.reset_slots`); one
    chunk step runs for all ``B`` slots, then the CTC head and the per-frame
    argmax. On CUDA the step runs on a compute stream between two CUDA events
    and the small argmax result is copied back non-blocking.
 4. **collect** (main thread, one cycle later): read cycle N-1's argmax (its
    event has long completed when cycle N has been enqueued), greedy-CTC decode
-   each slot's real frames, append text (and, with ``keep_outputs``, the
-   encoder outputs).
+   each slot's real frames (:class:`~audiomask.asr.decoding.GreedyCTCDecoder`),
+   append text (and, with ``keep_outputs``, the encoder outputs).
 
 Why a worker thread: the front end is the CPU's share (log-mel of every
 stream's block, one batched torch computation) and the encoder step is the
@@ -45,8 +46,7 @@ the worker into a process of its own
 (:class:`~audiomask.features.process.FeatureProcess`: shared-memory buffers,
 the same computation bit for bit), for servers that keep a driver running:
 on the H200 that driver ran 2.7x faster than serial, within 3 % of
-max(front end, encoder step), where a thread gave 1.16x
-(bench/results/latency_h200.json).
+max(front end, encoder step), where a thread gave 1.16x.
 
 Batching: a stream's row of the batch sees only its own caches, masks and
 token positions (its start step is recorded per slot), so its outputs do not
@@ -75,14 +75,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from audiomask.asr.decoding import BLANK_ID
+from audiomask.asr.decoding import GreedyCTCDecoder
 from audiomask.checks import check_int
-from audiomask.features import Phi4MMFrontend
-from audiomask.features.frontend import as_samples
+from audiomask.features.frontend import Frontend, as_samples
 from audiomask.features.process import MAX_IN_FLIGHT, FeatureProcess
 from audiomask.features.slots import SlotFeatures
 from audiomask.models.ctc import CTCHead
-from audiomask.models.phi4mm import Phi4MMEncoder
+from audiomask.streaming import EncoderStream
 from audiomask.transfer import pinned_empty, to_host
 
 __all__ = ["RECENT_CYCLES", "CycleTiming", "DriverStream", "RunStats", "StreamingDriver"]
@@ -204,7 +203,7 @@ class _Cycle:
     blocks: list[np.ndarray]
     final: np.ndarray  # (S,) bool: the stream's last block
     joins: np.ndarray  # slots whose stream starts in this cycle
-    features: np.ndarray | None = None  # (B, chunk_frames, F) host batch, set by the worker
+    features: np.ndarray | None = None  # the stream's chunk_shape host batch, set by the worker
     counts: np.ndarray | None = None  # (B,) frames per slot
     cpu_s: float = 0.0
 
@@ -212,8 +211,8 @@ class _Cycle:
 @dataclass
 class _InFlight:
     cycle: _Cycle
-    best: torch.Tensor  # (B, C) argmax ids (host tensor once the copy has landed)
-    outputs: torch.Tensor | None  # (B, C, D), with keep_outputs
+    best: torch.Tensor  # (B, n) argmax ids (host tensor once the copy has landed)
+    outputs: torch.Tensor | None  # (B, n, D), with keep_outputs
     valid: np.ndarray  # (B,) real tokens per slot
     done: object  # CUDA event after the copy back, or None
     events: tuple[object, object] | None  # CUDA events around the step
@@ -225,12 +224,13 @@ class StreamingDriver:
     """Advance many streams through front end, encoder step, CTC head and greedy decoding, pipelined.
 
     Args:
-        encoder: a :class:`~audiomask.models.phi4mm.Phi4MMEncoder` (on ``device``, eval mode).
-        head: the :class:`~audiomask.asr.decoding.CTCHead` over the encoder outputs (on ``device``).
-        frontend: the 80-mel front end (default :class:`~audiomask.features.Phi4MMFrontend`).
-        batch_size: encoder slots (concurrent streams), ``>= 1``.
-        chunk_size: encoder tokens per chunk (default: the encoder config's).
-        left_chunk: chunks of left context (default: the config's).
+        stream: the encoder stream whose slots the utterances take (any
+            :class:`~audiomask.streaming.EncoderStream`, e.g. from
+            :func:`~audiomask.streaming.open_stream`; its encoder in eval mode).
+            Its ``batch_size`` is the number of concurrent utterances.
+        head: the :class:`~audiomask.models.ctc.CTCHead` over the encoder outputs (on the stream's device).
+        frontend: the front end (default: the stream's ``default_frontend()``); its mel bins and layout
+            must be the stream's.
         keep_outputs: keep every stream's encoder outputs (``DriverStream.outputs``), for tests and analysis.
         overlap: compute the next cycle's features on a worker thread while the device encodes (``False``:
             serial, for comparison: features, encode, wait for the results, cycle after cycle).
@@ -240,62 +240,54 @@ class StreamingDriver:
             call; it costs a second interpreter (seconds to start, once, and its memory). Call
             :meth:`close` when done. A script that makes such a driver guards its entry point with
             ``if __name__ == "__main__":`` (the process is spawned, which imports the script again).
-        cuda_graph: replay the encoder's chunk step as CUDA graphs (default: on CUDA; ``False``: eager).
 
     >>> import numpy as np
-    >>> from audiomask.models.phi4mm import Phi4MMAudioConfig, Phi4MMEncoder
-    >>> config = Phi4MMAudioConfig(hidden_size=8, intermediate_size=8, num_blocks=1, num_attention_heads=2,
-    ...                            ext_pw_out_channel=8, depthwise_separable_out_channel=8, nemo_conv_channels=2)
-    >>> driver = StreamingDriver(Phi4MMEncoder(config).eval(), CTCHead(8, 5), batch_size=2, chunk_size=2, left_chunk=1)
+    >>> from audiomask.asr.checkpoint import load_model
+    >>> from audiomask.streaming import open_stream
+    >>> model = load_model()  # the shipped model: 40 ms tokens, 320 ms chunks
+    >>> driver = StreamingDriver(open_stream(model.encoder, batch_size=2), model.head)
     >>> streams = driver.run([np.zeros(8000, np.float32), np.zeros(3000, np.float32)])
-    >>> [s.tokens for s in streams]  # ceil(frames / 8): 48 and 17 frames
-    [6, 3]
+    >>> [s.tokens for s in streams]  # ceil(frames / 4): 48 and 17 frames
+    [12, 5]
+    >>> driver.close()
     """
 
     def __init__(
         self,
-        encoder: Phi4MMEncoder,
+        stream: EncoderStream,
         head: CTCHead,
-        frontend: Phi4MMFrontend | None = None,
+        frontend: Frontend | None = None,
         *,
-        batch_size: int = 1,
-        chunk_size: int | None = None,
-        left_chunk: int | None = None,
         keep_outputs: bool = False,
         overlap: bool = True,
         frontend_process: bool = False,
-        cuda_graph: bool | None = None,
     ) -> None:
-        if not isinstance(encoder, Phi4MMEncoder):
-            raise ValueError(f"encoder must be a Phi4MMEncoder, got {type(encoder).__name__}")
+        if not isinstance(stream, EncoderStream):
+            raise ValueError(f"stream must be an EncoderStream (audiomask.streaming), got {type(stream).__name__}")
         if not isinstance(head, CTCHead):
             raise ValueError(f"head must be a CTCHead, got {type(head).__name__}")
-        self.frontend = Phi4MMFrontend() if frontend is None else frontend
-        if self.frontend.framing.pad != 0 or self.frontend.frame_multiple != 1:
-            raise ValueError("frontend must frame without centring or frame padding (a Phi4MMFrontend)")
+        if head.proj.in_features != stream.output_size:
+            raise ValueError(
+                f"head input_size ({head.proj.in_features}) must equal the stream's output_size ({stream.output_size})"
+            )
+        self.frontend = stream.default_frontend() if frontend is None else frontend
+        if self.frontend.n_mels != stream.feature_size or self.frontend.time_axis + 1 != stream.time_dim:
+            layout = "(T, n_mels)" if stream.time_dim == 1 else "(n_mels, T)"
+            raise ValueError(
+                f"frontend must give {layout} features of {stream.feature_size} mels (the stream's), got a "
+                f"{type(self.frontend).__name__} of {self.frontend.n_mels} mels, time axis {self.frontend.time_axis}"
+            )
         if frontend_process and not overlap:
             raise ValueError("frontend_process=True needs overlap=True (a serial driver computes features in line)")
-        self.batch_size = check_int("batch_size", batch_size, minimum=1)
-        self.encoder, self.head = encoder, head
-        if chunk_size is None and encoder.config.chunk_size < 1:
-            raise ValueError(
-                f"chunk_size must be given: the encoder config's ({encoder.config.chunk_size}) means full attention"
-            )
-        cuda = next(encoder.parameters()).device.type == "cuda"
-        self.cuda_graph = cuda if cuda_graph is None else bool(cuda_graph)
-        self.stream = encoder.stream(self.batch_size, chunk_size, left_chunk, cuda_graph=self.cuda_graph)
-        self.device = self.stream.device
-        self.chunk_size, self.left_chunk = (
-            self.stream.chunk_size,
-            self.stream.left_chunk,
-        )
-        self.chunk_frames = self.chunk_size * encoder.config.time_reduction
+        self.stream, self.head = stream, head
+        self.batch_size, self.device, self.chunk_frames = stream.batch_size, stream.device, stream.chunk_frames
         framing = self.frontend.framing
         self.block_samples = self.chunk_frames * framing.hop  # samples per cycle after the first
-        self.first_block_samples = self.block_samples + framing.win - framing.hop
+        # The first chunk's last frame ends at hop * (chunk_frames - 1) + win samples of the padded signal.
+        self.first_block_samples = framing.hop * (self.chunk_frames - 1) + framing.win - framing.pad
         self.keep_outputs = bool(keep_outputs)
         self.stats = RunStats()
-        self._previous = np.full(self.batch_size, BLANK_ID, np.int64)  # greedy CTC: last frame's best id per slot
+        self._decoder = GreedyCTCDecoder(self.batch_size)
         self._slots: list[DriverStream | None] = [None] * self.batch_size
         self._waiting: deque[DriverStream] = deque()
         self._cycles = 0
@@ -309,9 +301,12 @@ class StreamingDriver:
             else None
         )
         self.overlap = bool(overlap)
+        cuda = self.device.type == "cuda"
         self._compute = torch.cuda.Stream(self.device) if cuda else None
         # Two of each, alternating by cycle: cycle N's are read at its collection, before cycle N + 2 reuses them.
-        self._best_host = [pinned_empty((self.batch_size, self.chunk_size), torch.int64) for _ in range(2 * cuda)]
+        # Flat: a step's (B, n) argmax, n <= tokens_per_chunk, lands in the first B * n entries.
+        widest = self.batch_size * stream.tokens_per_chunk
+        self._best_host = [pinned_empty((widest,), torch.int64) for _ in range(2 * cuda)]
         self._step_events = [
             (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(2 * cuda)
         ]
@@ -485,7 +480,7 @@ class StreamingDriver:
         return cycle
 
     def _features(self, plan: _Cycle) -> None:
-        """Worker (or serial): the frames of every slot's block in one batched front-end call, as a ``(B, F, mel)`` batch."""
+        """Worker (or serial): the frames of every slot's block in one batched front-end call, as one chunk batch."""
         started = time.perf_counter()
         plan.features, plan.counts = self._slot_features.compute(plan.slots, plan.blocks, plan.final, plan.joins)
         plan.cpu_s = time.perf_counter() - started
@@ -496,6 +491,8 @@ class StreamingDriver:
         started = time.perf_counter()
         events = None
         context = torch.cuda.stream(self._compute) if self._compute is not None else contextlib.nullcontext()
+        final = np.zeros(self.batch_size, bool)
+        final[plan.slots] = plan.final
         with context:
             if plan.joins.size:
                 self.stream.reset_slots(plan.joins)
@@ -503,22 +500,22 @@ class StreamingDriver:
                 events = self._step_events[plan.index % 2]
                 events[0].record()
             step_started = time.perf_counter()
-            outputs = self.stream.step_frames(plan.features, plan.counts)
+            outputs, valid = self.stream.step(plan.features, plan.counts, final)
             best = self.head(outputs).argmax(dim=-1)
             encode_s = time.perf_counter() - step_started
             done = None
             if self._compute is not None:
                 events[1].record()
                 # Read at collection, after `done`; the buffer is reused two cycles later.
-                best, done = to_host(best, out=self._best_host[plan.index % 2])
+                host = self._best_host[plan.index % 2][: best.numel()].view(best.shape)
+                best, done = to_host(best, out=host)
                 encode_s = 0.0  # read from the events at collection
-        valid = self.stream.last_lengths.copy()
         kept = outputs if self.keep_outputs else None
         return _InFlight(
             plan,
             best,
             kept,
-            valid,
+            valid.copy(),
             done,
             events,
             time.perf_counter() - started,
@@ -535,21 +532,11 @@ class StreamingDriver:
             record.encode_s = record.events[0].elapsed_time(record.events[1]) / 1000.0
             self.stats.set_encode(record.cycle.index, record.encode_s)
         plan = record.cycle
-        # Greedy CTC, GreedyCTCDecoder's rule on the argmax ids: a frame's best id is emitted when it
-        # is not the blank and differs from the previous frame's (remembered per slot across cycles).
-        # All slots at once: this runs on the main thread between encoder steps, on every cycle.
-        self._previous[plan.joins] = BLANK_ID  # new utterances in these rows
-        rows = record.best.cpu().numpy()[plan.slots]  # (S, C) for the S occupied slots
+        self._decoder.reset(plan.joins)  # new utterances in these rows
         counts = record.valid[plan.slots]
-        before = np.concatenate((self._previous[plan.slots, None], rows[:, :-1]), axis=1)
-        emitted = (rows != BLANK_ID) & (rows != before) & (np.arange(rows.shape[1]) < counts[:, None])
-        spoke = counts > 0
-        self._previous[plan.slots[spoke]] = rows[spoke, counts[spoke] - 1]
-        ids, start = rows[emitted].tolist(), 0  # row-major: each slot's ids in order, slot after slot
-        ends = np.cumsum(emitted.sum(axis=1)).tolist()
-        for slot, stream, end, count, last in zip(plan.slots, plan.streams, ends, counts.tolist(), plan.final):
-            stream.ids.extend(ids[start:end])
-            start = end
+        new_ids = self._decoder.push_best(record.best.cpu().numpy()[plan.slots], counts, plan.slots)
+        for slot, stream, ids, count, last in zip(plan.slots, plan.streams, new_ids, counts.tolist(), plan.final):
+            stream.ids.extend(ids)
             stream.tokens += count
             if record.outputs is not None and count:
                 stream.outputs.append(record.outputs[slot, :count].cpu())

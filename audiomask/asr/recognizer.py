@@ -6,14 +6,8 @@ a model, a stream per utterance that ``accept``\\ s 16 kHz float samples,
 ``transcribe`` for whole files or arrays.
 
 >>> import numpy as np
->>> from audiomask.asr.decoding import CharTokenizer
->>> from audiomask.models.ctc import CTCHead
->>> from audiomask.models.phi4mm import Phi4MMAudioConfig, Phi4MMEncoder
->>> config = Phi4MMAudioConfig(hidden_size=8, intermediate_size=8, num_blocks=1, num_attention_heads=2,
-...                            ext_pw_out_channel=8, depthwise_separable_out_channel=8, nemo_conv_channels=2)
->>> tokenizer = CharTokenizer("abc ")
->>> model = ASRModel(Phi4MMEncoder(config).eval(), CTCHead(8, tokenizer.vocab_size).eval(), tokenizer)
->>> recognizer = StreamingRecognizer(model, chunk_ms=160, left_chunks=2)
+>>> from audiomask.asr.checkpoint import load_model
+>>> recognizer = StreamingRecognizer(load_model(), chunk_ms=160, left_chunks=2)   # the shipped model
 >>> stream = recognizer.open_stream()
 >>> stream.accept(np.zeros(8000, np.float32))
 >>> isinstance(stream.partial(), str), isinstance(stream.finish(), str)
@@ -35,7 +29,8 @@ from audiomask.audio import load
 from audiomask.checks import check_int
 from audiomask.constants import FRAME_MS
 from audiomask.features.frontend import as_samples
-from audiomask.transfer._resolve import resolve_device
+from audiomask.streaming import open_stream
+from audiomask.transfer import resolve_device
 
 __all__ = ["RecognizerStream", "StreamingRecognizer"]
 
@@ -154,9 +149,11 @@ class StreamingRecognizer:
         device: ``"cpu"``, ``"cuda"``, ``"cuda:N"``. A CUDA device on a machine
             without CUDA raises ``ValueError`` (no silent fallback to the CPU:
             a server sized for a GPU would not keep up on the CPU).
-        chunk_ms: milliseconds of audio per encoder chunk, a multiple of
-            ``10 * time_reduction`` (80 ms for Phi-4MM); default: the encoder config's chunk.
-        left_chunks: chunks of left context each chunk attends to; default: the config's.
+        chunk_ms: milliseconds of audio per encoder chunk; default: the encoder's. Phi-4MM: a multiple of
+            one token, ``10 * time_reduction`` ms (80 for the released model); default: the config's chunk.
+            Qwen3-ASR: its fixed conv chunk, 1000 ms (see :func:`~audiomask.streaming.open_stream`).
+        left_chunks: chunks of left context each chunk attends to; default: the config's (Qwen3-ASR:
+            ``None`` only, it attends inside windows of 8 chunks).
         max_streams: encoder slots: streams decoded together in one step (more wait for a free slot).
         overlap: compute the next chunk's features on a worker thread while the encoder runs.
         frontend_process: with ``overlap``, compute them in a process of their own instead, which shares no
@@ -205,34 +202,21 @@ class StreamingRecognizer:
         if idle_timeout_s is not None and not (isinstance(idle_timeout_s, (int, float)) and idle_timeout_s > 0):
             raise ValueError(f"idle_timeout_s must be a positive number of seconds or None, got {idle_timeout_s!r}")
         self.idle_timeout_s = idle_timeout_s
-        reduction = model.encoder.config.time_reduction
-        chunk_size = None
-        if chunk_ms is None and model.encoder.config.chunk_size < 1:
-            raise ValueError("chunk_ms must be given: the encoder config's chunk_size means full attention")
-        if chunk_ms is not None:
-            chunk_ms = check_int("chunk_ms", chunk_ms, minimum=1)
-            unit = FRAME_MS * reduction
-            if chunk_ms % unit:
-                raise ValueError(f"chunk_ms must be a multiple of {unit} (one encoder token), got {chunk_ms}")
-            chunk_size = chunk_ms // unit
-        if left_chunks is not None:
-            left_chunks = check_int("left_chunks", left_chunks, minimum=0)
         model.encoder.to(self.device).eval()
         model.head.to(self.device).eval()
-        self._driver = StreamingDriver(
+        stream = open_stream(
             model.encoder,
-            model.head,
-            model.frontend,
-            batch_size=check_int("max_streams", max_streams, minimum=1),
-            chunk_size=chunk_size,
-            left_chunk=left_chunks,
-            overlap=overlap,
-            frontend_process=frontend_process,
+            check_int("max_streams", max_streams, minimum=1),
+            chunk_ms=chunk_ms,
+            left_chunks=left_chunks,
             cuda_graph=cuda_graph,
         )
-        self.max_streams = self._driver.batch_size
-        self.chunk_ms = self._driver.chunk_size * FRAME_MS * reduction
-        self.left_chunks = self._driver.left_chunk
+        self._driver = StreamingDriver(
+            stream, model.head, model.frontend, overlap=overlap, frontend_process=frontend_process
+        )
+        self.max_streams = stream.batch_size
+        self.chunk_ms = stream.chunk_frames * FRAME_MS
+        self.left_chunks = stream.left_chunk
         self._changed = threading.Condition()  # the lock of every call; notified when a stream may have moved
         self._streams: list[RecognizerStream] = []  # opened and not yet ended
         self._failure: str | None = None  # why the recognizer stopped

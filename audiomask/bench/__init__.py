@@ -1,13 +1,26 @@
-"""Benchmarks that ship with the package: ``audiomask bench`` and ``scripts/bench_*.py``.
+"""Benchmarks that ship with the package: ``audiomask bench`` and ``scripts/``.
+
+Entry points (each ``main(argv)``, each writing one JSON report with its command):
 
 - :mod:`audiomask.bench.latency`: the streaming latency benchmark (transfer
   strategies, serial versus overlapped pipeline, single-stream latency per
-  chunk size, concurrent real-time streams), ``main(argv)``.
+  chunk size, concurrent real-time streams); ``audiomask bench``,
+  ``scripts/bench_latency.py``.
 - :mod:`audiomask.bench.transfer`: host->device copy strategies side by side
   (``scripts/bench_transfer.py``), reused by the latency benchmark.
-- :mod:`audiomask.bench.device_masks`: the Phi-4MM hidden-state mask built on
-  the device with torch (the "skip the copy" alternative the benchmark measures).
-- :mod:`audiomask.bench.environment`: what every result file records about its run.
+- :mod:`audiomask.bench.soak`: the streaming driver under streams that come
+  and go for >= 100,000 chunks, every transfer checksummed (``scripts/soak.py``).
+
+Their parts: :mod:`~audiomask.bench.models` (the encoders measured),
+:mod:`~audiomask.bench.overlap` (serial versus overlapped driver),
+:mod:`~audiomask.bench.single_stream` (latency per chunk size),
+:mod:`~audiomask.bench.throughput` (the most concurrent real-time streams),
+:mod:`~audiomask.bench.device_masks` (the Phi-4MM hidden-state mask built on
+the device, the "skip the copy" alternative), :mod:`~audiomask.bench.harness`
+(baseline copy strategies and the busy-GPU queue filler),
+:mod:`~audiomask.bench.signals` (synthetic audio), :mod:`~audiomask.bench.timing`
+(percentiles, budgets, interleaved timing), :mod:`~audiomask.bench.plots` (PNGs)
+and :mod:`~audiomask.bench.environment` (what every report records about its run).
 
 Nothing here is imported by the rest of the package.
 """

@@ -6,8 +6,8 @@ Sections (each in the JSON report under its name):
    built there: ``pageable``, ``pin_per_copy``, ``ring``, ``ring_in_place``,
    ``on_device`` (:mod:`audiomask.bench.transfer`), one entry per strategy,
    payload size and GPU state (``gpu_state``: idle, busy, busy_hot, busy_steady;
-   the acceptance is judged with the GPU idle and busy_steady, a queue kept fed
-   through the whole block): host time per chunk (p50/p99),
+   the transfer guarantees are judged in busy_steady, a queue kept fed through
+   the whole block): host time per chunk (p50/p99),
    GPU time, and the end-to-end time from the lengths on the host to the mask
    on the device. Without CUDA, only what means something on the CPU runs.
 2. ``pipeline``: serial versus overlapped driver, the overlap figure and
@@ -22,7 +22,7 @@ Sections (each in the JSON report under its name):
    (:mod:`audiomask.bench.throughput`).
 
 Beside them: ``environment`` (command, date, git commit, versions, CPU, GPU,
-driver), ``settings``, ``models``, ``verdicts`` (issue 7's acceptance checks),
+driver), ``settings``, ``models``, ``verdicts`` (the checks of the run's figures),
 ``notes`` (what was skipped and why) and ``section_seconds``. Every section has
 a time budget, a share of ``--seconds`` (time a section leaves unused goes to
 the later ones), and prints progress. ``--quick`` is a smoke test of every
@@ -51,9 +51,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from audiomask.bench import plots
+from audiomask.bench import plots, transfer_verdicts
 from audiomask.bench import transfer as transfer_bench
 from audiomask.bench.environment import capture_environment, write_result
+from audiomask.bench.harness import QueueFiller
 from audiomask.bench.models import SHIPPED_CONFIG, BenchModel, build_model
 from audiomask.bench.overlap import pipeline_section, pipeline_threads
 from audiomask.bench.single_stream import measure_latency
@@ -61,19 +62,16 @@ from audiomask.bench.throughput import ProbePlan, make_probe, search
 from audiomask.bench.timing import Budget, log
 from audiomask.constants import FRAME_MS
 from audiomask.transfer import KiB, MiB, default_ring
-from audiomask.transfer.harness import QueueFiller
 
 __all__ = ["main"]
 
 SECTIONS = ("transfer", "pipeline", "latency", "throughput")
 SECTION_SHARES = {"transfer": 0.15, "pipeline": 0.10, "latency": 0.12, "throughput": 0.63}  # of --seconds
 TRANSFER_STRATEGIES = ("pageable", "pin_per_copy", "ring", "ring_in_place", "on_device")
-TRANSFER_CONDITIONS = ("idle", "busy", "busy_hot", "busy_steady")  # judged in transfer_bench.JUDGED_CONDITIONS
+TRANSFER_CONDITIONS = ("idle", "busy", "busy_hot", "busy_steady")  # the guarantees are judged in busy_steady
 # Busy states whose verdicts are reported beside the judged busy_steady: both time copies within
 # ~1 ms of work queued on an idle GPU (transfer_bench's docstring says why that is a transient).
 TRANSFER_REPORTED_BUSY = ("busy_hot", "busy")
-PER_CHUNK_BYTES = 1 * MiB  # issue 7: payloads up to this size are one chunk's masks
-IN_PLACE_P99_BOUND_MS = 0.1  # issue 7: ring_in_place host p99 with the GPU busy, per-chunk payloads
 CHUNK_MS = (160, 320, 640, 1280)  # single-stream latency rows
 SHIPPED_CHUNK_MS = SHIPPED_CONFIG.chunk_size * SHIPPED_CONFIG.time_reduction * FRAME_MS  # 320 ms
 LEFT_CONTEXT_MS = SHIPPED_CHUNK_MS * SHIPPED_CONFIG.left_chunk  # 1280 ms of left context at every chunk size
@@ -88,7 +86,7 @@ THROUGHPUT_RUNS = (
 )
 FULL_SIZE_MODELS = ("phi4mm_full", "qwen3_asr_0.6b")
 PIPELINE_MODELS = ("shipped", "phi4mm_full")  # models the driver runs (Phi-4MM)
-STREAMS_AIM = 10_000  # issue 7: concurrent real-time streams of the full-size Phi-4MM encoder on one H200
+STREAMS_AIM = 10_000  # the aim: concurrent real-time streams of the full-size Phi-4MM encoder on one H200
 
 
 @dataclass(frozen=True)
@@ -246,30 +244,17 @@ def _check(ok: bool | None, **details: object) -> dict:
 
 
 def verdicts(report: dict) -> dict[str, dict]:
-    """Issue 7's acceptance checks on the figures of this run (``ok`` None: not measured here, and why)."""
+    """The checks of this run's figures (``ok`` None: not measured here, and why).
+
+    Transfer: the guarantees of :func:`audiomask.bench.transfer_verdicts.guarantees` in busy_steady,
+    and the in-place p99 bound in the busy states reported beside it.
+    """
     found: dict[str, dict] = {}
-    rows = {(e["strategy"], e["bytes"], e["gpu_state"]): e for e in report["transfer"]}
-    sizes = sorted({e["bytes"] for e in report["transfer"]})
     if any(e["strategy"] == "pageable" for e in report["transfer"]):
-        for stat in ("p50", "p99"):
-            for states, label in (
-                (transfer_bench.JUDGED_CONDITIONS, "idle and busy_steady"),
-                (("busy_hot",), "busy_hot; reported"),
-            ):
-                lowest = {
-                    f"{n}/{c}": {s: rows[s, n, c][f"host_ms_{stat}"] for s in transfer_bench.COPY_STRATEGIES}
-                    for n in sizes
-                    for c in states
-                }
-                found[f"ring has the lowest host {stat} of the copy strategies at every size ({label})"] = _check(
-                    all(min(times, key=times.get) == "ring" for times in lowest.values()), ms=lowest
-                )
-        for condition in ("busy_steady", *TRANSFER_REPORTED_BUSY):
-            label = condition if condition == "busy_steady" else f"{condition}; reported"
-            in_place = {n: rows["ring_in_place", n, condition]["host_ms_p99"] for n in sizes if n <= PER_CHUNK_BYTES}
-            found[
-                f"ring_in_place host p99 <= {IN_PLACE_P99_BOUND_MS} ms with the GPU busy ({label}), payloads <= 1 MiB"
-            ] = _check(all(value <= IN_PLACE_P99_BOUND_MS for value in in_place.values()), ms=in_place)
+        busy_ms = report["settings"].get("busy_ms_measured", transfer_bench.BUSY_MS)
+        found.update(transfer_verdicts.guarantees(report["transfer"], busy_ms, "busy_steady"))
+        for condition in TRANSFER_REPORTED_BUSY:
+            found.update(transfer_verdicts.in_place_p99(report["transfer"], condition, f"{condition}; reported"))
     elif report["transfer"]:
         found["transfer strategies against each other"] = _check(None, why="needs CUDA (host->device copies)")
     pipeline = report["pipeline"]

@@ -31,7 +31,15 @@ from audiomask.models import (
 )
 from audiomask.models.ctc import CTCHead
 
-__all__ = ["MODEL_NAMES", "QWEN3_ASR_06B", "SHIPPED_CONFIG", "BenchModel", "build_model"]
+__all__ = [
+    "MODEL_NAMES",
+    "QWEN3_ASR_06B",
+    "SHIPPED_CONFIG",
+    "TINY_PHI4MM",
+    "TINY_QWEN3_ASR",
+    "BenchModel",
+    "build_model",
+]
 
 MODEL_NAMES = ("shipped", "phi4mm_full", "qwen3_asr_0.6b")
 # The shipped model's architecture (scripts/train_ctc.py TrainConfig, audiomask.asr.checkpoint): 4 frames
@@ -53,7 +61,8 @@ SHIPPED_CONFIG = Phi4MMAudioConfig(
 # Qwen3-ASR-0.6B's audio encoder (Qwen/Qwen3-ASR-0.6B config.json, audio_config); the defaults are 1.7B's.
 QWEN3_ASR_06B = Qwen3ASRConfig(encoder_layers=18, encoder_attention_heads=14, encoder_ffn_dim=3584, d_model=896)
 RANDOM_ALPHABET = "abcdefghijklmnopqrstuvwxyz' "  # the CTC vocabulary of random models
-_QUICK_PHI4MM = Phi4MMAudioConfig(
+# Tiny stand-ins of both architectures (every code path, CPU-cheap): ``--quick``, the soak, smoke tests.
+TINY_PHI4MM = Phi4MMAudioConfig(
     hidden_size=32,
     intermediate_size=48,
     num_blocks=2,
@@ -62,7 +71,7 @@ _QUICK_PHI4MM = Phi4MMAudioConfig(
     depthwise_separable_out_channel=32,
     nemo_conv_channels=8,
 )
-_QUICK_QWEN3 = Qwen3ASRConfig(
+TINY_QWEN3_ASR = Qwen3ASRConfig(
     encoder_layers=2, encoder_attention_heads=2, encoder_ffn_dim=48, d_model=32, downsample_hidden_size=4
 )
 _SEED = 0  # random weights: the same every run
@@ -138,12 +147,12 @@ def build_model(name: str, device: torch.device, *, quick: bool = False) -> Benc
         asr, source = _shipped()
         model = BenchModel(name, device, torch.float32, source, asr=asr)
     elif name == "phi4mm_full":
-        config = _QUICK_PHI4MM if quick else Phi4MMAudioConfig()
+        config = TINY_PHI4MM if quick else Phi4MMAudioConfig()
         model = BenchModel(
             name, device, low_precision, stand_in if quick else "random weights", asr=_random_asr(config)
         )
     else:
-        encoder = Qwen3ASREncoder(_QUICK_QWEN3 if quick else QWEN3_ASR_06B).eval()
+        encoder = Qwen3ASREncoder(TINY_QWEN3_ASR if quick else QWEN3_ASR_06B).eval()
         model = BenchModel(name, device, low_precision, stand_in if quick else "random weights", encoder=encoder)
     # Weights are moved once, at load time, as StreamingRecognizer does with a model it is given.
     for module in (model.asr.encoder, model.asr.head) if model.asr is not None else (model.encoder,):

@@ -11,7 +11,7 @@ matters most. Then the same workload runs serial (``overlap=False``: features,
 encode, wait for the results, cycle after cycle) and overlapped. Reported:
 ``cpu_s``, ``gpu_s``, ``serial_wall_s``, ``pipelined_wall_s``, ``overlap = (T_cpu
 + T_gpu - T_wall) / min(T_cpu, T_gpu)`` of the overlapped run, its wall time
-over ``max(T_cpu, T_gpu)`` (issue 5's acceptance: within 10 %) and over the sum
+over ``max(T_cpu, T_gpu)`` (the target: within :data:`WITHIN`, 10 %) and over the sum
 of per-cycle maxima (a perfect two-stage pipeline), and the host time per
 chunk (``enqueue_s``: staging, launching the step, head and argmax). Each mode
 runs ``repeats`` times (fewer where the budget is short), interleaved; the run
@@ -21,12 +21,13 @@ The section runs with torch's intra-op threads set to ``threads`` (the
 benchmark passes :func:`pipeline_threads`: one core fewer than the machine
 has) and puts the old count back after. Why: with as many pool threads as
 cores, the main thread launching the encoder step preempts one of them, and
-every parallel region of the front end then waits for the straggler; on the
+every parallel region of the front end then waits for the straggler; on a
 2-core CPU that doubled the front end's time under overlap, and one thread
-fewer took it back to 1.07-1.4x (bench/probes/pipeline_threads_cpu_2core.json).
-On the H200 machine's 16 cores it changed little (front end 1.99x slower under
-overlap with 16 threads, 1.86x with 15: bench/probes/pipeline_threads_h200.json):
-there the two threads' Python (the GIL) in cycles of ~3 ms is the rest.
+fewer took it back to 1.07-1.4x its time alone. On the H200 machine's 16
+cores it changed little (front end 1.99x slower under overlap with 16
+threads, 1.86x with 15): there the two threads' Python (the GIL) in cycles
+of ~3 ms is the rest, which a front end in its own process avoids
+(``frontend_process=True``, timed beside the thread).
 """
 
 from __future__ import annotations
@@ -40,14 +41,13 @@ import torch
 from audiomask.asr.driver import RunStats
 from audiomask.bench.models import BenchModel
 from audiomask.bench.signals import shared_noise
-from audiomask.bench.timing import Budget, log, percentiles
+from audiomask.bench.timing import MS_PER_S, Budget, log, percentiles
 from audiomask.constants import FRAME_MS
 
-__all__ = ["WITHIN", "drive", "pipeline_section", "pipeline_threads"]
+__all__ = ["WITHIN", "drive", "pipeline_runs", "pipeline_section", "pipeline_threads"]
 
-WITHIN = 0.10  # acceptance: overlapped wall within 10 % of max(T_cpu, T_gpu)
+WITHIN = 0.10  # the target: overlapped wall within 10 % of max(T_cpu, T_gpu)
 CALIBRATION_CYCLES = 6
-MS_PER_S = 1000
 
 
 def pipeline_threads(cores: int | None = None) -> int:
@@ -112,15 +112,20 @@ def pipeline_section(
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        runs = _pipeline_runs(model, chunk_size, left_chunk, cycles, repeats, max_batch, budget)
+        runs = pipeline_runs(model, chunk_size, left_chunk, cycles, repeats, max_batch, budget)
     finally:
         torch.set_num_threads(previous)
     return {"torch_threads": threads, **runs}
 
 
-def _pipeline_runs(
+def pipeline_runs(
     model: BenchModel, chunk_size: int, left_chunk: int, cycles: int, repeats: int, max_batch: int, budget: Budget
 ) -> dict:
+    """:func:`pipeline_section` on torch's current thread count; JSON-ready.
+
+    An untimed warm-up, the calibration of ``B`` (doubling up to ``max_batch``), then ``repeats`` runs
+    (fewer where ``budget`` is short) of each mode, interleaved; the figures of each mode's median run.
+    """
     calibration: list[dict] = []
     warmup = left_chunk + 2  # cycles each drive() runs before its timed ones
     # One final run of each mode costs this many calibration runs of the same B (cycles scale the time,

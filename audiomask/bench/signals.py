@@ -14,7 +14,7 @@ import numpy as np
 
 from audiomask.constants import SAMPLE_RATE
 
-__all__ = ["NOISE_LEVEL", "SAMPLE_RATE", "noise", "speech_like", "stream_offsets"]
+__all__ = ["NOISE_LEVEL", "noise", "shared_noise", "speech_like", "stream_offsets"]
 
 NOISE_LEVEL = 0.1  # RMS of the noise, in full scale
 OFFSET_STRIDE = 997  # samples between the start points of consecutive streams in a shared signal (a prime)

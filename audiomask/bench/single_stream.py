@@ -26,13 +26,11 @@ import time
 
 from audiomask.asr.recognizer import StreamingRecognizer
 from audiomask.bench.models import BenchModel
-from audiomask.bench.signals import SAMPLE_RATE, noise
-from audiomask.bench.timing import percentiles
-from audiomask.constants import FRAME_MS
+from audiomask.bench.signals import noise
+from audiomask.bench.timing import MS_PER_S, percentiles
+from audiomask.constants import FRAME_MS, SAMPLE_RATE
 
 __all__ = ["measure_latency"]
-
-MS_PER_S = 1000
 
 
 def measure_latency(model: BenchModel, chunk_ms: int, left_chunks: int, chunks: int) -> dict:

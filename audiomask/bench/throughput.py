@@ -42,17 +42,17 @@ import numpy as np
 import torch
 
 from audiomask.bench.models import BenchModel
-from audiomask.bench.signals import SAMPLE_RATE, shared_noise
-from audiomask.bench.timing import Budget, log, percentiles
-from audiomask.constants import FRAME_MS
+from audiomask.bench.signals import shared_noise
+from audiomask.bench.timing import MS_PER_S, Budget, log, percentiles
+from audiomask.constants import FRAME_MS, SAMPLE_RATE
+from audiomask.streaming import Phi4MMStream, Qwen3ASRStream
 
-__all__ = ["PATHS", "TOLERANCE", "ProbePlan", "make_probe", "search"]
+__all__ = ["PATHS", "TOLERANCE", "ProbePlan", "make_probe", "search", "timed_chunks"]
 
 PATHS = ("driver", "encoder_step")
 TOLERANCE = 0.05  # bisection stops when the bracket is within 5 % of the last passing N
 MEMORY_FRACTION = 0.92  # of the device's memory: a probe predicted to peak above it is not run
 EXCEEDED_TO_FAIL = 2  # timed chunks over the duration that settle a probe (p99 over at most 101 chunks)
-MS_PER_S = 1000
 
 
 @dataclass(frozen=True)
@@ -75,8 +75,12 @@ def _release_memory(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def _timed_chunks(step: Callable[[int], None], warmup: int, plan: ProbePlan, duration_s: float) -> tuple[list, bool]:
-    """Seconds of each timed ``step(index)``; ``True`` with them when the probe stopped early (settled as failed)."""
+def timed_chunks(step: Callable[[int], None], warmup: int, plan: ProbePlan, duration_s: float) -> tuple[list, bool]:
+    """Run ``step(index)`` for ``warmup`` untimed then up to ``plan.chunks`` timed indices; ``(seconds, stopped)``.
+
+    ``seconds``: wall seconds of each timed step. ``stopped`` is ``True`` when the probe stopped early: two
+    timed steps reached ``duration_s`` (seconds) before all ran, which settles it as failed.
+    """
     seconds, exceeded = [], 0
     for index in range(warmup + plan.chunks):
         began = time.perf_counter()
@@ -112,7 +116,7 @@ def _driver_probe(model: BenchModel, chunk_size: int, left_chunk: int, plan: Pro
                 if driver.advance() != 1:
                     raise RuntimeError(f"chunk {index}: the driver did not run exactly one cycle (a bug)")
 
-            return _timed_chunks(step, warmup, plan, later / SAMPLE_RATE)
+            return timed_chunks(step, warmup, plan, later / SAMPLE_RATE)
         finally:
             driver.close()
 
@@ -125,7 +129,7 @@ def _phi4mm_step_probe(model: BenchModel, chunk_size: int, left_chunk: int, plan
     block = np.random.default_rng(0).standard_normal((frames, encoder.config.input_size)).astype(np.float32)
 
     def probe(streams: int) -> tuple[list, bool]:
-        stream = encoder.stream(streams, chunk_size, left_chunk, cuda_graph=cuda_graph)
+        stream = Phi4MMStream(encoder, streams, chunk_size, left_chunk, cuda_graph=cuda_graph)
         features = np.tile(block, (streams, 1, 1))  # (N, frames, 80) host float32, as the front end gives
         valid = np.full(streams, frames)
 
@@ -133,7 +137,7 @@ def _phi4mm_step_probe(model: BenchModel, chunk_size: int, left_chunk: int, plan
             stream.step_frames(features, valid)
             _synchronize(device)
 
-        return _timed_chunks(step, plan.warmup + left_chunk + 1, plan, frames * FRAME_MS / MS_PER_S)
+        return timed_chunks(step, plan.warmup + left_chunk + 1, plan, frames * FRAME_MS / MS_PER_S)
 
     return probe
 
@@ -144,7 +148,7 @@ def _qwen3_step_probe(model: BenchModel, plan: ProbePlan):
     block = np.random.default_rng(0).standard_normal((config.num_mel_bins, config.chunk_frames)).astype(np.float32)
 
     def probe(streams: int) -> tuple[list, bool]:
-        stream = encoder.stream(streams)
+        stream = Qwen3ASRStream(encoder, streams)
         features = torch.from_numpy(np.tile(block, (streams, 1, 1)))  # (N, 128, 100) host float32
 
         def step(index: int) -> None:
@@ -154,7 +158,7 @@ def _qwen3_step_probe(model: BenchModel, plan: ProbePlan):
 
         # Every position in the 8-chunk attention window costs differently: warm up and time whole windows.
         windows = -(-plan.chunks // config.chunks_per_window) * config.chunks_per_window
-        return _timed_chunks(
+        return timed_chunks(
             step, config.chunks_per_window, ProbePlan(0, windows), config.chunk_frames * FRAME_MS / MS_PER_S
         )
 

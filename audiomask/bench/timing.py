@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["Budget", "log", "percentiles"]
+__all__ = ["MS_PER_S", "NS_PER_S", "Budget", "log", "percentiles", "time_interleaved"]
+
+MS_PER_S = 1000  # the benchmarks report milliseconds
+NS_PER_S = 1_000_000_000  # time.perf_counter_ns() counts nanoseconds
 
 _STARTED = time.perf_counter()  # progress lines count seconds from the benchmark's import
 
@@ -27,6 +30,28 @@ def percentiles(samples: Sequence[float]) -> dict[str, float]:
         "p99": float(np.percentile(values, 99)),
         "max": float(values.max()),
     }
+
+
+def time_interleaved(methods: Mapping[str, Callable[[], object]], rounds: int, warmup: int) -> dict[str, np.ndarray]:
+    """``{name: (rounds,) int64 nanoseconds}`` per call, calling the methods in turn, round by round.
+
+    Each method is first called ``warmup`` times untimed. Interleaving makes drift in the machine's speed
+    (other processes, clocks) hit every method alike, so that ratios measured side by side hold.
+
+    >>> times = time_interleaved({"a": lambda: None, "b": lambda: sum(range(100))}, rounds=3, warmup=1)
+    >>> sorted(times), times["a"].shape, times["a"].dtype
+    (['a', 'b'], (3,), dtype('int64'))
+    """
+    for method in methods.values():
+        for _ in range(warmup):
+            method()
+    times = {name: np.empty(rounds, dtype=np.int64) for name in methods}
+    for index in range(rounds):
+        for name, method in methods.items():
+            began = time.perf_counter_ns()
+            method()
+            times[name][index] = time.perf_counter_ns() - began
+    return times
 
 
 class Budget:

@@ -8,6 +8,7 @@ Polarity everywhere: ``True`` = the query row MAY attend to the key column
 - :mod:`audiomask.masks.chunk`: WeNet-style ``subsequent_chunk_mask`` and ``padding_mask``.
 - :mod:`audiomask.masks.phi4mm`: Phi-4-multimodal streaming and hidden-state masks.
 - :mod:`audiomask.masks.qwen3_asr`: Qwen3-ASR chunk/token lengths, ``cu_seqlens``, window mask.
+- :mod:`audiomask.masks.band`: the block-band builders they are all made of, and the allocation bound.
 
 No builder allocates a result above :func:`max_mask_bytes` (1 GiB by default,
 :func:`set_max_mask_bytes` to change): larger requests raise ``ValueError``
@@ -21,13 +22,8 @@ naming the arguments, before any allocation.
 from __future__ import annotations
 
 from audiomask.masks import chunk, phi4mm, qwen3_asr
-from audiomask.masks.chunk import (
-    DEFAULT_MAX_MASK_BYTES,
-    max_mask_bytes,
-    padding_mask,
-    set_max_mask_bytes,
-    subsequent_chunk_mask,
-)
+from audiomask.masks.band import DEFAULT_MAX_MASK_BYTES, max_mask_bytes, set_max_mask_bytes
+from audiomask.masks.chunk import padding_mask, subsequent_chunk_mask
 
 __all__ = [
     "DEFAULT_MAX_MASK_BYTES",

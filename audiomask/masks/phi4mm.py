@@ -21,7 +21,7 @@ import numpy as np
 
 from audiomask.checks import check_int, check_lengths
 from audiomask.constants import FRAME_MS
-from audiomask.masks.chunk import _chunk_band, _output, _regular_band
+from audiomask.masks.band import chunk_band, regular_band, result_array
 
 __all__ = [
     "DEFAULT_CHUNK_SIZE",
@@ -104,7 +104,7 @@ def adaptive_enc_mask(
     left_window = check_int("left_window", left_window, minimum=0)
     right_window = check_int("right_window", right_window, minimum=0)
     bounds = np.concatenate([[0], starts, [x_len]])
-    return _chunk_band(bounds, left_window, right_window, _output(out, (x_len, x_len), "x_len"))
+    return chunk_band(bounds, left_window, right_window, result_array(out, (x_len, x_len), "x_len"))
 
 
 def _effective_chunk_size(seq_len: int, chunk_size: int) -> int:
@@ -151,8 +151,8 @@ def streaming_mask(
     batch_size = check_int("batch_size", batch_size, minimum=0)
     chunk_size = check_int("chunk_size", chunk_size)
     left_chunk = check_int("left_chunk", left_chunk, minimum=0)
-    out = _output(out, (batch_size, seq_len, seq_len), "batch_size and seq_len")
-    return _regular_band(seq_len, _effective_chunk_size(seq_len, chunk_size), left_chunk, out)
+    out = result_array(out, (batch_size, seq_len, seq_len), "batch_size and seq_len")
+    return regular_band(seq_len, _effective_chunk_size(seq_len, chunk_size), left_chunk, out)
 
 
 def _is_list(value: object) -> bool:
@@ -274,8 +274,8 @@ def hs_mask(
     left_chunk = check_int("left_chunk", left_chunk, minimum=0)
     time_reduction = check_int("time_reduction", time_reduction, minimum=1)
     seq_len = -(-max_frames // time_reduction)
-    out = _output(out, (lengths.size, seq_len, seq_len), "feature_lengths and max_frames")
-    _regular_band(seq_len, _effective_chunk_size(seq_len, chunk_size), left_chunk, out)
+    out = result_array(out, (lengths.size, seq_len, seq_len), "feature_lengths and max_frames")
+    regular_band(seq_len, _effective_chunk_size(seq_len, chunk_size), left_chunk, out)
     # Clearing the padded key columns of each batch row after the one-copy band
     # writes less than gathering per-row patterns (a loop over the batch, not time).
     for row, key_length in enumerate(subsampled_lengths(lengths, time_reduction).tolist()):

@@ -26,7 +26,8 @@ from __future__ import annotations
 import numpy as np
 
 from audiomask.checks import INT64_MAX, check_int, check_lengths
-from audiomask.masks.chunk import _chunk_band, _output, check_alloc, padding_mask
+from audiomask.masks.band import check_alloc, chunk_band, result_array
+from audiomask.masks.chunk import padding_mask
 
 __all__ = [
     "CHUNK_FRAMES",
@@ -159,7 +160,7 @@ def padded_mask_after_cnn(
     lengths, chunk_frames = _check_feature_lens(feature_lens, n_window)
     tokens = _conv_lengths(_split(lengths, chunk_frames, "feature_lens and n_window"))
     width = int(tokens.max()) if tokens.size else 0
-    out = _output(out, (tokens.size, width), "feature_lens and n_window")  # bounded under this call's names
+    out = result_array(out, (tokens.size, width), "feature_lens and n_window")  # bounded under this call's names
     return padding_mask(tokens, width, out=out)
 
 
@@ -211,7 +212,7 @@ def cu_seqlens(
     array([  0, 104, 208, 312, 390], dtype=int32)
     """
     windows = _window_lengths(feature_lens, n_window, n_window_infer)
-    out = _output(out, (windows.size + 1,), "feature_lens", np.int32)
+    out = result_array(out, (windows.size + 1,), "feature_lens", np.int32)
     out[0] = 0
     np.cumsum(windows, out=out[1:])
     return out
@@ -253,7 +254,7 @@ def window_mask(
     """
     windows = _window_lengths(feature_lens, n_window, n_window_infer)
     total = int(windows.sum())
-    out = _output(out, (total, total), "feature_lens")
+    out = result_array(out, (total, total), "feature_lens")
     bounds = np.zeros(windows.size + 1, np.int64)
     np.cumsum(windows, out=bounds[1:])
-    return _chunk_band(bounds, 0, 0, out)
+    return chunk_band(bounds, 0, 0, out)

@@ -1,4 +1,4 @@
-"""Pieces both encoders share: config loading, activations, host lengths, the frame buffer of a stream."""
+"""Pieces both encoders share: config loading, activations, lengths on the host or on the device."""
 
 from __future__ import annotations
 
@@ -11,9 +11,19 @@ import torch
 from torch import nn
 
 from audiomask.checks import check_int, check_lengths
+from audiomask.masks import padding_mask
 from audiomask.transfer import to_device
 
-__all__ = ["FrameBuffer", "activation", "config_from_dict", "host_lengths", "model_input", "positive_fields"]
+__all__ = [
+    "activation",
+    "batch_lengths",
+    "config_from_dict",
+    "host_lengths",
+    "lengths_on",
+    "model_input",
+    "positive_fields",
+    "valid_positions",
+]
 
 _ACTIVATIONS: dict[str, type[nn.Module]] = {
     # transformers' ACT2FN names: "swish" and "silu" are the same function.
@@ -78,54 +88,54 @@ def model_input(features: torch.Tensor, module: nn.Module) -> torch.Tensor:
     return to_device(features, parameter.device, dtype=parameter.dtype)
 
 
-class FrameBuffer:
-    """Feature frames pushed to each stream slot, waiting to fill a chunk.
+def batch_lengths(
+    name: str, lengths: object, batch: int, maximum: int, maximum_name: str, device: torch.device
+) -> np.ndarray | torch.Tensor:
+    """The ``(B,)`` lengths of a forward: on the host (checked), or left on ``device`` where they already are.
 
-    ``frames`` is a ``(B, P, F)`` tensor on the encoder's device; slot ``b``
-    holds ``counts[b]`` frames at its start and zeros after them (the zeros
-    are the end-of-utterance padding of a final partial chunk).
+    A tensor on ``device`` stays there as int64: what the encoder derives from
+    it (output lengths, masks) is computed there, and nothing is read back.
+    Its values are checked only when ``device`` is the CPU (reading them from a
+    GPU would wait for it): on a GPU, lengths outside ``[0, maximum]`` give
+    wrong outputs, not an error. Anything else (a list, a numpy array, a CPU
+    tensor for a module on a GPU) is read on the host and checked: a host
+    ``(B,)`` int64 array. A tensor on another device is a ``ValueError``.
+
+    >>> batch_lengths("lengths", [3, 1], 2, 4, "T", torch.device("cpu"))
+    array([3, 1])
+    >>> batch_lengths("lengths", torch.tensor([3, 1]), 2, 4, "T", torch.device("cpu"))
+    tensor([3, 1])
     """
+    if isinstance(lengths, torch.Tensor) and lengths.device == device:
+        if lengths.ndim != 1 or lengths.is_floating_point() or lengths.is_complex() or lengths.dtype == torch.bool:
+            raise ValueError(f"{name} must be a 1-D integer tensor, got {lengths.dtype} of shape {tuple(lengths.shape)}")
+        if device.type == "cpu":
+            check_lengths(name, lengths.numpy(), maximum=maximum, maximum_name=maximum_name)
+        on_device = lengths.to(torch.int64)
+    elif isinstance(lengths, torch.Tensor) and lengths.device.type != "cpu":
+        raise ValueError(f"{name} must be on the host or on the encoder's device ({device}), got {lengths.device}")
+    else:
+        on_device = host_lengths(name, lengths, maximum, maximum_name)
+    if len(on_device) != batch:
+        raise ValueError(f"{name} must have {batch} entries (features.shape[0]), got {len(on_device)}")
+    return on_device
 
-    def __init__(self, batch_size: int, feature_size: int, device: torch.device, dtype: torch.dtype) -> None:
-        self.frames = torch.zeros(batch_size, 0, feature_size, device=device, dtype=dtype)
-        self.counts = np.zeros(batch_size, np.int64)
 
-    def push(self, features: torch.Tensor, lengths: np.ndarray) -> None:
-        """Append the first ``lengths[b]`` frames of ``features[b]`` ``(B, t, F)`` to slot ``b``."""
-        batch, capacity, feature_size = self.frames.shape
-        if batch and (lengths == lengths[0]).all() and (self.counts == self.counts[0]).all():
-            # Lock step (every slot holds as many frames and gets as many): append along time,
-            # no scatter and no index arrays to move. (The common case: equal pushes, full chunks.)
-            count, length = int(self.counts[0]), int(lengths[0])
-            moved = to_device(features[:, :length], self.frames.device, dtype=self.frames.dtype)
-            if count:
-                self.frames = torch.cat([self.frames[:, :count], moved], dim=1)
-            else:  # an empty buffer: the moved frames are the buffer (a copy, never the caller's tensor)
-                self.frames = moved.clone() if moved.data_ptr() == features.data_ptr() else moved
-            self.counts += length
-            return
-        needed = int((self.counts + lengths).max(initial=0))
-        if needed > capacity:
-            grown = self.frames.new_zeros(batch, needed - capacity, feature_size)
-            self.frames = torch.cat([self.frames, grown], dim=1)
-        # One scatter for all slots, whatever their lengths: (slot, source frame) -> (slot, count + frame).
-        slots = np.repeat(np.arange(batch), lengths)
-        source = np.arange(slots.size) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-        slots, source, target = to_device(np.stack([slots, source, source + self.counts[slots]]), self.frames.device)
-        features = to_device(features, self.frames.device, dtype=self.frames.dtype)
-        self.frames[slots, target] = features[slots, source]
-        self.counts += lengths
+def lengths_on(lengths: np.ndarray | torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``(B,)`` int64 lengths from :func:`batch_lengths` as a tensor on ``device`` (host ones moved with :func:`to_device`)."""
+    return lengths if isinstance(lengths, torch.Tensor) else to_device(lengths, device)
 
-    def take(self, frames: int) -> tuple[torch.Tensor, np.ndarray]:
-        """Remove the first ``frames`` frames of every slot: ``(chunk (B, frames, F), valid (B,))``.
 
-        Slots with fewer frames give what they hold, zero-padded; ``valid``
-        counts the real ones.
-        """
-        short = frames - self.frames.shape[1]
-        if short > 0:
-            self.frames = nn.functional.pad(self.frames, (0, 0, 0, short))
-        chunk, self.frames = self.frames[:, :frames], self.frames[:, frames:]
-        valid = np.minimum(self.counts, frames)
-        self.counts -= valid
-        return chunk, valid
+def valid_positions(lengths: np.ndarray | torch.Tensor, width: int, device: torch.device) -> torch.Tensor:
+    """``(B, width)`` bool on ``device``, ``True`` where ``position < lengths[b]`` (the positions that are real).
+
+    Host lengths: :func:`audiomask.masks.padding_mask` built on the host and
+    moved; device lengths: compared there (nothing read back). The same mask either way.
+
+    >>> valid_positions(np.array([2, 0]), 3, torch.device("cpu")).int()
+    tensor([[1, 1, 0],
+            [0, 0, 0]], dtype=torch.int32)
+    """
+    if isinstance(lengths, torch.Tensor):
+        return torch.arange(width, device=device) < lengths[:, None]
+    return to_device(padding_mask(lengths, width), device)

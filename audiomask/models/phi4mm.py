@@ -14,8 +14,9 @@ as it is. Data flow, for ``features`` ``(B, T, 80)`` (log-mel frames of 10 ms):
    not bidirectionally symmetric by default), a causal depthwise conv module
    with a GLU, half feed-forward, LayerNorm.
 
-Mask modes (DESIGN.md; masks are built in numpy by :mod:`audiomask.masks.phi4mm`
-and moved by :func:`audiomask.transfer.to_device`):
+Mask modes (the masks are built in numpy by :mod:`audiomask.masks.phi4mm`
+and moved by :func:`audiomask.transfer.to_device`, or built on the device
+from lengths already there, or given whole: see :meth:`Phi4MMEncoder.forward`):
 
 - ``"phi4mm_compat"`` reproduces upstream numerics: the boolean hidden-state
   mask is *added* to the relative bias (a masked key is only 1 logit down),
@@ -35,13 +36,7 @@ the last frame of the token's own ``time_reduction`` frames: a chunk's tokens
 need no frame beyond the chunk (:data:`SUBSAMPLING_LOOKAHEAD_FRAMES` is 0),
 and the left context is one cached step per stage.
 """
-
 from __future__ import annotations
-
-import dataclasses
-import functools
-from collections.abc import Callable, Mapping
-from typing import Any
 
 import numpy as np
 import torch
@@ -49,449 +44,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from audiomask.checks import check_int
-from audiomask.masks import padding_mask, phi4mm
-from audiomask.models.attention import (
-    MaskMode,
-    attend,
-    check_mask_mode,
-    may_attend_to_compat_bias,
-    split_heads,
-)
-from audiomask.models.layers import activation, config_from_dict, host_lengths, model_input, positive_fields
-from audiomask.streaming.streams import Phi4MMStream
+from audiomask.masks import phi4mm
+from audiomask.models.attention import MaskMode, check_mask_mode, may_attend_to_compat_bias
+from audiomask.models.config import Phi4MMAudioConfig
+from audiomask.models.conformer import ConformerBlock, ConvSubsampling, MeanVarianceNorm, RelativeAttentionBias
+from audiomask.models.layers import batch_lengths, lengths_on, model_input, valid_positions
 from audiomask.transfer import to_device
 
-__all__ = ["SUBSAMPLING_LOOKAHEAD_FRAMES", "SUBSAMPLING_SLICE", "UNFOLD_TOKENS", "Phi4MMAudioConfig", "Phi4MMEncoder"]
+__all__ = ["SUBSAMPLING_LOOKAHEAD_FRAMES", "UNFOLD_TOKENS", "Phi4MMAudioConfig", "Phi4MMEncoder"]
 
 UNFOLD_TOKENS = 500  # upstream's "max_seq_len": longer sequences are encoded as 500-token blocks (compat mode)
 SUBSAMPLING_LOOKAHEAD_FRAMES = 0  # feature frames a token needs beyond its own time_reduction frames
-SUBSAMPLING_SLICE = 512  # utterances whose subsampling stages run at once in a larger batch (exact path)
-
-
-@dataclasses.dataclass(frozen=True)
-class Phi4MMAudioConfig:
-    """Architecture of the Phi-4MM audio encoder: ``Phi4MultimodalAudioConfig``'s fields and defaults.
-
-    The defaults are the released model's (24 blocks of 1024 dims, 16 heads,
-    1536 feed-forward units, 80 mel bins in, 8 frames per token). Fields of
-    the transformers config that play no part at inference (dropout, token
-    ids, ``feature_layer``) are not kept.
-
-    >>> Phi4MMAudioConfig().nemo_final_size  # 80 mel bins after three stride-2 convs
-    10
-    """
-
-    hidden_size: int = 1024
-    intermediate_size: int = 1536
-    num_blocks: int = 24
-    num_attention_heads: int = 16
-    activation: str = "swish"
-    chunk_size: int = -1  # tokens per attention chunk; <= 0 = full attention
-    left_chunk: int = 18  # chunks of left context
-    ext_pw_out_channel: int = 1024
-    depthwise_separable_out_channel: int = 1024
-    depthwise_multiplier: int = 1
-    kernel_size: int = 3  # causal depthwise conv of the conv module, in tokens
-    conv_activation: str = "swish"
-    input_size: int = 80  # mel bins
-    conv_glu_type: str = "swish"
-    time_reduction: int = 8  # feature frames per token
-    bias_max_distance: int = 1000  # tokens; relative distances are clipped to [-max, max - 1]
-    bias_symmetric: bool = False
-    nemo_activation: str = "relu"
-    nemo_conv_channels: int = 1024
-
-    def __post_init__(self) -> None:
-        positive_fields(
-            self,
-            "hidden_size",
-            "intermediate_size",
-            "num_blocks",
-            "num_attention_heads",
-            "ext_pw_out_channel",
-            "depthwise_separable_out_channel",
-            "depthwise_multiplier",
-            "kernel_size",
-            "input_size",
-            "time_reduction",
-            "bias_max_distance",
-            "nemo_conv_channels",
-        )
-        check_int("chunk_size", self.chunk_size)
-        check_int("left_chunk", self.left_chunk, minimum=0)
-        if self.hidden_size % self.num_attention_heads:
-            raise ValueError(
-                f"hidden_size ({self.hidden_size}) must be a multiple of num_attention_heads, "
-                f"got {self.num_attention_heads}"
-            )
-        if self.time_reduction < 2 or self.time_reduction & (self.time_reduction - 1):
-            raise ValueError(f"time_reduction must be a power of 2 >= 2, got {self.time_reduction}")
-        # The conv module's residual path chains hidden -> GLU -> depthwise -> pointwise -> hidden.
-        for name in ("ext_pw_out_channel", "depthwise_separable_out_channel"):
-            if getattr(self, name) != self.hidden_size:
-                raise ValueError(f"{name} must equal hidden_size ({self.hidden_size}), got {getattr(self, name)}")
-
-    @property
-    def subsampling_stages(self) -> int:
-        """Stride-2 conv stages of the subsampling: ``log2(time_reduction)``."""
-        return self.time_reduction.bit_length() - 1
-
-    @property
-    def nemo_final_size(self) -> int:
-        """Mel bins left after the subsampling stages (each maps ``n`` to ``ceil(n / 2)``)."""
-        return -(-self.input_size // self.time_reduction)
-
-    @classmethod
-    def from_dict(cls, values: Mapping[str, Any]) -> Phi4MMAudioConfig:
-        """From a transformers ``Phi4MultimodalAudioConfig`` dict (``config.json``)."""
-        return config_from_dict(cls, values)
-
-
-def _derived(owner: nn.Module, sources: tuple[torch.Tensor, ...], build: Callable[[], Any]) -> Any:
-    """``build()`` (tensors computed from ``sources``), cached on ``owner`` while no source changes.
-
-    Inference only: with autograd on, it is rebuilt on every call (gradients
-    reach the parameters). A source is unchanged while its storage and its
-    version counter (bumped by every in-place write: ``load_state_dict``,
-    ``copy_``) are; ``.to()`` makes new storage. Saves per-step kernels such
-    as the concatenated q/k/v weight.
-    """
-    if torch.is_grad_enabled():
-        return build()
-    try:
-        key = tuple((t.data_ptr(), t._version, t.dtype, t.device) for t in sources)
-    except RuntimeError:  # inference tensors have no version counter
-        return build()
-    cached = owner.__dict__.get("_derived_cache")
-    if cached is None or cached[0] != key:
-        # The cache holds the sources' storage too, so that no new storage can reuse their
-        # addresses (say after .to(bfloat16).to(float32)) and pass for them while it is kept.
-        cached = (key, build(), [t.detach() for t in sources])
-        owner.__dict__["_derived_cache"] = cached
-    return cached[1]
-
-
-class _MeanVarianceNorm(nn.Module):
-    """``(x - global_mean) * global_invstd`` per mel bin; buffers of the checkpoint."""
-
-    def __init__(self, config: Phi4MMAudioConfig) -> None:
-        super().__init__()
-        self.register_buffer("global_mean", torch.zeros(config.input_size))
-        self.register_buffer("global_invstd", torch.ones(config.input_size))
-
-    def forward(self, features: torch.Tensor) -> torch.Tensor:
-        return (features - self.global_mean) * self.global_invstd
-
-
-class _ConvSubsampling(nn.Module):
-    """NeMo ``dw_striding`` subsampling: ``(B, T, F)`` frames -> ``(B, T / time_reduction, D)`` tokens."""
-
-    def __init__(self, config: Phi4MMAudioConfig) -> None:
-        super().__init__()
-        channels = config.nemo_conv_channels
-        layers: list[nn.Module] = [
-            nn.Conv2d(1, channels, kernel_size=3, stride=2, padding=1),
-            activation(config.nemo_activation, "nemo_activation"),
-        ]
-        for _ in range(config.subsampling_stages - 1):
-            layers += [
-                nn.Conv2d(channels, channels, kernel_size=3, stride=2, padding=1, groups=channels),
-                nn.Conv2d(channels, channels, kernel_size=1),
-                activation(config.nemo_activation, "nemo_activation"),
-            ]
-        self.conv = nn.Sequential(*layers)  # indices as upstream: conv.0, conv.2, conv.3, ...
-        self.out = nn.Linear(channels * config.nemo_final_size, config.hidden_size)
-
-    def strided_convs(self) -> list[nn.Conv2d]:
-        """The stride-2 convs, one per stage, in order."""
-        return [m for m in self.conv if isinstance(m, nn.Conv2d) and m.stride[0] == 2]
-
-    def forward(
-        self,
-        features: torch.Tensor,
-        frame_valid: torch.Tensor | None = None,
-        caches: list[torch.Tensor] | None = None,
-        *,
-        exact: bool = False,
-    ) -> torch.Tensor:
-        """Subsample normalised features ``(B, T, F)`` to tokens ``(B, L, D)``.
-
-        Args:
-            features: ``(B, T, F)`` float.
-            frame_valid: ``(B, T)`` bool, ``True`` on each utterance's frames,
-                ``T`` a multiple of ``r = time_reduction``: every stage's input
-                beyond the utterance is zeroed, as if it were alone, and
-                ``L = T / r``. ``None`` and not ``exact``: upstream's computation
-                (``L = ceil(T / r)``, padding values take part).
-            caches: with ``frame_valid`` or ``exact``, one ``(B, C_in, 1, F_in)``
-                tensor per stage holding the last input step of the previous
-                chunk (zeros at the start of an utterance); updated in place.
-                ``None``: zeros (a whole utterance).
-            exact: the exact computation with every frame real (no masking:
-                the caller knows on the host that no frame is padding).
-        """
-        hidden = features.unsqueeze(1)  # (B, 1, T, F): time on dim 2, mel bins on dim 3
-        if frame_valid is None and not exact:
-            return self._tokens(self.conv(hidden))
-        if len(hidden) <= SUBSAMPLING_SLICE:
-            return self._tokens(self._exact(hidden, frame_valid, caches))
-        # The stages' outputs are the largest tensors of a step (the first is ~5 MB per stream at
-        # 1.28 s chunks, in bf16): slices of the batch keep them from bounding how many streams fit.
-        slices = [slice(start, start + SUBSAMPLING_SLICE) for start in range(0, len(hidden), SUBSAMPLING_SLICE)]
-        return torch.cat(
-            [
-                self._tokens(
-                    self._exact(
-                        hidden[rows],
-                        None if frame_valid is None else frame_valid[rows],
-                        None if caches is None else [cache[rows] for cache in caches],
-                    )
-                )
-                for rows in slices
-            ]
-        )
-
-    def _tokens(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The last stage's ``(B, C, L, F')`` output as tokens ``(B, L, D)``."""
-        batch, channels, length, bins = hidden.shape
-        return self.out(hidden.transpose(1, 2).reshape(batch, length, channels * bins))
-
-    def _exact(
-        self, hidden: torch.Tensor, frame_valid: torch.Tensor | None, caches: list[torch.Tensor] | None
-    ) -> torch.Tensor:
-        """``frame_valid`` ``None`` here: every frame is real (the caller knows it on the host), no masking."""
-        stride = 1  # input frames per step of `hidden`
-        # Without autograd the activation and the masking run in place on the conv's output: the
-        # first stage's output is the step's largest tensor (1024 channels x T/2 x F/2, ~5 MB per
-        # stream in bf16 at 1.28 s chunks), and one copy of it alive instead of three is what lets
-        # a CUDA-graph step hold thousands of streams.
-        in_place = not torch.is_grad_enabled()
-        if frame_valid is not None:
-            hidden = hidden * frame_valid[:, None, :, None]
-        for module in self.conv:
-            if isinstance(module, nn.Conv2d) and module.stride[0] == 2:
-                # Output p reads inputs 2p - 1 .. 2p + 1: the one step before this even-aligned
-                # block is zero padding (a whole utterance) or comes from the cache. The conv runs
-                # on the block itself with zero padding, and the cached step's contribution to
-                # output 0 is added after (no concatenated copy of the stage input).
-                stage = stride.bit_length() - 1
-                out = F.conv2d(hidden, module.weight, module.bias, stride=2, padding=1, groups=module.groups)
-                if caches is not None:
-                    cache = caches[stage]
-                    top_tap = module.weight[:, :, :1]
-                    out[:, :, :1] += F.conv2d(cache, top_tap, None, stride=(1, 2), padding=(0, 1), groups=module.groups)
-                    cache.copy_(hidden[:, :, -1:])
-                hidden = out
-                del out  # the stage input is freed as soon as `hidden` moves on
-                stride *= 2
-            elif isinstance(module, nn.Conv2d):
-                hidden = module(hidden)
-            else:  # the activation ends a stage: zero its outputs beyond the utterance
-                activate_in_place = _IN_PLACE_ACTIVATIONS.get(type(module)) if in_place else None
-                hidden = activate_in_place(hidden) if activate_in_place else module(hidden)
-                if frame_valid is not None:
-                    mask = frame_valid[:, None, ::stride, None]
-                    hidden = hidden.mul_(mask) if in_place else hidden * mask
-        return hidden
-
-
-# The activations of _common.activation that have an in-place form (GELU has none).
-_IN_PLACE_ACTIVATIONS: dict[type[nn.Module], Callable[[torch.Tensor], torch.Tensor]] = {
-    nn.ReLU: torch.relu_,
-    nn.SiLU: functools.partial(F.silu, inplace=True),
-    nn.Sigmoid: torch.sigmoid_,
-    nn.Tanh: torch.tanh_,
-}
-
-
-class _RelativeAttentionBias(nn.Module):
-    """T5-style relative position bias: one learned value per head and clipped key-minus-query distance."""
-
-    def __init__(self, config: Phi4MMAudioConfig) -> None:
-        super().__init__()
-        self.max_distance = config.bias_max_distance
-        self.symmetric = config.bias_symmetric
-        self.num_buckets = self.max_distance if self.symmetric else 2 * self.max_distance
-        self.bias_values = nn.Embedding(self.num_buckets, config.num_attention_heads)
-
-    def forward(self, query_positions: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor:
-        """Bias ``(1, H, T_q, T_k)`` for token positions ``(T_q,)`` and ``(T_k,)`` (int64).
-
-        Only differences count, so a streaming chunk and its cached keys get
-        the bias of the same tokens in the whole-utterance forward.
-        """
-        relative = (key_positions[None, :] - query_positions[:, None]).clamp(-self.max_distance, self.max_distance - 1)
-        index = relative.abs() if self.symmetric else relative + self.num_buckets // 2
-        return self.bias_values(index).permute(2, 0, 1).unsqueeze(0)
-
-
-class _FeedForward(nn.Module):
-    """LayerNorm, gated linear unit (``up * act(gate)``), down projection."""
-
-    def __init__(self, config: Phi4MMAudioConfig) -> None:
-        super().__init__()
-        self.layer_norm = nn.LayerNorm(config.hidden_size)
-        self.act_fn = activation(config.activation, "activation")
-        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size)
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        up, gate = self.gate_up_proj(self.layer_norm(hidden)).chunk(2, dim=-1)
-        return self.down_proj(up * self.act_fn(gate))
-
-
-class _Attention(nn.Module):
-    """Multi-head self-attention with an additive bias and an optional key/value cache."""
-
-    def __init__(self, config: Phi4MMAudioConfig) -> None:
-        super().__init__()
-        self.num_heads = config.num_attention_heads
-        dim = config.hidden_size
-        self.q_proj = nn.Linear(dim, dim)
-        self.k_proj = nn.Linear(dim, dim)
-        self.v_proj = nn.Linear(dim, dim)
-        self.o_proj = nn.Linear(dim, dim)
-
-    def forward(
-        self, hidden: torch.Tensor, bias: torch.Tensor, cache: torch.Tensor | None = None, slot: int = 0
-    ) -> torch.Tensor:
-        """``hidden`` ``(B, T, D)``, ``bias`` ``(B or 1, H, T, T_k)``.
-
-        ``cache`` ``(2, B, H, S, D / H)``: keys and values of ``S >= T`` token
-        slots, a ring in any order (``bias`` says which token each slot holds).
-        The ``T`` new tokens overwrite slots ``slot .. slot + T - 1`` (a host
-        int) and the queries attend to all ``S``: nothing else of the cache is
-        moved, whatever its size.
-        """
-        projections = (self.q_proj, self.k_proj, self.v_proj)
-        sources = tuple(t for proj in projections for t in (proj.weight, proj.bias))
-        weight, bias_qkv = _derived(
-            self,
-            sources,
-            lambda: (torch.cat([p.weight for p in projections]), torch.cat([p.bias for p in projections])),
-        )
-        # One GEMM for queries, keys and values.
-        query, key, value = (
-            split_heads(part, self.num_heads) for part in F.linear(hidden, weight, bias_qkv).chunk(3, dim=-1)
-        )
-        if cache is not None:
-            new = hidden.shape[1]
-            cache[0, :, :, slot : slot + new].copy_(key)
-            cache[1, :, :, slot : slot + new].copy_(value)
-            key, value = cache[0], cache[1]
-        return self.o_proj(attend(query, key, value, bias))
-
-
-class _GluPointwiseConv(nn.Module):
-    """Pointwise conv to ``2 D`` channels, ``(a + b1) * act(g + b2)``."""
-
-    def __init__(self, config: Phi4MMAudioConfig) -> None:
-        super().__init__()
-        channels = config.ext_pw_out_channel
-        self.ext_pw_conv_1d = nn.Conv1d(config.hidden_size, 2 * channels, kernel_size=1)
-        self.glu_act = activation(config.conv_glu_type, "conv_glu_type")
-        self.b1 = nn.Parameter(torch.zeros(1, channels, 1))
-        self.b2 = nn.Parameter(torch.zeros(1, channels, 1))
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        """``(B, T, D)`` -> ``(B, T, D)``, time-major: the pointwise conv is one GEMM (no transposes),
-        with ``b1`` and ``b2`` folded into its bias."""
-        conv = self.ext_pw_conv_1d
-        sources = (self.b1, self.b2) if conv.bias is None else (self.b1, self.b2, conv.bias)
-
-        def fold() -> torch.Tensor:
-            bias = torch.cat([self.b1, self.b2], dim=1).flatten()
-            return bias if conv.bias is None else conv.bias + bias
-
-        bias = _derived(self, sources, fold)
-        linear, gate = F.linear(hidden, conv.weight.flatten(1), bias).chunk(2, dim=-1)
-        return linear * self.glu_act(gate)
-
-
-def _pointwise(conv: nn.Conv1d, hidden: torch.Tensor) -> torch.Tensor:
-    """A kernel-1 ``Conv1d`` applied time-major, ``(B, T, C_in) -> (B, T, C_out)``: one GEMM."""
-    return F.linear(hidden, conv.weight.flatten(1), conv.bias)
-
-
-class _DepthwiseSeparableConv(nn.Module):
-    """Depthwise conv over time, then pointwise; the caller supplies the causal left padding."""
-
-    def __init__(self, config: Phi4MMAudioConfig) -> None:
-        super().__init__()
-        dim = config.hidden_size
-        # Upstream pads both sides and drops the right end; here the input
-        # arrives already left-padded (zeros or the stream's cache), so no padding.
-        self.multiplier = config.depthwise_multiplier
-        self.dw_conv = nn.Conv1d(dim, dim * config.depthwise_multiplier, config.kernel_size, groups=dim)
-        self.pw_conv = nn.Conv1d(dim * config.depthwise_multiplier, config.depthwise_separable_out_channel, 1)
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Time-major ``(B, T + kernel_size - 1, D)`` -> ``(B, T, D)``.
-
-        The depthwise conv is ``kernel_size`` multiply-adds of shifted views
-        (elementwise, no layout change), the pointwise conv one GEMM.
-        """
-        if self.multiplier > 1:
-            hidden = hidden.repeat_interleave(self.multiplier, dim=-1)  # output channel o reads input o // m
-        weight, kernel = self.dw_conv.weight, self.dw_conv.kernel_size[0]
-        length = hidden.shape[1] - kernel + 1
-        if self.dw_conv.bias is None:
-            out = hidden[:, :length] * weight[:, 0, 0]
-        else:
-            out = torch.addcmul(self.dw_conv.bias, hidden[:, :length], weight[:, 0, 0])
-        for tap in range(1, kernel):
-            out.addcmul_(hidden[:, tap : tap + length], weight[:, 0, tap])
-        return _pointwise(self.pw_conv, out)
-
-
-class _ConvModule(nn.Module):
-    """LayerNorm, GLU, causal depthwise-separable conv, activation, pointwise conv."""
-
-    def __init__(self, config: Phi4MMAudioConfig) -> None:
-        super().__init__()
-        self.context = config.kernel_size - 1  # past tokens each output reads
-        self.layer_norm = nn.LayerNorm(config.hidden_size)
-        self.glu = _GluPointwiseConv(config)
-        self.dw_sep_conv_1d = _DepthwiseSeparableConv(config)
-        self.act = activation(config.conv_activation, "conv_activation")
-        self.ext_pw_conv_1d = nn.Conv1d(config.hidden_size, config.ext_pw_out_channel, kernel_size=1)
-
-    def forward(self, hidden: torch.Tensor, cache: torch.Tensor | None = None) -> torch.Tensor:
-        """``(B, T, D)`` -> ``(B, T, D)``; ``cache`` ``(B, kernel_size - 1, D)``: the GLU outputs of the
-        previous tokens (zeros at the start), updated in place; ``None``: zeros. Time-major throughout."""
-        glu = self.glu(self.layer_norm(hidden))  # (B, T, D)
-        if cache is None:
-            joined = F.pad(glu, (0, 0, self.context, 0))
-        else:
-            joined = torch.cat([cache, glu], dim=1)
-            cache.copy_(joined[:, joined.shape[1] - self.context :])
-        return _pointwise(self.ext_pw_conv_1d, self.act(self.dw_sep_conv_1d(joined)))
-
-
-class _ConformerBlock(nn.Module):
-    def __init__(self, config: Phi4MMAudioConfig) -> None:
-        super().__init__()
-        self.feed_forward_in = _FeedForward(config)
-        self.self_attn = _Attention(config)
-        self.conv = _ConvModule(config)
-        self.feed_forward_out = _FeedForward(config)
-        self.layer_norm_att = nn.LayerNorm(config.hidden_size)
-        self.layer_norm = nn.LayerNorm(config.hidden_size)
-
-    def forward(
-        self,
-        hidden: torch.Tensor,
-        bias: torch.Tensor,
-        kv_cache: torch.Tensor | None = None,
-        conv_cache: torch.Tensor | None = None,
-        kv_slot: int = 0,
-    ) -> torch.Tensor:
-        # add(alpha=0.5): one kernel, the same rounding as hidden + 0.5 * x (scaling by 0.5 is exact).
-        residual = torch.add(hidden, self.feed_forward_in(hidden), alpha=0.5)
-        hidden = residual + self.self_attn(self.layer_norm_att(residual), bias, kv_cache, kv_slot)
-        hidden = hidden + self.conv(hidden, conv_cache)
-        hidden = torch.add(hidden, self.feed_forward_out(hidden), alpha=0.5)
-        return self.layer_norm(hidden)
 
 
 class Phi4MMEncoder(nn.Module):
@@ -508,13 +71,18 @@ class Phi4MMEncoder(nn.Module):
     def __init__(self, config: Phi4MMAudioConfig) -> None:
         super().__init__()
         self.config = config
-        self.encoder_embedding = _MeanVarianceNorm(config)
-        self.embed = _ConvSubsampling(config)
-        self.relative_attention_bias_layer = _RelativeAttentionBias(config)
-        self.encoders = nn.ModuleList(_ConformerBlock(config) for _ in range(config.num_blocks))
+        self.encoder_embedding = MeanVarianceNorm(config)
+        self.embed = ConvSubsampling(config)
+        self.relative_attention_bias_layer = RelativeAttentionBias(config)
+        self.encoders = nn.ModuleList(ConformerBlock(config) for _ in range(config.num_blocks))
 
-    def _chunking(self, chunk_size: int | None, left_chunk: int | None) -> tuple[int, int]:
-        """The chunk settings, the config's where ``None``."""
+    @property
+    def output_size(self) -> int:
+        """``D``, the width of the output tokens (``hidden_size``)."""
+        return self.config.hidden_size
+
+    def chunking(self, chunk_size: int | None, left_chunk: int | None) -> tuple[int, int]:
+        """``(chunk_size, left_chunk)`` checked, the config's where ``None``: tokens per chunk, chunks of left context."""
         chunk_size = self.config.chunk_size if chunk_size is None else check_int("chunk_size", chunk_size)
         left_chunk = self.config.left_chunk if left_chunk is None else check_int("left_chunk", left_chunk, minimum=0)
         return chunk_size, left_chunk
@@ -527,18 +95,34 @@ class Phi4MMEncoder(nn.Module):
         chunk_size: int | None = None,
         left_chunk: int | None = None,
         mask_mode: MaskMode = "phi4mm_compat",
+        mask: object = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Encode a padded batch.
 
         Args:
             features: ``(B, T, input_size)`` float log-mel frames (10 ms each).
-            feature_lengths: ``(B,)`` valid frames per utterance, ``<= T``
-                (int64 numpy array, list or tensor; read on the host).
+            feature_lengths: ``(B,)`` valid frames per utterance, ``<= T``. On
+                the host (int64 numpy array, list or CPU tensor): read and
+                checked there, and the masks are built with
+                :mod:`audiomask.masks` and moved. A tensor on the encoder's
+                device: the output lengths and masks are computed there, from
+                it, and nothing waits for the device (values are not checked
+                on a GPU: see :func:`~audiomask.models.layers.batch_lengths`).
             chunk_size: tokens per attention chunk (``<= 0``: full attention);
                 ``None``: the config's.
             left_chunk: chunks of left context; ``None``: the config's.
             mask_mode: ``"phi4mm_compat"`` (upstream numerics) or ``"hard"``
                 (see the module docstring).
+            mask: the attention mask to use instead of the one built from
+                ``feature_lengths``, ``chunk_size`` and ``left_chunk``: bool,
+                ``True`` = the query token may attend to the key token,
+                ``(B, T_q, T_k) = (B, L, L)`` with ``L = ceil(T / time_reduction)``;
+                in ``"phi4mm_compat"`` mode the mask of each block of upstream's
+                unfold, ``(B * n, l, l)`` with ``l = min(L, UNFOLD_TOKENS)`` and
+                ``n = ceil(L / l)`` (utterance-major). A host array or tensor
+                (moved with :func:`~audiomask.transfer.to_device`) or a tensor
+                on the encoder's device. ``feature_lengths`` still give the
+                output lengths and, in ``"hard"`` mode, the real frames.
 
         Returns:
             ``outputs`` ``(B, L, D)`` with ``L = ceil(T / time_reduction)``
@@ -548,48 +132,67 @@ class Phi4MMEncoder(nn.Module):
             :func:`audiomask.transfer.to_device`, in the encoder's dtype).
         """
         mask_mode = check_mask_mode(mask_mode)
-        chunk_size, left_chunk = self._chunking(chunk_size, left_chunk)
+        chunk_size, left_chunk = self.chunking(chunk_size, left_chunk)
         if features.ndim != 3 or features.shape[2] != self.config.input_size:
             raise ValueError(f"features must have shape (B, T, {self.config.input_size}), got {tuple(features.shape)}")
         batch, frames, _ = features.shape
-        lengths = host_lengths("feature_lengths", feature_lengths, frames, "T (features.shape[1])")
-        if lengths.size != batch:
-            raise ValueError(f"feature_lengths must have {batch} entries (features.shape[0]), got {lengths.size}")
-        reduction = self.config.time_reduction
-        output_lengths = phi4mm.subsampled_lengths(lengths, reduction)
-        tokens = -(-frames // reduction)
         device = next(self.parameters()).device
+        lengths = batch_lengths("feature_lengths", feature_lengths, batch, frames, "T (features.shape[1])", device)
+        reduction = self.config.time_reduction
+        # ceil(frames / reduction), on the host or on the device, wherever the lengths are.
+        token_lengths = (lengths + (reduction - 1)) // reduction
+        tokens = -(-frames // reduction)
         hidden = self.encoder_embedding(model_input(features, self))
         if tokens == 0:
-            return hidden.new_zeros(batch, 0, self.config.hidden_size), to_device(output_lengths, device)
+            return hidden.new_zeros(batch, 0, self.config.hidden_size), lengths_on(token_lengths, device)
         if mask_mode == "hard":
-            frame_valid = to_device(padding_mask(lengths, tokens * reduction), device)
+            frame_valid = valid_positions(lengths, tokens * reduction, device)
             hidden = self.embed(F.pad(hidden, (0, 0, 0, tokens * reduction - frames)), frame_valid)
-            hidden = self._encode(hidden, phi4mm.hs_mask(lengths, frames, chunk_size, left_chunk, reduction), hard=True)
+            if mask is None:
+                mask = self._chunk_mask(valid_positions(token_lengths, tokens, device), chunk_size, left_chunk)
+            hidden = self._encode(hidden, _given_mask(mask, (batch, tokens, tokens), device), hard=True)
         else:
-            hidden = self._compat_encode(self.embed(hidden), output_lengths, chunk_size, left_chunk)
-        return hidden, to_device(output_lengths, device)
+            hidden = self._compat_encode(self.embed(hidden), token_lengths, chunk_size, left_chunk, mask)
+        return hidden, lengths_on(token_lengths, device)
 
     def _compat_encode(
-        self, hidden: torch.Tensor, token_lengths: np.ndarray, chunk_size: int, left_chunk: int
+        self,
+        hidden: torch.Tensor,
+        token_lengths: np.ndarray | torch.Tensor,
+        chunk_size: int,
+        left_chunk: int,
+        mask: object,
     ) -> torch.Tensor:
         """Upstream's blocks: sequences over ``UNFOLD_TOKENS`` are cut into zero-padded 500-token blocks."""
         batch, tokens, dim = hidden.shape
         block = min(tokens, UNFOLD_TOKENS)
         blocks = -(-tokens // block)
-        # Valid tokens of each block, batch-major as upstream's unfold orders them.
-        block_lengths = np.clip(token_lengths[:, None] - block * np.arange(blocks), 0, block).reshape(-1)
         hidden = F.pad(hidden, (0, 0, 0, blocks * block - tokens)).reshape(batch * blocks, block, dim)
-        mask = phi4mm.hs_mask(block_lengths, block, chunk_size, left_chunk, time_reduction=1)
-        hidden = self._encode(hidden, mask, hard=False)
+        if mask is None:
+            # Valid tokens of each block, batch-major as upstream's unfold orders them.
+            on_device = isinstance(token_lengths, torch.Tensor)
+            starts = block * (torch.arange(blocks, device=hidden.device) if on_device else np.arange(blocks))
+            block_lengths = (token_lengths[:, None] - starts).clip(0, block).reshape(-1)
+            mask = self._chunk_mask(valid_positions(block_lengths, block, hidden.device), chunk_size, left_chunk)
+        hidden = self._encode(hidden, _given_mask(mask, (batch * blocks, block, block), hidden.device), hard=False)
         return hidden.reshape(batch, blocks * block, dim)[:, :tokens]
 
-    def _encode(self, hidden: torch.Tensor, mask: np.ndarray, *, hard: bool) -> torch.Tensor:
-        """Run the blocks over ``hidden`` ``(N, L, D)`` under the host mask ``(N, L, L)`` (True = may attend)."""
+    @staticmethod
+    def _chunk_mask(key_valid: torch.Tensor, chunk_size: int, left_chunk: int) -> torch.Tensor:
+        """``(N, L, L)`` bool: the chunk band (built on the host, one ``(L, L)`` copy) AND ``key_valid`` ``(N, L)``.
+
+        Equals :func:`audiomask.masks.phi4mm.hs_mask` of the same lengths: only keys are masked.
+        """
+        length = key_valid.shape[1]
+        band = to_device(phi4mm.streaming_mask(length, 1, chunk_size, left_chunk), key_valid.device)
+        return band & key_valid[:, None, :]
+
+    def _encode(self, hidden: torch.Tensor, mask: torch.Tensor, *, hard: bool) -> torch.Tensor:
+        """Run the blocks over ``hidden`` ``(N, L, D)`` under ``mask`` ``(N, L, L)`` on its device (True = may attend)."""
         length = hidden.shape[1]
         positions = torch.arange(length, device=hidden.device)
         relative = self.relative_attention_bias_layer(positions, positions)
-        mask = to_device(mask, hidden.device).unsqueeze(1)
+        mask = mask.unsqueeze(1)
         if hard:  # finfo.min where masked: what relative + finfo.min rounds to, in one kernel
             bias = torch.where(mask, relative, torch.finfo(hidden.dtype).min)
         else:
@@ -598,19 +201,13 @@ class Phi4MMEncoder(nn.Module):
             hidden = block(hidden, bias)
         return hidden
 
-    def stream(
-        self,
-        batch_size: int = 1,
-        chunk_size: int | None = None,
-        left_chunk: int | None = None,
-        *,
-        cuda_graph: bool = False,
-    ) -> Phi4MMStream:
-        """A cache-aware stream of ``batch_size`` utterances: see :class:`audiomask.streaming.Phi4MMStream`.
 
-        ``chunk_size`` (tokens, ``>= 1``) and ``left_chunk`` (chunks) default to
-        the config's; the outputs equal ``forward(..., mask_mode="hard")`` with
-        the same settings. ``cuda_graph``: replay the chunk step as a CUDA graph
-        (one launch instead of hundreds; CUDA only).
-        """
-        return Phi4MMStream(self, batch_size, *self._chunking(chunk_size, left_chunk), cuda_graph=cuda_graph)
+def _given_mask(mask: object, shape: tuple[int, int, int], device: torch.device) -> torch.Tensor:
+    """``mask`` checked (bool, ``shape``) and on ``device``: a ``ValueError`` naming it otherwise."""
+    dtype = getattr(mask, "dtype", None)
+    if tuple(getattr(mask, "shape", ())) != shape or dtype not in (torch.bool, np.bool_):
+        got = f"{dtype} of shape {tuple(mask.shape)}" if dtype is not None else type(mask).__name__  # type: ignore[attr-defined]
+        raise ValueError(f"mask must be a bool array or tensor of shape {shape} (True = may attend), got {got}")
+    if isinstance(mask, torch.Tensor) and mask.device.type != "cpu" and mask.device != device:
+        raise ValueError(f"mask must be on the host or on the encoder's device ({device}), got {mask.device}")
+    return to_device(mask, device)

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import torch
 
-from audiomask.models.phi4mm import Phi4MMAudioConfig, Phi4MMEncoder
-from audiomask.models.qwen3_asr import Qwen3ASRConfig, Qwen3ASREncoder
+from audiomask.models.config import Phi4MMAudioConfig, Qwen3ASRConfig
+from audiomask.models.phi4mm import Phi4MMEncoder
+from audiomask.models.qwen3_asr import Qwen3ASREncoder
 
 __all__ = ["from_pretrained"]
 

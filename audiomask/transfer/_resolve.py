@@ -7,6 +7,7 @@ message names the argument and the value, like :mod:`audiomask.checks`.
 from __future__ import annotations
 
 import functools
+import operator
 from collections.abc import Sequence
 
 import numpy as np
@@ -25,67 +26,57 @@ __all__ = [
     "torch_dtype_of",
 ]
 
+_CPU = torch.device("cpu")
+_DEVICE_FORMS = "'cpu', 'cuda', 'cuda:N' or a CUDA index"
+
 
 @functools.cache  # asked on every copy: whether CUDA works does not change while a process runs
 def _cuda_device_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-_CPU = torch.device("cpu")
-
-
 def resolve_device(device: object) -> torch.device:
     """Return ``device`` as ``cpu`` or ``cuda:N``; any CUDA device is ``cpu`` where CUDA is unavailable.
 
     Accepts ``"cpu"``, ``"cuda"``, ``"cuda:N"``, a :class:`torch.device` or a
-    CUDA index. ``"cuda"`` means the current CUDA device. Falling back to the
-    CPU (rather than failing) lets the same code run on machines without a GPU.
+    CUDA index (an ``int`` >= 0). ``"cuda"`` means the current CUDA device.
+    Falling back to the CPU (rather than failing) lets the same code run on
+    machines without a GPU, a CPU-only torch build included.
 
-    >>> resolve_device("cpu")
-    device(type='cpu')
+    >>> resolve_device("cpu"), resolve_device("cuda:0").type in ("cpu", "cuda")
+    (device(type='cpu'), True)
     >>> resolve_device("gpu")
     Traceback (most recent call last):
     ...
     ValueError: device must be 'cpu', 'cuda', 'cuda:N' or a CUDA index, got 'gpu'
     """
-    if isinstance(device, (bool, np.bool_)):  # equal to 0 and 1 as dict keys: never looked up
-        raise ValueError(f"device must be 'cpu', 'cuda', 'cuda:N' or a CUDA index, got {device!r}")
+    if isinstance(device, (bool, np.bool_)):  # equal to 0 and 1, so refused before the cache sees them
+        raise ValueError(f"device must be {_DEVICE_FORMS}, got {device!r}")
     try:
-        resolved = _RESOLVED.get(device, _UNKNOWN)
-    except TypeError:  # unhashable: resolved (and refused) below
-        resolved = _UNKNOWN
-    if resolved is _UNKNOWN:
+        resolved = _resolve_cached(device)
+    except TypeError:  # unhashable: resolved (and refused) uncached
         resolved = _resolve(device)
-        if len(_RESOLVED) < _RESOLVED_CACHE_SIZE:
-            try:
-                _RESOLVED[device] = resolved
-            except TypeError:
-                pass
-    return _current_cuda_device() if resolved is None else resolved  # type: ignore[return-value]
+    if resolved is not None:
+        return resolved
+    return _cuda_device(torch.cuda.current_device())
 
 
-# Resolved devices by argument (every copy resolves one: parsing costs microseconds): a device, or
-# None for "the current CUDA device", which is looked up on each call.
-_RESOLVED: dict[object, torch.device | None] = {}
-_RESOLVED_CACHE_SIZE = 64
-_UNKNOWN = object()
-_CUDA_DEVICES: dict[int, torch.device] = {}
-
-
-def _current_cuda_device() -> torch.device:
-    index = torch.cuda.current_device()
-    device = _CUDA_DEVICES.get(index)
-    if device is None:
-        device = _CUDA_DEVICES[index] = torch.device("cuda", index)
-    return device
+@functools.cache
+def _cuda_device(index: int) -> torch.device:
+    return torch.device("cuda", index)
 
 
 def _resolve(device: object) -> torch.device | None:
-    """:func:`resolve_device` without the cache: ``None`` for the current CUDA device."""
+    """:func:`resolve_device` without the cache: ``None`` for the current CUDA device.
+
+    An index is read as a CUDA index here, never by ``torch.device(int)``,
+    which raises on a torch build without CUDA.
+    """
     try:
-        parsed = torch.device(device)  # type: ignore[arg-type]
-    except (RuntimeError, TypeError):
-        raise ValueError(f"device must be 'cpu', 'cuda', 'cuda:N' or a CUDA index, got {device!r}") from None
+        is_index = isinstance(device, (int, np.integer))
+        parsed = torch.device("cuda", operator.index(device)) if is_index else torch.device(device)  # type: ignore[arg-type]
+    except (RuntimeError, TypeError, ValueError):
+        raise ValueError(f"device must be {_DEVICE_FORMS}, got {device!r}") from None
     if parsed.type == "cpu":
         return _CPU
     if parsed.type != "cuda":
@@ -98,6 +89,10 @@ def _resolve(device: object) -> torch.device | None:
     if parsed.index >= count:
         raise ValueError(f"device {device!r} does not exist: this machine has {count} CUDA device(s)")
     return parsed
+
+
+# Every copy resolves a device, and parsing one costs microseconds. typed: 1 and 1.0 stay apart.
+_resolve_cached = functools.lru_cache(maxsize=64, typed=True)(_resolve)
 
 
 def check_stream(stream: object, device: torch.device) -> None:

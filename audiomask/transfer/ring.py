@@ -1,42 +1,24 @@
 """A persistent ring of pinned host slots for stall-free, race-free host->device copies.
 
-Why: a ``non_blocking`` copy from pageable memory stalls the host behind a busy
-stream, and ``pin_memory()`` per copy costs 0.1-6 ms of host time (DESIGN.md).
-A slot pinned once and reused costs neither, but reusing it while its last copy
-is still in flight corrupts that copy. So every copy from a slot records a CUDA
-event, and a slot is handed out again only once that event has completed.
-
-A submit does as little as it can, since every call it makes costs ~10-20x
-more when the host's caches are cold (right after the host waited, or after a
-large memcpy; bench/probes/submit_costs_h200.txt): each slot owns one event,
-created once and re-recorded by each copy from the slot (safe: a slot is
-leased only once its last event has completed, and a stream that waits on an
-event waits on the record made before the wait); the copy stream is switched
-in and out through torch's C entry points, without a context manager, and not
-at all when the copy runs on the current stream; the slot views the ring
-copies through are made once; the result is allocated before the staging
-memcpy, and from ``GATED_COPY_BYTES`` the whole submit goes before it, the copy
-held on the GPU until the payload is staged (:mod:`audiomask.transfer._gate`).
-
-Which slots are free, asking the driver as little as possible, is
-:mod:`audiomask.transfer._pool`'s business: each copy's event joins its stream's
-queue, recorded under the pool's lock so that the queue's order is the order of
-the records.
+A ``non_blocking`` copy from pageable memory stalls the host behind a busy
+stream, and ``pin_memory()`` per copy costs the host up to milliseconds at
+times. A slot pinned once and reused costs neither, but reusing it while its
+last copy is still in flight corrupts that copy. So every copy from a slot
+records the slot's CUDA event (created once, recorded again by each copy: a
+slot is leased only once its last record has completed), and a slot is
+handed out again only once that event has completed. Which slots are free is
+:mod:`audiomask.transfer._pool`'s business.
 
 Which stream copies: a payload of up to ``consumer_copy_bytes`` (64 KiB: a
-step's masks and lengths) is copied on the consumer's own stream, queued
-behind its work like the kernels that will read it: two driver calls (the
-copy and its event), no stream switch, no cross-stream wait, no allocation
-in another stream's pool; its slot is busy until the queue reaches the copy,
-which small slots can afford. A larger payload is copied on the ring's copy
-stream when the consumer is busy, so that it crosses the bus while the queue
-runs and its (large) slot is free again at once: four driver calls, the
-consumer query, the copy, the event record and the consumer's wait (and one
-event record when the result is freed); on an idle consumer it is copied
-there.
+step's masks and lengths) is copied on the consumer's (current) stream, queued
+behind its work like the kernels that will read it: no stream switch, no
+cross-stream wait; its slot is busy until the queue reaches the copy, which
+small slots afford. A larger payload is copied on the ring's copy stream when
+the consumer is busy, so that it crosses the bus while the queue runs and its
+slot is free again at once; the consumer waits for the copy's event. On an
+idle consumer, or into ``out``, it is copied on the consumer.
 
-Builders write straight into a slot (the pattern of vLLM's ``CpuGpuBuffer.np``,
-made race-free)::
+Builders write straight into a slot::
 
     with ring.stage((B, L, L), np.bool_) as staged:
         hs_mask(lengths, max_frames, chunk, left, out=staged.array)
@@ -48,20 +30,20 @@ with the same bookkeeping, so everything but the events runs anywhere.
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
 from audiomask.checks import check_int
 from audiomask.errors import PinnedMemoryWarning
-from audiomask.transfer import _gate
-from audiomask.transfer._pool import SMALL_SLOT_BYTES, Completion, Segment, Slot, SlotPool
+from audiomask.transfer._pool import SMALL_SLOT_BYTES, Completion, Segment, Slot, SlotPool, StreamKey
 from audiomask.transfer._resolve import (
     as_torch_dtype,
     check_out_tensor,
@@ -76,7 +58,6 @@ __all__ = [
     "DEFAULT_MAX_PINNED_BYTES",
     "DEFAULT_NUM_SLOTS",
     "DEFAULT_SLOT_BYTES",
-    "GATED_COPY_BYTES",
     "SMALL_SLOT_BYTES",
     "VIEW_ALIGN_BYTES",
     "Completion",
@@ -92,29 +73,21 @@ MiB = 1024 * KiB
 DEFAULT_SLOT_BYTES = 4 * MiB  # one step's masks and features for a few streams
 DEFAULT_NUM_SLOTS = 4  # enough to double-buffer two producers
 DEFAULT_MAX_PINNED_BYTES = 512 * MiB  # pinned memory is locked RAM: bound what the ring may take
-# Up to this many bytes a copy rides the consumer's stream (module docstring). Measured on the H200
-# (bench/probes/ring_paths_h200.json, busy queue): the submit of 16 KiB 0.021 ms p50 there against
-# 0.039 through the copy stream, a tie at 64 KiB, and to_device of 256 KiB-1 MiB slower (0.065 vs
-# 0.046 ms at 256 KiB): the slots a busy queue holds are touched cold.
+# Up to this many bytes a copy rides the consumer's stream. On the H200 behind a busy queue the submit
+# of 16 KiB costs 0.021 ms p50 there against 0.039 through the copy stream, 64 KiB is a tie, and from
+# 256 KiB the consumer is slower (the slots a busy queue holds are touched cold).
 DEFAULT_CONSUMER_COPY_BYTES = 64 * KiB
-# From this size to_device queues the copy before its staging memcpy, gated (audiomask.transfer._gate).
-# bench/probes/gated_copy_h200.json: over the memcpy alone, a gated to_device cost 0.019 ms at 16 MiB
-# against 0.034 for the submit after the memcpy, ~0 against 0.07-0.08 at 64 MiB, but 0.030 against
-# 0.018 at 1 MiB; the transfer run with gates from 4 MiB (bench/results/transfer_h200.json) had
-# to_device of 4 MiB at 0.18 ms p50 busy, against 0.09 before gates.
-GATED_COPY_BYTES = 16 * MiB
 # Offsets of arrays packed into one slot: cudaMalloc's alignment, so that the
 # device views of a packed copy are as aligned as fresh allocations.
 VIEW_ALIGN_BYTES = 256
 _VIEW_CACHE_SIZE = 16  # internal torch views kept per slot, by (offset, shape, dtype)
-_LAYOUT_CACHE_SIZE = 256  # (shape, dtype) layouts of single-array stages remembered
 
 
 @dataclass(frozen=True)
 class RingStats:
     """A snapshot of a ring's counters.
 
-    ``pinned_bytes`` is the capacity of the slots held now (plain memory,
+    ``pinned_bytes`` is the capacity of the blocks held now (plain memory,
     counted the same, where CUDA is unavailable); ``bytes_copied`` counts the
     bytes that left the ring, padding between packed arrays included.
     """
@@ -150,52 +123,11 @@ def _slot_views(slot: Slot, part: _Part) -> tuple[torch.Tensor, np.ndarray | Non
     return views
 
 
-_get_current_stream = getattr(torch._C, "_cuda_getCurrentStream", None)  # (stream id, device index, device type)
-# torch.cuda.set_stream and current_device without their Python wrappers (argument handling, lazy init:
-# CUDA is initialised once a ring exists); None where torch lacks them.
-_set_stream_ids = getattr(torch._C, "_cuda_setStream", None)
-_get_device = getattr(torch._C, "_cuda_getDevice", None)
-_STREAMS: dict[tuple[int, int, int], torch.cuda.Stream] = {}
-_LAYOUTS: dict[tuple[object, object], tuple[list[_Part], int]] = {}
-
-
-def _stream_ids(stream: torch.cuda.Stream) -> tuple[int, int, int]:
-    """``(stream id, device index, device type)``: what names a stream to torch's C entry points."""
+def _stream_key(stream: torch.cuda.Stream) -> StreamKey:
     return stream.stream_id, stream.device_index, stream.device_type
 
 
-def _current_stream_ids(device: torch.device) -> tuple[tuple[int, int, int], torch.cuda.Stream]:
-    """The current stream of ``device`` and its ids, without building a new Stream object on every call."""
-    if _get_current_stream is None or device.type != "cuda":
-        stream = torch.cuda.current_stream(device)
-        return _stream_ids(stream), stream
-    key = _get_current_stream(device.index)
-    stream = _STREAMS.get(key)
-    if stream is None:
-        if len(_STREAMS) >= 64:
-            _STREAMS.clear()
-        stream = _STREAMS[key] = torch.cuda.Stream(stream_id=key[0], device_index=key[1], device_type=key[2])
-    return key, stream
-
-
-def _current_stream(device: torch.device) -> torch.cuda.Stream:
-    """``torch.cuda.current_stream(device)``, without building a new Stream object on every call."""
-    return _current_stream_ids(device)[1]
-
-
-def _set_stream(ids: tuple[int, int, int], stream: torch.cuda.Stream) -> None:
-    """Make ``stream`` (named by ``ids``) current; like ``torch.cuda.set_stream``, this makes its device current."""
-    if _set_stream_ids is None:
-        torch.cuda.set_stream(stream)
-    else:
-        _set_stream_ids(*ids)
-
-
-def _current_device() -> int:
-    return torch.cuda.current_device() if _get_device is None else _get_device()
-
-
-def _slot_event(slot: Slot, device: torch.device) -> Any:
+def _slot_event(slot: Slot, device: torch.device) -> torch.cuda.Event:
     """The slot's reusable event for ``device`` (an event records on one device only)."""
     if slot.event is None or slot.event_device != device:
         slot.event = torch.cuda.Event()
@@ -203,52 +135,42 @@ def _slot_event(slot: Slot, device: torch.device) -> Any:
     return slot.event
 
 
-def _round_up(n: int, multiple: int) -> int:
-    return -(-n // multiple) * multiple
-
-
-def _plain_shape(shape: object) -> bool:
-    """Whether ``shape`` is an ``int`` or a tuple of ``int`` (not ``bool``, not numpy integers): safe as a cache key."""
-    return type(shape) is int or (type(shape) is tuple and all(type(n) is int for n in shape))
-
-
-def _single_layout(shape: object, dtype: object) -> tuple[list[_Part], int]:
-    """:func:`_layout` of one array, remembered per ``(shape, dtype)``.
-
-    Validating and laying out a spec costs more host time than the copy of a
-    small payload (~15 us of Python), and a streaming loop stages the same few
-    shapes step after step. Only plain-``int`` shapes are looked up: ``True``
-    equals ``1`` as a key, and must still be refused.
-    """
-    if not _plain_shape(shape):
-        return _layout([(shape, dtype)])
-    key = (shape, dtype)
-    try:
-        layout = _LAYOUTS.get(key)
-    except TypeError:  # an unhashable dtype argument
-        return _layout([(shape, dtype)])
-    if layout is None:
-        layout = _layout([(shape, dtype)])
-        if len(_LAYOUTS) >= _LAYOUT_CACHE_SIZE:
-            _LAYOUTS.clear()
-        _LAYOUTS[key] = layout
-    return layout
-
-
-def _layout(specs: Iterable[tuple[object, object]]) -> tuple[list[_Part], int]:
+def _layout(specs: Iterable[tuple[object, object]]) -> tuple[tuple[_Part, ...], int]:
     """Place arrays one after another at aligned offsets; return them and the span in bytes."""
     parts: list[_Part] = []
     end = 0
     for i, (shape, dtype) in enumerate(specs):
         shape = check_shape(f"shape of array {i}", shape)
         dtype = as_torch_dtype(f"dtype of array {i}", dtype)
-        offset = _round_up(end, VIEW_ALIGN_BYTES)
+        offset = -(-end // VIEW_ALIGN_BYTES) * VIEW_ALIGN_BYTES
         nbytes = math.prod(shape) * dtype.itemsize
         parts.append(_Part(offset, shape, dtype, nbytes))
         end = offset + nbytes
     if not parts:
         raise ValueError("specs must name at least one (shape, dtype) array, got none")
-    return parts, end
+    return tuple(parts), end
+
+
+@functools.lru_cache(maxsize=256)
+def _remembered_layout(shape: int | tuple[int, ...], dtype: object) -> tuple[tuple[_Part, ...], int]:
+    return _layout([(shape, dtype)])
+
+
+def _single_layout(shape: object, dtype: object) -> tuple[tuple[_Part, ...], int]:
+    """:func:`_layout` of one array, remembered per ``(shape, dtype)``.
+
+    Validating a spec costs more host time than the copy of a small payload,
+    and a streaming loop stages the same few shapes step after step. Only
+    shapes of plain ``int`` are remembered: ``True`` equals ``1`` as a key,
+    and must still be refused.
+    """
+    plain = type(shape) is int or (type(shape) is tuple and all(type(n) is int for n in shape))
+    if plain:
+        try:
+            return _remembered_layout(shape, dtype)  # type: ignore[arg-type]
+        except TypeError:  # an unhashable dtype argument
+            pass
+    return _layout([(shape, dtype)])
 
 
 class PinnedRing:
@@ -263,25 +185,19 @@ class PinnedRing:
             while the consumer is busy (see the module docstring); 0: every
             copy may take the copy stream.
 
-    Growth policy: a request goes to the smallest idle slot that fits (a copy
-    of up to ``consumer_copy_bytes`` first asks whether one of its own size has
-    completed, rather than hold a large slot while it waits in the consumer's
-    queue). When no idle slot fits, the ring pins a new slot of
-    ``max(slot_bytes, next power of two >= request)`` bytes
-    (``max(min(slot_bytes, SMALL_SLOT_BYTES), ...)`` for a copy of up to
-    ``consumer_copy_bytes``, pinned in segments that double the count of their
-    size, up to ``SEGMENT_BYTES`` at once: such copies hold their slots until
-    the consumer's queue reaches them) and keeps it, dropping idle smaller slots
-    if that is needed to stay within ``max_pinned_bytes``; a slot is pinned on the hot
-    path only until the ring has reached the size its workload needs (see
-    ``stats().grows``). Only at the bound does the host wait for the oldest
-    in-flight slot (``stats().slot_waits``). A request larger than
-    ``max_pinned_bytes`` raises :class:`ValueError`.
+    Growth: a request goes to the smallest idle slot that fits. When none
+    fits, the ring pins a new slot of ``max(slot_bytes, next power of two >=
+    request)`` bytes (``min(slot_bytes, SMALL_SLOT_BYTES)`` at least for a copy
+    of up to ``consumer_copy_bytes``, pinned in segments of several slots) and
+    keeps it, dropping idle smaller slots to stay within ``max_pinned_bytes``:
+    slots are pinned on the hot path only until the ring has reached the size
+    its workload needs (``stats().grows``). Only at the bound does the host
+    wait for the oldest copy in flight (``stats().slot_waits``). A request
+    larger than ``max_pinned_bytes`` raises :class:`ValueError`.
 
     The copy stream of the current CUDA device is made with the ring: a
     process's first ``torch.cuda.Stream()`` sets up torch's stream pool and
-    waits for the device (52 ms behind a 50 ms queue on the H200,
-    bench/probes/first_use.py), which must not happen on the first copy.
+    waits for the device, which must not happen on the first copy.
 
     Thread safety: slot acquisition and release hold a lock; a staged slot
     belongs to one thread until it is submitted or released. Dropped slots go
@@ -324,7 +240,6 @@ class PinnedRing:
             consumer_copy_bytes=self.consumer_copy_bytes,
         )
         self._streams: dict[torch.device, torch.cuda.Stream] = {}
-        self._copy_stream_ids: dict[torch.device, tuple[int, int, int]] = {}
         if self.pinned:
             self.copy_stream(torch.device("cuda", torch.cuda.current_device()))
 
@@ -341,7 +256,7 @@ class PinnedRing:
 
         ``specs`` lists ``(shape, dtype)`` pairs. One copy then moves them all
         (:meth:`Staged.to_many`): pack a step's payloads into one slot rather
-        than issuing thousands of small copies.
+        than issuing many small copies.
 
         >>> ring = PinnedRing(slot_bytes=4 * KiB, num_slots=1, max_pinned_bytes=4 * KiB)
         >>> with ring.stage_many([((2,), np.float32), ((3,), np.bool_)]) as staged:
@@ -354,49 +269,6 @@ class PinnedRing:
         parts, nbytes = _layout(specs)
         return Staged(self, self._pool.acquire(nbytes), parts, nbytes)
 
-    def _stage_checked(self, shape: tuple[int, ...], dtype: torch.dtype) -> Staged:
-        """:meth:`stage` for a shape and dtype already checked (a tensor's): no per-call validation."""
-        nbytes = math.prod(shape) * dtype.itemsize
-        return Staged(self, self._pool.acquire(nbytes), [_Part(0, shape, dtype, nbytes)], nbytes)
-
-    def _copy_array(self, source: np.ndarray, dtype: torch.dtype, target: torch.device) -> torch.Tensor:
-        """Stage ``source`` as ``dtype`` and copy it on ``target``'s current stream: ``to_device``'s common case.
-
-        For a payload of up to ``consumer_copy_bytes`` with a numpy dtype, without
-        the checks and objects of the general path (microseconds of Python each).
-        """
-        nbytes = source.size * dtype.itemsize
-        part = _Part(0, source.shape, dtype, nbytes)
-        slot = self._pool.acquire(nbytes)
-        try:
-            tensor, array = _slot_views(slot, part)
-            np.copyto(array, source, casting="unsafe")  # type: ignore[arg-type]
-            return self._copy_on_consumer(slot, part, tensor, target)
-        except BaseException:
-            if slot.leased:
-                self._pool.release(slot, None, None)
-            raise
-
-    def _copy_on_consumer(self, slot: Slot, part: _Part, tensor: torch.Tensor, target: torch.device) -> torch.Tensor:
-        """Copy ``part`` of the leased ``slot`` (``tensor``: its view) on ``target``'s current stream; release the slot.
-
-        The whole submit of a small payload: an allocation, the copy and the
-        slot's event, in the consumer's stream order (to_device of 16 KiB this way:
-        0.021 ms p50 on the H200, against 0.013 for ``pin_memory()`` per copy and
-        0.0115 for the bare calls; bench/probes/pinned_kinds_h200.json). One
-        ``Tensor.to`` allocates and copies in a single call: 3-5 us under
-        ``torch.empty`` + ``copy_`` (bench/probes/small_submit_forms_h200.txt).
-        ``copy=True``: the result never aliases the slot, whatever ``target`` is.
-        """
-        consumer_ids, consumer = _current_stream_ids(target)
-        destination = tensor.to(target, non_blocking=True, copy=True)
-        self._pool.release(slot, _slot_event(slot, target), part.nbytes, consumer_ids, record_on=consumer)
-        return destination
-
-    def _staging_views(self, staged: Staged) -> tuple[torch.Tensor, np.ndarray | None]:
-        """The internal torch and numpy views of ``staged``'s only array, for the staging memcpy of to_device."""
-        return _slot_views(staged._live(), staged._parts[0])
-
     def stats(self) -> RingStats:
         """A snapshot of the counters."""
         return RingStats(**self._pool.snapshot())  # type: ignore[arg-type]
@@ -407,11 +279,44 @@ class PinnedRing:
         if stream is None:
             with self._pool.lock:
                 if device not in self._streams:
-                    made = torch.cuda.Stream(device=device)
-                    self._copy_stream_ids[device] = _stream_ids(made)  # first: a submit reads it once the stream is in
-                    self._streams[device] = made
+                    self._streams[device] = torch.cuda.Stream(device=device)
                 stream = self._streams[device]
         return stream
+
+    def _stage_checked(self, shape: tuple[int, ...], dtype: torch.dtype) -> Staged:
+        """:meth:`stage` for a shape and dtype already checked (a tensor's): no per-call validation."""
+        nbytes = math.prod(shape) * dtype.itemsize
+        return Staged(self, self._pool.acquire(nbytes), (_Part(0, shape, dtype, nbytes),), nbytes)
+
+    def _copy_array(self, source: np.ndarray, dtype: torch.dtype, target: torch.device) -> torch.Tensor:
+        """Stage ``source`` as ``dtype`` and copy it on ``target``'s current stream: ``to_device``'s common case.
+
+        For a payload of up to ``consumer_copy_bytes`` with a numpy dtype,
+        without the checks and objects of the general path.
+        """
+        nbytes = source.size * dtype.itemsize
+        part = _Part(0, source.shape, dtype, nbytes)
+        slot = self._pool.acquire(nbytes)
+        try:
+            tensor, array = _slot_views(slot, part)
+            np.copyto(array, source, casting="unsafe")  # type: ignore[arg-type]
+            return self._copy_on_consumer(slot, part, tensor, target)
+        except BaseException:
+            if slot.leased:  # not submitted: hand the slot back unused
+                self._pool.release(slot, None, None)
+            raise
+
+    def _copy_on_consumer(self, slot: Slot, part: _Part, tensor: torch.Tensor, target: torch.device) -> torch.Tensor:
+        """Copy ``part`` of the leased ``slot`` (``tensor``: its view) on ``target``'s current stream; release the slot.
+
+        The whole submit of a small payload: one ``Tensor.to`` (an allocation
+        and the copy in a single call) and the slot's event, in the consumer's
+        stream order. ``copy=True``: the result never aliases the slot.
+        """
+        consumer = torch.cuda.current_stream(target)
+        destination = tensor.to(target, non_blocking=True, copy=True)
+        self._pool.release(slot, _slot_event(slot, target), part.nbytes, _stream_key(consumer), record_on=consumer)
+        return destination
 
     def _new_slots(self, nbytes: int, count: int = 1) -> list[Slot]:
         """``count`` slots of ``nbytes`` bytes carved from one new block, pinned where CUDA is available."""
@@ -430,22 +335,9 @@ class PinnedRing:
                 stacklevel=4,
             )
             buffer, pinned = torch.empty(nbytes * count, dtype=torch.uint8), False
-        if count == 1:
-            slot = Slot(buffer, buffer.numpy(), nbytes, pinned=pinned)
-            if pinned and nbytes >= GATED_COPY_BYTES:
-                slot.gate_word, slot.gate = _gate.new_word()
-            return [slot]
-        array, segment = buffer.numpy(), Segment(nbytes * count)
-        return [
-            Slot(
-                buffer[i * nbytes : (i + 1) * nbytes],
-                array[i * nbytes : (i + 1) * nbytes],
-                nbytes,
-                pinned,
-                segment=segment,
-            )
-            for i in range(count)
-        ]
+        array, segment = buffer.numpy(), Segment(nbytes * count) if count > 1 else None
+        blocks = [slice(i * nbytes, (i + 1) * nbytes) for i in range(count)]
+        return [Slot(buffer[block], array[block], nbytes, pinned, segment=segment) for block in blocks]
 
 
 class Staged:
@@ -459,7 +351,7 @@ class Staged:
     submit releases the slot unused.
     """
 
-    def __init__(self, ring: PinnedRing, slot: Slot, parts: list[_Part], nbytes: int) -> None:
+    def __init__(self, ring: PinnedRing, slot: Slot, parts: tuple[_Part, ...], nbytes: int) -> None:
         self._ring = ring
         self._slot: Slot | None = slot
         self._parts = parts
@@ -527,12 +419,12 @@ class Staged:
         On CUDA the copy is ``non_blocking`` on ``stream`` (default: the current
         stream for up to the ring's ``consumer_copy_bytes`` or when nothing is
         queued on it, else the ring's copy stream for the device); the host
-        never waits for the work queued on the current stream, and
-        the current stream is made to wait for a copy on another, so
-        the results are ready for work queued on it afterwards (other streams
-        must wait for it themselves). The results share one device allocation,
-        known to the caching allocator as used by the current stream, so it is
-        not reused while that stream's queued work may still read it.
+        never waits for the work queued on the current stream, and the current
+        stream is made to wait for a copy on another, so the results are ready
+        for work queued on it afterwards (other streams must wait for it
+        themselves). The results share one device allocation, known to the
+        caching allocator as used by the current stream, so it is not reused
+        while that stream's queued work may still read it.
 
         Without CUDA (or for ``device="cpu"``) the results are CPU copies. The
         host time of a submit does not depend on the GPU queue.
@@ -550,144 +442,89 @@ class Staged:
         self._ring._pool.release(self._live(), event, None)
         self._slot = None
 
-    def _to(
-        self,
-        target: torch.device,
-        out: torch.Tensor | None,
-        stream: torch.cuda.Stream | None,
-        fill: Callable[[], None] | None = None,
-    ) -> torch.Tensor:
-        """:meth:`to` with ``target``, ``out`` and ``stream`` already checked; see :meth:`_submit` for ``fill``."""
+    def _to(self, target: torch.device, out: torch.Tensor | None, stream: torch.cuda.Stream | None) -> torch.Tensor:
+        """:meth:`to` with ``target``, ``out`` and ``stream`` already checked."""
         index = self._single()
         ring = self._ring
-        small = self.nbytes <= ring.consumer_copy_bytes
-        if small and fill is None and out is None and stream is None and target.type != "cpu":
+        if out is None and stream is None and target.type != "cpu" and self.nbytes <= ring.consumer_copy_bytes:
             slot, part = self._live(), self._parts[0]
             result = ring._copy_on_consumer(slot, part, _slot_views(slot, part)[0], target)
             self._slot = None
             return result
-        return self._submit(target, out, stream, fill)[index]
+        return self._submit(target, out, stream)[index]
 
     def _submit(
-        self,
-        target: torch.device,
-        out: torch.Tensor | None,
-        stream: torch.cuda.Stream | None,
-        fill: Callable[[], None] | None = None,
+        self, target: torch.device, out: torch.Tensor | None, stream: torch.cuda.Stream | None
     ) -> tuple[torch.Tensor, ...]:
-        """Copy the slot to ``target`` and release it; ``fill()`` writes the slot, once the result is allocated.
-
-        Allocating before the staging memcpy keeps the submit's own work off
-        the caches that a large memcpy has just flushed. From
-        ``GATED_COPY_BYTES`` the whole submit goes first: the copy is queued
-        behind a gate (:mod:`audiomask.transfer._gate`), the slot released
-        guarded by the copy's event (which cannot complete before the gate
-        opens) and the consumer's wait queued; then ``fill()`` runs and the
-        gate opens (whatever ``fill()`` raised: the stream must not wait
-        forever), so after the memcpy the host does one store.
-        """
+        """Copy the slot to ``target`` on the stream :meth:`to_many` names, and release it."""
         slot = self._live()
+        ring = self._ring
         if target.type == "cpu":
-            destination, _ = self._write(slot, target, out, fill)
-            self._ring._pool.release(slot, None, self.nbytes)
+            destination = self._copy(slot, target, out)
+            ring._pool.release(slot, None, self.nbytes)
             self._slot = None
             return self._results(destination)
-        ring = self._ring
-        consumer_ids, consumer = _current_stream_ids(target)
+        consumer = torch.cuda.current_stream(target)
         if stream is not None:
-            copy_ids = _stream_ids(stream)
             copy_stream = stream
         elif out is not None or self.nbytes <= ring.consumer_copy_bytes:
-            copy_ids, copy_stream = consumer_ids, consumer
+            copy_stream = consumer
         else:
             seen = ring._pool.released  # read before the query: every slot released up to it was recorded before it
             if consumer.query():
-                ring._pool.stream_idle(consumer_ids, seen)
-                copy_ids, copy_stream = consumer_ids, consumer
+                ring._pool.stream_idle(_stream_key(consumer), seen)
+                copy_stream = consumer
             else:
                 copy_stream = ring.copy_stream(target)  # not queued behind the consumer's work
-                copy_ids = ring._copy_stream_ids[target]
         # A copy into out must follow the consumer's queued work (which may still read out), a small
         # copy is read only by work queued after it anyway, and with nothing queued ahead a copy on
-        # the consumer starts at once: the consumer itself is then the right stream, with no
-        # cross-stream event, wait, stream switch or record_stream (the low-latency single-stream
-        # case, a step's masks and features, and CUDA graphs' static inputs).
-        done = _slot_event(slot, target)
-        gate = fill is not None and slot.gate is not None and slot.pinned and self.nbytes >= GATED_COPY_BYTES
-        if copy_ids == consumer_ids:
-            destination, gated = self._write(slot, target, out, fill, gate=copy_stream if gate else None)
+        # the consumer starts at once: then the consumer itself copies, with no cross-stream event,
+        # wait, stream switch or record_stream.
+        copy_key, consumer_key = _stream_key(copy_stream), _stream_key(consumer)
+        if copy_key == consumer_key:
+            destination = self._copy(slot, target, out)
         else:
             if out is not None:
                 copy_stream.wait_stream(consumer)  # a caller's stream: work queued before may still read out
-            # Allocating under the copy stream puts the result in that stream's pool, so it is
-            # never a block that work queued on the consumer still uses. Setting a stream also makes
-            # its device current: put back the caller's device if it was another.
-            device = _current_device()
-            _set_stream(copy_ids, copy_stream)
+            # Allocating under the copy stream puts the result in that stream's pool, so it is never a
+            # block that work queued on the consumer still uses. Setting a stream also makes its device
+            # current: put back the caller's device if it was another.
+            device = torch.cuda.current_device()
+            torch.cuda.set_stream(copy_stream)
             try:
-                destination, gated = self._write(slot, target, out, fill, gate=copy_stream if gate else None)
+                destination = self._copy(slot, target, out)
             finally:
-                _set_stream(consumer_ids, consumer)
+                torch.cuda.set_stream(consumer)
                 if device != target.index:
                     torch.cuda.set_device(device)
-        try:  # the copy is queued: the slot stays busy until it has run, whatever fill() raises
-            ring._pool.release(slot, done, self.nbytes, copy_ids, record_on=copy_stream)
-            self._slot = None
-            if copy_ids != consumer_ids:
-                done.wait(consumer)
-                if out is None:
-                    destination.record_stream(consumer)  # not reused before the consumer's queued work has run
-            if gated:  # the copy waits on the GPU for the staged payload: stage it last, then let the copy run
-                fill()  # type: ignore[misc]
-        finally:
-            if gated:
-                _gate.open_(slot.gate, slot.gate_value)  # type: ignore[arg-type]
+        done = _slot_event(slot, target)
+        ring._pool.release(slot, done, self.nbytes, copy_key, record_on=copy_stream)
+        self._slot = None
+        if copy_key != consumer_key:
+            done.wait(consumer)
+            if out is None:
+                destination.record_stream(consumer)  # not reused before the consumer's queued work has run
         return self._results(destination)
 
-    def _write(
-        self,
-        slot: Slot,
-        target: torch.device,
-        out: torch.Tensor | None,
-        fill: Callable[[], None] | None,
-        *,
-        gate: torch.cuda.Stream | None = None,
-    ) -> tuple[torch.Tensor, bool]:
-        """Allocate the destination, queue the copy; return it and whether the copy waits behind a gate.
-
-        Without CUDA the copy is a plain one. With ``gate`` (the stream the
-        copy runs on) the copy is queued gated and ``fill()`` is left to the
-        caller, who must open the gate; else (or where the driver cannot gate)
-        ``fill()`` runs first. The gate closes after the allocation: an
-        allocation may free cached device memory, which waits for every stream.
-        """
-        destination = self._allocate(target, out)
-        gated = False
-        if gate is not None:
-            slot.gate_value += 1
-            gated = _gate.close(gate, slot.gate, slot.gate_value)  # type: ignore[arg-type]
-        if fill is not None and not gated:
-            fill()
-        self._copy(slot, destination, non_blocking=target.type != "cpu")
-        return destination, gated
-
-    def _allocate(self, target: torch.device, out: torch.Tensor | None) -> torch.Tensor:
-        """The tensor the copy writes: ``out``, the only array's result, or one byte block for packed arrays."""
+    def _copy(self, slot: Slot, target: torch.device, out: torch.Tensor | None) -> torch.Tensor:
+        """Copy the slot into ``out``, else into a new tensor of the only array or one byte block; return it."""
         if out is not None:
-            return out
-        if len(self._parts) == 1:  # straight into a tensor of the right type: no byte views
-            part = self._parts[0]
-            return torch.empty(part.shape, dtype=part.dtype, device=target)
-        return torch.empty(self.nbytes, dtype=torch.uint8, device=target)
-
-    def _copy(self, slot: Slot, destination: torch.Tensor, *, non_blocking: bool) -> None:
+            destination = out
+        elif len(self._parts) == 1:  # straight into a tensor of the right type: no byte views
+            destination = torch.empty(self._parts[0].shape, dtype=self._parts[0].dtype, device=target)
+        else:
+            destination = torch.empty(self.nbytes, dtype=torch.uint8, device=target)
         part = self._parts[0] if len(self._parts) == 1 else _Part(0, (self.nbytes,), torch.uint8, self.nbytes)
-        destination.copy_(_slot_views(slot, part)[0], non_blocking=non_blocking)
+        return destination.copy_(_slot_views(slot, part)[0], non_blocking=target.type != "cpu")
 
     def _results(self, destination: torch.Tensor) -> tuple[torch.Tensor, ...]:
         if len(self._parts) == 1:
             return (destination,)
         return tuple(destination[p.offset : p.offset + p.nbytes].view(p.dtype).view(p.shape) for p in self._parts)
+
+    def _staging_views(self) -> tuple[torch.Tensor, np.ndarray | None]:
+        """The internal torch and numpy views of the only array, for ``to_device``'s staging memcpy."""
+        return _slot_views(self._live(), self._parts[0])
 
     def _live(self) -> Slot:
         if self._slot is None:

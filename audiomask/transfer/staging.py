@@ -32,13 +32,12 @@ __all__ = [
 ]
 
 # From this size the staging memcpy goes to torch's multi-threaded copy, when torch has at least
-# PARALLEL_COPY_MIN_THREADS intra-op threads. Chosen on the H200's 16-vCPU VM
-# (bench/results/transfer_h200*.json): with the host busy, as a streaming server's is, torch's
-# copy moves 70-110 GB/s from 1 MiB (1 MiB p99 0.04 ms, 16 MiB 0.24 ms) against numpy's single
-# thread at 10-18 GB/s (0.08 ms, 1.5 ms); below 1 MiB numpy's copy is as fast and has no
-# parallel region to wake. A parallel region waits for its slowest thread: right after the host
-# idled ~50 ms, torch's copy had 3-6 ms p99 tails there, and on a loaded 2-core machine ~8 ms a
-# call, so with few threads numpy copies everything under FEW_THREADS_PARALLEL_COPY_BYTES.
+# PARALLEL_COPY_MIN_THREADS intra-op threads. On the H200's 16-vCPU host, busy as a streaming
+# server's is, torch's copy moves 70-110 GB/s from 1 MiB (1 MiB p99 0.04 ms, 16 MiB 0.24 ms)
+# against numpy's single thread at 10-18 GB/s (0.08 ms, 1.5 ms); below 1 MiB numpy is as fast and
+# has no parallel region to wake. A parallel region waits for its slowest thread: right after the
+# host idled, torch's copy had 3-6 ms p99 tails there, and ~8 ms a call on a loaded 2-core machine,
+# so with few threads numpy copies everything under FEW_THREADS_PARALLEL_COPY_BYTES.
 PARALLEL_COPY_BYTES = 1 * MiB
 PARALLEL_COPY_MIN_THREADS = 4
 FEW_THREADS_PARALLEL_COPY_BYTES = 32 * MiB
@@ -172,9 +171,9 @@ def to_device(
     work queued on the current stream afterwards sees the result (a copy on
     the copy stream is waited for, and the caching allocator knows the result
     is used on the current stream), and the slot is reused only after the
-    copy has completed. So the call costs the staging memcpy plus a fixed submit cost
-    (bench/results has both), whatever the GPU queue holds, and the caller may
-    reuse ``data`` as soon as it returns.
+    copy has completed. So the call costs the staging memcpy plus a submit,
+    whatever the GPU queue holds, and the caller may reuse ``data`` as soon as
+    it returns.
 
     The result never shares memory with host ``data``, on any device: for
     ``device="cpu"`` it is a fresh dense copy too, so code that refills a
@@ -231,10 +230,8 @@ def to_device(
     ring = ring or default_ring(target)
     staged = ring._stage_checked(tuple(source.shape), dtype)
     try:
-        tensor, array = ring._staging_views(staged)
-        if array is not None and isinstance(source, np.ndarray) and staged.nbytes < parallel_copy_bytes():
-            return staged._to(target, out, stream, lambda: np.copyto(array, source, casting="unsafe"))
-        return staged._to(target, out, stream, lambda: stage_copy(tensor, source))
+        stage_copy(staged._staging_views()[0], source)
+        return staged._to(target, out, stream)
     except BaseException:
         if staged._slot is not None:  # not submitted: hand the slot back (a with block's cost, only on failure)
             staged.release()

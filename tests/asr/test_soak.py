@@ -1,23 +1,17 @@
 """The soak in CI: a few thousand chunks of streams coming and going, every transfer checksummed.
 
-``scripts/soak.py`` runs the same loop for 100,000 chunks (CPU here, CUDA on
-the H200) and records RSS and pinned bytes; here the short run must end with
-no corrupted payload, every stream finished and no ring growth after
+``scripts/soak.py`` (:mod:`audiomask.bench.soak`) runs the same loop for
+100,000 chunks and records RSS and pinned bytes; here the short run must end
+with no corrupted payload, every stream finished and no ring growth after
 warm-up, and a payload corrupted on purpose must be counted.
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
-from encoder_models import torch_one_thread  # noqa: F401 (an autouse fixture)
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-
-from soak import run_soak
+from audiomask.bench.soak import checksum, run_soak
 
 CHUNKS = 2000
 STREAMS = 8
@@ -54,3 +48,19 @@ def test_a_short_soak_on_cuda_delivers_every_payload_intact():
     assert report["corrupted_payloads"] == 0 and report["chunks"] >= CHUNKS
     assert report["to_host_checked"] >= report["cycles"] - 1  # every result copy back, the last one at exit
     assert report["ring_grows_after_warmup"] == 0
+
+
+def test_the_checksum_sees_a_moved_word():
+    """Swapping two different 16-bit words keeps their sum but not the position-weighted one."""
+    words = torch.tensor([1, 2, 3, 4], dtype=torch.int16)
+    swapped = torch.tensor([2, 1, 3, 4], dtype=torch.int16)
+    assert checksum(words).item() == 1 * 1 + 2 * 2 + 3 * 3 + 4 * 4
+    assert checksum(words).item() != checksum(swapped).item()
+
+
+@pytest.mark.parametrize(
+    "arguments, message", [({"chunks": 0}, "chunks must be >= 1, got 0"), ({"streams": 0}, "streams must be >= 1")]
+)
+def test_run_soak_rejects_bad_sizes(arguments: dict, message: str):
+    with pytest.raises(ValueError, match=message):
+        run_soak("cpu", **{"chunks": 10, "streams": 2, **arguments})

@@ -25,7 +25,7 @@ from audiomask.bench.timing import Budget
 from audiomask.masks.phi4mm import hs_mask
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_latency.py"
-QUICK_TIMEOUT_S = 120  # issue 7: under a minute on a 2-core machine; the margin is for a loaded one
+QUICK_TIMEOUT_S = 120  # --quick takes under a minute on a 2-core machine; the margin is for a loaded one
 
 
 def run_quick(out: Path, device: str) -> tuple[dict, str]:
@@ -76,7 +76,7 @@ def test_quick_transfer_entries(quick_report: tuple[dict, str]) -> None:
 
 def test_pipeline_section_runs_on_the_threads_asked_and_puts_the_count_back(monkeypatch: pytest.MonkeyPatch) -> None:
     seen = []
-    monkeypatch.setattr(overlap, "_pipeline_runs", lambda *args: seen.append(torch.get_num_threads()) or {"batch": 1})
+    monkeypatch.setattr(overlap, "pipeline_runs", lambda *args: seen.append(torch.get_num_threads()) or {"batch": 1})
     before = torch.get_num_threads()
     asked = before + 1
     section = overlap.pipeline_section(None, 1, 1, 1, 1, 1, Budget(1.0), asked)  # type: ignore[arg-type]
@@ -89,7 +89,7 @@ def test_quick_pipeline_fields(quick_report: tuple[dict, str]) -> None:
     pipeline = quick_report[0]["pipeline"]
     assert {"overlap", "serial_wall_s", "pipelined_wall_s", "cpu_s", "gpu_s", "batch"} <= pipeline.keys()
     assert pipeline["serial_wall_s"] > 0 and pipeline["pipelined_wall_s"] > 0
-    # The overlap figure is the formula of issue 5 on the reported times.
+    # The overlap figure is (T_cpu + T_gpu - T_wall) / min(T_cpu, T_gpu) on the reported times.
     shorter = min(pipeline["cpu_s"], pipeline["gpu_s"])
     expected = (pipeline["cpu_s"] + pipeline["gpu_s"] - pipeline["pipelined_wall_s"]) / shorter
     assert pipeline["overlap"] == pytest.approx(expected)
@@ -268,7 +268,7 @@ def test_search_records_a_probe_that_raises() -> None:
 
 def test_a_probe_plan_with_early_exceedances_fails_the_probe() -> None:
     # p99 of up to 101 chunks is above the duration once two are: the probe stops there.
-    from audiomask.bench.throughput import _timed_chunks
+    from audiomask.bench.throughput import timed_chunks
 
     durations = iter([0.0, 0.0, 0.03, 0.0, 0.03, 0.0, 0.0])
 
@@ -277,7 +277,7 @@ def test_a_probe_plan_with_early_exceedances_fails_the_probe() -> None:
 
         time.sleep(next(durations))
 
-    seconds, stopped = _timed_chunks(step, warmup=1, plan=ProbePlan(warmup=0, chunks=6), duration_s=0.02)
+    seconds, stopped = timed_chunks(step, warmup=1, plan=ProbePlan(warmup=0, chunks=6), duration_s=0.02)
     assert stopped and len(seconds) == 4
 
 
@@ -342,7 +342,7 @@ def test_pipeline_calibration_warms_up_untimed_and_stops_at_the_balanced_batch(
         name="fake", asr=SimpleNamespace(encoder=SimpleNamespace(config=SimpleNamespace(time_reduction=4)))
     )
     # Enough for the calibration and one final run of each mode, not for all repeats of a 96-cycle run.
-    report = overlap._pipeline_runs(model, 8, 8, 96, 3, 64, Budget(1.0))  # type: ignore[arg-type]
+    report = overlap.pipeline_runs(model, 8, 8, 96, 3, 64, Budget(1.0))  # type: ignore[arg-type]
     assert calls[0] == (1, False, False)  # the untimed warm-up
     assert [row["batch"] for row in report["calibration"]] == [1, 2, 4]
     assert report["batch"] == 4 and 1 <= report["repeats"] <= 3

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 
-import mask_reference as ref
 import numpy as np
 import pytest
 from hypothesis import given
@@ -15,11 +14,11 @@ from audiomask.masks.chunk import padding_mask, subsequent_chunk_mask
 sizes = st.integers(0, 40)
 
 
-def test_wenet_example_limited_left_context():
+def test_wenet_example_limited_left_context(mask_reference):
     # WeNet's docstring example: subsequent_chunk_mask(4, 2) -> two chunks, unlimited left.
     expected = np.array([[1, 1, 0, 0], [1, 1, 0, 0], [1, 1, 1, 1], [1, 1, 1, 1]], dtype=bool)
     np.testing.assert_array_equal(subsequent_chunk_mask(4, 2), expected)
-    np.testing.assert_array_equal(subsequent_chunk_mask(7, 3, 1), ref.subsequent_chunk_mask(7, 3, 1))
+    np.testing.assert_array_equal(subsequent_chunk_mask(7, 3, 1), mask_reference.subsequent_chunk_mask(7, 3, 1))
 
 
 def test_edge_sizes():
@@ -35,16 +34,16 @@ def test_edge_sizes():
 
 
 @given(size=sizes, chunk_size=st.integers(1, 50), num_left_chunks=st.integers(-3, 12))
-def test_subsequent_chunk_mask_matches_loop(size, chunk_size, num_left_chunks):
-    expected = ref.subsequent_chunk_mask(size, chunk_size, num_left_chunks)
-    ref.assert_builds(lambda out=None: subsequent_chunk_mask(size, chunk_size, num_left_chunks, out=out), expected)
+def test_subsequent_chunk_mask_matches_loop(mask_reference, assert_builds, size, chunk_size, num_left_chunks):
+    expected = mask_reference.subsequent_chunk_mask(size, chunk_size, num_left_chunks)
+    assert_builds(lambda out=None: subsequent_chunk_mask(size, chunk_size, num_left_chunks, out=out), expected)
 
 
 @given(lengths=st.lists(st.integers(0, 30), max_size=6), extra=st.none() | st.integers(0, 5))
-def test_padding_mask_matches_loop(lengths, extra):
+def test_padding_mask_matches_loop(mask_reference, assert_builds, lengths, extra):
     max_len = None if extra is None else max(lengths, default=0) + extra
-    expected = ref.padding_mask(lengths, max_len)
-    ref.assert_builds(lambda out=None: padding_mask(np.array(lengths, dtype=np.int32), max_len, out=out), expected)
+    expected = mask_reference.padding_mask(lengths, max_len)
+    assert_builds(lambda out=None: padding_mask(np.array(lengths, dtype=np.int32), max_len, out=out), expected)
 
 
 @pytest.mark.parametrize(

@@ -152,7 +152,7 @@ def test_chunks_and_tokens_equal_upstream_encoder_packing(lengths, n_window):
     chunks = upstream_chunk_layout(lengths, n_window)
     np.testing.assert_array_equal(qwen3_asr.chunk_lengths(lengths, n_window), as_numpy(chunks[chunks > 0]))
     tokens = qwen_modeling.Qwen3ASREncoder._post_cnn_length(chunks)
-    time_steps = qwen3_asr._conv_lengths(2 * n_window)  # conv output width of a full chunk
+    time_steps = int(qwen3_asr.output_lengths([2 * n_window], n_window)[0])  # conv output width of a full chunk
     valid = torch.arange(time_steps)[None, :] < tokens[:, None]
     per_utterance = valid.view(len(lengths), -1).sum(dim=-1)
     np.testing.assert_array_equal(qwen3_asr.output_lengths(lengths, n_window), as_numpy(per_utterance))

@@ -1,10 +1,9 @@
-"""audiomask.masks.phi4mm: DESIGN.md's worked examples, loop references, argument checks."""
+"""audiomask.masks.phi4mm: worked examples, loop references, argument checks."""
 
 from __future__ import annotations
 
 import re
 
-import mask_reference as ref
 import numpy as np
 import pytest
 from hypothesis import given
@@ -21,7 +20,7 @@ from audiomask.masks.phi4mm import (
 
 
 def rows(text: str) -> np.ndarray:
-    """'110 011' -> bool matrix, rows = queries, as DESIGN.md writes them."""
+    """'110 011' -> bool matrix, rows = queries."""
     return np.array([[c == "1" for c in row] for row in text.split()], dtype=bool)
 
 
@@ -34,11 +33,11 @@ def rows(text: str) -> np.ndarray:
         ((7, [2, 5]), {}, "1100000 1100000 0011100 0011100 0011100 0000011 0000011"),
     ],
 )
-def test_design_adaptive_enc_mask_examples(args, kwargs, expected):
+def test_adaptive_enc_mask_worked_examples(args, kwargs, expected):
     np.testing.assert_array_equal(adaptive_enc_mask(*args, **kwargs), rows(expected))
 
 
-def test_design_hidden_state_mask_example():
+def test_hidden_state_mask_worked_example():
     mask = hs_mask([40, 17], max_frames=40, chunk_size=2, left_chunk=1, time_reduction=8)
     assert mask.shape == (2, 5, 5)
     np.testing.assert_array_equal(mask[1], rows("11000 11000 11100 11100 00100"))
@@ -77,11 +76,11 @@ def chunk_starts(draw):
 
 
 @given(case=chunk_starts(), left=st.integers(0, 6), right=st.integers(0, 6), as_array=st.booleans())
-def test_adaptive_enc_mask_matches_loop(case, left, right, as_array):
+def test_adaptive_enc_mask_matches_loop(mask_reference, assert_builds, case, left, right, as_array):
     x_len, starts = case
-    expected = ref.adaptive_enc_mask(x_len, starts, left, right)
+    expected = mask_reference.adaptive_enc_mask(x_len, starts, left, right)
     cs = np.array(starts, dtype=np.int64) if as_array else starts
-    ref.assert_builds(lambda out=None: adaptive_enc_mask(x_len, cs, left, right, out=out), expected)
+    assert_builds(lambda out=None: adaptive_enc_mask(x_len, cs, left, right, out=out), expected)
 
 
 @given(
@@ -90,15 +89,15 @@ def test_adaptive_enc_mask_matches_loop(case, left, right, as_array):
     chunk_size=st.integers(-2, 50),
     left_chunk=st.integers(0, 12) | st.just(10**9),
 )
-def test_streaming_mask_matches_loop(seq_len, batch_size, chunk_size, left_chunk):
-    expected = ref.streaming_mask(seq_len, batch_size, chunk_size, left_chunk)
-    ref.assert_builds(lambda out=None: streaming_mask(seq_len, batch_size, chunk_size, left_chunk, out=out), expected)
+def test_streaming_mask_matches_loop(mask_reference, assert_builds, seq_len, batch_size, chunk_size, left_chunk):
+    expected = mask_reference.streaming_mask(seq_len, batch_size, chunk_size, left_chunk)
+    assert_builds(lambda out=None: streaming_mask(seq_len, batch_size, chunk_size, left_chunk, out=out), expected)
 
 
-def test_streaming_mask_realistic_sizes():
+def test_streaming_mask_realistic_sizes(mask_reference):
     # Realistic sizes (Phi-4MM streaming config), every batch row written.
     for seq_len in (300, 1100):
-        expected = ref.subsequent_chunk_mask(seq_len, 16, 18)
+        expected = mask_reference.subsequent_chunk_mask(seq_len, 16, 18)
         mask = streaming_mask(seq_len, 3, 16, 18)
         for b in range(3):
             np.testing.assert_array_equal(mask[b], expected)
@@ -117,19 +116,19 @@ def hs_cases(draw):
     left_chunk=st.integers(0, 6),
     time_reduction=st.integers(1, 10),
 )
-def test_hs_mask_matches_loop(case, chunk_size, left_chunk, time_reduction):
+def test_hs_mask_matches_loop(mask_reference, assert_builds, case, chunk_size, left_chunk, time_reduction):
     lengths, max_frames = case
-    expected = ref.hs_mask(lengths, max_frames, chunk_size, left_chunk, time_reduction)
-    ref.assert_builds(
+    expected = mask_reference.hs_mask(lengths, max_frames, chunk_size, left_chunk, time_reduction)
+    assert_builds(
         lambda out=None: hs_mask(lengths, max_frames, chunk_size, left_chunk, time_reduction, out=out), expected
     )
 
 
 @given(lengths=st.lists(st.integers(0, 10**6), max_size=6), time_reduction=st.integers(1, 16))
-def test_subsampled_lengths_is_ceil(lengths, time_reduction):
+def test_subsampled_lengths_is_ceil(mask_reference, lengths, time_reduction):
     got = subsampled_lengths(lengths, time_reduction)
     assert got.dtype == np.int64
-    np.testing.assert_array_equal(got, ref.subsampled_lengths(lengths, time_reduction))
+    np.testing.assert_array_equal(got, mask_reference.subsampled_lengths(lengths, time_reduction))
 
 
 def test_select_chunk_size_integers_pass_through():

@@ -1,16 +1,14 @@
-"""audiomask.masks.qwen3_asr: DESIGN.md's worked examples, loop references, argument checks."""
+"""audiomask.masks.qwen3_asr: worked examples, loop references, argument checks."""
 
 from __future__ import annotations
 
 import re
 
-import mask_reference as ref
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from audiomask.masks import qwen3_asr
 from audiomask.masks.qwen3_asr import (
     CHUNK_FRAMES,
     TOKENS_PER_CHUNK,
@@ -23,14 +21,14 @@ from audiomask.masks.qwen3_asr import (
 )
 
 
-def test_design_constants():
+def test_constants():
     assert CHUNK_FRAMES == 100
-    assert qwen3_asr._conv_lengths(100) == TOKENS_PER_CHUNK == 13  # 100 -> 50 -> 25 -> 13
+    assert output_lengths([CHUNK_FRAMES]).tolist() == [TOKENS_PER_CHUNK] == [13]  # 100 -> 50 -> 25 -> 13
     assert WINDOW_TOKENS == 104
 
 
 @pytest.mark.parametrize(("frames", "tokens"), [(50, 7), (130, 17), (250, 33), (1000, 130), (100, 13), (0, 0)])
-def test_design_output_lengths(frames, tokens):
+def test_output_lengths_worked_examples(frames, tokens):
     got = output_lengths([frames])
     assert got.dtype == np.int64
     assert got.tolist() == [tokens]
@@ -40,13 +38,13 @@ def test_design_output_lengths(frames, tokens):
     ("feature_lens", "expected"),
     [([250], [0, 33]), ([250, 1000], [0, 33, 137, 163]), ([3000], [0, 104, 208, 312, 390])],
 )
-def test_design_cu_seqlens(feature_lens, expected):
+def test_cu_seqlens_worked_examples(feature_lens, expected):
     got = cu_seqlens(feature_lens)
     assert got.dtype == np.int32
     assert got.tolist() == expected
 
 
-def test_design_window_mask_is_block_diagonal():
+def test_window_mask_is_block_diagonal():
     mask = window_mask([250, 1000])
     assert mask.shape == (163, 163)
     for lo, hi in [(0, 33), (33, 137), (137, 163)]:
@@ -77,35 +75,35 @@ def windows(draw):
 
 
 @given(lens=feature_lens, n_window=st.integers(1, 80))
-def test_lengths_match_loop(lens, n_window):
+def test_lengths_match_loop(mask_reference, lens, n_window):
     chunks = chunk_lengths(np.array(lens, dtype=np.int32), n_window)
     assert chunks.dtype == np.int64
-    np.testing.assert_array_equal(chunks, ref.qwen_chunk_lengths(lens, n_window))
+    np.testing.assert_array_equal(chunks, mask_reference.qwen_chunk_lengths(lens, n_window))
     tokens = output_lengths(lens, n_window)
     assert tokens.dtype == np.int64
-    np.testing.assert_array_equal(tokens, ref.qwen_output_lengths(lens, n_window))
+    np.testing.assert_array_equal(tokens, mask_reference.qwen_output_lengths(lens, n_window))
 
 
 @given(lens=feature_lens, n_window=st.integers(1, 80))
-def test_padded_mask_after_cnn_matches_loop(lens, n_window):
-    expected = ref.qwen_padded_mask_after_cnn(lens, n_window)
-    ref.assert_builds(lambda out=None: padded_mask_after_cnn(lens, n_window, out=out), expected)
+def test_padded_mask_after_cnn_matches_loop(mask_reference, assert_builds, lens, n_window):
+    expected = mask_reference.qwen_padded_mask_after_cnn(lens, n_window)
+    assert_builds(lambda out=None: padded_mask_after_cnn(lens, n_window, out=out), expected)
     # Row-major valid cells are the packed tokens: per utterance they add up to output_lengths.
     assert expected.sum() == output_lengths(lens, n_window).sum()
 
 
 @given(lens=feature_lens, nw=windows())
-def test_cu_seqlens_matches_loop(lens, nw):
+def test_cu_seqlens_matches_loop(mask_reference, assert_builds, lens, nw):
     n_window, n_window_infer = nw
-    expected = ref.qwen_cu_seqlens(lens, n_window, n_window_infer)
-    ref.assert_builds(lambda out=None: cu_seqlens(lens, n_window, n_window_infer, out=out), expected)
+    expected = mask_reference.qwen_cu_seqlens(lens, n_window, n_window_infer)
+    assert_builds(lambda out=None: cu_seqlens(lens, n_window, n_window_infer, out=out), expected)
 
 
 @given(lens=st.lists(st.integers(0, 300), max_size=4), nw=windows())
-def test_window_mask_matches_loop(lens, nw):
+def test_window_mask_matches_loop(mask_reference, assert_builds, lens, nw):
     n_window, n_window_infer = nw
-    expected = ref.qwen_window_mask(lens, n_window, n_window_infer)
-    ref.assert_builds(lambda out=None: window_mask(lens, n_window, n_window_infer, out=out), expected)
+    expected = mask_reference.qwen_window_mask(lens, n_window, n_window_infer)
+    assert_builds(lambda out=None: window_mask(lens, n_window, n_window_infer, out=out), expected)
 
 
 def test_window_mask_full_size_utterance():

@@ -21,6 +21,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from audiomask.bench.harness import direct_copy
 from audiomask.transfer import (
     VIEW_ALIGN_BYTES,
     CopyVerdict,
@@ -29,15 +30,14 @@ from audiomask.transfer import (
     PinnedRing,
     UnsafeCopyError,
     UnsafeCopyWarning,
+    _resolve,
     classify_copy,
     is_dense,
     staging,
     sync_check,
     to_device,
 )
-from audiomask.transfer import ring as ring_module
 from audiomask.transfer import staging as staging_module
-from audiomask.transfer.harness import direct_copy
 from audiomask.transfer.ring import DEFAULT_CONSUMER_COPY_BYTES, SMALL_SLOT_BYTES
 
 # --------------------------------------------------------------------------- is_dense
@@ -292,6 +292,33 @@ def test_to_device_falls_back_to_cpu_without_cuda(device) -> None:
     result = to_device(np.arange(3), device)
     assert result.device.type == "cpu"
     assert result.tolist() == [0, 1, 2]
+
+
+class CpuOnlyTorchDevice(type):
+    """The metaclass of a stand-in for ``torch.device`` as a torch build without CUDA has it: an index names no device."""
+
+    real = torch.device
+
+    def __instancecheck__(cls, instance: object) -> bool:
+        return isinstance(instance, CpuOnlyTorchDevice.real)
+
+    def __call__(cls, *args: object) -> torch.device:
+        if len(args) == 1 and isinstance(args[0], (int, np.integer)):
+            raise RuntimeError("no accelerator is available to take a device index")
+        return CpuOnlyTorchDevice.real(*args)
+
+
+@pytest.mark.parametrize("device", [0, np.int64(1), "cuda:0", torch.device("cuda", 0)])
+def test_a_cuda_device_falls_back_to_cpu_where_torch_has_no_cuda(
+    device, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+) -> None:
+    monkeypatch.setattr(torch, "device", CpuOnlyTorchDevice("device", (), {}))
+    monkeypatch.setattr(_resolve, "_cuda_device_count", lambda: 0)
+    _resolve._resolve_cached.cache_clear()  # resolved with CUDA (on a GPU machine) by earlier tests
+    request.addfinalizer(_resolve._resolve_cached.cache_clear)  # and resolved without it here
+    assert _resolve.resolve_device(device) == CpuOnlyTorchDevice.real("cpu")
+    result = to_device(np.arange(3), device)
+    assert result.device.type == "cpu" and result.tolist() == [0, 1, 2]
 
 
 @pytest.mark.parametrize(
@@ -675,14 +702,14 @@ def test_ring_is_safe_for_several_producer_threads() -> None:
 
 
 class FakeStream:
-    by_ids: dict[tuple[int, int, int], FakeStream] = {}  # what the ring's C-level stream switch names
+    made = 0  # streams made so far: each gets an id of its own, as torch's do
 
     def __init__(self, name: str, log: list[str], idle: bool = False) -> None:
         self.name = name
         self.log = log
         self.idle = idle  # whether all work queued on it has run
-        self.stream_id, self.device_index, self.device_type = len(FakeStream.by_ids) + 1, -1, 0
-        FakeStream.by_ids[self.stream_id, self.device_index, self.device_type] = self
+        FakeStream.made += 1
+        self.stream_id, self.device_index, self.device_type = FakeStream.made, -1, 0
 
     def query(self) -> bool:
         return self.idle
@@ -747,8 +774,7 @@ class FakeCuda:
         monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: FakeStream("copy", self.log))
         monkeypatch.setattr(torch.cuda, "stream", self.stream)
         monkeypatch.setattr(torch.cuda, "set_stream", self.set_stream)
-        monkeypatch.setattr(ring_module, "_set_stream_ids", lambda *ids: self.set_stream(FakeStream.by_ids[ids]))
-        monkeypatch.setattr(ring_module, "_get_device", lambda: META.index)  # the meta "GPU" is current
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: META.index)  # the meta "GPU" is current
         monkeypatch.setattr(torch.cuda, "set_device", lambda device: self.log.append(f"set device {device}"))
         monkeypatch.setattr(torch.cuda, "Event", self.event)
 
@@ -1022,7 +1048,7 @@ def test_no_slot_is_handed_out_before_its_last_copy_has_run(operations: list[tup
 def test_submit_on_another_device_puts_the_callers_device_back(
     fake_cuda: FakeCuda, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(ring_module, "_get_device", lambda: 7)  # the caller works on another device
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 7)  # the caller works on another device
     ring = small_ring(num_slots=1)
     with ring.stage(3, np.int64) as staged:
         staged._to(META, None, None)
@@ -1083,68 +1109,6 @@ def test_to_device_copies_a_small_array_on_the_consumer_in_three_calls(
     fake_cuda.log.clear()
     to_device(np.zeros(KiB // 4 + 1, dtype=np.float32), "cuda", ring=ring)  # over consumer_copy_bytes
     assert "copy on copy non_blocking" in fake_cuda.log  # the general path: the copy stream, the consumer busy
-
-
-def test_a_large_staged_copy_is_queued_behind_a_gate_before_its_memcpy(
-    fake_cuda: FakeCuda, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    def close(stream: FakeStream, word: np.ndarray, value: int) -> bool:
-        fake_cuda.log.append(f"{stream.name} waits for gate {value}")
-        return True
-
-    monkeypatch.setattr(ring_module._gate, "close", close)
-    monkeypatch.setattr(ring_module, "GATED_COPY_BYTES", 2 * KiB)
-    ring = small_ring(num_slots=1, slot_bytes=4 * KiB)
-    slot = ring._pool.slots[0]
-    slot.pinned, slot.gate = True, np.zeros(1, dtype=np.uint32)  # as pinned slots of that size have
-
-    def fill() -> None:
-        fake_cuda.log.append(f"staged while the gate is at {slot.gate[0]}")
-
-    fake_cuda.consumer.idle = True
-    with ring.stage(3 * KiB, np.uint8) as staged:
-        staged._to(META, None, None, fill)
-    assert fake_cuda.log == [
-        "allocate on consumer",  # before the gate: an allocation may wait for every stream
-        "consumer waits for gate 1",
-        "copy on consumer non_blocking",
-        "event 0 recorded on consumer",  # the whole submit before the memcpy: only the gate's store after it
-        "staged while the gate is at 0",
-    ]
-    assert slot.gate[0] == 1 and ring.stats().leased == 0
-    fake_cuda.events[0].done = True
-
-    def fail() -> None:
-        raise OSError("the source could not be read")
-
-    with pytest.raises(OSError, match="could not be read"), ring.stage(3 * KiB, np.uint8) as staged:
-        staged._to(META, None, None, fail)
-    assert slot.gate[0] == 2 and ring.stats().leased == 0  # opened all the same: the stream never hangs
-    fake_cuda.events[0].done = True
-    fake_cuda.log.clear()
-    with ring.stage(KiB, np.uint8) as staged:  # under GATED_COPY_BYTES: staged first
-        staged._to(META, None, None, fill)
-    assert [line for line in fake_cuda.log if "queried" not in line][:2] == [
-        "allocate on consumer",
-        "staged while the gate is at 2",
-    ]
-    fake_cuda.events[0].done = True
-    fake_cuda.consumer.idle = False  # the copy goes to the copy stream: its handoff is queued before the memcpy too
-    fake_cuda.log.clear()
-    with ring.stage(3 * KiB, np.uint8) as staged:
-        staged._to(META, None, None, fill)
-    assert [line for line in fake_cuda.log if "queried" not in line] == [
-        "current stream copy",
-        "allocate on copy",
-        "copy waits for gate 3",
-        "copy on copy non_blocking",
-        "current stream consumer",
-        "event 0 recorded on copy",
-        "consumer waits for event 0",
-        "used on consumer",
-        "staged while the gate is at 2",
-    ]
-    assert slot.gate[0] == 3 and ring.stats().leased == 0
 
 
 def test_submit_into_out_runs_on_the_busy_consumer_after_its_queued_work(fake_cuda: FakeCuda) -> None:

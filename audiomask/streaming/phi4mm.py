@@ -1,0 +1,274 @@
+"""Cache-aware streaming of the Phi-4MM Conformer: each chunk emitted as soon as its frames are in.
+
+The outputs equal the whole-utterance forward with ``mask_mode="hard"`` and
+the same chunk settings, on every utterance's real tokens. The chunk step has
+static shapes (preallocated caches, the same ``B`` every step), so it can be
+replayed as CUDA graphs; the masks it needs are built in numpy on the host and
+moved with :func:`audiomask.transfer.to_device`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from audiomask.checks import check_int
+from audiomask.features import Phi4MMFrontend
+from audiomask.masks import padding_mask
+from audiomask.models.phi4mm import Phi4MMEncoder
+from audiomask.streaming.buffer import BufferedStream
+from audiomask.transfer import to_device
+
+__all__ = ["Phi4MMStream"]
+
+
+class Phi4MMStream(BufferedStream):
+    """Cache-aware streaming of :class:`~audiomask.models.phi4mm.Phi4MMEncoder`, chunk by chunk.
+
+    Args:
+        encoder: the encoder (its device and dtype are the stream's).
+        batch_size: stream slots ``B``, ``>= 1``.
+        chunk_size: tokens per chunk, ``>= 1``; ``None``: the encoder config's.
+        left_chunk: chunks of left context, ``>= 0``; ``None``: the config's.
+        cuda_graph: replay the chunk step as CUDA graphs (one launch instead
+            of hundreds; CUDA only), captured at the first step.
+
+    State per slot: for every block the keys/values of the last
+    ``(left_chunk + 1) * chunk_size`` tokens ``(2, B, H, S, D / H)`` and the
+    conv module's last ``kernel_size - 1`` GLU outputs; for every stride-2
+    stage of the subsampling its last input step. The key/value cache is a
+    ring of ``left_chunk + 1`` chunks (a step writes only its own chunk's
+    keys). A chunk's ``chunk_size * time_reduction`` frames are all its tokens
+    need (the subsampling has no lookahead beyond them), so each chunk is
+    emitted as soon as its frames are in. The relative position bias depends
+    only on key-minus-query distances: one ``(H, C, S)`` tensor per ring phase
+    serves every step. Every length and mask is built on the host; masks that
+    are all True (full chunks, full caches) are not built, moved or applied.
+
+    ``push(features (B, t, 80), lengths=None) -> (B, n, D)``: ``n`` is a
+    multiple of ``chunk_size``, possibly 0. ``flush() -> (B, n, D)``: the rest,
+    the last chunk padded; afterwards the stream is empty and starts new
+    utterances. Concatenated over time the outputs are ``(B, ceil(T / 8), D)``,
+    ``T`` the longest utterance, and equal ``encoder(..., mask_mode="hard")``
+    on each utterance's valid tokens; ``last_lengths`` counts the valid ones of
+    each call. :meth:`step` encodes one chunk given whole (a driver's batch).
+
+    >>> from audiomask.models import Phi4MMAudioConfig, Phi4MMEncoder
+    >>> config = Phi4MMAudioConfig(hidden_size=8, intermediate_size=8, num_blocks=1, num_attention_heads=2,
+    ...                            ext_pw_out_channel=8, depthwise_separable_out_channel=8, nemo_conv_channels=2)
+    >>> stream = Phi4MMStream(Phi4MMEncoder(config).eval(), chunk_size=2, left_chunk=1)
+    >>> [tuple(stream.push(torch.randn(1, 10, 80)).shape) for _ in range(3)]  # 16 frames per chunk
+    [(1, 0, 8), (1, 2, 8), (1, 0, 8)]
+    >>> tuple(stream.flush().shape)  # 30 frames in all -> 4 tokens
+    (1, 2, 8)
+    """
+
+    def __init__(
+        self,
+        encoder: Phi4MMEncoder,
+        batch_size: int = 1,
+        chunk_size: int | None = None,
+        left_chunk: int | None = None,
+        *,
+        cuda_graph: bool = False,
+    ) -> None:
+        if not isinstance(encoder, Phi4MMEncoder):
+            raise ValueError(f"encoder must be a Phi4MMEncoder, got {type(encoder).__name__}")
+        config = encoder.config
+        super().__init__(encoder, batch_size, config.input_size, time_dim=1, output_size=config.hidden_size)
+        chunk_size, left_chunk = encoder.chunking(chunk_size, left_chunk)
+        self.chunk_size = check_int("chunk_size", chunk_size, minimum=1)
+        self.left_chunk = left_chunk
+        self.tokens_per_chunk = self.chunk_size
+        self.chunk_frames = self.chunk_size * config.time_reduction
+        self.encoder = encoder
+        self._blocks = self.left_chunk + 1  # chunks held by the key/value ring
+        self._keys = self._blocks * self.chunk_size  # S: cached tokens plus the chunk's own
+        batch, heads = self.batch_size, config.num_attention_heads
+        like = {"device": self.device, "dtype": self.dtype}
+        self._kv = [
+            torch.zeros(2, batch, heads, self._keys, config.hidden_size // heads, **like) for _ in encoder.encoders
+        ]
+        self._conv = [torch.zeros(batch, config.kernel_size - 1, config.hidden_size, **like) for _ in encoder.encoders]
+        self._subsampling = []
+        bins = config.input_size
+        for conv in encoder.embed.strided_convs():
+            self._subsampling.append(torch.zeros(batch, conv.in_channels, 1, bins, **like))
+            bins = -(-bins // 2)
+        # The key/value cache is a ring of `blocks` chunks: chunk c goes to block c % blocks, so a
+        # step writes only its own keys. Per phase p = c % blocks, key slot j holds the token
+        # c * C + offsets[p, j] (offsets <= 0 for the older chunks), and the relative bias depends
+        # only on these offsets: one (H, C, S) tensor per phase serves every step.
+        block = np.arange(self._blocks)
+        back = (np.arange(self._blocks)[:, None] - block[None, :]) % self._blocks  # (phase, block): chunks ago
+        self._offsets = (-back[:, :, None] * self.chunk_size + np.arange(self.chunk_size)).reshape(self._blocks, -1)
+        with torch.no_grad():
+            queries = to_device(np.arange(self.chunk_size), self.device)
+            offsets = to_device(self._offsets, self.device)
+            layer = encoder.relative_attention_bias_layer
+            self._bias = torch.cat([layer(queries, offsets[p]) for p in range(self._blocks)])  # (blocks, H, C, S)
+        self._chunks = 0  # chunk steps since the last flush
+        # Per slot: the chunk step at which its utterance began (reset_slots); 0 for all after a flush.
+        self._start = np.zeros(self.batch_size, np.int64)
+        # CUDA graphs of the chunk step, one per ring phase, captured on first use (None: eager).
+        self._graphs: list[tuple[torch.cuda.CUDAGraph, torch.Tensor]] | None = None
+        if cuda_graph:
+            if self.device.type != "cuda":
+                raise ValueError(f"cuda_graph needs the encoder on a CUDA device, got {self.device}")
+            self._graphs = []
+            self._static_chunk = torch.zeros(batch, self.chunk_frames, config.input_size, **like)
+            self._static_masks = torch.ones(batch, self.chunk_frames + self._keys, dtype=torch.bool, device=self.device)
+
+    @classmethod
+    def default_frontend(cls) -> Phi4MMFrontend:
+        """The Phi-4MM front end: 80 mels, ``(T, 80)`` frames of 25 ms every 10 ms, no centring."""
+        return Phi4MMFrontend()
+
+    def _valid_tokens(self) -> np.ndarray:
+        return -(-self._frames // self.encoder.config.time_reduction)
+
+    def push(self, features: torch.Tensor, lengths: object = None) -> torch.Tensor:
+        """Append ``features`` ``(B, t, input_size)`` and encode every chunk now complete in all slots.
+
+        ``lengths`` ``(B,)``: how many of the ``t`` frames are real in each
+        slot (default all). Returns ``(B, n, D)``, ``n`` a multiple of ``chunk_size``.
+        Nothing here waits for the GPU: every length and index is on the host.
+        """
+        self._push_frames(features, lengths)
+        steps = []
+        while self._buffer.counts.min() >= self.chunk_frames:
+            steps.append(self._encode_chunk(*self._buffer.take(self.chunk_frames)))
+        return self._emit(steps)
+
+    def flush(self) -> torch.Tensor:
+        """End the utterances: encode what is left (the last chunk zero-padded) and reset the stream.
+
+        Returns ``(B, n, D)``, trimmed so that all outputs since the previous
+        flush number ``ceil(max frames / time_reduction)``.
+        """
+        steps = []
+        while self._buffer.counts.max(initial=0) > 0:
+            steps.append(self._encode_chunk(*self._buffer.take(self.chunk_frames)))
+        for cache in (*self._kv, *self._conv, *self._subsampling):
+            cache.zero_()
+        self._chunks = 0
+        self._start[:] = 0
+        return self._emit(steps, final=True)
+
+    def reset_slots(self, slots: object) -> None:
+        """Start new utterances in ``slots`` (slot indices) while the other slots go on.
+
+        The slots' caches are zeroed and their token positions count from the
+        next step, so a slot's outputs equal the forward of its own utterance
+        whichever step it starts at. The slots must hold no buffered frames.
+        For drivers that manage slots one by one with :meth:`step`; mixing this
+        with :meth:`push`'s lock-step accounting (``last_lengths``) is not supported.
+        """
+        index = self._check_slots(slots)
+        if index.size == 0:
+            return
+        rows = to_device(index, self.device)
+        with torch.no_grad():
+            for kv in self._kv:
+                kv[:, rows] = 0
+            for cache in (*self._conv, *self._subsampling):
+                cache[rows] = 0
+        self._frames[index] = 0
+        self._start[index] = self._chunks
+
+    def step(self, chunk: object, valid: object, final: object = None) -> tuple[torch.Tensor, np.ndarray]:
+        """Encode one chunk of every slot given whole: ``(outputs (B, chunk_size, D), lengths (B,))``.
+
+        ``chunk``: ``(B, chunk_size * time_reduction, F)`` frames, a host array
+        or tensor (moved with :func:`~audiomask.transfer.to_device`) or a device
+        tensor; ``valid`` ``(B,)``: real frames per slot, at the start of its
+        row (the rest is ignored); ``final`` is checked and not needed (every
+        chunk's tokens are final when emitted). The stream must hold no
+        buffered frames. Equals pushing ``chunk`` with ``valid`` as lengths
+        when the buffer held nothing.
+        """
+        valid, _ = self._check_step(chunk, valid, final)
+        self._frames += valid
+        position = self._chunks - self._start  # each slot's chunk index within its utterance
+        lengths = np.clip(self._valid_tokens() - position * self.chunk_size, 0, self.chunk_size)
+        outputs = self._encode_chunk(chunk, valid)
+        self.last_lengths = lengths
+        return outputs, lengths
+
+    @torch.no_grad()
+    def _encode_chunk(self, chunk: object, valid: np.ndarray) -> torch.Tensor:
+        """Encode ``chunk`` ``(B, chunk_frames, F)`` with ``valid`` real frames per slot; advance one chunk."""
+        phase = self._chunks % self._blocks
+        # Token held by each key slot; valid from token 0 to each utterance's last (host numpy).
+        tokens = ((self._chunks - self._start) * self.chunk_size)[:, None] + self._offsets[phase]
+        keys_valid = (tokens >= 0) & (tokens < self._valid_tokens()[:, None])
+        if self._graphs is not None:
+            if not self._graphs:
+                self._capture()
+            self._chunk_on_device(chunk, out=self._static_chunk)
+            to_device(
+                np.concatenate([padding_mask(valid, self.chunk_frames), keys_valid], axis=1),
+                self.device,
+                out=self._static_masks,
+            )
+            graph, outputs = self._graphs[phase]
+            graph.replay()
+            self._chunks += 1
+            return outputs.clone()  # the graph's output is overwritten by its next replay
+        chunk = self._chunk_on_device(chunk)
+        frames_full, keys_full = bool(valid.min() == self.chunk_frames), bool(keys_valid.all())
+        # The masks that are not all True, in one host array and one copy.
+        host = ([] if frames_full else [padding_mask(valid, self.chunk_frames)]) + ([] if keys_full else [keys_valid])
+        masks = to_device(np.concatenate(host, axis=1), self.device) if host else None
+        frame_valid = None if frames_full else masks[:, : self.chunk_frames]  # type: ignore[index]
+        key_mask = None if keys_full else masks[:, masks.shape[1] - self._keys :]  # type: ignore[index]
+        outputs = self._run_chunk(chunk, frame_valid, key_mask, phase)
+        self._chunks += 1
+        return outputs
+
+    def _run_chunk(
+        self, chunk: torch.Tensor, frame_valid: torch.Tensor | None, key_mask: torch.Tensor | None, phase: int
+    ) -> torch.Tensor:
+        """The device work of a chunk step (``None`` masks: all True); what a CUDA graph captures per phase."""
+        encoder = self.encoder
+        hidden = encoder.embed(encoder.encoder_embedding(chunk), frame_valid, self._subsampling, exact=True)
+        bias = self._bias[phase : phase + 1]  # (1, H, C, S)
+        if key_mask is not None:
+            bias = torch.where(key_mask[:, None, None], bias, torch.finfo(self.dtype).min)  # (B, H, C, S)
+        slot = phase * self.chunk_size
+        for block, kv, conv in zip(encoder.encoders, self._kv, self._conv):
+            hidden = block(hidden, bias, kv, conv, slot)
+        return hidden
+
+    def _capture(self) -> None:
+        """Capture one CUDA graph of :meth:`_run_chunk` per key/value ring phase, on static inputs.
+
+        The graphs always apply both masks (an all-True mask changes no value),
+        so one graph per phase serves every step. Capturing needs warm-up runs,
+        which write the caches; it happens before the first chunk is encoded,
+        when every cache is still zero (made so, reset or flushed), so zeroing
+        them afterwards restores them (a saved copy would cost as much device
+        memory as the caches: ~8 MB per stream for the full-size encoder). The
+        warm-up's activations are handed back to the device before capture, so
+        that the graphs' pool can take that memory rather than leave it cached
+        for eager work that a graph-driven stream never runs.
+        """
+        caches = (*self._kv, *self._conv, *self._subsampling)
+        frame_valid = self._static_masks[:, : self.chunk_frames]
+        key_mask = self._static_masks[:, self.chunk_frames :]
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for phase in range(self._blocks):  # warm-up: lazy initialisation stays out of the graphs
+                self._run_chunk(self._static_chunk, frame_valid, key_mask, phase)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        torch.cuda.synchronize(self.device)
+        torch.cuda.empty_cache()
+        pool = torch.cuda.graph_pool_handle()
+        for phase in range(self._blocks):
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                outputs = self._run_chunk(self._static_chunk, frame_valid, key_mask, phase)
+            self._graphs.append((graph, outputs))
+        for cache in caches:
+            cache.zero_()

@@ -1,0 +1,113 @@
+"""The chunk-step protocol every encoder family's stream implements: what a streaming driver relies on.
+
+An :class:`EncoderStream` holds ``B`` stream *slots* of one encoder with their
+caches preallocated on the encoder's device. A driver fills the slots with
+utterances and advances all of them one chunk per :meth:`~EncoderStream.step`:
+
+- ``chunk_frames`` feature frames per slot and step, laid out as the front
+  end makes them (:attr:`~EncoderStream.time_dim`: 1 for ``(B, T, F)``, 2 for
+  ``(B, F, T)``); a chunk's tokens need no frame beyond the chunk, so a
+  driver steps as soon as every slot holds its next chunk (or has ended);
+- the outputs of a step are at most ``tokens_per_chunk`` tokens per slot,
+  ``(B, n, D)``, of which ``lengths[b]`` are real (they come first), and are
+  final: no later step revises them;
+- :meth:`~EncoderStream.reset_slots` starts new utterances in some slots while
+  the others go on; a slot's outputs do not depend on the other slots;
+- :meth:`~EncoderStream.default_frontend` is the front end whose features the
+  family takes (its frames, mel bins and layout).
+
+``push``/``flush`` are the lock-step interface for callers that hold whole
+batches of frames (every slot starts together; any piece sizes).
+
+Implementations: :class:`~audiomask.streaming.Phi4MMStream`,
+:class:`~audiomask.streaming.Qwen3ASRStream`;
+:func:`~audiomask.streaming.open_stream` opens the one of an encoder.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import numpy as np
+import torch
+
+from audiomask.features.frontend import Frontend
+
+__all__ = ["EncoderStream"]
+
+
+class EncoderStream(ABC):
+    """``batch_size`` stream slots of one encoder, advanced one chunk step at a time (see the module docstring).
+
+    Attributes every implementation sets:
+
+    - ``batch_size`` (``B``), ``device``, ``dtype``: the slots and where (and
+      in which dtype) their caches and outputs live: the encoder's.
+    - ``feature_size``: mel bins per frame; ``time_dim``: the axis of time in
+      a chunk, 1 (``(B, T, F)``) or 2 (``(B, F, T)``).
+    - ``chunk_frames``: feature frames (10 ms each) per slot and step.
+    - ``tokens_per_chunk``: the most tokens per slot one step returns.
+    - ``output_size``: ``D``, the width of the output tokens.
+    - ``left_chunk``: chunks of left context each chunk attends to, or
+      ``None`` where the family's attention is not chunk-causal.
+    - ``last_lengths``: ``(B,)`` int64, the real tokens of each slot in the
+      outputs of the last ``step``, ``push`` or ``flush``.
+    """
+
+    batch_size: int
+    device: torch.device
+    dtype: torch.dtype
+    feature_size: int
+    time_dim: int
+    chunk_frames: int
+    tokens_per_chunk: int
+    output_size: int
+    left_chunk: int | None
+    last_lengths: np.ndarray
+
+    @property
+    def chunk_shape(self) -> tuple[int, int, int]:
+        """The shape of the chunk :meth:`step` takes: ``(B, chunk_frames, F)`` or ``(B, F, chunk_frames)``."""
+        if self.time_dim == 1:
+            return (self.batch_size, self.chunk_frames, self.feature_size)
+        return (self.batch_size, self.feature_size, self.chunk_frames)
+
+    @classmethod
+    @abstractmethod
+    def default_frontend(cls) -> Frontend:
+        """A new front end of the family: the features its streams take (frames, mel bins, layout)."""
+
+    @abstractmethod
+    def reset_slots(self, slots: object) -> None:
+        """Start new utterances in ``slots`` (slot indices) from the next step on; the other slots go on.
+
+        The slots' caches are cleared and their positions count from the next
+        step, so a slot's outputs equal the offline forward of its own
+        utterance whichever step it starts at.
+        """
+
+    @abstractmethod
+    def step(self, chunk: object, valid: object, final: object = None) -> tuple[torch.Tensor, np.ndarray]:
+        """Encode one chunk of every slot: ``(outputs (B, n, D), lengths (B,) int64)``, ``n <= tokens_per_chunk``.
+
+        Args:
+            chunk: :attr:`chunk_shape` frames, a host array or tensor (moved
+                with :func:`~audiomask.transfer.to_device`) or a tensor on
+                :attr:`device`; each slot's real frames first, zeros after them.
+            valid: ``(B,)`` real frames per slot, ``<= chunk_frames`` (host).
+                Fewer than ``chunk_frames`` only in an utterance's last chunk.
+            final: ``(B,)`` bool (host), the slot's utterance ends with this
+                chunk; ``None``: no slot's does. Families whose outputs wait
+                for more chunks (Qwen3-ASR's windows) emit them then.
+
+        ``lengths`` (also :attr:`last_lengths`) counts each slot's real tokens;
+        they come first in its row. Nothing here waits for the device.
+        """
+
+    @abstractmethod
+    def push(self, features: torch.Tensor, lengths: object = None) -> torch.Tensor:
+        """Append frames to every slot in lock step (any piece size); returns the outputs now final, ``(B, n, D)``."""
+
+    @abstractmethod
+    def flush(self) -> torch.Tensor:
+        """End every slot's utterance: the remaining outputs ``(B, n, D)``; then the stream starts afresh."""
