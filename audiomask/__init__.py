@@ -1,8 +1,8 @@
 """audiomask: streaming masks and stall-free host-to-device transfer for speech encoders.
 
 Importing :mod:`audiomask` or :mod:`audiomask.masks` does not import torch;
-the torch-based stages (audio, features, transfer, encoders, pipeline) load on first use
-of one of their names here.
+the torch-based stages (audio, features, transfer, models, streaming, asr) load on first
+use of one of their names here.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ _LAZY = {
     "Phi4MMEncoder": "audiomask.models",
     "Qwen3ASREncoder": "audiomask.models",
     "from_pretrained": "audiomask.models",
+    "open_stream": "audiomask.streaming",
     "ASRModel": "audiomask.asr.model",
     "StreamingRecognizer": "audiomask.asr.recognizer",
 }

@@ -4,12 +4,12 @@ Why: a streaming driver computes cycle N+1's features while it launches cycle
 N's encoder step and decodes cycle N-1. On a worker thread the two share one
 interpreter lock, and every torch call of the front end hands it over and
 takes it back: a main thread running Python at the same time makes each
-hand-back wait (bench/probes/frontend_contention_*.json: a pure-Python loop
-on the main thread took a B = 16 front-end cycle from 2.2 to 496 ms on the
-H200, from 1.8 to 461 ms on a 2-core CPU, where in a process it took 1.5 ms;
-the overlapped driver's front end ran 1.7-2.3x slower than alone on the H200,
-whatever torch's thread count, the kind of wait or the switch interval:
-bench/probes/pipeline_threads_h200*.json). A process has its own interpreter.
+hand-back wait (a pure-Python loop on the main thread took a B = 16
+front-end cycle from 2.2 to 496 ms on the H200, from 1.8 to 461 ms on a
+2-core CPU, where in a process it took 1.5 ms; the overlapped driver's front
+end ran 1.7-2.3x slower than alone on the H200, whatever torch's thread
+count, the kind of wait or the switch interval). A process has its own
+interpreter.
 
 :class:`FeatureProcess` keeps a :class:`~audiomask.features.slots.SlotFeatures`
 in a spawned process. Samples go in and features come out through shared
@@ -22,7 +22,7 @@ byte each way (a pickled message cost ~50 us a cycle to pack and unpack, on
 the side that paces the pipeline). Up to ``MAX_IN_FLIGHT`` cycles may be
 submitted before the first :meth:`result` is taken; results come in
 submission order. On the H200 the driver with this stage ran within 3 % of
-max(front end, encoder step) (bench/results/latency_h200.json). Starting the process costs an
+max(front end, encoder step). Starting the process costs an
 interpreter and torch's import (seconds, once per driver) and that
 interpreter's memory.
 """
@@ -68,12 +68,12 @@ class _Buffers:
     samples: torch.Tensor | np.ndarray  # float32 (B, block_samples): each slot's new samples, from its row's start
     plans: torch.Tensor | np.ndarray  # int64 (4, B): slots, block lengths, final flags, joins (first `sizes` entries)
     sizes: torch.Tensor | np.ndarray  # int64 (2,): how many slots, how many joins
-    features: torch.Tensor | np.ndarray  # float32 (B, chunk_frames, n_mels)
+    features: torch.Tensor | np.ndarray  # float32, SlotFeatures.shape: (B, chunk_frames, n_mels) or (B, n_mels, chunk_frames)
     counts: torch.Tensor | np.ndarray  # int64 (B,): frames per slot
     cpu_s: torch.Tensor | np.ndarray  # float64 (): the compute's seconds
 
     @classmethod
-    def allocate(cls, batch_size: int, block_samples: int, chunk_frames: int, n_mels: int) -> _Buffers:
+    def allocate(cls, batch_size: int, block_samples: int, features_shape: tuple[int, int, int]) -> _Buffers:
         def shared(*shape: int, dtype: torch.dtype) -> torch.Tensor:
             return torch.zeros(_BUFFERS, *shape, dtype=dtype).share_memory_()
 
@@ -81,7 +81,7 @@ class _Buffers:
             shared(batch_size, block_samples, dtype=torch.float32),
             shared(4, batch_size, dtype=torch.int64),
             shared(2, dtype=torch.int64),
-            shared(batch_size, chunk_frames, n_mels, dtype=torch.float32),
+            shared(*features_shape, dtype=torch.float32),
             shared(batch_size, dtype=torch.int64),
             shared(dtype=torch.float64),
         )
@@ -158,7 +158,7 @@ class FeatureProcess:
         self.batch_size, self.chunk_frames, self.block_samples = batch_size, chunk_frames, block_samples
         # Shared with the process (torch moves their memory's file descriptors to it); freed with the last
         # reference on either side, so features handed out stay readable after close().
-        buffers = _Buffers.allocate(batch_size, block_samples, chunk_frames, frontend.n_mels)
+        buffers = _Buffers.allocate(batch_size, block_samples, SlotFeatures(frontend, batch_size, chunk_frames).shape)
         self._shared = buffers.arrays()
         context = torch.multiprocessing.get_context("spawn")  # fork would copy CUDA and OpenMP state it cannot use
         self._connection, child = context.Pipe()

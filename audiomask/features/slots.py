@@ -86,9 +86,9 @@ class SlotFeatures:
             segment, count = framer.push(block)  # type: ignore[union-attr]
             if last:  # one segment per slot: its state takes its frames in order
                 tail, more = framer.flush(frontend.min_samples)  # type: ignore[union-attr]
-                # The flush's frames start `count` hops after the push's, in the same padded signal.
-                segment = np.concatenate((segment[: framing.hop * count], tail)) if count else tail
-                count += more
+                if more:  # the flush's frames start `count` hops after the push's, in the same padded signal
+                    segment = np.concatenate((segment[: framing.hop * count], tail)) if count else tail
+                    count += more
             if count > self.chunk_frames:
                 raise RuntimeError(f"slot {slot} got more than one chunk of frames in a cycle (a bug)")
             if count:

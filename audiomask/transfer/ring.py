@@ -4,10 +4,9 @@ A ``non_blocking`` copy from pageable memory stalls the host behind a busy
 stream, and ``pin_memory()`` per copy costs the host up to milliseconds at
 times. A slot pinned once and reused costs neither, but reusing it while its
 last copy is still in flight corrupts that copy. So every copy from a slot
-records the slot's CUDA event (created once, recorded again by each copy: a
-slot is leased only once its last record has completed), and a slot is
-handed out again only once that event has completed. Which slots are free is
-:mod:`audiomask.transfer._pool`'s business.
+records the slot's own CUDA event (made once, recorded again by each copy),
+and the slot is handed out again only once that event has completed. Which
+slots are free is :mod:`audiomask.transfer._pool`'s business.
 
 Which stream copies: a payload of up to ``consumer_copy_bytes`` (64 KiB: a
 step's masks and lengths) is copied on the consumer's (current) stream, queued

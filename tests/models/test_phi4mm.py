@@ -7,30 +7,27 @@ mean/variance buffers take part) and copied from the transformers model with
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
-from encoder_models import (
-    PHI4MM_TINY,
-    max_valid_diff,
-    randomize,
-    tiny_phi4mm,
-    torch_one_thread,  # noqa: F401 (an autouse fixture)
-)
 
+from audiomask.masks import phi4mm as phi4mm_masks
 from audiomask.models import Phi4MMAudioConfig, Phi4MMEncoder
 from audiomask.models.phi4mm import SUBSAMPLING_LOOKAHEAD_FRAMES, UNFOLD_TOKENS
 
-TOLERANCE = 1e-4  # float32 on CPU (acceptance 1)
+TOLERANCE = 1e-4  # float32 on CPU
 MEL = 80
 
 
 @pytest.fixture(scope="module")
-def upstream():
+def upstream(tiny_phi4mm, randomize):
     """A tiny transformers model with random weights, and ours with the same weights."""
     transformers = pytest.importorskip("transformers")
-    model = randomize(transformers.Phi4MultimodalAudioModel(transformers.Phi4MultimodalAudioConfig(**PHI4MM_TINY)))
-    ours = Phi4MMEncoder(Phi4MMAudioConfig(**PHI4MM_TINY)).eval()
+    ours = tiny_phi4mm()
+    config = transformers.Phi4MultimodalAudioConfig(**dataclasses.asdict(ours.config))
+    model = randomize(transformers.Phi4MultimodalAudioModel(config))
     ours.load_state_dict(model.state_dict())  # same names and shapes: loads as it is
     return model, ours
 
@@ -57,7 +54,7 @@ BATCHES = {
 @pytest.mark.parity
 @pytest.mark.parametrize(("chunk_size", "left_chunk"), CHUNKINGS)
 @pytest.mark.parametrize("batch", sorted(BATCHES))
-def test_compat_mode_equals_transformers(upstream, batch, chunk_size, left_chunk):
+def test_compat_mode_equals_transformers(upstream, max_valid_diff, batch, chunk_size, left_chunk):
     model, ours = upstream
     frames, lengths = BATCHES[batch]
     features = torch.randn(len(lengths), frames, MEL, generator=torch.Generator().manual_seed(1))
@@ -87,7 +84,7 @@ def test_config_defaults_equal_transformers():
     assert ours.nemo_final_size == reference.nemo_final_size
 
 
-def test_chunk_settings_default_to_the_config():
+def test_chunk_settings_default_to_the_config(tiny_phi4mm):
     encoder = tiny_phi4mm(chunk_size=2, left_chunk=1)
     features = torch.randn(2, 60, MEL)
     with torch.no_grad():
@@ -98,7 +95,7 @@ def test_chunk_settings_default_to_the_config():
     assert not torch.allclose(default, full)
 
 
-def test_hard_equals_compat_for_one_unpadded_utterance_with_full_attention():
+def test_hard_equals_compat_for_one_unpadded_utterance_with_full_attention(tiny_phi4mm):
     """With every key valid, compat's +1 on all keys shifts every logit alike: the modes agree."""
     encoder = tiny_phi4mm()
     features = torch.randn(1, 203, MEL)
@@ -109,7 +106,7 @@ def test_hard_equals_compat_for_one_unpadded_utterance_with_full_attention():
 
 
 @pytest.mark.parametrize(("chunk_size", "left_chunk"), [(-1, 0), (3, 1)])
-def test_hard_mode_encodes_each_utterance_as_if_alone(chunk_size, left_chunk):
+def test_hard_mode_encodes_each_utterance_as_if_alone(tiny_phi4mm, chunk_size, left_chunk):
     """Batch padding (any values) changes nothing in hard mode: each row equals its utterance encoded alone."""
     encoder = tiny_phi4mm()
     lengths = [150, 61, 8, 13]
@@ -130,7 +127,7 @@ def test_hard_mode_encodes_each_utterance_as_if_alone(chunk_size, left_chunk):
             assert (batch[row, :tokens] - alone[0]).abs().max().item() <= TOLERANCE
 
 
-def test_only_compat_mode_unfolds_long_inputs():
+def test_only_compat_mode_unfolds_long_inputs(tiny_phi4mm):
     """Over 500 tokens compat cuts the sequence into independent blocks, hard attends across the boundary."""
     encoder = tiny_phi4mm()
     frames = 8 * 510
@@ -144,7 +141,7 @@ def test_only_compat_mode_unfolds_long_inputs():
     assert (hard - compat).abs().max().item() > 10 * TOLERANCE
 
 
-def test_subsampling_lookahead():
+def test_subsampling_lookahead(tiny_phi4mm):
     """Token t reads frames [8t - 7, 8t + 7] only: nothing after its own 8 frames (lookahead 0)."""
     encoder = tiny_phi4mm(nemo_conv_channels=32)  # enough channels that ReLU never cuts every path
     reduction = encoder.config.time_reduction
@@ -168,7 +165,7 @@ def test_subsampling_lookahead():
 
 @pytest.mark.parametrize("mask_mode", ["hard", "phi4mm_compat"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_fully_masked_rows_stay_finite(mask_mode, dtype):
+def test_fully_masked_rows_stay_finite(tiny_phi4mm, mask_mode, dtype):
     """Padded query rows whose chunk holds no valid key, and empty utterances: finite outputs, no NaN."""
     encoder = tiny_phi4mm().to(dtype)
     lengths = [200, 0, 9, 1]
@@ -179,7 +176,7 @@ def test_fully_masked_rows_stay_finite(mask_mode, dtype):
     assert torch.isfinite(outputs).all()
 
 
-def test_all_empty_batch():
+def test_all_empty_batch(tiny_phi4mm):
     encoder = tiny_phi4mm()
     with torch.no_grad():
         outputs, lengths = encoder(torch.zeros(2, 0, MEL), [0, 0], mask_mode="hard")
@@ -188,7 +185,7 @@ def test_all_empty_batch():
     assert padded.shape == (2, 2, 16) and torch.isfinite(padded).all() and padded_lengths.tolist() == [0, 0]
 
 
-def test_lengths_as_tensor_numpy_or_list():
+def test_lengths_as_tensor_numpy_or_list(tiny_phi4mm):
     encoder = tiny_phi4mm()
     features = torch.randn(2, 40, MEL)
     with torch.no_grad():
@@ -208,7 +205,7 @@ def test_lengths_as_tensor_numpy_or_list():
         ({"features": torch.zeros(2, 40, 81)}, r"features must have shape \(B, T, 80\), got \(2, 40, 81\)"),
     ],
 )
-def test_bad_arguments(kwargs, message):
+def test_bad_arguments(tiny_phi4mm, kwargs, message):
     encoder = tiny_phi4mm()
     call = {"features": torch.zeros(2, 40, MEL), "feature_lengths": [40, 3], **kwargs}
     with pytest.raises(ValueError, match=message):
@@ -225,13 +222,12 @@ def test_bad_arguments(kwargs, message):
         ({"activation": "mish"}, "activation must be one of"),
     ],
 )
-def test_bad_config(overrides, message):
+def test_bad_config(tiny_phi4mm, overrides, message):
     with pytest.raises(ValueError, match=message):
-        Phi4MMEncoder(Phi4MMAudioConfig(**{**PHI4MM_TINY, **overrides}))
+        tiny_phi4mm(**overrides)
 
 
-def test_config_from_dict_ignores_fields_it_does_not_use():
-    config = Phi4MMAudioConfig.from_dict(
-        {**PHI4MM_TINY, "dropout_rate": 0.1, "architectures": ["X"], "model_type": "m"}
-    )
-    assert config == Phi4MMAudioConfig(**PHI4MM_TINY)
+def test_config_from_dict_ignores_fields_it_does_not_use(tiny_phi4mm):
+    fields = dataclasses.asdict(tiny_phi4mm().config)
+    config = Phi4MMAudioConfig.from_dict({**fields, "dropout_rate": 0.1, "architectures": ["X"], "model_type": "m"})
+    assert config == Phi4MMAudioConfig(**fields)
