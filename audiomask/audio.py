@@ -17,7 +17,12 @@ half a float32 ulp; the tests assert equality to within one ulp).
 
 Every unusable input raises :class:`audiomask.AudioError` naming the file and
 the reason. A file whose data ends before its header says it should is read
-as far as its data goes, with a :class:`TruncatedAudioWarning` naming it.
+as far as its data goes, with a :class:`TruncatedAudioWarning` naming it. Two
+sizes say nothing about the data, so they never warn: the markers of writers
+that stream to a pipe (a WAV data size of 0x7FFFF000, 0x7FFFFFFF or
+0xFFFFFFFF: "unknown") and an MP3's frame count, which libsndfile estimates
+from the file size and bit rate when the file has no Xing/Info tag (a cut MP3
+is read as far as it goes).
 
 Hostile files cannot make a reader allocate without bound: files are read in
 blocks of :data:`READ_BLOCK_FRAMES`, never as one array of the size their
@@ -94,10 +99,13 @@ _AUDIO_MAGIC = (b"RIFF", b"RIFX", b"RF64", b"FORM", b"fLaC", b"OggS", b".snd", b
 # libsndfile's log line for a chunk whose declared size exceeds the file:
 # "data : 32000 (should be 15978)" (WAV, W64, RF64) or "SSND : ..." (AIFF).
 _SHORT_CHUNK = re.compile(r"^\s*(?:data|SSND)\s*:\s*(\d+)\s*\(should be (\d+)\)", re.MULTILINE)
-# Writers that stream to a pipe cannot seek back to fill in the data size and
-# leave a placeholder near 2 or 4 GiB (espeak-ng --stdout writes 0x7ffff000):
-# such a size says "unknown", not "truncated".
-_PLACEHOLDER_BYTES = 0x7FFF0000
+# Writers that stream to a pipe cannot seek back to fill in the data size and leave a marker
+# that says "unknown", not "truncated": 0x7ffff000 (sox, espeak-ng --stdout), 0x7fffffff
+# (arecord), 0xffffffff (-1: ffmpeg). Any other size beyond the file's data is a truncation.
+_UNKNOWN_SIZE_MARKERS = frozenset({0x7FFFF000, 0x7FFFFFFF, 0xFFFFFFFF})
+# Formats whose frame count libsndfile estimates when the file does not state it (an MP3
+# without a Xing/Info tag: file size / bit rate, which can overshoot the decoded frames).
+_ESTIMATED_LENGTH_FORMATS = frozenset({"MP3"})
 
 
 class TruncatedAudioWarning(UserWarning):
@@ -160,7 +168,7 @@ def _check_header(handle: sf.SoundFile, path: Path, target_sr: int | None) -> No
     log = handle.extra_info
     truncated = None
     for declared, actual in _SHORT_CHUNK.findall(log):
-        if int(actual) < int(declared) < _PLACEHOLDER_BYTES:
+        if int(actual) < int(declared) and int(declared) not in _UNKNOWN_SIZE_MARKERS:
             truncated = f"data ends after {actual} of the {declared} bytes its header declares"
     # libsndfile's Ogg reader decodes up to the last complete page of a cut
     # stream and reports only that much; its log says why the stream ended.
@@ -274,11 +282,16 @@ def _read_error(path: Path, err: sf.LibsndfileError, offset: int, sample_rate: i
     return _fail(path, f"corrupt or truncated audio data {where} ({err.error_string})")
 
 
-def _check_count(path: Path, read: int, declared: int) -> None:
+def _declared_frames(handle: sf.SoundFile) -> int | None:
+    """The frames the file's header declares; ``None`` where libsndfile's count is an estimate."""
+    return None if handle.format in _ESTIMATED_LENGTH_FORMATS else handle.frames
+
+
+def _check_count(path: Path, read: int, declared: int | None) -> None:
     """Refuse a file that gave no samples; warn when it gave fewer than its header declares."""
     if read == 0:
         raise _fail(path, "zero samples")
-    if read < declared:
+    if declared is not None and read < declared:
         warnings.warn(
             f"{path}: truncated: {read} of the {declared} frames its header declares could be read",
             TruncatedAudioWarning,
@@ -326,7 +339,7 @@ def load(path: str | os.PathLike, target_sr: int | None = TARGET_SR) -> tuple[np
     with handle:
         rate = handle.samplerate
         pieces = list(_mono_blocks(handle, path))
-        declared = handle.frames
+        declared = _declared_frames(handle)
     read = sum(len(piece) for piece in pieces)
     _check_count(path, read, declared)
     samples = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
@@ -388,7 +401,7 @@ def iter_blocks(
                 for start in range(0, full, block_samples):
                     yield pending[start : start + block_samples]
                 pending = pending[full:]
-        declared = handle.frames
+        declared = _declared_frames(handle)
     _check_count(path, offset, declared)
     pending = np.concatenate((pending, resampler.flush()))
     for start in range(0, len(pending), block_samples):

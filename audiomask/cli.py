@@ -13,9 +13,7 @@ JSON object a line instead: ``{"kind": "final", "file", "text", "duration_s",
 stdout before the file's final line (``audio_s``: seconds read so far);
 without, on stderr: one live line on a terminal, else a line
 ``partial<TAB>FILE<TAB>TEXT`` each time the text grows. On a terminal, stderr
-also shows a progress line for several files or a long one. ``--threads``
-sets torch's threads (default :data:`TRANSCRIBE_THREADS`, the fastest for
-one stream's small chunk steps).
+also shows a progress line for several files or a long one.
 
 Exit status: 0 all files transcribed; 1 a file could not be (one line
 ``audiomask: error: FILE: reason`` on stderr each, the other files are still
@@ -26,7 +24,8 @@ printed stay, and the file in progress gets its text so far, marked
 ``[interrupted at S s]`` in a third column (``"interrupted": true`` in JSON).
 Never a traceback for user errors.
 
-``audiomask info`` prints the model, device, versions and streaming settings;
+``audiomask info`` prints the model, device, versions and streaming settings,
+and every training stage the model card next to the model file lists;
 ``audiomask bench ARGS...`` runs the latency benchmark
 (:mod:`audiomask.bench.latency`); ``audiomask demo`` builds the masks of a
 small Phi-4MM and Qwen3-ASR batch in numpy, writes them straight into a
@@ -43,17 +42,18 @@ import re
 import shutil
 import sys
 import tempfile
+import textwrap
 import time
 import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, NamedTuple, TextIO
 
 import numpy as np
 
 import audiomask
-from audiomask.constants import FRAMES_PER_SECOND, SAMPLE_RATE
+from audiomask.constants import FRAME_MS, FRAMES_PER_SECOND, SAMPLE_RATE
 from audiomask.masks import phi4mm, qwen3_asr
 
 __all__ = ["main"]
@@ -76,7 +76,23 @@ AUDIO_SUFFIXES = frozenset(
 # 0.12 with two (bench/results/cli_rtf_cpu_2core.json; 0.14 against 0.25 when the load was higher).
 TRANSCRIBE_THREADS = 1
 PROGRESS_MIN_AUDIO_S = 10.0  # on a terminal, one file this long (or several files) gets a progress line
+HELP_WIDTH = 79  # characters per line of the help texts taken from this module's docstring
+MODEL_CARD_NAME = "MODEL_CARD.md"  # the card beside a model file (recipes.ctc_small.card writes the shipped one's)
 _DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
+# reST of the docstring, for plain help: :role:`~a.b.name` -> name, :role:`a.b` -> a.b, ``x`` -> x.
+_REST_MARKUP = re.compile(r":\w+:`~(?:[\w.]*\.)?([^`]+)`|:\w+:`([^`]+)`|``([^`]+)``")
+
+
+def _plain(text: str) -> str:
+    """reST paragraphs as plain text for ``--help``: markup dropped (quotes kept round literals with spaces).
+
+    >>> _plain("Streams through the\\n:class:`~audiomask.asr.recognizer.StreamingRecognizer`; ``-`` is stdin.")
+    'Streams through the StreamingRecognizer; - is stdin.'
+    >>> _plain("One line ``audiomask: error: FILE`` each (:mod:`audiomask.audio`).")
+    "One line 'audiomask: error: FILE' each (audiomask.audio)."
+    """
+    text = _REST_MARKUP.sub(lambda m: m[1] or m[2] or (f"'{m[3]}'" if " " in m[3] else m[3]), text)
+    return "\n\n".join(textwrap.fill(" ".join(paragraph.split()), HELP_WIDTH) for paragraph in text.split("\n\n"))
 
 
 def _pick_device(name: str) -> str:
@@ -90,14 +106,6 @@ def _pick_device(name: str) -> str:
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"--device {name}: CUDA is not available on this machine (use --device cpu or auto)")
     return name
-
-
-def _device_name(device: str) -> str:
-    import torch
-
-    if device.startswith("cuda"):
-        return f"{device} ({torch.cuda.get_device_name(device)})"
-    return f"cpu ({os.cpu_count()} cores)"
 
 
 # -- transcribe --------------------------------------------------------------------------------
@@ -323,13 +331,41 @@ def _summary(value: object, limit: int = 100) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def _card_lines(card: dict) -> Iterator[str]:
-    """``key: value`` lines of a model card; the fields ``scripts/train_ctc.py`` writes are spelled out.
+# One row of a model card's training-stage table: the stage's report file, steps and seconds.
+_Stage = NamedTuple("_Stage", [("report", str), ("steps", int), ("seconds", float)])
+
+
+def _training_stages(card_file: Path) -> list[_Stage]:
+    """The rows of the ``| stage | report | steps | seconds | ...`` table of ``card_file``, in order; ``[]`` if none."""
+    stages: list[_Stage] = []
+    columns = None
+    try:
+        for line in card_file.read_text(encoding="utf-8").splitlines():
+            cells = [cell.strip().strip("`") for cell in line.strip().strip("|").split("|")]
+            if columns is None:
+                columns = cells if cells[:2] == ["stage", "report"] else None
+            elif not line.startswith("|"):
+                break
+            elif cells[0].isdigit():  # a stage, not the |---| line under the header
+                row = dict(zip(columns, cells))
+                stages.append(_Stage(row["report"], int(row["steps"].replace(",", "")), float(row["seconds"])))
+    except (OSError, UnicodeDecodeError, KeyError, ValueError):  # no card, or a table of another shape
+        return []
+    return stages
+
+
+def _card_lines(card: dict, stages: Sequence[_Stage] = ()) -> Iterator[str]:
+    """``key: value`` lines of a model card; the fields ``recipes.ctc_small.train`` writes are spelled out.
+
+    ``stages``: the training stages of the card file beside the model; when the
+    last is the card's own training, every stage is listed.
 
     >>> list(_card_lines({"held_out": {"flite": {"offline_full": {"cer": 0.2309}, "streaming_320ms": {"cer": 0.29}}}}))
     ['held_out: flite CER 23.09 % offline, 29.00 % streaming 320 ms']
     >>> list(_card_lines({"training": {"steps": 2664, "train_s": 359.8}, "data": "none: random weights"}))
     ['training: 2,664 steps in 360 s', 'data: none: random weights']
+    >>> list(_card_lines({"training": {"steps": 20, "train_s": 3.4}}, [_Stage("a.json", 10, 5), _Stage("b.json", 20, 3)]))
+    ['training: 30 steps in 8 s, in 2 stages', '  stage 1: 10 steps in 5 s (a.json)', '  stage 2: 20 steps in 3 s (b.json)']
     >>> list(_card_lines({"data": {"splits": {"train": {"a": {"utterances": 3, "hours": 1.0}}}}}))
     ['data: 3 training utterances (1.0 h: a), 0 held out']
     """
@@ -345,6 +381,12 @@ def _card_lines(card: dict) -> Iterator[str]:
                         f"{100 * modes[streaming]['cer']:.2f} % streaming {ms} ms"
                     )
                 yield f"{key}: {'; '.join(rates)}"
+                continue
+            if key == "training" and stages and stages[-1].steps == value["steps"]:  # the card file is this model's
+                total_s = sum(stage.seconds for stage in stages)
+                yield f"{key}: {sum(stage.steps for stage in stages):,} steps in {total_s:.0f} s, in {len(stages)} stages"
+                for number, stage in enumerate(stages, 1):
+                    yield f"  stage {number}: {stage.steps:,} steps in {stage.seconds:.0f} s ({stage.report})"
                 continue
             if key == "training":
                 yield f"{key}: {value['steps']:,} steps in {value['train_s']:.0f} s"
@@ -380,24 +422,24 @@ def _info_lines(args: argparse.Namespace) -> Iterator[str]:
     ):
         yield f"  {name:<12}{version}"
     yield "device"
-    yield f"  {'name':<12}{_device_name(device)}"
+    cuda = device.startswith("cuda")
+    yield f"  {'name':<12}{device} ({torch.cuda.get_device_name(device) if cuda else f'{os.cpu_count()} cores'})"
     info = model_info(args.model)
     config = info["encoder_config"]
-    token_ms = config["time_reduction"] * MS_PER_S // FRAMES_PER_SECOND
-    size_mb = info["size_bytes"] / 2**20
     yield "model"
-    yield f"  {'path':<12}{info['path']} ({size_mb:.1f} MiB, {'/'.join(info['dtypes'])})"
+    yield f"  {'path':<12}{info['path']} ({info['size_bytes'] / 2**20:.1f} MiB, {'/'.join(info['dtypes'])})"
     yield f"  {'format':<12}{info['format']}"
     yield (
         f"  {'encoder':<12}Phi-4MM Conformer: {config['num_blocks']} blocks of {config['hidden_size']}, "
         f"{config['num_attention_heads']} heads, feed-forward {config['intermediate_size']}, "
-        f"{token_ms} ms per token"
+        f"{config['time_reduction'] * FRAME_MS} ms per token"
     )
     yield f"  {'parameters':<12}{info['parameters']:,}"
     yield f"  {'alphabet':<12}{len(info['alphabet'])} characters + blank: {info['alphabet']!r}"
-    for index, line in enumerate(_card_lines(info["card"] or {"(none)": ""})):
+    card_file = Path(info["path"]).with_name(MODEL_CARD_NAME)
+    stages = _training_stages(card_file)
+    for index, line in enumerate(_card_lines(info["card"] or {"(none)": ""}, stages)):
         yield f"  {'card' if index == 0 else '':<12}{line}"
-    card_file = Path(info["path"]).with_name("MODEL_CARD.md")
     if card_file.is_file():  # the shipped model's: every training stage, error rates per chunk size
         yield f"  {'':<12}the whole card: {card_file}"
     yield "settings"
@@ -430,10 +472,6 @@ def _bench(argv: Sequence[str]) -> int:
 
 
 # -- demo --------------------------------------------------------------------------------------
-
-
-def _as_rows(mask: np.ndarray) -> str:
-    return "\n".join("    " + "".join("1" if v else "0" for v in row) for row in mask)
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -484,7 +522,7 @@ def _demo(args: argparse.Namespace) -> int:
     )
     example = phi4mm.hs_mask([40, 17], 40, chunk_size=2, left_chunk=1)[1]
     print("\nA small one: hs_mask([40, 17], max_frames=40, chunk_size=2, left_chunk=1)[1], rows = queries:")
-    print(_as_rows(example))
+    print("\n".join("    " + "".join("1" if v else "0" for v in row) for row in example))
     return 0 if same else 1
 
 
@@ -492,7 +530,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="audiomask", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="audiomask", description=_plain(__doc__.splitlines()[0]))
     parser.add_argument("--version", action="version", version=f"audiomask {audiomask.__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     device_help = "auto (default: cuda when available), cpu, cuda or cuda:N"
@@ -503,7 +541,8 @@ def _parser() -> argparse.ArgumentParser:
     transcribe = commands.add_parser(
         "transcribe",
         help="transcribe audio files (streamed chunk by chunk)",
-        description=__doc__.split("\n\n")[1],
+        description=_plain("\n\n".join(__doc__.split("\n\n")[1:4])),  # what it prints, partials, exit status
+        formatter_class=argparse.RawDescriptionHelpFormatter,  # paragraphs kept as _plain filled them
     )
     transcribe.add_argument("files", nargs="+", metavar="FILE", help="audio files, directories of them, or - (stdin)")
     transcribe.add_argument("--device", default="auto", help=device_help)

@@ -14,7 +14,7 @@ Two measurements, one JSON:
   serial run's times (the pipelined run's own ``cpu_s`` is larger: its two
   threads share cores and the GIL).
 - ``step``: one chunk step of the full-size encoder (``B`` = 1 and 16, 1.28 s
-  chunks) through :meth:`Phi4MMStream.step_frames`, eager and as CUDA graphs:
+  chunks) through :meth:`Phi4MMStream.step`, eager and as CUDA graphs:
   host time of the call, GPU time (events), and latency from the call to the
   output being complete on the device (p50/p99).
 
@@ -92,7 +92,7 @@ def step_section(encoder: Phi4MMEncoder, repeats: int) -> list[dict]:
                 torch.cuda.synchronize()
                 began = time.perf_counter()
                 start.record()
-                stream.step_frames(chunk, valid)
+                stream.step(chunk, valid)
                 end.record()
                 queued = time.perf_counter()
                 end.synchronize()

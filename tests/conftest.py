@@ -22,7 +22,6 @@ from hypothesis import HealthCheck, settings
 
 from audiomask.asr.decoding import CharTokenizer
 from audiomask.asr.model import ASRModel
-from audiomask.features import Phi4MMFrontend
 from audiomask.models import Phi4MMAudioConfig, Phi4MMEncoder, Qwen3ASRConfig, Qwen3ASREncoder
 from audiomask.models.ctc import CTCHead
 
@@ -119,27 +118,45 @@ def noise(seed: int, n: int) -> np.ndarray:
     return (envelope * rng.standard_normal(n)).astype(np.float32)
 
 
-def make_tiny_asr_model(seed: int = 0, alphabet: str = TINY_ALPHABET, **overrides: object) -> ASRModel:
-    """A tiny random Phi-4MM encoder (:func:`make_tiny_phi4mm`), a CTC head and a character tokenizer.
+def make_tiny_asr_model(
+    seed: int = 0,
+    alphabet: str = TINY_ALPHABET,
+    *,
+    family: str = "phi4mm",
+    varied_text: bool = True,
+    **overrides: object,
+) -> ASRModel:
+    """A tiny random encoder, a CTC head and a character tokenizer.
 
-    ``overrides`` replace encoder config fields (say ``time_reduction=4,
-    chunk_size=8, left_chunk=4``: the shipped model's streaming layout, which a
-    model file saved with ``save_model`` carries as its defaults). The tiny
-    random encoder's outputs barely move over time, so the head centres and
-    amplifies them (measured on :func:`noise`): its argmax changes from token
-    to token, and the texts are not a single character.
+    ``family``: ``"phi4mm"`` (:func:`make_tiny_phi4mm`) or ``"qwen3_asr"``
+    (:func:`make_tiny_qwen3_asr`); ``overrides`` replace encoder config fields
+    (say ``time_reduction=4, chunk_size=8, left_chunk=4``: the shipped model's
+    streaming layout, which a model file saved with ``save_model`` carries as
+    its defaults). ``varied_text``: the tiny random encoders' outputs barely
+    move over time, so the head centres and amplifies them (measured on
+    :func:`noise`): its argmax changes from token to token, and texts are not
+    a single character. The amplification magnifies rounding too (float16
+    weights move the log-probabilities by ~0.6); ``False`` keeps the head as
+    initialised.
     """
     tokenizer = CharTokenizer(alphabet)
-    encoder = make_tiny_phi4mm(seed, **overrides)
+    phi4mm = {"phi4mm": True, "qwen3_asr": False}[family]
+    encoder = (make_tiny_phi4mm if phi4mm else make_tiny_qwen3_asr)(seed, **overrides)
     torch.manual_seed(seed)
-    head = CTCHead(encoder.config.hidden_size, tokenizer.vocab_size).eval()
-    features = torch.from_numpy(Phi4MMFrontend()(noise(100, 32000)))
-    with torch.no_grad():
-        outputs, _ = encoder(features[None], [len(features)], mask_mode="hard")
-        mean, spread = outputs[0].mean(0), outputs[0].std(0) + 1e-6
-        head.proj.weight.copy_(head.proj.weight / spread * 3.0)
-        head.proj.bias.copy_(-head.proj.weight @ mean)
-    return ASRModel(encoder, head, tokenizer)
+    head = CTCHead(encoder.output_size, tokenizer.vocab_size).eval()
+    model = ASRModel(encoder, head, tokenizer)
+    if varied_text:
+        samples = noise(100, 32000)
+        features = torch.from_numpy(model.frontend(samples))[None]
+        with torch.no_grad():
+            outputs, lengths = encoder(
+                features, [model.frontend.num_frames(len(samples))], **({"mask_mode": "hard"} if phi4mm else {})
+            )
+            outputs = outputs[0, : int(lengths[0])]
+            mean, spread = outputs.mean(0), outputs.std(0) + 1e-6
+            head.proj.weight.copy_(head.proj.weight / spread * 3.0)
+            head.proj.bias.copy_(-head.proj.weight @ mean)
+    return model
 
 
 def max_valid_diff(outputs: torch.Tensor, reference: torch.Tensor, lengths: object) -> float:

@@ -7,18 +7,25 @@ declared sizes and rates, NaN/Inf/denormal/huge samples, 8 channels, 8 and
 address space only ``HEADROOM_BYTES`` larger than the process's, so an
 unbounded allocation fails the test. Accepted files must give the same
 samples both ways (to within one float32 ulp), finite and 16 kHz, whose
-features are finite. ``scripts/fuzz_inputs.py`` runs the same properties for
-many more examples.
+features are finite.
+
+Each property runs half the examples of the hypothesis profile; for many
+more, run them under the ``fuzz`` profile:
+``python -m pytest tests/test_audio_hostile.py --hypothesis-profile=fuzz``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
 import math
 import re
+import resource
 import struct
+import sys
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,10 +34,8 @@ import pytest
 import soundfile as sf
 import torch
 import torchaudio
-from encoder_models import torch_one_thread  # noqa: F401 (an autouse fixture: tiny front-end calls)
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_hostile_masks import HEADROOM_BYTES, bounded_address_space
 
 from audiomask import AudioError
 from audiomask.audio import (
@@ -49,7 +54,9 @@ from audiomask.features import Phi4MMFrontend, WhisperFrontend
 
 ULP = float(np.spacing(np.float32(1.0)))  # iter_blocks' documented bound against load
 BLOCK_SAMPLES = 4000
-EXAMPLES = 100  # per property in CI; scripts/fuzz_inputs.py runs thousands
+# Address space allowed above the process's own while a file is read: far more than reading
+# any accepted file needs, far less than a header's declared size could make a reader ask.
+HEADROOM_BYTES = 512 * 2**20
 # (format, subtype, rate, channels): what libsndfile writes, each a different header and decoder.
 FORMATS = [
     ("WAV", "PCM_16", 16000, 1),
@@ -69,6 +76,27 @@ FORMATS = [
 # 16-, 32- and 64-bit patterns written over header fields: sizes, rates, channel counts.
 EXTREME_FIELDS = [0, 1, 2, 3, 7, 8, 9, 0x7F, 0x80, 0xFF, 0x7FFF, 0x8000, 0xFFFF, 0x10000, 0x7FFFFFFF, 0x80000000]
 EXTREME_FIELDS += [0xFFFFFFFF, 0x100000000, 2**62, 2**63 - 1, 2**64 - 1, 16001, 44101, 768001, 3999]
+
+
+def examples() -> int:
+    """Examples per property: half the hypothesis profile's (each writes and reads a file)."""
+    return max(1, settings.default.max_examples // 2)
+
+
+@contextlib.contextmanager
+def bounded_address_space(headroom: int) -> Iterator[None]:
+    """Let the process map at most ``headroom`` more bytes (RLIMIT_AS) while the block runs (Linux)."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("RLIMIT_AS bounds allocations on Linux only")
+    with open("/proc/self/status") as status:
+        mapped = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmSize:"))
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    limit = mapped + headroom if hard == resource.RLIM_INFINITY else min(mapped + headroom, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
 def signal(rate: int, channels: int, seconds: float = 0.3, seed: int = 0) -> np.ndarray:
@@ -204,7 +232,7 @@ magic = st.sampled_from([b"", b"RIFF", b"RIFF\xff\xff\xff\xffWAVEfmt ", b"fLaC",
 format_index = st.integers(0, len(FORMATS) - 1)
 # Huge values at least 4x the bound: mixed down with a normal channel they stay beyond it.
 special_values = st.sampled_from([np.nan, np.inf, -np.inf, 1e20, -3.4e38, MAX_SAMPLE_MAGNITUDE * 4])
-# Case name -> strategy of hostile files; scripts/fuzz_inputs.py runs the same table.
+# Case name -> strategy of hostile files.
 HOSTILE_FILES: dict[str, st.SearchStrategy[HostileFile]] = {
     "random bytes": st.builds(lambda head, body: HostileFile(head + body, ".wav"), magic, st.binary(max_size=600)),
     "cut at any byte": st.builds(cut, format_index, st.floats(0, 1)),
@@ -238,7 +266,7 @@ HOSTILE_FILES: dict[str, st.SearchStrategy[HostileFile]] = {
 def test_hostile_files_are_refused_clearly_or_read_correctly(tmp_path_factory, case):
     outcomes = []
 
-    @settings(max_examples=EXAMPLES)
+    @settings(max_examples=examples())
     @given(drawn=HOSTILE_FILES[case])
     def property_(drawn):
         outcomes.append(check_hostile_file(drawn, tmp_path_factory.mktemp("hostile")))
@@ -392,13 +420,17 @@ finite_samples = st.lists(
 )
 
 
-@settings(max_examples=EXAMPLES)
-@given(pattern=finite_samples, repeats=st.integers(1, 200))
-def test_front_ends_stay_finite_on_every_sample_check_samples_accepts(pattern, repeats):
+def test_front_ends_stay_finite_on_every_sample_check_samples_accepts():
     """The bound is safe: the loudest accepted waveforms (square waves at +-2^31 too) give finite features."""
-    samples = np.tile(np.array(pattern, np.float32), repeats)
-    check_samples(samples, "pattern")
-    assert features_are_finite(samples)
+
+    @settings(max_examples=examples())
+    @given(pattern=finite_samples, repeats=st.integers(1, 200))
+    def property_(pattern, repeats):
+        samples = np.tile(np.array(pattern, np.float32), repeats)
+        check_samples(samples, "pattern")
+        assert features_are_finite(samples)
+
+    property_()
 
 
 def test_check_samples_names_the_source_and_position():

@@ -1,11 +1,13 @@
 """The ``audiomask`` command line, run as a subprocess: transcribe (text, JSON, partials, errors, stdin, Ctrl-C),
-info, bench, demo; user errors are one line and never a traceback."""
+help, info, bench, demo; user errors are one line and never a traceback."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import pty
+import re
 import shutil
 import signal
 import subprocess
@@ -17,13 +19,13 @@ import numpy as np
 import pytest
 import soundfile as sf
 import torch
-from test_audio import BAD, make_bad
-from test_checkpoint import tiny_model
 
+from audiomask import AudioError
 from audiomask.asr.checkpoint import DEFAULT_MODEL_PATH, load_model, model_info, save_model
 from audiomask.asr.recognizer import StreamingRecognizer
-from audiomask.audio import load
+from audiomask.audio import MAX_CHANNELS, load
 from audiomask.cli import main
+from audiomask.constants import FRAME_MS
 
 ROOT = Path(__file__).resolve().parents[1]
 # The checkout first, then whatever the caller had on the path (the H200 keeps soundfile there).
@@ -31,12 +33,15 @@ SUBPROCESS_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(
 SAMPLES = ROOT / "samples"
 HELLO, NUMBERS = SAMPLES / "hello_world.wav", SAMPLES / "numbers.wav"
 SUBPROCESS_TIMEOUT_S = 120  # a hang fails the test instead of blocking the suite
+CHUNK_MS, LEFT_CHUNKS = 320, 4  # the streaming defaults saved with the tiny model
+UNKNOWN_HUGE_DATA_BYTES = 0xFFFFFFF0  # a WAV data size far beyond any test file, and no pipe writer's marker
 
 
 @pytest.fixture(scope="module")
-def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def model_path(tmp_path_factory: pytest.TempPathFactory, tiny_asr_model) -> Path:
     path = tmp_path_factory.mktemp("model") / "tiny.safetensors"
-    save_model(tiny_model(), path, card={"data": "none: random weights", "cer": {"offline": 1.0}})
+    card = {"data": "none: random weights", "cer": {"offline": 1.0}}
+    save_model(tiny_asr_model(), path, chunk_ms=CHUNK_MS, left_chunks=LEFT_CHUNKS, card=card)
     return path
 
 
@@ -63,6 +68,34 @@ def long_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("long") / "long.wav"
     sf.write(path, np.tile(hello, 200), rate)
     return path
+
+
+def wav_bytes(samples: np.ndarray, rate: int, subtype: str) -> bytes:
+    buffer = io.BytesIO()
+    sf.write(buffer, samples, rate, format="WAV", subtype=subtype)
+    return buffer.getvalue()
+
+
+def write_bad_files(directory: Path) -> dict[Path, str]:
+    """Files the audio reader refuses, each with the reason it gives (the CLI must print it)."""
+    speech, rate = sf.read(HELLO, dtype="float32")
+    with_nan = speech.copy()
+    with_nan[1234] = np.nan
+    contents = {
+        "bad_empty.wav": b"",
+        "bad_text.wav": b"a transcript, not a recording\n" * 20,
+        "bad_header.wav": HELLO.read_bytes()[:30],
+        "bad_nan.wav": wav_bytes(with_nan, rate, "FLOAT"),
+        "bad_channels.wav": wav_bytes(np.zeros((100, MAX_CHANNELS + 1), np.float32), rate, "PCM_16"),
+    }
+    reasons = {}
+    for name, data in contents.items():
+        path = directory / name
+        path.write_bytes(data)
+        with pytest.raises(AudioError) as refused:
+            load(path)
+        reasons[path] = str(refused.value).removeprefix(f"{path}: ")
+    return reasons
 
 
 def run_cli(*arguments: object, stdin: bytes | None = None) -> subprocess.CompletedProcess[str]:
@@ -133,7 +166,7 @@ def test_plain_partials_go_to_stderr(model_path: Path, expected_text: dict[Path,
 
 
 def test_directory_of_good_and_bad_files(model_path: Path, expected_text: dict[Path, str], tmp_path: Path) -> None:
-    bad = {make_bad(tmp_path, case): reason for case, reason in BAD.items() if case not in ("missing", "directory")}
+    bad = write_bad_files(tmp_path)
     shutil.copy(HELLO, tmp_path / "a_good.wav")
     shutil.copy(NUMBERS, tmp_path / "z_good.WAV")
     (tmp_path / "notes.txt").write_text("not an audio suffix: not read\n")
@@ -155,12 +188,31 @@ def test_directory_of_good_and_bad_files(model_path: Path, expected_text: dict[P
     assert len(errors) + len(warnings) == len(result.stderr.splitlines())
     assert len(errors) == len(bad) + 2  # one line per bad file, the missing one and the empty directory
     for path, reason in bad.items():
-        (line,) = [line for line in errors if line.startswith(f"audiomask: error: {path}: ")]
-        assert reason in line
+        assert f"audiomask: error: {path}: {reason}" in errors
     assert f"audiomask: error: {missing}: no such file" in errors
     assert any(line.startswith(f"audiomask: error: {empty_dir}: directory without audio files") for line in errors)
     assert warnings == [line for line in warnings if line.startswith(f"audiomask: warning: {cut}: truncated: ")]
     assert len(warnings) == 1
+
+
+def test_a_header_declaring_more_data_than_the_file_holds_warns(model_path: Path, tmp_path: Path) -> None:
+    """The samples there are transcribed, with a warning; a file with none is an error. Never silent."""
+    data = bytearray(HELLO.read_bytes())
+    size_field = data.index(b"data") + 4
+    data[size_field : size_field + 4] = UNKNOWN_HUGE_DATA_BYTES.to_bytes(4, "little")
+    short, empty = tmp_path / "short.wav", tmp_path / "empty.wav"
+    kept_bytes = 3200  # 0.1 s of 16-bit mono samples
+    short.write_bytes(bytes(data[: size_field + 4 + kept_bytes]))
+    empty.write_bytes(bytes(data[: size_field + 4]))
+    result = run_cli("transcribe", short, empty, "--model", model_path)
+    assert result.returncode == 1
+    assert [line.split("\t")[0] for line in result.stdout.splitlines()] == [str(short)]
+    declared = f"of the {UNKNOWN_HUGE_DATA_BYTES} bytes its header declares"
+    assert result.stderr.splitlines() == [
+        f"audiomask: warning: {short}: truncated: data ends after {kept_bytes} {declared}; "
+        f"using the {kept_bytes // 2} frames that are there",
+        f"audiomask: error: {empty}: truncated: data ends after 0 {declared}",
+    ]
 
 
 def test_stdin(model_path: Path, expected_text: dict[Path, str]) -> None:
@@ -249,7 +301,7 @@ def test_broken_pipe_is_quiet(model_path: Path) -> None:
 @pytest.mark.parametrize(
     ("arguments", "message"),
     [
-        (["--chunk-ms", "100"], "audiomask: error: --chunk-ms/--left-chunks: chunk_ms must be a multiple of 40"),
+        (["--chunk-ms", "100"], "audiomask: error: --chunk-ms/--left-chunks: chunk_ms must be a multiple of "),
         (["--left-chunks", "-1"], "audiomask: error: --chunk-ms/--left-chunks: left_chunks must be >= 0, got -1"),
         (["--device", "tpu"], "audiomask: error: --device must be auto, cpu, cuda or cuda:N, got 'tpu'"),
         (["--threads", "0"], "audiomask: error: --threads must be >= 1, got 0"),
@@ -300,7 +352,22 @@ def test_quick_start_transcribes_the_samples() -> None:
         assert _character_error_rate(text, got[str(SAMPLES / name)]) <= 0.05, (name, got[str(SAMPLES / name)])
 
 
-# -- info, bench --------------------------------------------------------------------------------
+# -- help, info, bench --------------------------------------------------------------------------
+
+
+def test_help_is_plain_text() -> None:
+    """No reST markup from the docstring it comes from; the transcribe help holds its whole contract."""
+    for command in ([], ["transcribe"]):
+        result = run_cli(*command, "--help")
+        assert result.returncode == 0
+        assert not re.search(r"`|:(class|func|mod|data|meth):", result.stdout), result.stdout
+    assert "Exit status: 0 all files transcribed" in result.stdout
+
+
+def test_bench_help_names_the_subcommand() -> None:
+    result = run_cli("bench", "--help")
+    assert result.returncode == 0
+    assert result.stdout.startswith("usage: audiomask bench "), result.stdout
 
 
 def test_info_describes_model_device_versions_and_settings(model_path: Path) -> None:
@@ -310,19 +377,25 @@ def test_info_describes_model_device_versions_and_settings(model_path: Path) -> 
     assert [line for line in lines if not line.startswith(" ")] == ["versions", "device", "model", "settings"]
     fields = {line.split()[0]: line.split(None, 1)[1] for line in lines if line.startswith("  ") and line.split()}
     info = model_info(model_path)
+    config = info["encoder_config"]
     assert fields["torch"] == torch.__version__ and fields["numpy"] == np.__version__
     assert fields["name"] == f"cpu ({os.cpu_count()} cores)"
     assert fields["threads"].startswith("1 ")
     assert fields["path"].startswith(f"{model_path} (") and fields["parameters"] == f"{info['parameters']:,}"
-    assert fields["encoder"].startswith("Phi-4MM Conformer: 2 blocks of 16, 2 heads, feed-forward 24, 40 ms per token")
+    assert fields["encoder"] == (
+        f"Phi-4MM Conformer: {config['num_blocks']} blocks of {config['hidden_size']}, "
+        f"{config['num_attention_heads']} heads, feed-forward {config['intermediate_size']}, "
+        f"{config['time_reduction'] * FRAME_MS} ms per token"
+    )
     assert fields["card"] == "data: none: random weights"
-    assert fields["chunk_ms"] == "320" and fields["left_chunks"] == "4 (1280 ms of left context)"
+    assert fields["chunk_ms"] == str(CHUNK_MS)
+    assert fields["left_chunks"] == f"{LEFT_CHUNKS} ({LEFT_CHUNKS * CHUNK_MS} ms of left context)"
 
 
-def test_info_spells_out_a_trained_card_and_points_to_the_card_file(tmp_path: Path) -> None:
+def test_info_spells_out_a_trained_card_and_points_to_the_card_file(tmp_path: Path, tiny_asr_model) -> None:
     path = tmp_path / "trained.safetensors"
     held_out = {"espeak-ng": {"offline_full": {"cer": 0.0397}, "streaming_320ms": {"cer": 0.0471}}}
-    save_model(tiny_model(), path, card={"held_out": held_out, "training": {"steps": 12, "train_s": 3.4}})
+    save_model(tiny_asr_model(), path, card={"held_out": held_out, "training": {"steps": 12, "train_s": 3.4}})
     (tmp_path / "MODEL_CARD.md").write_text("# card\n")
     result = run_cli("info", "--model", path, "--device", "cpu")
     assert result.returncode == 0
@@ -330,6 +403,53 @@ def test_info_spells_out_a_trained_card_and_points_to_the_card_file(tmp_path: Pa
     assert "card        held_out: espeak-ng CER 3.97 % offline, 4.71 % streaming 320 ms" in lines
     assert "training: 12 steps in 3 s" in lines
     assert f"the whole card: {tmp_path / 'MODEL_CARD.md'}" in lines
+
+
+STAGED_CARD = """## Training
+
+The weights come from 2 training stages, each started from the previous stage's model file:
+
+| stage | report | steps | seconds | batch s |
+| --- | --- | --- | --- | --- |
+| 1 | `first.json` | 1,030 | 7 | 600 |
+| 2 | `second.json` | 12 | 3.4 | 1800 |
+
+In all: 1,042 steps in 10 s of training.
+"""
+
+
+def test_info_lists_every_training_stage_of_the_card_beside_the_model(tmp_path: Path, tiny_asr_model) -> None:
+    path = tmp_path / "staged.safetensors"
+    save_model(tiny_asr_model(), path, card={"training": {"steps": 12, "train_s": 3.4}})
+    (tmp_path / "MODEL_CARD.md").write_text(STAGED_CARD)
+    result = run_cli("info", "--model", path, "--device", "cpu")
+    assert result.returncode == 0
+    lines = [line.strip() for line in result.stdout.splitlines()]
+    start = lines.index("card        training: 1,042 steps in 10 s, in 2 stages")
+    assert lines[start + 1 : start + 3] == [
+        "stage 1: 1,030 steps in 7 s (first.json)",
+        "stage 2: 12 steps in 3 s (second.json)",
+    ]
+
+
+@pytest.mark.skipif(not DEFAULT_MODEL_PATH.is_file(), reason=f"the shipped model {DEFAULT_MODEL_PATH} is not built yet")
+def test_info_on_the_shipped_model_lists_the_training_stages_of_its_card() -> None:
+    card = DEFAULT_MODEL_PATH.with_name("MODEL_CARD.md").read_text()
+    rows = re.findall(r"^\| (\d+) \| `([^`]+)` \| ([\d,]+) \|", card, re.MULTILINE)
+    (steps, seconds), *_ = re.findall(r"^In all: ([\d,]+) steps in (\d+) s of training", card, re.MULTILINE)
+    result = run_cli("info", "--device", "cpu")
+    assert result.returncode == 0
+    lines = [line.strip() for line in result.stdout.splitlines()]
+    (total_s,) = [
+        m[1]
+        for m in map(re.compile(rf"training: {steps} steps in (\d+) s, in {len(rows)} stages").fullmatch, lines)
+        if m
+    ]
+    assert abs(int(total_s) - int(seconds)) <= len(rows)  # a sum of the table's rounded seconds
+    stages = [line for line in lines if line.startswith("stage ")]
+    assert len(stages) == len(rows) > 1
+    for line, (number, report, stage_steps) in zip(stages, rows):
+        assert line.startswith(f"stage {number}: {stage_steps} steps in ") and line.endswith(f" s ({report})")
 
 
 def test_info_with_a_bad_model_still_shows_versions(tmp_path: Path) -> None:

@@ -15,12 +15,16 @@ Their parts: :mod:`~audiomask.bench.models` (the encoders measured),
 :mod:`~audiomask.bench.overlap` (serial versus overlapped driver),
 :mod:`~audiomask.bench.single_stream` (latency per chunk size),
 :mod:`~audiomask.bench.throughput` (the most concurrent real-time streams),
-:mod:`~audiomask.bench.device_masks` (the Phi-4MM hidden-state mask built on
-the device, the "skip the copy" alternative), :mod:`~audiomask.bench.harness`
-(baseline copy strategies and the busy-GPU queue filler),
-:mod:`~audiomask.bench.signals` (synthetic audio), :mod:`~audiomask.bench.timing`
-(percentiles, budgets, interleaved timing), :mod:`~audiomask.bench.plots` (PNGs)
-and :mod:`~audiomask.bench.environment` (what every report records about its run).
+:mod:`~audiomask.bench.copy_timing` (how one copy strategy is timed, per GPU
+state) and :mod:`~audiomask.bench.transfer_verdicts` (what a transfer run
+must show), :mod:`~audiomask.bench.device_masks` (the Phi-4MM hidden-state
+mask built on the device, the "skip the copy" alternative),
+:mod:`~audiomask.bench.harness` (baseline copy strategies and the busy-GPU
+queue filler), :mod:`~audiomask.bench.signals` (synthetic audio),
+:mod:`~audiomask.bench.timing` (percentiles, budgets, interleaved timing),
+:mod:`~audiomask.bench.plots` (PNGs) and :mod:`~audiomask.bench.environment`
+(what every report records about its run).
 
-Nothing here is imported by the rest of the package.
+The rest of the package never imports these modules, except ``audiomask bench``,
+which loads :mod:`audiomask.bench.latency` when it runs.
 """

@@ -23,6 +23,7 @@ import torch
 from audiomask.asr.decoding import CharTokenizer
 from audiomask.asr.driver import StreamingDriver
 from audiomask.asr.model import ASRModel
+from audiomask.constants import FRAME_MS
 from audiomask.models import (
     Phi4MMAudioConfig,
     Phi4MMEncoder,
@@ -30,6 +31,7 @@ from audiomask.models import (
     Qwen3ASREncoder,
 )
 from audiomask.models.ctc import CTCHead
+from audiomask.streaming import open_stream
 
 __all__ = [
     "MODEL_NAMES",
@@ -92,20 +94,20 @@ class BenchModel:
     def module(self) -> torch.nn.Module:
         return self.asr.encoder if self.asr is not None else self.encoder  # type: ignore[return-value]
 
-    def driver(self, batch_size: int, chunk_size: int, left_chunk: int, **options: object) -> StreamingDriver:
-        """A :class:`~audiomask.asr.driver.StreamingDriver` of ``batch_size`` slots over this (Phi-4MM) model."""
+    def driver(
+        self, batch_size: int, chunk_size: int, left_chunk: int, *, cuda_graph: bool | None = None, **options: object
+    ) -> StreamingDriver:
+        """A :class:`~audiomask.asr.driver.StreamingDriver` of ``batch_size`` slots over this (Phi-4MM) model.
+
+        ``chunk_size`` tokens per chunk, ``left_chunk`` chunks of left context; ``cuda_graph``: replay the
+        chunk step as CUDA graphs (``None``: on CUDA); ``options`` go to the driver (``overlap``, ...).
+        """
         if self.asr is None:
             raise ValueError(f"the driver runs Phi-4MM ASR models only, got {self.name!r}")
         asr = self.asr
-        return StreamingDriver(
-            asr.encoder,
-            asr.head,
-            asr.frontend,
-            batch_size=batch_size,
-            chunk_size=chunk_size,
-            left_chunk=left_chunk,
-            **options,
-        )
+        chunk_ms = chunk_size * asr.encoder.config.time_reduction * FRAME_MS
+        stream = open_stream(asr.encoder, batch_size, chunk_ms=chunk_ms, left_chunks=left_chunk, cuda_graph=cuda_graph)
+        return StreamingDriver(stream, asr.head, asr.frontend, **options)
 
     def info(self) -> dict:
         """JSON-ready: name, source, dtype, parameter count and the encoder config."""

@@ -54,6 +54,7 @@ from audiomask.checks import check_int
 from audiomask.constants import FRAME_MS, SAMPLE_RATE
 from audiomask.models import Phi4MMEncoder
 from audiomask.models.ctc import CTCHead
+from audiomask.streaming import open_stream
 from audiomask.transfer import PinnedRing, default_ring
 
 __all__ = ["TransferAudit", "checksum", "main", "run_soak"]
@@ -198,7 +199,7 @@ def run_soak(
     torch.manual_seed(seed)
     encoder = Phi4MMEncoder(TINY_PHI4MM).eval().to(device)  # random weights: PyTorch's initialisation
     head = CTCHead(encoder.config.hidden_size, VOCAB).eval().to(device)
-    driver = StreamingDriver(encoder, head, batch_size=streams, chunk_size=CHUNK_TOKENS, left_chunk=LEFT_CHUNKS)
+    driver = StreamingDriver(open_stream(encoder, streams, chunk_ms=CHUNK_MS, left_chunks=LEFT_CHUNKS), head)
     target = torch.device(device)
     ring = PinnedRing() if target.type == "cpu" else None  # CPU copies take no ring: the audit stages them
     rings = [ring] if ring is not None else [default_ring(target)]

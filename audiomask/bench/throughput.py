@@ -13,12 +13,12 @@ and its encoder step run one after the other). Two ways to run a probe:
 - ``encoder_step``: the encoder's streaming step alone, from host features
   (the front end's output, random here) to the encoder outputs complete on
   the device, where their consumer (a CTC head, an LLM decoder) would read
-  them: ``Phi4MMStream.step_frames`` (one cache-aware chunk step), or for
+  them: ``Phi4MMStream.step`` (one cache-aware chunk step), or for
   Qwen3-ASR ``Qwen3ASRStream.push`` of one 1 s conv chunk plus ``partial()``
   (the provisional outputs of the current 8 s attention window, what a
-  streaming decoder reads). The driver runs Phi-4MM encoders only, so this
-  is how Qwen3-ASR is measured; for Phi-4MM it separates the GPU's capacity
-  from the host's.
+  streaming decoder reads). The benchmark's Qwen3-ASR model is an encoder
+  without a CTC head, so this is how it is measured; for Phi-4MM it
+  separates the GPU's capacity from the host's.
 
 Each probe runs ``warmup`` untimed chunks (at least one per ring phase of the
 key/value cache: every phase is a CUDA graph of its own, captured on first
@@ -134,7 +134,7 @@ def _phi4mm_step_probe(model: BenchModel, chunk_size: int, left_chunk: int, plan
         valid = np.full(streams, frames)
 
         def step(index: int) -> None:
-            stream.step_frames(features, valid)
+            stream.step(features, valid)
             _synchronize(device)
 
         return timed_chunks(step, plan.warmup + left_chunk + 1, plan, frames * FRAME_MS / MS_PER_S)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -9,43 +10,27 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from audiomask.asr.checkpoint import DEFAULT_MODEL_PATH, FORMAT, load_model, model_info, save_model
-from audiomask.asr.decoding import CharTokenizer
+from audiomask.asr.checkpoint import (
+    DEFAULT_MODEL_PATH,
+    FORMAT,
+    SHIPPED_ENCODER_CONFIG,
+    load_model,
+    model_info,
+    save_model,
+)
 from audiomask.asr.model import ASRModel
 from audiomask.asr.recognizer import StreamingRecognizer
-from audiomask.models import Phi4MMAudioConfig, Phi4MMEncoder
-from audiomask.models.ctc import CTCHead
+from audiomask.models import Phi4MMEncoder
 
-CONFIG = Phi4MMAudioConfig(
-    hidden_size=16,
-    intermediate_size=24,
-    num_blocks=2,
-    num_attention_heads=2,
-    ext_pw_out_channel=16,
-    depthwise_separable_out_channel=16,
-    nemo_conv_channels=4,
-    time_reduction=4,  # 40 ms tokens, 320 ms chunks: the shipped model's streaming layout, tiny
-    chunk_size=8,
-    left_chunk=4,
-)
-ALPHABET = "abcdefghijklmnopqrstuvwxyz' "
 CARD = {"data": "random weights", "cer": {"offline": 0.5, "streaming": {"640": 0.6}}}
-
-
-def tiny_model(seed: int = 0) -> ASRModel:
-    """A random model of :data:`CONFIG` (the CLI tests use it too)."""
-    torch.manual_seed(seed)
-    encoder = Phi4MMEncoder(CONFIG).eval()
-    with torch.no_grad():  # non-trivial normalisation buffers, so that a lost buffer shows
-        encoder.encoder_embedding.global_mean.normal_()
-        encoder.encoder_embedding.global_invstd.uniform_(0.5, 2.0)
-    tokenizer = CharTokenizer(ALPHABET)
-    return ASRModel(encoder, CTCHead(CONFIG.hidden_size, tokenizer.vocab_size).eval(), tokenizer)
+# 40 ms tokens, 320 ms chunks, 4 chunks of left context: the shipped model's streaming layout, tiny.
+SHIPPED_LAYOUT = {"time_reduction": 4, "chunk_size": 8, "left_chunk": 4}
 
 
 @pytest.fixture
-def model() -> ASRModel:
-    return tiny_model()
+def model(tiny_asr_model) -> ASRModel:
+    """A tiny random model (every parameter and the normalisation buffers random, so a lost one shows)."""
+    return tiny_asr_model(varied_text=False, **SHIPPED_LAYOUT)
 
 
 def _log_probs(model: ASRModel, features: torch.Tensor) -> torch.Tensor:
@@ -58,8 +43,8 @@ def test_round_trip_gives_equal_outputs_and_metadata(model: ASRModel, tmp_path: 
     path = tmp_path / "model.safetensors"
     save_model(model, path, card=CARD)
     loaded = load_model(path)
-    assert loaded.encoder.config == CONFIG
-    assert loaded.tokenizer.alphabet == ALPHABET
+    assert loaded.encoder.config == model.encoder.config
+    assert loaded.tokenizer.alphabet == model.tokenizer.alphabet
     for original, restored in ((model.encoder, loaded.encoder), (model.head, loaded.head)):
         state = restored.state_dict()
         for name, tensor in original.state_dict().items():
@@ -71,7 +56,7 @@ def test_round_trip_gives_equal_outputs_and_metadata(model: ASRModel, tmp_path: 
     assert info["parameters"] == expected_parameters
     assert info["card"] == CARD and info["format"] == FORMAT and info["dtypes"] == ["F32"]
     assert (info["chunk_ms"], info["left_chunks"]) == (8 * 40, 4)  # the config's chunk of 8 tokens of 40 ms
-    assert info["encoder_config"]["num_blocks"] == 2 and info["vocab_size"] == len(ALPHABET) + 1
+    assert info["encoder_config"]["num_blocks"] == 2 and info["vocab_size"] == len(model.tokenizer.alphabet) + 1
 
 
 def test_float16_storage_is_half_the_size_and_close(model: ASRModel, tmp_path: Path) -> None:
@@ -97,7 +82,7 @@ def test_streaming_defaults_reach_the_recognizer(model: ASRModel, tmp_path: Path
 
 
 def test_full_attention_config_has_no_default_chunk(model: ASRModel, tmp_path: Path) -> None:
-    full_attention = Phi4MMEncoder(Phi4MMAudioConfig(**{**CONFIG.__dict__, "chunk_size": -1}))
+    full_attention = Phi4MMEncoder(dataclasses.replace(model.encoder.config, chunk_size=-1))
     path = tmp_path / "model.safetensors"
     save_model(ASRModel(full_attention, model.head, model.tokenizer), path)
     assert model_info(path)["chunk_ms"] is None
@@ -121,9 +106,12 @@ def test_save_rejects_bad_arguments(model: ASRModel, tmp_path: Path, keywords: d
     assert not (tmp_path / "model.safetensors").exists()
 
 
-def test_save_rejects_what_is_not_a_model(tmp_path: Path) -> None:
+def test_save_rejects_what_is_not_a_model(model: ASRModel, tiny_qwen3_asr, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="model must be an ASRModel, got dict"):
         save_model({}, tmp_path / "model.safetensors")  # type: ignore[arg-type]
+    qwen = ASRModel(tiny_qwen3_asr(), model.head, model.tokenizer)  # 16 wide too
+    with pytest.raises(ValueError, match="model.encoder must be a Phi4MMEncoder .*got Qwen3ASREncoder"):
+        save_model(qwen, tmp_path / "model.safetensors")
 
 
 def _metadata_variant(model: ASRModel, tmp_path: Path, **changes: str | None) -> Path:
@@ -172,13 +160,13 @@ def test_foreign_or_inconsistent_metadata_is_a_clear_error(
 
 
 def test_weights_that_do_not_fit_the_config(model: ASRModel, tmp_path: Path) -> None:
-    wider = json.dumps({**CONFIG.__dict__, "intermediate_size": 32})
+    wider = json.dumps({**dataclasses.asdict(model.encoder.config), "intermediate_size": 32})
     path = _metadata_variant(model, tmp_path, encoder_config=wider)
     with pytest.raises(ValueError, match="the weights do not fit the stored config") as caught:
         load_model(path)
     assert str(path) in str(caught.value)
     with pytest.raises(ValueError, match="bad alphabet|do not fit"):  # a longer alphabet: the head's rows differ
-        load_model(_metadata_variant(model, tmp_path, alphabet=ALPHABET + "-"))
+        load_model(_metadata_variant(model, tmp_path, alphabet=model.tokenizer.alphabet + "-"))
 
 
 def test_stray_tensors_are_not_silently_dropped(model: ASRModel, tmp_path: Path) -> None:
@@ -225,3 +213,4 @@ def test_shipped_model_loads() -> None:
     assert info["path"] == str(DEFAULT_MODEL_PATH) and info["chunk_ms"] is not None
     model = load_model()
     assert model.tokenizer.alphabet == info["alphabet"]
+    assert model.encoder.config == SHIPPED_ENCODER_CONFIG  # the one definition of its architecture

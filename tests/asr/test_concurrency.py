@@ -14,12 +14,10 @@ import time
 
 import numpy as np
 import pytest
-from encoder_models import torch_one_thread  # noqa: F401 (an autouse fixture)
-from test_faults import CHUNK_MS, LEFT_CHUNKS, alone
-from test_pipeline import model, noise  # noqa: F401 (model: the recognizer tests' fixture)
 
 from audiomask.asr.recognizer import StreamingRecognizer
 
+CHUNK_MS, LEFT_CHUNKS = 160, 1
 THREADS = 6
 SLOTS = 3  # fewer than the threads: admissions wait for slots freed by other threads
 JOIN_S = 120  # seconds: far beyond the few seconds the run takes; a thread still alive then is deadlocked
@@ -38,7 +36,7 @@ def feed(stream, samples: np.ndarray, seed: int, partials: list[str]) -> str:
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_threads_feeding_their_own_streams_get_the_single_threaded_texts(model, seed):  # noqa: F811
+def test_threads_feeding_their_own_streams_get_the_single_threaded_texts(model, noise, transcribe_alone, seed):
     rng = np.random.default_rng(seed)
     signals = [noise(100 * seed + i, int(n)) for i, n in enumerate(rng.integers(3000, 16000, THREADS))]
     texts: list[str | None] = [None] * THREADS
@@ -63,7 +61,7 @@ def test_threads_feeding_their_own_streams_get_the_single_threaded_texts(model, 
         assert not any(thread.is_alive() for thread in threads), "deadlock: a thread never finished"
         assert not errors, errors
         assert len(recognizer.stats.cycles) > 0
-    expected = [alone(model, samples) for samples in signals]
+    expected = [transcribe_alone(model, samples, CHUNK_MS, LEFT_CHUNKS) for samples in signals]
     assert texts == expected
     for text, seen in zip(texts, partials):
         assert all(text.startswith(partial) for partial in seen)  # partials only grow, whatever the interleaving

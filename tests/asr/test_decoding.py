@@ -7,15 +7,12 @@ import itertools
 import numpy as np
 import pytest
 import torch
-from encoder_models import (
-    tiny_phi4mm,
-    torch_one_thread,  # noqa: F401 (an autouse fixture)
-)
 from hypothesis import given
 from hypothesis import strategies as st
 
 from audiomask.asr.decoding import BLANK_ID, CharTokenizer, GreedyCTCDecoder, greedy_decode
 from audiomask.models.ctc import CTCHead
+from audiomask.streaming import Phi4MMStream
 
 ALPHABET = "abcdefghijklmnopqrstuvwxyz '"
 
@@ -86,6 +83,16 @@ def test_reset_starts_new_utterances():
     assert decoder.push(one_hot([[2]], 3)) == [[2]]
 
 
+def test_some_streams_decoded_from_best_ids_and_reset():
+    """A driver's use: the best ids of the streams of a step only, some of them new utterances."""
+    decoder = GreedyCTCDecoder(3)
+    assert decoder.push_best(np.array([[1, 1], [2, 0]]), np.array([2, 2]), np.array([0, 2])) == [[1], [2]]
+    decoder.reset([2])
+    best = np.array([[1, 3, 3], [0, 2, 2], [1, 1, 2]])
+    assert decoder.push_best(best, np.array([3, 3, 1]), np.array([0, 1, 2])) == [[3], [2], [1]]
+    assert decoder.push_best(np.array([[3], [2], [2]]), np.array([1, 1, 1]), np.array([0, 1, 2])) == [[], [], [2]]
+
+
 def test_empty_inputs():
     assert greedy_decode(torch.zeros(0, 5, 3)) == []
     assert greedy_decode(torch.zeros(2, 0, 3)) == [[], []]
@@ -118,7 +125,7 @@ def test_ctc_head_log_probs():
         CTCHead(16, 1)
 
 
-def test_streaming_encoder_to_text_equals_offline():
+def test_streaming_encoder_to_text_equals_offline(tiny_phi4mm):
     """Encoder stream -> CTC head -> decoder, piece by piece, gives the offline forward's text."""
     torch.manual_seed(0)
     encoder = tiny_phi4mm()
@@ -129,7 +136,7 @@ def test_streaming_encoder_to_text_equals_offline():
     with torch.no_grad():
         outputs, output_lengths = encoder(features, lengths, chunk_size=4, left_chunk=2, mask_mode="hard")
         offline = [tokenizer.decode(ids) for ids in greedy_decode(head(outputs), output_lengths)]
-        stream = encoder.stream(batch_size=2, chunk_size=4, left_chunk=2)
+        stream = Phi4MMStream(encoder, batch_size=2, chunk_size=4, left_chunk=2)
         decoder = GreedyCTCDecoder(2)
         texts = ["", ""]
         for start in range(0, 400, 50):

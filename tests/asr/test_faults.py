@@ -11,26 +11,24 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from encoder_models import tiny_phi4mm, torch_one_thread  # noqa: F401 (an autouse fixture)
-from test_pipeline import model, noise  # noqa: F401 (model: the recognizer tests' fixture)
 
 from audiomask import AudioError
-from audiomask import pipeline as pipeline_module
+from audiomask.asr import recognizer as recognizer_module
 from audiomask.asr.driver import StreamingDriver
 from audiomask.asr.recognizer import StreamingRecognizer
 from audiomask.errors import PinnedMemoryWarning
-from audiomask.models.ctc import CTCHead
-from audiomask.transfer import PinnedRing, to_device
-from audiomask.transfer.ring import KiB
+from audiomask.streaming import Phi4MMStream
+from audiomask.transfer import KiB, PinnedRing, to_device
 
 CHUNK_MS, LEFT_CHUNKS = 160, 1
 CHUNK_SAMPLES = CHUNK_MS * 16  # 16 kHz
 OOM_STREAMS = 64  # enough that one step's activations outgrow every block a one-stream step freed
 
 
-def alone(model, samples: np.ndarray) -> str:  # noqa: F811 (model is the fixture's value)
-    with StreamingRecognizer(model, chunk_ms=CHUNK_MS, left_chunks=LEFT_CHUNKS) as recognizer:
-        return recognizer.transcribe(samples)
+@pytest.fixture(scope="module")
+def alone(transcribe_alone):
+    """The text of samples streamed alone with this module's chunking."""
+    return lambda model, samples: transcribe_alone(model, samples, CHUNK_MS, LEFT_CHUNKS)
 
 
 # ---- devices and memory ----
@@ -38,19 +36,19 @@ def alone(model, samples: np.ndarray) -> str:  # noqa: F811 (model is the fixtur
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 @pytest.mark.parametrize("device", ["cuda", "cuda:0", 0, torch.device("cuda", 1)])
-def test_cuda_device_without_cuda_is_a_clear_value_error(model, device):  # noqa: F811
+def test_cuda_device_without_cuda_is_a_clear_value_error(model, device):
     with pytest.raises(ValueError, match=r"CUDA is not available on this machine .*pass device='cpu'"):
         StreamingRecognizer(model, device, chunk_ms=CHUNK_MS)
 
 
 @pytest.mark.parametrize("device", ["tpu", "mps", "cuda:x", True])
-def test_unknown_devices_name_the_device(model, device):  # noqa: F811
+def test_unknown_devices_name_the_device(model, device):
     with pytest.raises(ValueError, match="device"):
         StreamingRecognizer(model, device, chunk_ms=CHUNK_MS)
 
 
 @pytest.mark.gpu
-def test_missing_cuda_index_is_a_clear_value_error(model):  # noqa: F811
+def test_missing_cuda_index_is_a_clear_value_error(model):
     index = torch.cuda.device_count()
     with pytest.raises(ValueError, match=f"'cuda:{index}' does not exist: this machine has {index} CUDA device"):
         StreamingRecognizer(model, f"cuda:{index}", chunk_ms=CHUNK_MS)
@@ -69,7 +67,7 @@ class OutOfMemoryAfter:
         return self.forward(*args, **kwargs)
 
 
-def test_out_of_memory_in_a_step_names_what_to_reduce_and_stops_the_recognizer(model, monkeypatch):  # noqa: F811
+def test_out_of_memory_in_a_step_names_what_to_reduce_and_stops_the_recognizer(model, noise, alone, monkeypatch):
     speech = noise(5, 16000)
     step = OutOfMemoryAfter(model.head.forward, calls=3)  # the CTC head runs in every chunk step
     monkeypatch.setattr(model.head, "forward", step)
@@ -90,7 +88,7 @@ def test_out_of_memory_in_a_step_names_what_to_reduce_and_stops_the_recognizer(m
 
 
 @pytest.mark.gpu
-def test_real_cuda_out_of_memory_names_what_to_reduce(model):  # noqa: F811
+def test_real_cuda_out_of_memory_names_what_to_reduce(model, noise):
     """Fill the GPU, then a step cannot allocate: the recognizer's error, not a bare allocator message."""
     hog = []
     try:
@@ -186,7 +184,7 @@ def test_result_buffers_fall_back_to_pageable_memory_and_still_copy(monkeypatch)
 # ---- streams that stop, or send after their end ----
 
 
-def test_accept_after_finish_or_input_finished_names_the_stream(model):  # noqa: F811
+def test_accept_after_finish_or_input_finished_names_the_stream(model, noise, alone):
     with StreamingRecognizer(model, chunk_ms=CHUNK_MS, left_chunks=LEFT_CHUNKS, max_streams=2) as recognizer:
         finished, ended = recognizer.open_stream("done-1"), recognizer.open_stream("ended-2")
         finished.accept(noise(1, 5000))
@@ -200,7 +198,7 @@ def test_accept_after_finish_or_input_finished_names_the_stream(model):  # noqa:
         assert ended.finish() == alone(model, noise(2, 5000))
 
 
-def test_finish_while_another_stream_holds_the_batch_names_it(model):  # noqa: F811
+def test_finish_while_another_stream_holds_the_batch_names_it(model, noise, alone):
     with StreamingRecognizer(model, chunk_ms=CHUNK_MS, left_chunks=LEFT_CHUNKS, max_streams=2) as recognizer:
         leaving, silent = recognizer.open_stream("leaving"), recognizer.open_stream("silent")
         silent.accept(noise(2, 3000))  # one chunk, then it stops sending
@@ -222,9 +220,9 @@ class FakeClock:
         return self.now
 
 
-def test_an_idle_stream_is_ended_after_the_idle_timeout(model, monkeypatch):  # noqa: F811
+def test_an_idle_stream_is_ended_after_the_idle_timeout(model, noise, alone, monkeypatch):
     clock = FakeClock()
-    monkeypatch.setattr(pipeline_module, "_clock", clock)
+    monkeypatch.setattr(recognizer_module, "_clock", clock)
     with StreamingRecognizer(
         model, chunk_ms=CHUNK_MS, left_chunks=LEFT_CHUNKS, max_streams=2, idle_timeout_s=30
     ) as recognizer:
@@ -249,7 +247,7 @@ def test_an_idle_stream_is_ended_after_the_idle_timeout(model, monkeypatch):  # 
 # ---- one bad stream in a batch ----
 
 
-def test_a_bad_stream_never_affects_the_others(model):  # noqa: F811
+def test_a_bad_stream_never_affects_the_others(model, noise, alone):
     """Bad pieces are refused whole and queue nothing; every text equals its stream's good audio run alone."""
     signals = [noise(s, n) for s, n in zip((11, 12, 13), (14000, 11000, 9000))]
     poisoned = signals[1][:4000].copy()
@@ -277,29 +275,26 @@ def test_a_bad_stream_never_affects_the_others(model):  # noqa: F811
     assert texts == [alone(model, samples) for samples in signals]
 
 
-def test_the_driver_refuses_non_finite_samples():
-    driver = StreamingDriver(tiny_phi4mm(), CTCHead(16, 7).eval(), chunk_size=2, left_chunk=1)
+def test_the_driver_refuses_non_finite_samples(encoder, head):
+    driver = StreamingDriver(Phi4MMStream(encoder, chunk_size=2, left_chunk=1), head)
     stream = driver.open("poisoned")
     with pytest.raises(AudioError, match=r"^samples: non-finite sample \(inf\) at frame 3"):
         driver.feed(stream, np.array([0.0, 0.1, 0.2, np.inf], np.float32))
     driver.close()
 
 
-def test_non_finite_features_in_one_slot_stay_in_it(monkeypatch):
+def test_non_finite_features_in_one_slot_stay_in_it(encoder, head, monkeypatch):
     """Below every check (as if NaN arose inside the front end): NaN samples in the driver poison only their own
     stream, not the stream that reuses its slot, nor the others of the batch (outputs equal each stream alone)."""
     monkeypatch.setattr("audiomask.features.frontend.check_samples", lambda *args, **kwargs: None)
-    encoder = tiny_phi4mm()
-    torch.manual_seed(0)
-    head = CTCHead(16, 7).eval()
     rng = np.random.default_rng(3)
     signals = [(0.1 * rng.standard_normal(n)).astype(np.float32) for n in (24000, 5000, 24000, 8000)]
     signals[1][2000] = np.nan
     starts = [0, 0, 0, 4]  # the fourth opens after the poisoned one ended: it takes its slot
 
     def run(batch, starts_=None):
-        driver = StreamingDriver(encoder, head, batch_size=len(batch) if starts_ is None else 3, chunk_size=2,
-                                 left_chunk=1, keep_outputs=True)  # fmt: skip
+        stream = Phi4MMStream(encoder, len(batch) if starts_ is None else 3, chunk_size=2, left_chunk=1)
+        driver = StreamingDriver(stream, head, keep_outputs=True)
         streams = driver.run(batch, starts_)
         driver.close()
         return streams

@@ -6,45 +6,12 @@ import numpy as np
 import pytest
 import soundfile as sf
 import torch
-from encoder_models import tiny_phi4mm, torch_one_thread  # noqa: F401 (an autouse fixture)
 
-from audiomask.asr.decoding import CharTokenizer, greedy_decode
+from audiomask.asr.decoding import greedy_decode
 from audiomask.asr.model import ASRModel
 from audiomask.asr.recognizer import StreamingRecognizer
-from audiomask.features import Phi4MMFrontend
+from audiomask.features import Phi4MMFrontend, WhisperFrontend
 from audiomask.models.ctc import CTCHead
-
-ALPHABET = "abcdefgh "
-
-
-@pytest.fixture(scope="module")
-def model():
-    tokenizer = CharTokenizer(ALPHABET)
-    torch.manual_seed(1)
-    encoder = tiny_phi4mm()
-    head = CTCHead(16, tokenizer.vocab_size).eval()
-    # The tiny random encoder's outputs barely move over time: centre and amplify them in the head,
-    # so that the argmax changes from token to token and the texts are not a single character.
-    features = torch.from_numpy(Phi4MMFrontend()(noise(100, 32000)))
-    with torch.no_grad():
-        outputs, _ = encoder(
-            features[None],
-            [len(features)],
-            chunk_size=2,
-            left_chunk=1,
-            mask_mode="hard",
-        )
-        mean, spread = outputs[0].mean(0), outputs[0].std(0) + 1e-6
-        head.proj.weight.copy_(head.proj.weight / spread * 3.0)
-        head.proj.bias.copy_(-head.proj.weight @ mean)
-    return ASRModel(encoder, head, tokenizer)
-
-
-def noise(seed: int, n: int) -> np.ndarray:
-    """Noise whose loudness jumps every 0.1 s (varied features, so the texts are not one character)."""
-    rng = np.random.default_rng(seed)
-    envelope = np.repeat(10.0 ** rng.uniform(-4, 0, n // 1600 + 1), 1600)[:n]
-    return (envelope * rng.standard_normal(n)).astype(np.float32)
 
 
 def offline_text(model: ASRModel, samples: np.ndarray, chunk_size: int, left_chunk: int) -> str:
@@ -62,7 +29,7 @@ def offline_text(model: ASRModel, samples: np.ndarray, chunk_size: int, left_chu
 
 
 @pytest.mark.parametrize(("chunk_ms", "left_chunks"), [(80, 0), (160, 1), (320, 4)])
-def test_stream_text_equals_offline_greedy(model, chunk_ms, left_chunks):
+def test_stream_text_equals_offline_greedy(model, noise, chunk_ms, left_chunks):
     samples = noise(chunk_ms, 21000)
     expected = offline_text(model, samples, chunk_ms // 80, left_chunks)
     assert len(expected) > 1
@@ -81,7 +48,7 @@ def test_stream_text_equals_offline_greedy(model, chunk_ms, left_chunks):
 
 
 @pytest.mark.parametrize("frontend_process", [False, True], ids=["thread", "process"])
-def test_many_streams_interleaved(model, frontend_process):
+def test_many_streams_interleaved(model, noise, frontend_process):
     signals = [noise(s, n) for s, n in zip(range(5), (9000, 17000, 4000, 12000, 600))]
     with StreamingRecognizer(
         model, chunk_ms=160, left_chunks=2, max_streams=3, frontend_process=frontend_process
@@ -100,7 +67,7 @@ def test_many_streams_interleaved(model, frontend_process):
     assert texts == [offline_text(model, s, 2, 2) for s in signals]
 
 
-def test_transcribe_file(model, tmp_path):
+def test_transcribe_file(model, noise, tmp_path):
     samples = noise(3, 16000)
     path = tmp_path / "a.wav"
     sf.write(path, samples, 16000, subtype="FLOAT")
@@ -109,7 +76,7 @@ def test_transcribe_file(model, tmp_path):
         assert recognizer.chunk_ms == 240 and recognizer.left_chunks == 1
 
 
-def test_errors(model):
+def test_errors(model, noise):
     with StreamingRecognizer(model, chunk_ms=80) as recognizer:
         stream = recognizer.open_stream("caller-7")
         stream.accept(noise(1, 3000))
@@ -126,3 +93,29 @@ def test_errors(model):
         StreamingRecognizer(object(), chunk_ms=80)
     with pytest.raises(ValueError, match="vocab_size"):
         ASRModel(model.encoder, CTCHead(16, 3), model.tokenizer)
+
+
+def test_qwen3_asr_model_text_equals_offline_greedy(tiny_asr_model, noise):
+    """An ASRModel over the Qwen3-ASR encoder streams with its family's front end and 1 s chunks; each stream's
+    text equals the greedy decoding of the offline forward of its running-floor features."""
+    model = tiny_asr_model(family="qwen3_asr")
+    assert isinstance(model.frontend, WhisperFrontend)
+    signals = [noise(seed, n) for seed, n in ((20, 150000), (21, 23000), (22, 5000))]
+    offline = WhisperFrontend.qwen3_asr(floor="running")
+    expected = []
+    for samples in signals:
+        with torch.no_grad():
+            features = torch.from_numpy(offline(samples))[None]
+            outputs, lengths = model.encoder(features, [offline.num_frames(len(samples))])
+            expected.append(model.tokenizer.decode(greedy_decode(model.head(outputs), lengths.numpy())[0]))
+    assert len(expected[0]) > 1  # the long one: varied text, across windows
+    with StreamingRecognizer(model, max_streams=2) as recognizer:
+        assert (recognizer.chunk_ms, recognizer.left_chunks) == (1000, None)
+        streams = [recognizer.open_stream(f"q{i}") for i in range(len(signals))]
+        for position in range(0, 150000, 7000):
+            for stream, samples in zip(streams, signals):
+                if position < len(samples):
+                    stream.accept(samples[position : position + 7000])
+        for stream in streams:
+            stream.input_finished()
+        assert [stream.finish() for stream in streams] == expected

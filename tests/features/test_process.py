@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from audiomask.features import Phi4MMFrontend
+from audiomask.features import Phi4MMFrontend, WhisperFrontend
 from audiomask.features.process import MAX_IN_FLIGHT, FeatureProcess
 from audiomask.features.slots import SlotFeatures
 
@@ -57,6 +57,42 @@ def test_slot_features_frame_each_slot_as_its_own_stream():
         assert counts.tolist() == [0, 0, CHUNK_FRAMES, 0] and not features[[0, 1, 3]].any()
         rows.append(features[2].copy())
     np.testing.assert_allclose(np.concatenate(rows), frontend(signal_), atol=1e-5)  # the offline features
+
+
+def test_slot_features_carry_each_slot_state_for_a_centred_front_end_in_its_layout():
+    """Whisper's centred frames and running floor per slot, in the (B, n_mels, T) layout: each slot's frames
+    over the cycles of its stream (blocks as a driver cuts them, the last one final) equal the running-floor
+    features of its whole signal, whichever cycle it starts at and whatever the other slots hold."""
+    frontend = WhisperFrontend.qwen3_asr()
+    chunk_frames = 100
+    stage = SlotFeatures(frontend, 2, chunk_frames)
+    assert stage.shape == (2, 128, chunk_frames)
+    first = HOP * (chunk_frames - 1) + WIN - WIN // 2  # the first chunk's frames need the left reflection only
+    rng = np.random.default_rng(2)
+    # A quiet signal whose loud part comes late (the running floor moves), and a short one (zero-extended).
+    signals = [np.concatenate([0.001 * rng.standard_normal(20000), rng.standard_normal(25000)]), rng.standard_normal(3000)]
+    signals = [signal_.astype(np.float32) for signal_ in signals]
+    starts = [0, 1]
+    fed, rows = [0, 0], [[], []]
+    for cycle in range(5):
+        slots, blocks, final, joins = [], [], [], []
+        for slot, signal_ in enumerate(signals):
+            if cycle < starts[slot] or (fed[slot] >= len(signal_) and cycle > starts[slot]):
+                continue
+            size = first if cycle == starts[slot] else chunk_frames * HOP
+            slots.append(slot)
+            blocks.append(signal_[fed[slot] : fed[slot] + size])
+            fed[slot] += size
+            final.append(fed[slot] >= len(signal_))
+            if cycle == starts[slot]:
+                joins.append(slot)
+        features, counts = stage.compute(np.array(slots), blocks, np.array(final), np.array(joins, np.int64))
+        assert features.shape == (2, 128, chunk_frames)
+        for slot in slots:
+            rows[slot].append(features[slot, :, : counts[slot]].copy())
+    for slot, signal_ in enumerate(signals):
+        offline = WhisperFrontend.qwen3_asr(floor="running")(signal_)[:, : frontend.num_frames(len(signal_))]
+        np.testing.assert_allclose(np.concatenate(rows[slot], axis=1), offline, atol=1e-5)
 
 
 def test_the_process_computes_what_the_stage_computes_here():

@@ -1,4 +1,4 @@
-"""Encoders on CUDA (acceptance 5): float32 parity with transformers on the CPU, streaming, bfloat16 tolerance.
+"""Encoders on CUDA: float32 parity with transformers on the CPU, streaming, bfloat16 tolerance, no stalls.
 
 Skipped without CUDA. TF32 is switched off for the float32 tests (cuDNN
 convolutions use it by default, ~1e-3 relative error): float32 must mean
@@ -18,11 +18,13 @@ least ``BF16_MIN_COSINE = 0.999``.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
-from encoder_models import PHI4MM_TINY, QWEN3_ASR_TINY, max_valid_diff, randomize, tiny_phi4mm, tiny_qwen3_asr
 
-from audiomask.models import Phi4MMAudioConfig, Phi4MMEncoder, Qwen3ASRConfig, Qwen3ASREncoder
+from audiomask.models import Phi4MMAudioConfig, Phi4MMEncoder
+from audiomask.streaming import Phi4MMStream, Qwen3ASRStream
 
 pytestmark = pytest.mark.gpu
 
@@ -46,11 +48,13 @@ def valid_rows(outputs: torch.Tensor, lengths: list[int]) -> torch.Tensor:
 
 @pytest.mark.parity
 @pytest.mark.parametrize(("chunk_size", "left_chunk"), [(-1, 18), (3, 1)])
-def test_phi4mm_cuda_float32_equals_transformers_on_cpu(no_tf32, chunk_size, left_chunk):
+def test_phi4mm_cuda_float32_equals_transformers_on_cpu(
+    no_tf32, tiny_phi4mm, randomize, max_valid_diff, chunk_size, left_chunk
+):
     transformers = pytest.importorskip("transformers")
-    config = transformers.Phi4MultimodalAudioConfig(**PHI4MM_TINY, chunk_size=chunk_size, left_chunk=left_chunk)
-    model = randomize(transformers.Phi4MultimodalAudioModel(config))
-    encoder = Phi4MMEncoder(Phi4MMAudioConfig(**PHI4MM_TINY)).eval()
+    encoder = tiny_phi4mm()
+    fields = {**dataclasses.asdict(encoder.config), "chunk_size": chunk_size, "left_chunk": left_chunk}
+    model = randomize(transformers.Phi4MultimodalAudioModel(transformers.Phi4MultimodalAudioConfig(**fields)))
     encoder.load_state_dict(model.state_dict())
     encoder.to("cuda")
     for frames, lengths in [(97, [97, 50, 3]), (8 * 520 + 3, [8 * 520 + 3])]:  # upstream unfolds B = 1 only
@@ -64,10 +68,11 @@ def test_phi4mm_cuda_float32_equals_transformers_on_cpu(no_tf32, chunk_size, lef
 
 
 @pytest.mark.parity
-def test_qwen3_asr_cuda_float32_equals_transformers_on_cpu(no_tf32):
+def test_qwen3_asr_cuda_float32_equals_transformers_on_cpu(no_tf32, tiny_qwen3_asr, randomize):
     transformers = pytest.importorskip("transformers")
-    model = randomize(transformers.Qwen3ASREncoder(transformers.Qwen3ASREncoderConfig(**QWEN3_ASR_TINY)))
-    encoder = Qwen3ASREncoder(Qwen3ASRConfig(**QWEN3_ASR_TINY)).eval()
+    encoder = tiny_qwen3_asr()
+    config = transformers.Qwen3ASREncoderConfig(**dataclasses.asdict(encoder.config))
+    model = randomize(transformers.Qwen3ASREncoder(config))
     encoder.load_state_dict(model.state_dict())
     encoder.to("cuda")
     lengths = [2100, 1234, 130]
@@ -79,13 +84,13 @@ def test_qwen3_asr_cuda_float32_equals_transformers_on_cpu(no_tf32):
     assert (valid_rows(outputs, output_lengths.tolist()) - packed).abs().max().item() <= TOLERANCE
 
 
-def test_phi4mm_cuda_stream_equals_hard_forward(no_tf32):
+def test_phi4mm_cuda_stream_equals_hard_forward(no_tf32, tiny_phi4mm, max_valid_diff):
     encoder = tiny_phi4mm().to("cuda")
     lengths = [333, 150, 0]
     features = torch.randn(3, 333, 80)
     with torch.no_grad():
         reference, reference_lengths = encoder(features, lengths, chunk_size=4, left_chunk=2, mask_mode="hard")
-    stream = encoder.stream(batch_size=3, chunk_size=4, left_chunk=2)
+    stream = Phi4MMStream(encoder, batch_size=3, chunk_size=4, left_chunk=2)
     pieces = []
     for start in range(0, 333, 45):
         real = [max(0, min(n - start, 45)) for n in lengths]
@@ -105,7 +110,7 @@ def assert_bf16_close(low: torch.Tensor, reference: torch.Tensor) -> None:
 
 
 @pytest.mark.parametrize("size", ["tiny", "full"])
-def test_phi4mm_bf16_within_tolerance(no_tf32, size):
+def test_phi4mm_bf16_within_tolerance(no_tf32, tiny_phi4mm, size):
     """bf16 on CUDA vs float32 on CUDA, same weights: offline (hard mode) and streamed."""
     torch.manual_seed(0)
     encoder = tiny_phi4mm() if size == "tiny" else Phi4MMEncoder(Phi4MMAudioConfig()).eval()
@@ -117,7 +122,7 @@ def test_phi4mm_bf16_within_tolerance(no_tf32, size):
         reference, output_lengths = encoder(features, lengths, **settings)
         encoder.to(torch.bfloat16)
         low, _ = encoder(features, lengths, **settings)
-    stream = encoder.stream(batch_size=2, chunk_size=16, left_chunk=2)
+    stream = Phi4MMStream(encoder, batch_size=2, chunk_size=16, left_chunk=2)
     streamed = torch.cat([stream.push(features, lengths), stream.flush()], dim=1)
     output_lengths = output_lengths.tolist()
     assert low.dtype == streamed.dtype == torch.bfloat16
@@ -125,7 +130,7 @@ def test_phi4mm_bf16_within_tolerance(no_tf32, size):
         assert_bf16_close(valid_rows(outputs, output_lengths), valid_rows(reference, output_lengths))
 
 
-def test_qwen3_asr_bf16_within_tolerance(no_tf32):
+def test_qwen3_asr_bf16_within_tolerance(no_tf32, tiny_qwen3_asr):
     encoder = tiny_qwen3_asr().to("cuda")
     lengths = [1200, 700]
     features = torch.randn(2, 128, 1200)
@@ -150,7 +155,7 @@ GATE_MS = 100.0
 
 @pytest.fixture(scope="module")
 def filler():
-    from audiomask.transfer.harness import QueueFiller
+    from audiomask.bench.harness import QueueFiller
 
     return QueueFiller("cuda")
 
@@ -173,9 +178,9 @@ def assert_never_waits(filler, call):
 
 @pytest.mark.parametrize("lengths", [None, [50, 45, 41]], ids=["lock-step", "ragged"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_phi4mm_stream_push_and_flush_never_wait_for_the_gpu(filler, lengths, dtype):
+def test_phi4mm_stream_push_and_flush_never_wait_for_the_gpu(filler, tiny_phi4mm, lengths, dtype):
     encoder = tiny_phi4mm().to("cuda", dtype)
-    stream = encoder.stream(batch_size=3, chunk_size=2, left_chunk=2)
+    stream = Phi4MMStream(encoder, batch_size=3, chunk_size=2, left_chunk=2)
     features = torch.randn(3, 50, 80)  # host features, as the front end makes them: 3 chunks of 16 frames
     with torch.no_grad():
         for _ in range(2):  # warm up (first-use allocations and library handles), then a fresh utterance
@@ -190,7 +195,7 @@ def test_phi4mm_stream_push_and_flush_never_wait_for_the_gpu(filler, lengths, dt
 
 
 @pytest.mark.parametrize("mask_mode", ["hard", "phi4mm_compat"])
-def test_phi4mm_forward_never_waits_for_the_gpu(filler, mask_mode):
+def test_phi4mm_forward_never_waits_for_the_gpu(filler, tiny_phi4mm, mask_mode):
     encoder = tiny_phi4mm().to("cuda")
     features = torch.randn(3, 97, 80)
     with torch.no_grad():
@@ -201,19 +206,42 @@ def test_phi4mm_forward_never_waits_for_the_gpu(filler, mask_mode):
     assert torch.isfinite(outputs).all()
 
 
-def test_qwen3_asr_forward_and_stream_never_wait_for_the_gpu(filler):
+def test_qwen3_asr_forward_and_stream_never_wait_for_the_gpu(filler, tiny_qwen3_asr):
     encoder = tiny_qwen3_asr().to("cuda")
     features = torch.randn(2, 128, 900)
     with torch.no_grad():
         encoder(features, [900, 450])  # warm up
         assert_never_waits(filler, lambda: encoder(features, [900, 450]))
-        stream = encoder.stream(batch_size=2)
+        stream = Qwen3ASRStream(encoder, batch_size=2)
         for _ in range(2):
             assert_never_waits(filler, lambda: stream.push(features[:, :, :450], [450, 300]))
         assert_never_waits(filler, lambda: (stream.partial(), stream.flush()))
 
 
-def test_lengths_on_the_gpu_are_refused():
+@pytest.mark.parametrize("mask_mode", ["hard", "phi4mm_compat"])
+def test_phi4mm_lengths_on_the_gpu_equal_host_lengths_and_never_wait(filler, tiny_phi4mm, mask_mode):
+    """Lengths already on the GPU: the masks are built there, nothing is read back, the outputs are the same."""
     encoder = tiny_phi4mm().to("cuda")
-    with pytest.raises(ValueError, match="feature_lengths must be on the host"):
-        encoder(torch.randn(1, 40, 80), torch.tensor([40], device="cuda"))
+    features = torch.randn(3, 97, 80)
+    lengths = [97, 50, 3]
+    settings = {"chunk_size": 3, "left_chunk": 1, "mask_mode": mask_mode}
+    on_device = torch.tensor(lengths, device="cuda")
+    with torch.no_grad():
+        reference, reference_lengths = encoder(features, lengths, **settings)
+        encoder(features, on_device, **settings)  # warm up
+        outputs, output_lengths = assert_never_waits(filler, lambda: encoder(features, on_device, **settings))
+    torch.testing.assert_close(outputs, reference, rtol=0, atol=0)
+    assert output_lengths.device.type == "cuda" and output_lengths.tolist() == reference_lengths.tolist()
+
+
+def test_qwen3_asr_lengths_on_the_gpu_equal_host_lengths_and_never_wait(filler, tiny_qwen3_asr):
+    encoder = tiny_qwen3_asr().to("cuda")
+    features = torch.randn(2, 128, 900)
+    on_device = torch.tensor([900, 450], device="cuda")
+    with torch.no_grad():
+        reference, _ = encoder(features, [900, 450])
+        encoder(features, on_device)  # warm up
+        outputs, output_lengths = assert_never_waits(filler, lambda: encoder(features, on_device))
+    torch.testing.assert_close(outputs[:, : reference.shape[1]], reference, rtol=0, atol=0)
+    assert output_lengths.tolist() == [117, 59]
+

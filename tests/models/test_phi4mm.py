@@ -231,3 +231,71 @@ def test_config_from_dict_ignores_fields_it_does_not_use(tiny_phi4mm):
     fields = dataclasses.asdict(tiny_phi4mm().config)
     config = Phi4MMAudioConfig.from_dict({**fields, "dropout_rate": 0.1, "architectures": ["X"], "model_type": "m"})
     assert config == Phi4MMAudioConfig(**fields)
+
+
+def block_masks(lengths: list[int], frames: int, chunk_size: int, left_chunk: int) -> np.ndarray:
+    """The compat mode's masks of upstream's 500-token blocks, ``(B * n, l, l)``, from the host builders."""
+    tokens = phi4mm_masks.subsampled_lengths(lengths)
+    length = -(-frames // 8)
+    block = min(length, UNFOLD_TOKENS)
+    starts = block * np.arange(-(-length // block))
+    block_lengths = np.clip(tokens[:, None] - starts, 0, block).reshape(-1)
+    return phi4mm_masks.hs_mask(block_lengths, block, chunk_size, left_chunk, time_reduction=1)
+
+
+@pytest.mark.parametrize(("mask_mode", "frames"), [("hard", 97), ("phi4mm_compat", 97), ("phi4mm_compat", 8 * 510)])
+def test_device_lengths_and_given_masks_equal_the_host_path(tiny_phi4mm, mask_mode, frames):
+    """Lengths on the encoder's device (here the CPU: a tensor) and masks built by the caller give the outputs
+    of host lengths, bit for bit: the same masks, built elsewhere."""
+    encoder = tiny_phi4mm()
+    lengths = [frames, frames // 2, 3]
+    features = torch.randn(len(lengths), frames, MEL, generator=torch.Generator().manual_seed(4))
+    settings = {"chunk_size": 3, "left_chunk": 1, "mask_mode": mask_mode}
+    if mask_mode == "hard":
+        mask = phi4mm_masks.hs_mask(lengths, frames, 3, 1)
+    else:
+        mask = block_masks(lengths, frames, 3, 1)
+    with torch.no_grad():
+        reference, reference_lengths = encoder(features, lengths, **settings)
+        for feature_lengths, given in [
+            (torch.tensor(lengths, dtype=torch.int32), None),  # device lengths: masks built with torch
+            (lengths, mask),  # a host mask
+            (torch.tensor(lengths), torch.from_numpy(mask)),  # both on the device
+        ]:
+            outputs, output_lengths = encoder(features, feature_lengths, mask=given, **settings)
+            torch.testing.assert_close(outputs, reference, rtol=0, atol=0)
+            assert output_lengths.dtype == torch.int64 and output_lengths.tolist() == reference_lengths.tolist()
+
+
+def test_a_given_mask_replaces_the_chunk_settings(tiny_phi4mm):
+    """Full attention given as a mask under chunk settings that say otherwise: the full-attention outputs."""
+    encoder = tiny_phi4mm()
+    lengths = [90, 41]
+    features = torch.randn(2, 90, MEL)
+    full = phi4mm_masks.hs_mask(lengths, 90, chunk_size=-1, left_chunk=0)
+    with torch.no_grad():
+        chunked, _ = encoder(features, lengths, chunk_size=2, left_chunk=0, mask_mode="hard")
+        unchunked, _ = encoder(features, lengths, chunk_size=-1, mask_mode="hard")
+        given, _ = encoder(features, lengths, chunk_size=2, left_chunk=0, mask_mode="hard", mask=full)
+    torch.testing.assert_close(given, unchunked, rtol=0, atol=0)
+    assert not torch.allclose(given, chunked)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"mask": np.ones((2, 4, 4), bool)}, r"mask must be a bool array or tensor of shape \(2, 5, 5\) .*\(2, 4, 4\)"),
+        ({"mask": np.ones((2, 5, 5), np.int64)}, r"mask must be a bool array or tensor of shape \(2, 5, 5\)"),
+        ({"mask": [[True]]}, r"mask must be a bool array or tensor of shape \(2, 5, 5\) .*got list"),
+        ({"feature_lengths": torch.tensor([[40, 3]])}, "feature_lengths must be a 1-D integer tensor"),
+        ({"feature_lengths": torch.tensor([40.0, 3.0])}, "feature_lengths must be a 1-D integer tensor"),
+        ({"feature_lengths": torch.tensor([41, 3])}, r"feature_lengths must be <= T \(features.shape\[1\]\) \(40\), got 41"),
+        ({"feature_lengths": torch.tensor([40])}, r"feature_lengths must have 2 entries \(features.shape\[0\]\), got 1"),
+        ({"feature_lengths": torch.tensor([40, 3], device="meta")}, r"on the host or on the encoder's device \(cpu\)"),
+    ],
+)
+def test_bad_masks_and_device_lengths(tiny_phi4mm, kwargs, message):
+    encoder = tiny_phi4mm()
+    call = {"features": torch.zeros(2, 40, MEL), "feature_lengths": [40, 3], "mask_mode": "hard", **kwargs}
+    with pytest.raises(ValueError, match=message):
+        encoder(call.pop("features"), call.pop("feature_lengths"), **call)

@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 import torch
-from encoder_models import (
-    PHI4MM_TINY,
-    QWEN3_ASR_TINY,
-    max_valid_diff,
-    randomize,
-    torch_one_thread,  # noqa: F401 (an autouse fixture)
-)
 
 from audiomask.models import Phi4MMEncoder, Qwen3ASREncoder, from_pretrained
 
@@ -21,19 +15,19 @@ transformers = pytest.importorskip("transformers")
 TOLERANCE = 1e-4
 
 
-def tiny_phi4mm_upstream():
-    config = transformers.Phi4MultimodalAudioConfig(**PHI4MM_TINY, chunk_size=3, left_chunk=1)
-    return randomize(transformers.Phi4MultimodalAudioModel(config))
-
-
-def tiny_qwen3_asr_upstream():
-    return randomize(transformers.Qwen3ASREncoder(transformers.Qwen3ASREncoderConfig(**QWEN3_ASR_TINY)))
+@pytest.fixture(scope="module")
+def tiny_fields(tiny_phi4mm, tiny_qwen3_asr):
+    """The config fields of the tiny Phi-4MM and Qwen3-ASR encoders, for transformers' configs."""
+    return dataclasses.asdict(tiny_phi4mm().config), dataclasses.asdict(tiny_qwen3_asr().config)
 
 
 @pytest.fixture(scope="module")
-def saved_encoders(tmp_path_factory):
+def saved_encoders(tmp_path_factory, tiny_fields, randomize):
     """Each upstream encoder saved on its own, and sharded (the index file path)."""
-    phi, qwen = tiny_phi4mm_upstream(), tiny_qwen3_asr_upstream()
+    phi_fields, qwen_fields = tiny_fields
+    phi_config = transformers.Phi4MultimodalAudioConfig(**{**phi_fields, "chunk_size": 3, "left_chunk": 1})
+    phi = randomize(transformers.Phi4MultimodalAudioModel(phi_config))
+    qwen = randomize(transformers.Qwen3ASREncoder(transformers.Qwen3ASREncoderConfig(**qwen_fields)))
     paths = {name: tmp_path_factory.mktemp(name) for name in ("phi", "qwen", "qwen_sharded")}
     phi.save_pretrained(paths["phi"])
     qwen.save_pretrained(paths["qwen"])
@@ -42,7 +36,7 @@ def saved_encoders(tmp_path_factory):
     return phi, qwen, paths
 
 
-def test_phi4mm_audio_model_directory(saved_encoders):
+def test_phi4mm_audio_model_directory(saved_encoders, max_valid_diff):
     phi, _, paths = saved_encoders
     encoder = from_pretrained(paths["phi"])
     assert isinstance(encoder, Phi4MMEncoder) and not encoder.training
@@ -78,7 +72,7 @@ def assert_same_weights(encoder: torch.nn.Module, reference: torch.nn.Module) ->
         torch.testing.assert_close(ours[name], tensor, rtol=0, atol=0, msg=name)
 
 
-def test_full_phi4_multimodal_checkpoint(tmp_path):
+def test_full_phi4_multimodal_checkpoint(tmp_path, tiny_fields, randomize):
     """The audio config nested, the weights under model.embed_tokens_extend.audio_embed.encoder."""
     config = transformers.Phi4MultimodalConfig(
         vocab_size=300,
@@ -87,7 +81,7 @@ def test_full_phi4_multimodal_checkpoint(tmp_path):
         num_hidden_layers=1,
         num_attention_heads=2,
         num_key_value_heads=1,
-        audio_config=PHI4MM_TINY,
+        audio_config=tiny_fields[0],
         vision_config={"hidden_size": 16, "intermediate_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2},
         bos_token_id=1,
         pad_token_id=1,
@@ -99,7 +93,7 @@ def test_full_phi4_multimodal_checkpoint(tmp_path):
     assert_same_weights(encoder, model.model.embed_tokens_extend.audio_embed.encoder)
 
 
-def test_full_qwen3_asr_checkpoint(tmp_path):
+def test_full_qwen3_asr_checkpoint(tmp_path, tiny_fields, randomize):
     """The audio config nested, the weights under model.audio_tower; bfloat16 on request."""
     text = {
         "vocab_size": 300,
@@ -112,7 +106,7 @@ def test_full_qwen3_asr_checkpoint(tmp_path):
     }
     model = randomize(
         transformers.Qwen3ASRForConditionalGeneration(
-            transformers.Qwen3ASRConfig(audio_config=QWEN3_ASR_TINY, text_config=text)
+            transformers.Qwen3ASRConfig(audio_config=tiny_fields[1], text_config=text)
         )
     )
     model.save_pretrained(tmp_path)

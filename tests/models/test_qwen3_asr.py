@@ -2,28 +2,24 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
-from encoder_models import (
-    QWEN3_ASR_TINY,
-    max_valid_diff,
-    randomize,
-    tiny_qwen3_asr,
-    torch_one_thread,  # noqa: F401 (an autouse fixture)
-)
 
 from audiomask.masks import qwen3_asr
-from audiomask.models import Qwen3ASRConfig, Qwen3ASREncoder
+from audiomask.models import Qwen3ASRConfig
 
-TOLERANCE = 1e-4  # float32 on CPU (acceptance 1)
+TOLERANCE = 1e-4  # float32 on CPU
 MEL = 128
 
 
 @pytest.fixture(scope="module")
-def upstream():
+def upstream(tiny_qwen3_asr, randomize):
     transformers = pytest.importorskip("transformers")
-    model = randomize(transformers.Qwen3ASREncoder(transformers.Qwen3ASREncoderConfig(**QWEN3_ASR_TINY)))
-    ours = Qwen3ASREncoder(Qwen3ASRConfig(**QWEN3_ASR_TINY)).eval()
+    ours = tiny_qwen3_asr()
+    config = transformers.Qwen3ASREncoderConfig(**dataclasses.asdict(ours.config))
+    model = randomize(transformers.Qwen3ASREncoder(config))
     ours.load_state_dict(model.state_dict())
     return model, ours
 
@@ -43,7 +39,7 @@ BATCHES = {
 @pytest.mark.parity
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
 @pytest.mark.parametrize("batch", sorted(BATCHES))
-def test_equals_transformers(upstream, batch, attention):
+def test_equals_transformers(upstream, max_valid_diff, batch, attention):
     """Both of transformers' attention paths attend window by window (5.24 splits by cu_seqlens)."""
     model, ours = upstream
     model.config._attn_implementation = attention
@@ -55,7 +51,7 @@ def test_equals_transformers(upstream, batch, attention):
         outputs, output_lengths = ours(features, lengths)
     expected_lengths = qwen3_asr.output_lengths(lengths).tolist()
     assert output_lengths.tolist() == expected_lengths
-    assert outputs.shape == (len(lengths), max(expected_lengths), QWEN3_ASR_TINY["d_model"])
+    assert outputs.shape == (len(lengths), max(expected_lengths), ours.config.d_model)
     assert max_valid_diff(outputs, unpack(packed, expected_lengths), expected_lengths) <= TOLERANCE
     assert torch.isfinite(outputs).all()  # padding rows and the empty utterance's windows included
 
@@ -81,7 +77,7 @@ def test_config_defaults_equal_transformers():
     )
 
 
-def test_windows_do_not_see_each_other():
+def test_windows_do_not_see_each_other(tiny_qwen3_asr):
     """Changing frames of the second window changes nothing in the first window's outputs."""
     encoder = tiny_qwen3_asr()
     features = torch.randn(1, MEL, 1700)
@@ -95,7 +91,7 @@ def test_windows_do_not_see_each_other():
     assert not torch.allclose(after[:, window:], before[:, window:])
 
 
-def test_frames_not_a_multiple_of_the_chunk_are_zero_padded():
+def test_frames_not_a_multiple_of_the_chunk_are_zero_padded(tiny_qwen3_asr):
     encoder = tiny_qwen3_asr()
     features = torch.randn(2, MEL, 237)
     with torch.no_grad():
@@ -105,7 +101,7 @@ def test_frames_not_a_multiple_of_the_chunk_are_zero_padded():
     assert lengths.tolist() == qwen3_asr.output_lengths([237, 120]).tolist()
 
 
-def test_empty_batch_rows():
+def test_empty_batch_rows(tiny_qwen3_asr):
     encoder = tiny_qwen3_asr()
     with torch.no_grad():
         outputs, lengths = encoder(torch.zeros(2, MEL, 0), [0, 0])
@@ -120,7 +116,7 @@ def test_empty_batch_rows():
         (torch.zeros(2, MEL, 100), [1, 2, 3], r"feature_lengths must have 2 entries"),
     ],
 )
-def test_bad_arguments(features, lengths, message):
+def test_bad_arguments(tiny_qwen3_asr, features, lengths, message):
     with pytest.raises(ValueError, match=message):
         tiny_qwen3_asr()(features, lengths)
 
@@ -134,6 +130,20 @@ def test_bad_arguments(features, lengths, message):
         ({"activation_function": "nope"}, "activation_function must be one of"),
     ],
 )
-def test_bad_config(overrides, message):
+def test_bad_config(tiny_qwen3_asr, overrides, message):
     with pytest.raises(ValueError, match=message):
-        Qwen3ASREncoder(Qwen3ASRConfig(**{**QWEN3_ASR_TINY, **overrides}))
+        tiny_qwen3_asr(**overrides)
+
+
+def test_device_lengths_equal_host_lengths(tiny_qwen3_asr):
+    """Lengths on the encoder's device (here the CPU: a tensor): the same tokens; the width is that of T frames
+    (the longest length is not read back)."""
+    encoder = tiny_qwen3_asr()
+    lengths = [1234, 900, 130]
+    features = torch.randn(3, MEL, 1500)
+    with torch.no_grad():
+        reference, reference_lengths = encoder(features, lengths)
+        outputs, output_lengths = encoder(features, torch.tensor(lengths))
+    assert output_lengths.tolist() == reference_lengths.tolist() == qwen3_asr.output_lengths(lengths).tolist()
+    assert reference.shape[1] == max(reference_lengths.tolist()) < outputs.shape[1] == qwen3_asr.output_lengths([1500])[0]
+    torch.testing.assert_close(outputs[:, : reference.shape[1]], reference, rtol=0, atol=0)

@@ -1,0 +1,109 @@
+"""audiomask.streaming's protocol: a driver's steps (slots reset at any step, short and final last chunks) equal
+each utterance's offline forward, for every encoder family; open_stream and default_frontend by encoder."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from audiomask.features import Phi4MMFrontend, WhisperFrontend
+from audiomask.streaming import EncoderStream, Phi4MMStream, Qwen3ASRStream, default_frontend, open_stream
+
+TOLERANCE = 1e-4  # float32 on CPU
+
+
+@pytest.fixture(params=["phi4mm", "qwen3_asr"])
+def family(request, tiny_phi4mm, tiny_qwen3_asr):
+    """``(stream of 3 slots, offline forward of one utterance's (T, F) frames -> its real tokens (N, D))``."""
+    if request.param == "phi4mm":
+        encoder = tiny_phi4mm()
+
+        def offline(frames: torch.Tensor) -> torch.Tensor:
+            outputs, lengths = encoder(frames[None], [len(frames)], chunk_size=2, left_chunk=1, mask_mode="hard")
+            return outputs[0, : int(lengths[0])]
+
+        return open_stream(encoder, 3, chunk_ms=160, left_chunks=1), offline
+    encoder = tiny_qwen3_asr()
+
+    def offline(frames: torch.Tensor) -> torch.Tensor:
+        outputs, lengths = encoder(frames.T[None], [len(frames)])
+        return outputs[0, : int(lengths[0])]
+
+    return open_stream(encoder, 3), offline
+
+
+def test_steps_with_slots_reset_at_any_step_equal_each_utterance_offline(family):
+    """Whole chunks per step as a driver sends them: utterances start in their slots at different steps
+    (reset_slots), end with a short or a full final chunk, and slots idle in between. Each utterance's outputs,
+    joined over the steps, equal its offline forward."""
+    stream, offline = family
+    chunk_frames = stream.chunk_frames
+    # Per slot: (first step, frames) of each utterance, one after another.
+    plans = [[(0, 9 * chunk_frames + 7)], [(1, 2 * chunk_frames), (4, 3 * chunk_frames - 5)], [(2, 5)]]
+    generator = torch.Generator().manual_seed(5)
+    utterances = [[torch.randn(frames, stream.feature_size, generator=generator) for _, frames in plan] for plan in plans]
+    collected = [[[] for _ in plan] for plan in plans]
+    current = [None] * 3  # (utterance index, frames sent) per slot
+    for step in range(12):
+        chunk = torch.zeros(3, chunk_frames, stream.feature_size)
+        valid, final, joins = np.zeros(3, np.int64), np.zeros(3, bool), []
+        for slot, plan in enumerate(plans):
+            starting = [index for index, (first, _) in enumerate(plan) if first == step]
+            if current[slot] is None and starting:
+                current[slot] = (starting[0], 0)
+                joins.append(slot)
+            if current[slot] is not None:
+                index, sent = current[slot]
+                frames = utterances[slot][index]
+                valid[slot] = min(chunk_frames, len(frames) - sent)
+                chunk[slot, : valid[slot]] = frames[sent : sent + valid[slot]]
+                final[slot] = sent + valid[slot] == len(frames)
+        stream.reset_slots(joins)
+        layout = chunk if stream.time_dim == 1 else chunk.transpose(1, 2)
+        outputs, lengths = stream.step(layout.numpy(), valid, final)
+        assert outputs.shape[1] <= stream.tokens_per_chunk and stream.last_lengths.tolist() == lengths.tolist()
+        for slot in range(3):
+            if current[slot] is not None:
+                index, sent = current[slot]
+                collected[slot][index].append(outputs[slot, : lengths[slot]])
+                current[slot] = None if final[slot] else (index, sent + valid[slot])
+    with torch.no_grad():
+        for slot, plan in enumerate(plans):
+            for index in range(len(plan)):
+                streamed, reference = torch.cat(collected[slot][index]), offline(utterances[slot][index])
+                assert streamed.shape == reference.shape, (slot, index)
+                assert (streamed - reference).abs().max().item() <= TOLERANCE, (slot, index)
+
+
+def test_open_stream_picks_the_family_and_its_geometry(tiny_phi4mm, tiny_qwen3_asr):
+    phi = open_stream(tiny_phi4mm(chunk_size=3, left_chunk=2), 2)  # the config's chunking
+    assert isinstance(phi, Phi4MMStream) and isinstance(phi, EncoderStream)
+    assert (phi.chunk_frames, phi.tokens_per_chunk, phi.left_chunk, phi.chunk_shape) == (24, 3, 2, (2, 24, 80))
+    qwen = open_stream(tiny_qwen3_asr(), 2, chunk_ms=1000)
+    assert isinstance(qwen, Qwen3ASRStream)
+    assert (qwen.chunk_frames, qwen.tokens_per_chunk, qwen.left_chunk, qwen.chunk_shape) == (100, 104, None, (2, 128, 100))
+    assert isinstance(default_frontend(tiny_phi4mm()), Phi4MMFrontend)
+    whisper = default_frontend(tiny_qwen3_asr())
+    assert isinstance(whisper, WhisperFrontend) and (whisper.n_mels, whisper.time_axis) == (128, 1)
+
+
+@pytest.mark.parametrize(
+    ("family", "options", "message"),
+    [
+        ("phi4mm", {}, r"chunk_ms must be given: the encoder config's chunk_size \(-1\) means full attention"),
+        ("phi4mm", {"chunk_ms": 100}, r"chunk_ms must be a multiple of 80 \(one encoder token\), got 100"),
+        ("phi4mm", {"chunk_ms": 80, "left_chunks": -1}, "left_chunks must be >= 0, got -1"),
+        ("phi4mm", {"chunk_ms": 80, "cuda_graph": True}, "cuda_graph needs the encoder on a CUDA device"),
+        ("qwen3_asr", {"chunk_ms": 500}, r"chunk_ms must be 1000 \(Qwen3-ASR's conv chunk\) or None, got 500"),
+        ("qwen3_asr", {"left_chunks": 2}, "left_chunks must be None for Qwen3-ASR"),
+        ("qwen3_asr", {"cuda_graph": True}, "cuda_graph must be False or None for Qwen3-ASR"),
+        ("other", {}, "encoder must be a Phi4MMEncoder or Qwen3ASREncoder, got Linear"),
+    ],
+)
+def test_open_stream_bad_options(tiny_phi4mm, tiny_qwen3_asr, family, options, message):
+    encoder = {"phi4mm": tiny_phi4mm, "qwen3_asr": tiny_qwen3_asr}.get(family, lambda: torch.nn.Linear(2, 2))()
+    if family == "phi4mm" and torch.cuda.is_available() and "cuda_graph" in options:
+        pytest.skip("checks the error without CUDA")
+    with pytest.raises(ValueError, match=message):
+        open_stream(encoder, **options)
