@@ -23,5 +23,5 @@ class PinnedMemoryWarning(RuntimeWarning):
     """Page-locking host memory failed (locked-memory limit, no driver): pageable memory is used instead.
 
     Copies still land intact, but a ``non_blocking`` copy from pageable memory
-    makes the host wait for the GPU queue (DESIGN.md): expect stalls.
+    makes the host wait for the GPU queue: expect stalls.
     """

@@ -186,16 +186,71 @@ def test_truncated_ogg_warns_and_decodes_its_complete_pages(tmp_path, fraction, 
     assert 0 < len(samples) < 48000
 
 
-def test_streamed_header_placeholder_is_not_truncation(tmp_path):
-    """Writers piping to stdout leave a data size of ~2 GiB (espeak-ng --stdout: 0x7ffff000)."""
-    path = write(tmp_path / "piped.wav", speech_like(0.3, seed=5), 16000)
+def with_data_size(path: Path, declared: int, kept_bytes: int | None = None) -> Path:
+    """The 44-byte-header PCM WAV ``path`` with its data size field set to ``declared``, its data cut to ``kept_bytes``."""
     data = bytearray(path.read_bytes())
-    data[40:44] = (0x7FFFF000).to_bytes(4, "little")  # the data chunk's size field
-    path.write_bytes(bytes(data))
+    data[40:44] = declared.to_bytes(4, "little")  # the data chunk's size field
+    path.write_bytes(bytes(data if kept_bytes is None else data[: 44 + kept_bytes]))
+    return path
+
+
+@pytest.mark.parametrize("marker", [0x7FFFF000, 0x7FFFFFFF, 0xFFFFFFFF])
+def test_streamed_header_placeholder_is_not_truncation(tmp_path, marker):
+    """Writers piping to stdout leave a marker for the data size (sox, espeak-ng --stdout: 0x7ffff000)."""
+    path = with_data_size(write(tmp_path / "piped.wav", speech_like(0.3, seed=5), 16000), marker)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         samples, _ = load(path)
     assert len(samples) == 4800
+
+
+@pytest.mark.parametrize("declared", [0x7FFF0000, 0x80000000, 0xFFFFFFF0])
+def test_a_data_size_far_beyond_the_file_warns(tmp_path, declared):
+    """Any size beyond the data but the pipe writers' markers is a truncation: never read silently."""
+    path = with_data_size(write(tmp_path / "huge.wav", speech_like(0.3, seed=5), 16000), declared, kept_bytes=2000)
+    message = f"{path}: truncated: data ends after 2000 of the {declared} bytes its header declares"
+    with pytest.warns(TruncatedAudioWarning, match=re.escape(message)):
+        samples, _ = load(path)
+    assert len(samples) == 1000
+    with pytest.warns(TruncatedAudioWarning, match=re.escape(message)):
+        assert len(np.concatenate(list(iter_blocks(path, 4000)))) == 1000
+
+
+MPEG1_LAYER3_KBPS = (0, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320)  # by bit-rate index
+
+
+def without_length_tag(path: Path) -> Path:
+    """The MPEG-1 Layer III file ``path`` without its first frame, the Xing/Info tag that states its length.
+
+    libsndfile then estimates the length from the file size and bit rate, as
+    for MP3 writers that leave no tag.
+    """
+    data = path.read_bytes()
+    header = int.from_bytes(data[:4], "big")
+    assert header >> 21 == 0x7FF and header >> 17 & 0xF == 0b1101  # frame sync, MPEG-1, Layer III
+    rate = (44100, 48000, 32000)[header >> 10 & 3]
+    frame_bytes = 144 * 1000 * MPEG1_LAYER3_KBPS[header >> 12 & 0xF] // rate + (header >> 9 & 1)
+    assert b"Info" in data[:frame_bytes] and data[frame_bytes : frame_bytes + 2] == data[:2]
+    path.write_bytes(data[frame_bytes:])
+    return path
+
+
+@pytest.mark.skipif("MP3" not in sf.available_formats(), reason="this libsndfile cannot write MP3 (needs >= 1.1)")
+def test_a_complete_mp3_without_a_length_tag_reads_without_a_warning(tmp_path):
+    """libsndfile's length of such a file is an estimate (here more frames than decode): not a truncation."""
+    x = speech_like(3.0, seed=3, sample_rate=44100)
+    path = tmp_path / "untagged.mp3"
+    sf.write(path, x, 44100, format="MP3", bitrate_mode="CONSTANT", compression_level=0.5)  # 160 kbit/s
+    without_length_tag(path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        native, rate = load(path, target_sr=None)
+        samples, _ = load(path)
+        blocks = list(iter_blocks(path, 4000))
+    with sf.SoundFile(path) as handle:
+        assert handle.frames > len(native)  # the estimate overshoots what decodes
+    assert rate == 44100 and len(native) >= len(x)  # all of the audio (and the codec's delay)
+    np.testing.assert_allclose(np.concatenate(blocks), samples, rtol=0, atol=ULP)
 
 
 # ---- iter_blocks ----
@@ -292,7 +347,7 @@ def test_resampler_refuses_use_after_flush():
 # ---- memory: an hour of audio through iter_blocks ----
 
 HOUR_SECONDS = 3600
-RSS_LIMIT_MB = 200  # acceptance: peak RSS above the interpreter's baseline
+RSS_LIMIT_MB = 200  # the bound on peak RSS above the interpreter's baseline
 
 MEASURE = textwrap.dedent(
     """

@@ -25,7 +25,7 @@ import resource
 import struct
 import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -83,8 +83,9 @@ def examples() -> int:
     return max(1, settings.default.max_examples // 2)
 
 
+# The same fixture as tests/masks/conftest.py's, until tests/conftest.py holds it for both.
 @contextlib.contextmanager
-def bounded_address_space(headroom: int) -> Iterator[None]:
+def _bounded_address_space(headroom: int) -> Iterator[None]:
     """Let the process map at most ``headroom`` more bytes (RLIMIT_AS) while the block runs (Linux)."""
     if not sys.platform.startswith("linux"):
         pytest.skip("RLIMIT_AS bounds allocations on Linux only")
@@ -97,6 +98,12 @@ def bounded_address_space(headroom: int) -> Iterator[None]:
         yield
     finally:
         resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+@pytest.fixture(scope="session")
+def bounded_address_space() -> Callable[[int], contextlib.AbstractContextManager[None]]:
+    """``with bounded_address_space(headroom):`` an allocation of more than ``headroom`` bytes raises MemoryError."""
+    return _bounded_address_space
 
 
 def signal(rate: int, channels: int, seconds: float = 0.3, seed: int = 0) -> np.ndarray:
@@ -149,10 +156,11 @@ def check_file(path: Path) -> tuple[str, np.ndarray | None]:
     return "accepted", samples
 
 
-def check_bytes(data: bytes, directory: Path, suffix: str = ".wav") -> tuple[str, np.ndarray | None]:
+def check_bytes(data: bytes, directory: Path, bound: Callable, suffix: str = ".wav") -> tuple[str, np.ndarray | None]:
+    """Write ``data`` in ``directory`` and :func:`check_file` it inside ``bound(HEADROOM_BYTES)``."""
     path = directory / f"hostile{suffix}"
     path.write_bytes(data)
-    with bounded_address_space(HEADROOM_BYTES):
+    with bound(HEADROOM_BYTES):
         return check_file(path)
 
 
@@ -176,9 +184,9 @@ class HostileFile:
     accepted: bool = False  # the file must be read
 
 
-def check_hostile_file(drawn: HostileFile, directory: Path) -> str:
-    """Write ``drawn`` in ``directory`` and check reading it; ``"refused"`` or ``"accepted"``."""
-    outcome, samples = check_bytes(drawn.data, directory, drawn.suffix)
+def check_hostile_file(drawn: HostileFile, directory: Path, bound: Callable) -> str:
+    """Write ``drawn`` in ``directory`` and check reading it (as :func:`check_bytes`); ``"refused"`` or ``"accepted"``."""
+    outcome, samples = check_bytes(drawn.data, directory, bound, drawn.suffix)
     if drawn.refusal is not None:
         assert outcome == "refused", f"accepted a file that must be refused for {drawn.refusal!r}"
         with pytest.raises(AudioError, match=re.escape(drawn.refusal)):
@@ -263,13 +271,13 @@ HOSTILE_FILES: dict[str, st.SearchStrategy[HostileFile]] = {
 
 
 @pytest.mark.parametrize("case", list(HOSTILE_FILES))
-def test_hostile_files_are_refused_clearly_or_read_correctly(tmp_path_factory, case):
+def test_hostile_files_are_refused_clearly_or_read_correctly(tmp_path_factory, case, bounded_address_space):
     outcomes = []
 
     @settings(max_examples=examples())
     @given(drawn=HOSTILE_FILES[case])
     def property_(drawn):
-        outcomes.append(check_hostile_file(drawn, tmp_path_factory.mktemp("hostile")))
+        outcomes.append(check_hostile_file(drawn, tmp_path_factory.mktemp("hostile"), bounded_address_space))
 
     property_()
     reached = {"random bytes": {"refused"}, "NaN, Inf or huge samples": {"refused"}, "denormal samples": {"accepted"}}
@@ -318,12 +326,12 @@ HUGE_SIZES = {
 
 
 @pytest.mark.parametrize("case", list(HUGE_SIZES))
-def test_huge_declared_sizes_read_what_is_there(tmp_path, case):
+def test_huge_declared_sizes_read_what_is_there(tmp_path, case, bounded_address_space):
     index, mutate = HUGE_SIZES[case]
     data = encoded(index)
     mutated = mutate(data)
     assert mutated != data
-    outcome, samples = check_bytes(mutated, tmp_path, "." + FORMATS[index][0].lower())
+    outcome, samples = check_bytes(mutated, tmp_path, bounded_address_space, "." + FORMATS[index][0].lower())
     if outcome == "accepted":  # never more than the data holds (resampled to 16 kHz)
         rate = FORMATS[index][2]
         assert len(samples) <= math.ceil(len(load_bytes(data)) * TARGET_SR / rate)
@@ -347,7 +355,7 @@ def wav_with_rate(rate: int) -> bytes:
         (44101, "cannot resample 44101 Hz to 16000 Hz"),
     ],
 )
-def test_hostile_header_rates_are_refused_before_allocating(tmp_path, rate, reason):
+def test_hostile_header_rates_are_refused_before_allocating(tmp_path, rate, reason, bounded_address_space):
     """16001 Hz took 15 s and 8.6 GB before it was refused; now nothing is attempted (128 MiB to spare)."""
     path = tmp_path / "rate.wav"
     path.write_bytes(wav_with_rate(rate))

@@ -165,14 +165,29 @@ def test_plain_partials_go_to_stderr(model_path: Path, expected_text: dict[Path,
     assert all(expected_text[HELLO].startswith(text) for _, _, text in partials)
 
 
+def with_huge_data_size(data: bytes, kept_bytes: int) -> bytes:
+    """A WAV's bytes whose data chunk declares UNKNOWN_HUGE_DATA_BYTES but holds its first ``kept_bytes``."""
+    size_field = data.index(b"data") + 4
+    declared = UNKNOWN_HUGE_DATA_BYTES.to_bytes(4, "little")
+    return data[:size_field] + declared + data[size_field + 4 : size_field + 4 + kept_bytes]
+
+
 def test_directory_of_good_and_bad_files(model_path: Path, expected_text: dict[Path, str], tmp_path: Path) -> None:
     bad = write_bad_files(tmp_path)
     shutil.copy(HELLO, tmp_path / "a_good.wav")
     shutil.copy(NUMBERS, tmp_path / "z_good.WAV")
     (tmp_path / "notes.txt").write_text("not an audio suffix: not read\n")
-    cut = tmp_path / "m_cut.wav"
     data = HELLO.read_bytes()
+    cut = tmp_path / "m_cut.wav"
     cut.write_bytes(data[: len(data) // 2])  # the data ends early: transcribed, with a warning
+    # A header declaring far more data than the file holds: what is there is transcribed, with a
+    # warning, never silently; with no sample there, the file is an error.
+    kept_bytes = 3200  # 0.1 s of 16-bit mono samples
+    huge = tmp_path / "m_huge_header.wav"
+    huge.write_bytes(with_huge_data_size(data, kept_bytes))
+    huge_empty = tmp_path / "bad_huge_header_no_data.wav"
+    huge_empty.write_bytes(with_huge_data_size(data, 0))
+    bad[huge_empty] = f"truncated: data ends after 0 of the {UNKNOWN_HUGE_DATA_BYTES} bytes its header declares"
     missing = tmp_path / "absent.wav"
     empty_dir = tmp_path / "empty"
     empty_dir.mkdir()
@@ -180,9 +195,9 @@ def test_directory_of_good_and_bad_files(model_path: Path, expected_text: dict[P
     result = run_cli("transcribe", tmp_path, missing, empty_dir, HELLO, "--model", model_path)
     assert result.returncode == 1
     names = [line.split("\t")[0] for line in result.stdout.splitlines()]
-    assert names == [str(tmp_path / "a_good.wav"), str(cut), str(tmp_path / "z_good.WAV"), str(HELLO)]
+    assert names == [str(tmp_path / "a_good.wav"), str(cut), str(huge), str(tmp_path / "z_good.WAV"), str(HELLO)]
     assert result.stdout.splitlines()[0] == f"{tmp_path / 'a_good.wav'}\t{expected_text[HELLO]}"
-    assert result.stdout.splitlines()[2] == f"{tmp_path / 'z_good.WAV'}\t{expected_text[NUMBERS]}"
+    assert result.stdout.splitlines()[3] == f"{tmp_path / 'z_good.WAV'}\t{expected_text[NUMBERS]}"
     errors = [line for line in result.stderr.splitlines() if line.startswith("audiomask: error: ")]
     warnings = [line for line in result.stderr.splitlines() if line.startswith("audiomask: warning: ")]
     assert len(errors) + len(warnings) == len(result.stderr.splitlines())
@@ -191,28 +206,11 @@ def test_directory_of_good_and_bad_files(model_path: Path, expected_text: dict[P
         assert f"audiomask: error: {path}: {reason}" in errors
     assert f"audiomask: error: {missing}: no such file" in errors
     assert any(line.startswith(f"audiomask: error: {empty_dir}: directory without audio files") for line in errors)
-    assert warnings == [line for line in warnings if line.startswith(f"audiomask: warning: {cut}: truncated: ")]
-    assert len(warnings) == 1
-
-
-def test_a_header_declaring_more_data_than_the_file_holds_warns(model_path: Path, tmp_path: Path) -> None:
-    """The samples there are transcribed, with a warning; a file with none is an error. Never silent."""
-    data = bytearray(HELLO.read_bytes())
-    size_field = data.index(b"data") + 4
-    data[size_field : size_field + 4] = UNKNOWN_HUGE_DATA_BYTES.to_bytes(4, "little")
-    short, empty = tmp_path / "short.wav", tmp_path / "empty.wav"
-    kept_bytes = 3200  # 0.1 s of 16-bit mono samples
-    short.write_bytes(bytes(data[: size_field + 4 + kept_bytes]))
-    empty.write_bytes(bytes(data[: size_field + 4]))
-    result = run_cli("transcribe", short, empty, "--model", model_path)
-    assert result.returncode == 1
-    assert [line.split("\t")[0] for line in result.stdout.splitlines()] == [str(short)]
-    declared = f"of the {UNKNOWN_HUGE_DATA_BYTES} bytes its header declares"
-    assert result.stderr.splitlines() == [
-        f"audiomask: warning: {short}: truncated: data ends after {kept_bytes} {declared}; "
-        f"using the {kept_bytes // 2} frames that are there",
-        f"audiomask: error: {empty}: truncated: data ends after 0 {declared}",
-    ]
+    assert len(warnings) == 2 and warnings[0].startswith(f"audiomask: warning: {cut}: truncated: ")
+    assert warnings[1] == (
+        f"audiomask: warning: {huge}: truncated: data ends after {kept_bytes} of the {UNKNOWN_HUGE_DATA_BYTES} "
+        f"bytes its header declares; using the {kept_bytes // 2} frames that are there"
+    )
 
 
 def test_stdin(model_path: Path, expected_text: dict[Path, str]) -> None:
@@ -392,19 +390,6 @@ def test_info_describes_model_device_versions_and_settings(model_path: Path) -> 
     assert fields["left_chunks"] == f"{LEFT_CHUNKS} ({LEFT_CHUNKS * CHUNK_MS} ms of left context)"
 
 
-def test_info_spells_out_a_trained_card_and_points_to_the_card_file(tmp_path: Path, tiny_asr_model) -> None:
-    path = tmp_path / "trained.safetensors"
-    held_out = {"espeak-ng": {"offline_full": {"cer": 0.0397}, "streaming_320ms": {"cer": 0.0471}}}
-    save_model(tiny_asr_model(), path, card={"held_out": held_out, "training": {"steps": 12, "train_s": 3.4}})
-    (tmp_path / "MODEL_CARD.md").write_text("# card\n")
-    result = run_cli("info", "--model", path, "--device", "cpu")
-    assert result.returncode == 0
-    lines = [line.strip() for line in result.stdout.splitlines()]
-    assert "card        held_out: espeak-ng CER 3.97 % offline, 4.71 % streaming 320 ms" in lines
-    assert "training: 12 steps in 3 s" in lines
-    assert f"the whole card: {tmp_path / 'MODEL_CARD.md'}" in lines
-
-
 STAGED_CARD = """## Training
 
 The weights come from 2 training stages, each started from the previous stage's model file:
@@ -418,18 +403,22 @@ In all: 1,042 steps in 10 s of training.
 """
 
 
-def test_info_lists_every_training_stage_of_the_card_beside_the_model(tmp_path: Path, tiny_asr_model) -> None:
-    path = tmp_path / "staged.safetensors"
-    save_model(tiny_asr_model(), path, card={"training": {"steps": 12, "train_s": 3.4}})
+def test_info_spells_out_a_trained_card_and_points_to_the_card_file(tmp_path: Path, tiny_asr_model) -> None:
+    """The card beside the model lists its training stages: each is shown, as the total."""
+    path = tmp_path / "trained.safetensors"
+    held_out = {"espeak-ng": {"offline_full": {"cer": 0.0397}, "streaming_320ms": {"cer": 0.0471}}}
+    save_model(tiny_asr_model(), path, card={"held_out": held_out, "training": {"steps": 12, "train_s": 3.4}})
     (tmp_path / "MODEL_CARD.md").write_text(STAGED_CARD)
     result = run_cli("info", "--model", path, "--device", "cpu")
     assert result.returncode == 0
     lines = [line.strip() for line in result.stdout.splitlines()]
-    start = lines.index("card        training: 1,042 steps in 10 s, in 2 stages")
+    assert "card        held_out: espeak-ng CER 3.97 % offline, 4.71 % streaming 320 ms" in lines
+    start = lines.index("training: 1,042 steps in 10 s, in 2 stages")
     assert lines[start + 1 : start + 3] == [
         "stage 1: 1,030 steps in 7 s (first.json)",
         "stage 2: 12 steps in 3 s (second.json)",
     ]
+    assert f"the whole card: {tmp_path / 'MODEL_CARD.md'}" in lines
 
 
 @pytest.mark.skipif(not DEFAULT_MODEL_PATH.is_file(), reason=f"the shipped model {DEFAULT_MODEL_PATH} is not built yet")
@@ -440,12 +429,9 @@ def test_info_on_the_shipped_model_lists_the_training_stages_of_its_card() -> No
     result = run_cli("info", "--device", "cpu")
     assert result.returncode == 0
     lines = [line.strip() for line in result.stdout.splitlines()]
-    (total_s,) = [
-        m[1]
-        for m in map(re.compile(rf"training: {steps} steps in (\d+) s, in {len(rows)} stages").fullmatch, lines)
-        if m
-    ]
-    assert abs(int(total_s) - int(seconds)) <= len(rows)  # a sum of the table's rounded seconds
+    totals = [re.fullmatch(rf"training: {steps} steps in (\d+) s, in {len(rows)} stages", line) for line in lines]
+    (total,) = [match for match in totals if match]
+    assert abs(int(total[1]) - int(seconds)) <= len(rows)  # a sum of the table's rounded seconds
     stages = [line for line in lines if line.startswith("stage ")]
     assert len(stages) == len(rows) > 1
     for line, (number, report, stage_steps) in zip(stages, rows):
@@ -487,7 +473,7 @@ def test_demo_moves_masks_and_checks_them(capsys: pytest.CaptureFixture[str]) ->
     assert "(B, T_q, T_k) = (4, 375, 375)" in out
     assert "cu_seqlens [0, 104, 208, 312, 390," in out
     assert "equal their host source: yes" in out
-    # the DESIGN.md worked example, batch row 1
+    # the worked example of hs_mask's docstring, batch row 1
     assert "    11000\n    11000\n    11100\n    11100\n    00100" in out
 
 

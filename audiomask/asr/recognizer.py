@@ -159,8 +159,9 @@ class StreamingRecognizer:
         frontend_process: with ``overlap``, compute them in a process of their own instead, which shares no
             interpreter lock with the encoder's thread (for servers: seconds to start, once; see
             :class:`~audiomask.asr.driver.StreamingDriver`). :meth:`close` (or ``with``) stops it.
-        cuda_graph: replay the encoder's chunk step as CUDA graphs (default: on CUDA); their memory is
-            taken once, at the first step, so later steps never allocate for the encoder.
+        cuda_graph: replay the encoder's chunk step as CUDA graphs (default: on CUDA, for the families
+            that have them: Phi-4MM); their memory is taken once, at the first step, so later steps never
+            allocate for the encoder.
         idle_timeout_s: a stream that has not sent audio for this many seconds
             is ended (as by :meth:`RecognizerStream.input_finished`) the next
             time any stream of the recognizer is used or waits, so that it no

@@ -68,7 +68,7 @@ class _Buffers:
     samples: torch.Tensor | np.ndarray  # float32 (B, block_samples): each slot's new samples, from its row's start
     plans: torch.Tensor | np.ndarray  # int64 (4, B): slots, block lengths, final flags, joins (first `sizes` entries)
     sizes: torch.Tensor | np.ndarray  # int64 (2,): how many slots, how many joins
-    features: torch.Tensor | np.ndarray  # float32, SlotFeatures.shape: (B, chunk_frames, n_mels) or (B, n_mels, chunk_frames)
+    features: torch.Tensor | np.ndarray  # float32, SlotFeatures.shape: the front end's layout of a chunk batch
     counts: torch.Tensor | np.ndarray  # int64 (B,): frames per slot
     cpu_s: torch.Tensor | np.ndarray  # float64 (): the compute's seconds
 

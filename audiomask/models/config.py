@@ -168,6 +168,7 @@ class Qwen3ASRConfig:
 
     @property
     def chunks_per_window(self) -> int:
+        """Conv chunks per attention window: ``n_window_infer / (2 * n_window)`` (8)."""
         return self.n_window_infer // self.chunk_frames
 
     @property

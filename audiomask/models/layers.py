@@ -108,7 +108,9 @@ def batch_lengths(
     """
     if isinstance(lengths, torch.Tensor) and lengths.device == device:
         if lengths.ndim != 1 or lengths.is_floating_point() or lengths.is_complex() or lengths.dtype == torch.bool:
-            raise ValueError(f"{name} must be a 1-D integer tensor, got {lengths.dtype} of shape {tuple(lengths.shape)}")
+            raise ValueError(
+                f"{name} must be a 1-D integer tensor, got {lengths.dtype} of shape {tuple(lengths.shape)}"
+            )
         if device.type == "cpu":
             check_lengths(name, lengths.numpy(), maximum=maximum, maximum_name=maximum_name)
         on_device = lengths.to(torch.int64)

@@ -36,6 +36,7 @@ the last frame of the token's own ``time_reduction`` frames: a chunk's tokens
 need no frame beyond the chunk (:data:`SUBSAMPLING_LOOKAHEAD_FRAMES` is 0),
 and the left context is one cached step per stage.
 """
+
 from __future__ import annotations
 
 import numpy as np

@@ -167,7 +167,9 @@ class BufferedStream(EncoderStream):
             return valid, np.zeros(self.batch_size, bool)
         final = np.asarray(final)
         if final.dtype != np.bool_ or final.shape != (self.batch_size,):
-            raise ValueError(f"final must be None or a ({self.batch_size},) bool array, got {final.dtype} {final.shape}")
+            raise ValueError(
+                f"final must be None or a ({self.batch_size},) bool array, got {final.dtype} {final.shape}"
+            )
         return valid, final
 
     def _chunk_on_device(self, chunk: object, out: torch.Tensor | None = None) -> torch.Tensor:

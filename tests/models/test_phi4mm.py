@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from audiomask.masks import phi4mm as phi4mm_masks
-from audiomask.models import Phi4MMAudioConfig, Phi4MMEncoder
+from audiomask.models import Phi4MMAudioConfig
 from audiomask.models.phi4mm import SUBSAMPLING_LOOKAHEAD_FRAMES, UNFOLD_TOKENS
 
 TOLERANCE = 1e-4  # float32 on CPU
@@ -289,8 +289,14 @@ def test_a_given_mask_replaces_the_chunk_settings(tiny_phi4mm):
         ({"mask": [[True]]}, r"mask must be a bool array or tensor of shape \(2, 5, 5\) .*got list"),
         ({"feature_lengths": torch.tensor([[40, 3]])}, "feature_lengths must be a 1-D integer tensor"),
         ({"feature_lengths": torch.tensor([40.0, 3.0])}, "feature_lengths must be a 1-D integer tensor"),
-        ({"feature_lengths": torch.tensor([41, 3])}, r"feature_lengths must be <= T \(features.shape\[1\]\) \(40\), got 41"),
-        ({"feature_lengths": torch.tensor([40])}, r"feature_lengths must have 2 entries \(features.shape\[0\]\), got 1"),
+        (
+            {"feature_lengths": torch.tensor([41, 3])},
+            r"feature_lengths must be <= T \(features.shape\[1\]\) \(40\), got 41",
+        ),
+        (
+            {"feature_lengths": torch.tensor([40])},
+            r"feature_lengths must have 2 entries \(features.shape\[0\]\), got 1",
+        ),
         ({"feature_lengths": torch.tensor([40, 3], device="meta")}, r"on the host or on the encoder's device \(cpu\)"),
     ],
 )

@@ -145,5 +145,7 @@ def test_device_lengths_equal_host_lengths(tiny_qwen3_asr):
         reference, reference_lengths = encoder(features, lengths)
         outputs, output_lengths = encoder(features, torch.tensor(lengths))
     assert output_lengths.tolist() == reference_lengths.tolist() == qwen3_asr.output_lengths(lengths).tolist()
-    assert reference.shape[1] == max(reference_lengths.tolist()) < outputs.shape[1] == qwen3_asr.output_lengths([1500])[0]
+    assert (
+        reference.shape[1] == max(reference_lengths.tolist()) < outputs.shape[1] == qwen3_asr.output_lengths([1500])[0]
+    )
     torch.testing.assert_close(outputs[:, : reference.shape[1]], reference, rtol=0, atol=0)

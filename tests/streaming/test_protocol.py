@@ -42,7 +42,9 @@ def test_steps_with_slots_reset_at_any_step_equal_each_utterance_offline(family)
     # Per slot: (first step, frames) of each utterance, one after another.
     plans = [[(0, 9 * chunk_frames + 7)], [(1, 2 * chunk_frames), (4, 3 * chunk_frames - 5)], [(2, 5)]]
     generator = torch.Generator().manual_seed(5)
-    utterances = [[torch.randn(frames, stream.feature_size, generator=generator) for _, frames in plan] for plan in plans]
+    utterances = [
+        [torch.randn(frames, stream.feature_size, generator=generator) for _, frames in plan] for plan in plans
+    ]
     collected = [[[] for _ in plan] for plan in plans]
     current = [None] * 3  # (utterance index, frames sent) per slot
     for step in range(12):
@@ -82,7 +84,12 @@ def test_open_stream_picks_the_family_and_its_geometry(tiny_phi4mm, tiny_qwen3_a
     assert (phi.chunk_frames, phi.tokens_per_chunk, phi.left_chunk, phi.chunk_shape) == (24, 3, 2, (2, 24, 80))
     qwen = open_stream(tiny_qwen3_asr(), 2, chunk_ms=1000)
     assert isinstance(qwen, Qwen3ASRStream)
-    assert (qwen.chunk_frames, qwen.tokens_per_chunk, qwen.left_chunk, qwen.chunk_shape) == (100, 104, None, (2, 128, 100))
+    assert (qwen.chunk_frames, qwen.tokens_per_chunk, qwen.left_chunk, qwen.chunk_shape) == (
+        100,
+        104,
+        None,
+        (2, 128, 100),
+    )
     assert isinstance(default_frontend(tiny_phi4mm()), Phi4MMFrontend)
     whisper = default_frontend(tiny_qwen3_asr())
     assert isinstance(whisper, WhisperFrontend) and (whisper.n_mels, whisper.time_axis) == (128, 1)
