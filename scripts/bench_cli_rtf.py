@@ -21,7 +21,7 @@ Two measurements, one JSON:
 The audio is the samples/ utterances (real speech, resampled to 16 kHz)
 repeated to ``--seconds``. The model is ``--model`` if given, else the
 shipped one, else (until it ships) random weights of its architecture
-(:data:`audiomask.bench.models.SHIPPED_CONFIG`), saved to a temporary file.
+(:data:`audiomask.asr.checkpoint.SHIPPED_ENCODER_CONFIG`), saved to a temporary file.
 
 Usage: python scripts/bench_cli_rtf.py --out bench/results/cli_rtf_cpu_2core.json
        python scripts/bench_cli_rtf.py --model path/to/model.safetensors --out ...
@@ -141,7 +141,7 @@ def main(argv: list[str]) -> int:
         elif model is None:
             model = Path(scratch) / "random.safetensors"
             save_model(build_model("shipped", torch.device("cpu")).asr, model)
-            source = "random weights of audiomask.bench.models.SHIPPED_CONFIG (no shipped model yet)"
+            source = "random weights of audiomask.asr.checkpoint.SHIPPED_ENCODER_CONFIG (no shipped model yet)"
         else:
             source = str(model)
         info = model_info(model)

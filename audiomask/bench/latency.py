@@ -51,11 +51,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from audiomask.asr.checkpoint import SHIPPED_ENCODER_CONFIG
 from audiomask.bench import plots, transfer_verdicts
 from audiomask.bench import transfer as transfer_bench
 from audiomask.bench.environment import capture_environment, write_result
 from audiomask.bench.harness import QueueFiller
-from audiomask.bench.models import SHIPPED_CONFIG, BenchModel, build_model
+from audiomask.bench.models import BenchModel, build_model
 from audiomask.bench.overlap import pipeline_section, pipeline_threads
 from audiomask.bench.single_stream import measure_latency
 from audiomask.bench.throughput import ProbePlan, make_probe, search
@@ -73,8 +74,8 @@ TRANSFER_CONDITIONS = ("idle", "busy", "busy_hot", "busy_steady")  # the guarant
 # ~1 ms of work queued on an idle GPU (transfer_bench's docstring says why that is a transient).
 TRANSFER_REPORTED_BUSY = ("busy_hot", "busy")
 CHUNK_MS = (160, 320, 640, 1280)  # single-stream latency rows
-SHIPPED_CHUNK_MS = SHIPPED_CONFIG.chunk_size * SHIPPED_CONFIG.time_reduction * FRAME_MS  # 320 ms
-LEFT_CONTEXT_MS = SHIPPED_CHUNK_MS * SHIPPED_CONFIG.left_chunk  # 1280 ms of left context at every chunk size
+SHIPPED_CHUNK_MS = SHIPPED_ENCODER_CONFIG.chunk_size * SHIPPED_ENCODER_CONFIG.time_reduction * FRAME_MS  # 320 ms
+LEFT_CONTEXT_MS = SHIPPED_CHUNK_MS * SHIPPED_ENCODER_CONFIG.left_chunk  # 1280 ms of left context at every chunk size
 PHI4MM_FULL_CHUNK_MS = 1280  # full-size Phi-4MM in the pipeline and throughput: 16 tokens of 80 ms per chunk
 PHI4MM_FULL_LEFT_CHUNKS = 4  # 5.12 s of left context (key/value cache: 80 tokens per stream and block)
 # (model, path, share of the throughput budget)
@@ -167,7 +168,7 @@ def _streaming_chunking(model: BenchModel) -> tuple[int, int]:
         return PHI4MM_FULL_CHUNK_MS // (FRAME_MS * config.time_reduction), PHI4MM_FULL_LEFT_CHUNKS
     if config.chunk_size >= 1:
         return config.chunk_size, config.left_chunk
-    return SHIPPED_CONFIG.chunk_size, SHIPPED_CONFIG.left_chunk
+    return SHIPPED_ENCODER_CONFIG.chunk_size, SHIPPED_ENCODER_CONFIG.left_chunk
 
 
 def transfer_section(settings: RunSettings, device: torch.device, budget: Budget, notes: list[str]) -> list[dict]:

@@ -2,7 +2,7 @@
 
 - ``shipped``: :func:`audiomask.asr.checkpoint.load_model` (the model inside the
   package) where it is there; until it is, a random model of the shipped
-  architecture (:data:`SHIPPED_CONFIG`), said so in the report. Float32, as shipped.
+  architecture (:data:`~audiomask.asr.checkpoint.SHIPPED_ENCODER_CONFIG`), said so in the report. Float32, as shipped.
 - ``phi4mm_full``: the full-size Phi-4MM encoder (``Phi4MMAudioConfig()``,
   441M parameters), random weights, bf16 on CUDA (float32 on the CPU).
 - ``qwen3_asr_0.6b``: the Qwen3-ASR-0.6B audio encoder (:data:`QWEN3_ASR_06B`),
@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from audiomask.asr.checkpoint import SHIPPED_ENCODER_CONFIG
 from audiomask.asr.decoding import CharTokenizer
 from audiomask.asr.driver import StreamingDriver
 from audiomask.asr.model import ASRModel
@@ -36,7 +37,6 @@ from audiomask.streaming import open_stream
 __all__ = [
     "MODEL_NAMES",
     "QWEN3_ASR_06B",
-    "SHIPPED_CONFIG",
     "TINY_PHI4MM",
     "TINY_QWEN3_ASR",
     "BenchModel",
@@ -44,22 +44,6 @@ __all__ = [
 ]
 
 MODEL_NAMES = ("shipped", "phi4mm_full", "qwen3_asr_0.6b")
-# The shipped model's architecture (scripts/train_ctc.py TrainConfig, audiomask.asr.checkpoint): 4 frames
-# (40 ms) per token, 320 ms chunks (8 tokens), 8 chunks of left context.
-SHIPPED_CONFIG = Phi4MMAudioConfig(
-    hidden_size=192,
-    intermediate_size=512,
-    num_blocks=6,
-    num_attention_heads=4,
-    ext_pw_out_channel=192,
-    depthwise_separable_out_channel=192,
-    kernel_size=9,
-    nemo_conv_channels=64,
-    time_reduction=4,
-    bias_max_distance=128,
-    chunk_size=8,
-    left_chunk=8,
-)
 # Qwen3-ASR-0.6B's audio encoder (Qwen/Qwen3-ASR-0.6B config.json, audio_config); the defaults are 1.7B's.
 QWEN3_ASR_06B = Qwen3ASRConfig(encoder_layers=18, encoder_attention_heads=14, encoder_ffn_dim=3584, d_model=896)
 RANDOM_ALPHABET = "abcdefghijklmnopqrstuvwxyz' "  # the CTC vocabulary of random models
@@ -131,7 +115,7 @@ def _shipped() -> tuple[ASRModel, str]:
 
     if DEFAULT_MODEL_PATH.is_file():
         return load_model(), f"audiomask.asr.checkpoint.load_model() ({DEFAULT_MODEL_PATH.name})"
-    return _random_asr(SHIPPED_CONFIG), "random weights of the shipped architecture (no packaged model yet)"
+    return _random_asr(SHIPPED_ENCODER_CONFIG), "random weights of the shipped architecture (no packaged model yet)"
 
 
 def build_model(name: str, device: torch.device, *, quick: bool = False) -> BenchModel:

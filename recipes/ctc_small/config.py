@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from audiomask.bench.models import SHIPPED_CONFIG as ARCHITECTURE
+from audiomask.asr.checkpoint import SHIPPED_ENCODER_CONFIG as ARCHITECTURE
 from audiomask.constants import FRAME_MS
 from audiomask.models import Phi4MMAudioConfig
 
