@@ -345,7 +345,10 @@ def _write_plots(report: dict, json_path: Path, notes: list[str]) -> list[str]:
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="audiomask bench",
+        description="The streaming latency benchmark: transfer, pipeline, single-stream latency and concurrent streams.",
+    )
     parser.add_argument("--out", type=Path, help="write the JSON report here (and its PNG plots beside it)")
     parser.add_argument("--quick", action="store_true", help="a smoke test of every section (< 1 min on 2 cores)")
     parser.add_argument("--device", default="auto", help="auto (CUDA where available), cpu or cuda[:N]")

@@ -15,8 +15,8 @@ from audiomask.bench.signals import speech_like
 from audiomask.features import Phi4MMFrontend
 from audiomask.features.phi4mm import kaldi_mel_banks
 
-PARITY_TOL = 1e-3  # acceptance: max abs difference in log-mel against transformers
-STREAM_TOL = 1e-5  # acceptance: streamed against offline
+PARITY_TOL = 1e-3  # the contract: max abs difference in log-mel against transformers
+STREAM_TOL = 1e-5  # the contract: streamed against offline
 SAMPLES = ["hello_world", "weather", "numbers", "stereo_44k"]
 # Lengths around the framing's edges (400-sample window, 160 hop) and beyond.
 LENGTHS = [400, 401, 559, 560, 5000, 16000, 37117, 160000]

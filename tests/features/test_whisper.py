@@ -22,7 +22,7 @@ from audiomask.features.whisper import (
     WHISPER_WINDOW_SAMPLES,
 )
 
-PARITY_TOL = 1e-3  # acceptance: max abs difference against transformers
+PARITY_TOL = 1e-3  # the contract: max abs difference against transformers
 STREAM_TOL = 1e-5  # streamed against the same rule offline
 SAMPLES = ["hello_world", "weather", "numbers", "stereo_44k"]
 # transformers needs more than 200 samples (torch.stft reflect-pads 200); ours also takes fewer.
