@@ -16,16 +16,13 @@ more, run them under the ``fuzz`` profile:
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import io
 import math
 import re
-import resource
 import struct
-import sys
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -81,29 +78,6 @@ EXTREME_FIELDS += [0xFFFFFFFF, 0x100000000, 2**62, 2**63 - 1, 2**64 - 1, 16001, 
 def examples() -> int:
     """Examples per property: half the hypothesis profile's (each writes and reads a file)."""
     return max(1, settings.default.max_examples // 2)
-
-
-# The same fixture as tests/masks/conftest.py's, until tests/conftest.py holds it for both.
-@contextlib.contextmanager
-def _bounded_address_space(headroom: int) -> Iterator[None]:
-    """Let the process map at most ``headroom`` more bytes (RLIMIT_AS) while the block runs (Linux)."""
-    if not sys.platform.startswith("linux"):
-        pytest.skip("RLIMIT_AS bounds allocations on Linux only")
-    with open("/proc/self/status") as status:
-        mapped = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmSize:"))
-    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-    limit = mapped + headroom if hard == resource.RLIM_INFINITY else min(mapped + headroom, hard)
-    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
-    try:
-        yield
-    finally:
-        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
-
-
-@pytest.fixture(scope="session")
-def bounded_address_space() -> Callable[[int], contextlib.AbstractContextManager[None]]:
-    """``with bounded_address_space(headroom):`` an allocation of more than ``headroom`` bytes raises MemoryError."""
-    return _bounded_address_space
 
 
 def signal(rate: int, channels: int, seconds: float = 0.3, seed: int = 0) -> np.ndarray:

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import resource
-import sys
 from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 
@@ -210,28 +208,6 @@ def assert_builds() -> Callable[[Callable[..., np.ndarray], np.ndarray], None]:
 
 
 # ---- allocation bounds ----
-
-
-@contextlib.contextmanager
-def _bounded_address_space(headroom: int) -> Iterator[None]:
-    """Let the process map at most ``headroom`` more bytes (RLIMIT_AS) while the block runs (Linux)."""
-    if not sys.platform.startswith("linux"):
-        pytest.skip("RLIMIT_AS bounds allocations on Linux only")
-    with open("/proc/self/status") as status:
-        mapped = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmSize:"))
-    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-    limit = mapped + headroom if hard == resource.RLIM_INFINITY else min(mapped + headroom, hard)
-    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
-    try:
-        yield
-    finally:
-        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
-
-
-@pytest.fixture(scope="session")
-def bounded_address_space() -> Callable[[int], contextlib.AbstractContextManager[None]]:
-    """``with bounded_address_space(headroom):`` an allocation of more than ``headroom`` bytes raises MemoryError."""
-    return _bounded_address_space
 
 
 @contextlib.contextmanager
