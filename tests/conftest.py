@@ -223,3 +223,32 @@ def _bounded_address_space(headroom: int) -> Iterator[None]:
 def bounded_address_space() -> Callable[[int], contextlib.AbstractContextManager[None]]:
     """``with bounded_address_space(headroom):`` an allocation of more than ``headroom`` bytes raises MemoryError."""
     return _bounded_address_space
+
+
+class _CpuOnlyTorchDevice(type):
+    """The metaclass of a stand-in for ``torch.device`` as a torch build without CUDA has it: an index names no device."""
+
+    real = torch.device
+
+    def __instancecheck__(cls, instance: object) -> bool:
+        return isinstance(instance, _CpuOnlyTorchDevice.real)
+
+    def __call__(cls, *args: object) -> torch.device:
+        if len(args) == 1 and isinstance(args[0], (int, np.integer)):
+            raise RuntimeError("no accelerator is available to take a device index")
+        return _CpuOnlyTorchDevice.real(*args)
+
+
+@pytest.fixture
+def cpu_only_torch(monkeypatch: pytest.MonkeyPatch) -> Iterator[type]:
+    """torch as a build without CUDA has it, for this test: no CUDA device, and ``torch.device(int)`` raises.
+
+    Returns the real ``torch.device``.
+    """
+    from audiomask.transfer import _resolve
+
+    monkeypatch.setattr(torch, "device", _CpuOnlyTorchDevice("device", (), {}))
+    monkeypatch.setattr(_resolve, "_cuda_device_count", lambda: 0)
+    _resolve._resolve_cached.cache_clear()  # resolved with CUDA (on a GPU machine) by earlier tests
+    yield _CpuOnlyTorchDevice.real
+    _resolve._resolve_cached.cache_clear()  # and resolved without it here

@@ -314,7 +314,8 @@ _MIN_WAIT_S = 0.001  # seconds: an idle timeout that expires now is checked afte
 def _check_device(device: object) -> torch.device:
     """``device`` as a torch device; ``ValueError`` when it is not a CPU or CUDA device this machine has."""
     target = resolve_device(device)  # names a malformed device or a missing CUDA index; CPU without CUDA
-    if target.type == "cpu" and torch.device(device).type == "cuda":
+    # Every form resolve_device accepts but "cpu" names CUDA; torch.device(int) itself raises on a CPU-only build.
+    if target.type == "cpu" and str(device).split(":")[0] != "cpu":
         raise ValueError(
             f"device={device!r}, but CUDA is not available on this machine (torch.cuda.is_available() is False); "
             "pass device='cpu'"

@@ -41,6 +41,12 @@ def test_cuda_device_without_cuda_is_a_clear_value_error(model, device):
         StreamingRecognizer(model, device, chunk_ms=CHUNK_MS)
 
 
+@pytest.mark.parametrize("device", ["cuda", "cuda:0", 0, np.int64(0)])
+def test_a_cuda_device_on_a_torch_build_without_cuda_is_a_clear_value_error(model, device, cpu_only_torch):
+    with pytest.raises(ValueError, match=r"CUDA is not available on this machine .*pass device='cpu'"):
+        StreamingRecognizer(model, device, chunk_ms=CHUNK_MS)
+
+
 @pytest.mark.parametrize("device", ["tpu", "mps", "cuda:x", True])
 def test_unknown_devices_name_the_device(model, device):
     with pytest.raises(ValueError, match="device"):

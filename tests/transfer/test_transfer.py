@@ -294,29 +294,9 @@ def test_to_device_falls_back_to_cpu_without_cuda(device) -> None:
     assert result.tolist() == [0, 1, 2]
 
 
-class CpuOnlyTorchDevice(type):
-    """The metaclass of a stand-in for ``torch.device`` as a torch build without CUDA has it: an index names no device."""
-
-    real = torch.device
-
-    def __instancecheck__(cls, instance: object) -> bool:
-        return isinstance(instance, CpuOnlyTorchDevice.real)
-
-    def __call__(cls, *args: object) -> torch.device:
-        if len(args) == 1 and isinstance(args[0], (int, np.integer)):
-            raise RuntimeError("no accelerator is available to take a device index")
-        return CpuOnlyTorchDevice.real(*args)
-
-
 @pytest.mark.parametrize("device", [0, np.int64(1), "cuda:0", torch.device("cuda", 0)])
-def test_a_cuda_device_falls_back_to_cpu_where_torch_has_no_cuda(
-    device, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
-) -> None:
-    monkeypatch.setattr(torch, "device", CpuOnlyTorchDevice("device", (), {}))
-    monkeypatch.setattr(_resolve, "_cuda_device_count", lambda: 0)
-    _resolve._resolve_cached.cache_clear()  # resolved with CUDA (on a GPU machine) by earlier tests
-    request.addfinalizer(_resolve._resolve_cached.cache_clear)  # and resolved without it here
-    assert _resolve.resolve_device(device) == CpuOnlyTorchDevice.real("cpu")
+def test_a_cuda_device_falls_back_to_cpu_where_torch_has_no_cuda(device, cpu_only_torch) -> None:
+    assert _resolve.resolve_device(device) == cpu_only_torch("cpu")
     result = to_device(np.arange(3), device)
     assert result.device.type == "cpu" and result.tolist() == [0, 1, 2]
 
