@@ -5,13 +5,17 @@
 shapes) and advances every utterance that occupies a slot by one encoder
 chunk per *cycle*:
 
-1. **plan** (main thread, host bookkeeping only): admit waiting streams into
-   free slots; take each occupied slot's next block of samples (a stream's
-   first block is ``hop * (chunk_frames - 1) + win - pad`` samples, later
-   blocks ``chunk_frames * hop``, so every block but the last yields exactly
-   one encoder chunk of frames, whatever sizes the samples arrived in).
-2. **features** (worker thread): the frames of every slot's block in ONE
-   batched front-end call (by default the stream family's,
+1. **plan** (main thread, host bookkeeping only,
+   :class:`~audiomask.asr.planner.CyclePlanner`): admit waiting streams into
+   free slots; name each occupied slot's next block of samples in its ring (a
+   stream's first block is ``hop * (chunk_frames - 1) + win - pad`` samples,
+   later blocks ``chunk_frames * hop``, so every block but the last yields
+   exactly one encoder chunk of frames, whatever sizes the samples arrived
+   in). Samples go into the rings as they are fed; a plan is a few ``(B,)``
+   array operations, with no per-stream Python in the steady state.
+2. **features** (worker thread or processes): the frames of every slot's
+   block in ONE batched front-end call per process (by default the stream
+   family's front end,
    :meth:`~audiomask.streaming.EncoderStream.default_frontend`), laid out as
    the stream's ``chunk_shape`` host batch.
 3. **encode** (main thread): the batch is staged to the device with
@@ -24,7 +28,8 @@ chunk per *cycle*:
 4. **collect** (main thread, one cycle later): read cycle N-1's argmax (its
    event has long completed when cycle N has been enqueued), greedy-CTC decode
    each slot's real frames (:class:`~audiomask.asr.decoding.GreedyCTCDecoder`),
-   append text (and, with ``keep_outputs``, the encoder outputs).
+   append text (and, with ``keep_outputs``, the encoder outputs): array
+   operations over the slots, then one list extension per stream.
 
 Why a worker thread: the front end is the CPU's share (log-mel of every
 stream's block, one batched torch computation) and the encoder step is the
@@ -32,7 +37,8 @@ device's share. They depend on each other only through the per-cycle batch:
 the features of cycle N+1 need only samples (host), never results of cycle N.
 So the main thread plans cycle N+1 and hands its features to a single worker
 thread, then encodes cycle N, and the host work of N+1 hides behind the GPU
-work of N. One worker (not a pool) keeps the front-end state of each slot
+work of N. One worker (not a pool), or one process per fixed slice of the
+slots, keeps the front-end state of each slot
 (:class:`~audiomask.features.slots.SlotFeatures`) touched in cycle order; all
 slot resets are applied in cycle order by the stage that owns the state
 (framers: features; caches: encode; decoder rows: collect), so a slot freed
@@ -42,11 +48,14 @@ A thread shares the interpreter lock with the main thread, and the front end
 hands it over and takes it back at every torch call: with cycles of a few
 milliseconds the two threads slow each other down (on the H200 the front end
 ran 1.7-2.3x slower overlapped than alone). ``frontend_process=True`` moves
-the worker into a process of its own
+the worker into processes of their own
 (:class:`~audiomask.features.process.FeatureProcess`: shared-memory buffers,
 the same computation bit for bit), for servers that keep a driver running:
 on the H200 that driver ran 2.7x faster than serial, within 3 % of
-max(front end, encoder step), where a thread gave 1.16x.
+max(front end, encoder step), where a thread gave 1.16x. One process carries
+a few thousand real-time streams; ``frontend_workers`` splits the slots over
+several (by default one per four of the cores this process may use), so
+that the front end scales with the host.
 
 Batching: a stream's row of the batch sees only its own caches, masks and
 token positions (its start step is recorded per slot), so its outputs do not
@@ -56,10 +65,12 @@ next block (or has ended). Streams are admitted only once their first block
 is there, so a slow live stream holds back its batch only mid-utterance;
 per-slot ring phases (so that a slot can skip a step) are future work.
 
-Instrumentation: one :class:`CycleTiming` per cycle (CPU feature time,
-host enqueue time, encode time — CUDA events on CUDA, ``perf_counter`` on the
-CPU, wait time) and :meth:`RunStats.overlap`,
-``(T_cpu + T_gpu - T_wall) / min(T_cpu, T_gpu)``.
+Instrumentation (:mod:`audiomask.asr.stats`): one :class:`CycleTiming` per
+cycle (front-end time, host enqueue time, encode time — CUDA events on CUDA,
+``perf_counter`` on the CPU, wait time, and the CPU seconds of each stage),
+:meth:`RunStats.overlap`, ``(T_cpu + T_gpu - T_wall) / min(T_cpu, T_gpu)``,
+and :meth:`RunStats.cpu_per_audio_s`, what each stage costs the host per
+stream-second of audio.
 """
 
 from __future__ import annotations
@@ -68,18 +79,21 @@ import contextlib
 import itertools
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from audiomask.asr.decoding import GreedyCTCDecoder
+from audiomask.asr.planner import CyclePlanner, DriverStream, PlannedCycle, ring_capacity
+from audiomask.asr.stats import RECENT_CYCLES, CycleTiming, RunStats
 from audiomask.checks import check_int
+from audiomask.constants import SAMPLE_RATE
 from audiomask.features.frontend import Frontend, as_samples
 from audiomask.features.process import MAX_IN_FLIGHT, FeatureProcess
-from audiomask.features.slots import SlotFeatures
+from audiomask.features.slots import SlotFeatures, SlotSamples
 from audiomask.models.ctc import CTCHead
 from audiomask.streaming import EncoderStream
 from audiomask.transfer import pinned_empty, to_host
@@ -88,135 +102,15 @@ __all__ = ["RECENT_CYCLES", "CycleTiming", "DriverStream", "RunStats", "Streamin
 
 
 @dataclass
-class CycleTiming:
-    """Seconds spent on one cycle (one encoder chunk step for all its streams)."""
-
-    cycle: int
-    streams: int  # occupied slots
-    cpu_s: float  # front end (worker thread)
-    enqueue_s: float  # host time to stage, reset, launch the step, head and argmax
-    encode_s: float  # the step on the device (CUDA events) or on the CPU (perf_counter)
-    wait_s: float  # main thread blocked on the worker's features or on results
-
-
-RECENT_CYCLES = 4096  # per-cycle timings kept: a server running for days keeps totals, not every cycle
-
-
-@dataclass
-class RunStats:
-    """Timings of the recent cycles, totals over every cycle, and the wall time of the driver's loops.
-
-    ``cycles`` holds the last :data:`RECENT_CYCLES` :class:`CycleTiming` (older
-    ones are dropped, so memory stays flat however long a driver runs);
-    ``count``, ``chunks`` (stream-chunks encoded), ``cpu_s`` and ``gpu_s`` count
-    every cycle. Given ``cycles`` and no totals, the totals are computed from them.
-
-    >>> stats = RunStats([CycleTiming(0, 2, cpu_s=2.0, enqueue_s=0.1, encode_s=3.0, wait_s=0.0)], wall_s=3.5)
-    >>> stats.count, stats.chunks, stats.overlap()
-    (1, 2, 0.75)
-    """
-
-    cycles: deque[CycleTiming] = field(default_factory=deque)
-    wall_s: float = 0.0
-    count: int = 0  # cycles run
-    chunks: int = 0  # stream-chunks encoded: the sum of the cycles' streams
-    cpu_s: float = 0.0  # front end, all cycles
-    gpu_s: float = 0.0  # encoder step, all cycles
-
-    def __post_init__(self) -> None:
-        given = list(self.cycles)
-        self.cycles = deque(given, maxlen=RECENT_CYCLES)
-        if given and not self.count:
-            self.count, self.chunks = len(given), sum(c.streams for c in given)
-            self.cpu_s, self.gpu_s = sum(c.cpu_s for c in given), sum(c.encode_s for c in given)
-
-    def record(self, timing: CycleTiming) -> None:
-        """Add one cycle's timing."""
-        self.cycles.append(timing)
-        self.count += 1
-        self.chunks += timing.streams
-        self.cpu_s += timing.cpu_s
-        self.gpu_s += timing.encode_s
-
-    def set_encode(self, cycle: int, encode_s: float) -> None:
-        """Set the encode time of cycle ``cycle`` once it is known (CUDA events are read one cycle later)."""
-        for timing in reversed(self.cycles):
-            if timing.cycle == cycle:
-                self.gpu_s += encode_s - timing.encode_s
-                timing.encode_s = encode_s
-                return
-
-    def since(self, cycle: int) -> list[CycleTiming]:
-        """The kept timings of cycle ``cycle`` and later."""
-        return [timing for timing in self.cycles if timing.cycle >= cycle]
-
-    def overlap(self) -> float:
-        """``(T_cpu + T_gpu - T_wall) / min(T_cpu, T_gpu)``: 1 = the shorter side fully hidden, 0 = serial."""
-        shorter = min(self.cpu_s, self.gpu_s)
-        return (self.cpu_s + self.gpu_s - self.wall_s) / shorter if shorter > 0 else 0.0
-
-
-class DriverStream:
-    """One utterance inside a :class:`StreamingDriver`: samples in, token ids (and outputs) out."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.ids: list[int] = []  # greedy CTC token ids so far
-        self.tokens = 0  # encoder output tokens so far
-        self.outputs: list[torch.Tensor] = []  # with keep_outputs: (n, D) pieces on the CPU
-        self.ended = False  # no more samples will come
-        self.done = False  # every output has been collected
-        self._queue: deque[np.ndarray] = deque()
-        self._queued = 0
-        self._fed = 0  # samples handed to the front end
-        self._slot: int | None = None
-
-    def __repr__(self) -> str:
-        return f"DriverStream({self.name!r}, tokens={self.tokens}, done={self.done})"
-
-    def _take(self, count: int) -> np.ndarray:
-        """The next ``count`` queued samples (all of them if fewer)."""
-        pieces, need = [], count
-        while need > 0 and self._queue:
-            head = self._queue[0]
-            if len(head) <= need:
-                pieces.append(self._queue.popleft())
-                need -= len(head)
-            else:
-                pieces.append(head[:need])
-                self._queue[0] = head[need:]
-                need = 0
-        if not pieces:
-            block = np.zeros(0, np.float32)
-        else:
-            block = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
-        self._queued -= len(block)
-        self._fed += len(block)
-        return block
-
-
-@dataclass
-class _Cycle:
-    index: int
-    slots: np.ndarray  # (S,) occupied slots, ascending
-    streams: list[DriverStream]
-    blocks: list[np.ndarray]
-    final: np.ndarray  # (S,) bool: the stream's last block
-    joins: np.ndarray  # slots whose stream starts in this cycle
-    features: np.ndarray | None = None  # the stream's chunk_shape host batch, set by the worker
-    counts: np.ndarray | None = None  # (B,) frames per slot
-    cpu_s: float = 0.0
-
-
-@dataclass
 class _InFlight:
-    cycle: _Cycle
+    cycle: PlannedCycle
     best: torch.Tensor  # (B, n) argmax ids (host tensor once the copy has landed)
     outputs: torch.Tensor | None  # (B, n, D), with keep_outputs
     valid: np.ndarray  # (B,) real tokens per slot
     done: object  # CUDA event after the copy back, or None
     events: tuple[object, object] | None  # CUDA events around the step
     enqueue_s: float
+    enqueue_cpu_s: float
     encode_s: float
 
 
@@ -234,12 +128,17 @@ class StreamingDriver:
         keep_outputs: keep every stream's encoder outputs (``DriverStream.outputs``), for tests and analysis.
         overlap: compute the next cycle's features on a worker thread while the device encodes (``False``:
             serial, for comparison: features, encode, wait for the results, cycle after cycle).
-        frontend_process: with ``overlap``, compute the features in a process of their own
+        frontend_process: with ``overlap``, compute the features in processes of their own
             (:class:`~audiomask.features.process.FeatureProcess`) rather than on a thread: the front end
             then shares no interpreter lock with the main thread, which a thread does at every torch
-            call; it costs a second interpreter (seconds to start, once, and its memory). Call
+            call; each process costs an interpreter (seconds to start, once, and its memory). Call
             :meth:`close` when done. A script that makes such a driver guards its entry point with
-            ``if __name__ == "__main__":`` (the process is spawned, which imports the script again).
+            ``if __name__ == "__main__":`` (the processes are spawned, which imports the script again).
+        frontend_workers: with ``frontend_process``, how many processes share the slots (each owns a
+            fixed contiguous slice; the features are the same bit for bit whatever the count); default
+            :func:`~audiomask.features.process.default_workers`: one per four cores this process may run
+            on, at most ``batch_size``. The attribute ``frontend_workers`` holds the count (0 without
+            processes).
 
     >>> import numpy as np
     >>> from audiomask.asr.checkpoint import load_model
@@ -261,6 +160,7 @@ class StreamingDriver:
         keep_outputs: bool = False,
         overlap: bool = True,
         frontend_process: bool = False,
+        frontend_workers: int | None = None,
     ) -> None:
         if not isinstance(stream, EncoderStream):
             raise ValueError(f"stream must be an EncoderStream (audiomask.streaming), got {type(stream).__name__}")
@@ -279,6 +179,15 @@ class StreamingDriver:
             )
         if frontend_process and not overlap:
             raise ValueError("frontend_process=True needs overlap=True (a serial driver computes features in line)")
+        if frontend_workers is not None:
+            if not frontend_process:
+                raise ValueError("frontend_workers needs frontend_process=True (it counts the front end's processes)")
+            frontend_workers = check_int("frontend_workers", frontend_workers, minimum=1)
+            if frontend_workers > stream.batch_size:
+                raise ValueError(
+                    f"frontend_workers must be at most the stream's batch_size ({stream.batch_size}): each "
+                    f"process owns slots, got {frontend_workers}"
+                )
         self.stream, self.head = stream, head
         self.batch_size, self.device, self.chunk_frames = stream.batch_size, stream.device, stream.chunk_frames
         framing = self.frontend.framing
@@ -286,21 +195,28 @@ class StreamingDriver:
         # The first chunk's last frame ends at hop * (chunk_frames - 1) + win samples of the padded signal.
         self.first_block_samples = framing.hop * (self.chunk_frames - 1) + framing.win - framing.pad
         self.keep_outputs = bool(keep_outputs)
+        self.overlap = bool(overlap)
         self.stats = RunStats()
         self._decoder = GreedyCTCDecoder(self.batch_size)
-        self._slots: list[DriverStream | None] = [None] * self.batch_size
-        self._waiting: deque[DriverStream] = deque()
         self._cycles = 0
         self._names = itertools.count()
-        self._slot_features = SlotFeatures(self.frontend, self.batch_size, self.chunk_frames)
-        threaded = overlap and not frontend_process
-        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="audiomask-features") if threaded else None
-        self._process = (
-            FeatureProcess(self.frontend, self.batch_size, self.chunk_frames, self.first_block_samples)
-            if frontend_process
-            else None
-        )
-        self.overlap = bool(overlap)
+        capacity = ring_capacity(self.first_block_samples, self.block_samples)
+        self._worker: ThreadPoolExecutor | None = None  # the front end on a thread ...
+        self._process: FeatureProcess | None = None  # ... or in processes ...
+        self._slot_features: SlotFeatures | None = None  # ... or here (on the thread, or serial)
+        if frontend_process:
+            self._process = FeatureProcess(
+                self.frontend, self.batch_size, self.chunk_frames, capacity, workers=frontend_workers
+            )
+            rings = self._process.samples
+        else:
+            self._slot_features = SlotFeatures(self.frontend, self.batch_size, self.chunk_frames)
+            rings = np.zeros((self.batch_size, capacity), np.float32)
+            if overlap:
+                self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="audiomask-features")
+        self.frontend_workers = self._process.workers if self._process is not None else 0
+        self._samples = SlotSamples(rings)
+        self._planner = CyclePlanner(self.batch_size, self.first_block_samples, self.block_samples, self._samples)
         cuda = self.device.type == "cuda"
         self._compute = torch.cuda.Stream(self.device) if cuda else None
         # Two of each, alternating by cycle: cycle N's are read at its collection, before cycle N + 2 reuses them.
@@ -316,21 +232,22 @@ class StreamingDriver:
     def open(self, name: str | None = None) -> DriverStream:
         """A new stream; it takes a slot once its first block of samples (or its end) has arrived."""
         stream = DriverStream(f"stream-{next(self._names)}" if name is None else str(name))
-        self._waiting.append(stream)
+        self._planner.open(stream)
         return stream
 
     def feed(self, stream: DriverStream, samples: object) -> None:
         """Queue 16 kHz float samples for ``stream`` (any number, empty allowed); nothing is computed here."""
+        started = time.thread_time()
         if stream.ended:
             raise ValueError(f"accept after finish: stream {stream.name!r} has ended")
         samples = as_samples("samples", samples)
         if len(samples):
-            stream._queue.append(samples.copy())
-            stream._queued += len(samples)
+            self._planner.feed(stream, samples)
+        self.stats.feed_cpu_s += time.thread_time() - started
 
     def end(self, stream: DriverStream) -> None:
         """No more samples for ``stream``: its last block is processed by the next cycles."""
-        stream.ended = True
+        self._planner.end(stream)
 
     def run(self, signals: Sequence[object], starts: Sequence[int] | None = None) -> list[DriverStream]:
         """Stream whole signals; ``starts[i]``: the cycle at which signal ``i`` opens (default all at 0).
@@ -365,7 +282,7 @@ class StreamingDriver:
 
     # -- the pipelined loop --------------------------------------------------------------------
 
-    def advance(self, before_plan=None) -> int:
+    def advance(self, before_plan: Callable[[int], None] | None = None) -> int:
         """Run every cycle that can run now (each occupied slot has its next block or has ended).
 
         ``before_plan(cycle)`` is called before each cycle is planned (to
@@ -374,43 +291,61 @@ class StreamingDriver:
         start_wall = time.perf_counter()
         ran = 0
         # Cycles planned and handed to the front end ahead of the one being encoded: one for a worker
-        # thread; a process gets the next one queued too, so it never waits for this thread to plan.
+        # thread; processes get the next one queued too, so they never wait for this thread to plan.
         depth = MAX_IN_FLIGHT if self._process is not None else 1
-        ahead: deque[tuple[_Cycle, Future | _Cycle | None]] = deque()
+        serial = self._worker is None and self._process is None
+        ahead: deque[PlannedCycle] = deque()
+        cpu_mark = time.thread_time()
         self._plan_ahead(ahead, depth, before_plan)
         in_flight: _InFlight | None = None
         while ahead:
-            plan, pending = ahead.popleft()
+            plan = ahead.popleft()
             waited = time.perf_counter()
-            self._features_result(plan, pending)
-            wait_s = time.perf_counter() - waited if pending is not None else 0.0  # serial: that was the work
+            self._features_result(plan)
+            wait_s = 0.0 if serial else time.perf_counter() - waited  # serial: that was the work
             self._plan_ahead(ahead, depth, before_plan)  # the front end computes N+1 (and N+2) ...
             record = self._encode(plan)  # ... while cycle N is encoded
             if in_flight is not None:
                 wait_s += self._collect(in_flight)
             in_flight = record
-            if not self.overlap:  # serial: a cycle ends (results on the host) before the next one's features
+            if not self.overlap or not ahead:  # serial, or the last cycle that can run now: results in
                 wait_s += self._collect(record)
                 in_flight = None
+            cpu_now = time.thread_time()
+            own_cpu_s = cpu_now - cpu_mark - record.enqueue_cpu_s - (plan.frontend_cpu_s if serial else 0.0)
+            cpu_mark = cpu_now
             self.stats.record(
-                CycleTiming(plan.index, len(plan.slots), plan.cpu_s, record.enqueue_s, record.encode_s, wait_s)
+                CycleTiming(
+                    plan.index,
+                    len(plan.slots),
+                    plan.frontend_s,
+                    record.enqueue_s,
+                    record.encode_s,
+                    wait_s,
+                    audio_s=plan.audio_samples / SAMPLE_RATE,
+                    frontend_cpu_s=plan.frontend_cpu_s,
+                    host_cpu_s=own_cpu_s,
+                    enqueue_cpu_s=record.enqueue_cpu_s,
+                )
             )
             ran += 1
-        if in_flight is not None:
-            self.stats.cycles[-1].wait_s += self._collect(in_flight)
         self.stats.wall_s += time.perf_counter() - start_wall
         return ran
 
-    def _plan_ahead(self, ahead: deque, depth: int, before_plan) -> None:
+    def _plan_ahead(self, ahead: deque[PlannedCycle], depth: int, before_plan) -> None:
         """Plan cycles and hand them to the front end until ``depth`` are ahead or none can run yet."""
         while len(ahead) < depth:
-            plan = self._plan(before_plan)
+            if before_plan is not None:
+                before_plan(self._cycles)
+            plan = self._planner.plan(self._cycles)
             if plan is None:
                 return
-            ahead.append((plan, self._submit(plan)))
+            self._cycles += 1
+            self._submit(plan)
+            ahead.append(plan)
 
     def close(self) -> None:
-        """Stop the worker thread or process."""
+        """Stop the worker thread or processes."""
         if self._worker is not None:
             self._worker.shutdown(wait=True)
             self._worker = None
@@ -418,81 +353,37 @@ class StreamingDriver:
             self._process.close()
             self._process = None
 
-    def _submit(self, plan: _Cycle | None) -> Future | _Cycle | None:
-        """Start ``plan``'s features beside the main thread: its Future (thread), ``plan`` (process), None (serial)."""
-        if plan is None:
-            return None
+    def _submit(self, plan: PlannedCycle) -> None:
+        """Start ``plan``'s features beside the main thread (a serial driver computes them when it needs them)."""
         if self._process is not None:
-            self._process.submit(plan.slots, plan.blocks, plan.final, plan.joins)
-            return plan  # its features are the process's next result
-        if self._worker is None:
-            return None
-        return self._worker.submit(self._features, plan)
+            self._process.submit(plan.blocks)  # its features are the processes' next result
+        elif self._worker is not None:
+            plan.pending = self._worker.submit(self._features, plan)
 
-    def _features_result(self, plan: _Cycle, pending: Future | _Cycle | None) -> None:
-        if pending is None:
-            self._features(plan)
-        elif self._process is not None:
-            plan.features, plan.counts, plan.cpu_s = self._process.result()
+    def _features_result(self, plan: PlannedCycle) -> None:
+        """``plan``'s features, computed: their room in the rings may be written again."""
+        if self._process is not None:
+            result = self._process.result()
+            plan.features, plan.counts = result.features, result.counts
+            plan.frontend_s, plan.frontend_cpu_s = result.seconds, result.cpu_s
+        elif isinstance(plan.pending, Future):
+            plan.pending.result()
         else:
-            pending.result()  # type: ignore[union-attr]
+            self._features(plan)
+        self._planner.release(plan)
 
-    def _plan(self, before_plan) -> _Cycle | None:
-        """Host bookkeeping of the next cycle: admissions, barrier, blocks. None when it cannot run yet."""
-        if before_plan is not None:
-            before_plan(self._cycles)
-        joins = []
-        for slot, occupant in enumerate(self._slots):
-            if occupant is not None or not self._waiting:
-                continue
-            candidate = self._waiting[0]
-            if not (candidate.ended or candidate._queued >= self.first_block_samples):
-                break  # admitted in order of opening
-            self._waiting.popleft()
-            candidate._slot = slot
-            self._slots[slot] = candidate
-            joins.append(slot)
-        occupied = [s for s in range(self.batch_size) if self._slots[s] is not None]
-        if not occupied:
-            return None
-        needs = {s: self.first_block_samples if self._slots[s]._fed == 0 else self.block_samples for s in occupied}
-        if not all(self._slots[s].ended or self._slots[s]._queued >= needs[s] for s in occupied):
-            for slot in joins:  # not this cycle after all: back to waiting, slot free again
-                stream = self._slots[slot]
-                self._slots[slot], stream._slot = None, None
-                self._waiting.appendleft(stream)
-            return None
-        streams = [self._slots[s] for s in occupied]
-        blocks = [stream._take(needs[s]) for s, stream in zip(occupied, streams)]
-        final = np.array([stream.ended and stream._queued == 0 for stream in streams])
-        for slot, last in zip(occupied, final):
-            if last:
-                self._slots[slot] = None  # free for the next plan: every reset is applied in cycle order
-        cycle = _Cycle(
-            self._cycles,
-            np.array(occupied),
-            streams,
-            blocks,
-            final,
-            np.array(joins, np.int64),
-        )
-        self._cycles += 1
-        return cycle
-
-    def _features(self, plan: _Cycle) -> None:
+    def _features(self, plan: PlannedCycle) -> None:
         """Worker (or serial): the frames of every slot's block in one batched front-end call, as one chunk batch."""
-        started = time.perf_counter()
-        plan.features, plan.counts = self._slot_features.compute(plan.slots, plan.blocks, plan.final, plan.joins)
-        plan.cpu_s = time.perf_counter() - started
+        started, cpu_started = time.perf_counter(), time.thread_time()
+        plan.features, plan.counts = self._slot_features.compute_cycle(self._samples, plan.blocks)  # type: ignore[union-attr]
+        plan.frontend_s, plan.frontend_cpu_s = time.perf_counter() - started, time.thread_time() - cpu_started
 
     @torch.no_grad()
-    def _encode(self, plan: _Cycle) -> _InFlight:
+    def _encode(self, plan: PlannedCycle) -> _InFlight:
         """Stage the batch, reset starting slots, one chunk step, head and argmax; nothing waits for the device."""
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.thread_time()
         events = None
         context = torch.cuda.stream(self._compute) if self._compute is not None else contextlib.nullcontext()
-        final = np.zeros(self.batch_size, bool)
-        final[plan.slots] = plan.final
         with context:
             if plan.joins.size:
                 self.stream.reset_slots(plan.joins)
@@ -500,7 +391,7 @@ class StreamingDriver:
                 events = self._step_events[plan.index % 2]
                 events[0].record()
             step_started = time.perf_counter()
-            outputs, valid = self.stream.step(plan.features, plan.counts, final)
+            outputs, valid = self.stream.step(plan.features, plan.counts, plan.blocks.final)
             best = self.head(outputs).argmax(dim=-1)
             encode_s = time.perf_counter() - step_started
             done = None
@@ -519,6 +410,7 @@ class StreamingDriver:
             done,
             events,
             time.perf_counter() - started,
+            time.thread_time() - cpu_started,
             encode_s,
         )
 
@@ -532,14 +424,17 @@ class StreamingDriver:
             record.encode_s = record.events[0].elapsed_time(record.events[1]) / 1000.0
             self.stats.set_encode(record.cycle.index, record.encode_s)
         plan = record.cycle
+        slots = plan.slots
         self._decoder.reset(plan.joins)  # new utterances in these rows
-        counts = record.valid[plan.slots]
-        new_ids = self._decoder.push_best(record.best.cpu().numpy()[plan.slots], counts, plan.slots)
-        for slot, stream, ids, count, last in zip(plan.slots, plan.streams, new_ids, counts.tolist(), plan.final):
+        counts = record.valid[slots]
+        new_ids = self._decoder.push_best(record.best.cpu().numpy()[slots], counts, slots)
+        streams = plan.streams
+        for slot, ids, count in zip(slots.tolist(), new_ids, counts.tolist()):
+            stream = streams[slot]
             stream.ids.extend(ids)
             stream.tokens += count
             if record.outputs is not None and count:
                 stream.outputs.append(record.outputs[slot, :count].cpu())
-            if last:
-                stream.done = True
+        for slot in np.flatnonzero(plan.blocks.final).tolist():
+            streams[slot].done = True
         return waited

@@ -156,9 +156,12 @@ class StreamingRecognizer:
             ``None`` only, it attends inside windows of 8 chunks).
         max_streams: encoder slots: streams decoded together in one step (more wait for a free slot).
         overlap: compute the next chunk's features on a worker thread while the encoder runs.
-        frontend_process: with ``overlap``, compute them in a process of their own instead, which shares no
+        frontend_process: with ``overlap``, compute them in processes of their own instead, which share no
             interpreter lock with the encoder's thread (for servers: seconds to start, once; see
-            :class:`~audiomask.asr.driver.StreamingDriver`). :meth:`close` (or ``with``) stops it.
+            :class:`~audiomask.asr.driver.StreamingDriver`). :meth:`close` (or ``with``) stops them.
+        frontend_workers: with ``frontend_process``, how many processes share the streams' slots
+            (default: one per four cores this process may run on, at most ``max_streams``); the text is
+            the same whatever the count.
         cuda_graph: replay the encoder's chunk step as CUDA graphs (default: on CUDA, for the families
             that have them: Phi-4MM); their memory is taken once, at the first step, so later steps never
             allocate for the encoder.
@@ -193,6 +196,7 @@ class StreamingRecognizer:
         max_streams: int = 1,
         overlap: bool = True,
         frontend_process: bool = False,
+        frontend_workers: int | None = None,
         cuda_graph: bool | None = None,
         idle_timeout_s: float | None = None,
     ) -> None:
@@ -213,7 +217,12 @@ class StreamingRecognizer:
             cuda_graph=cuda_graph,
         )
         self._driver = StreamingDriver(
-            stream, model.head, model.frontend, overlap=overlap, frontend_process=frontend_process
+            stream,
+            model.head,
+            model.frontend,
+            overlap=overlap,
+            frontend_process=frontend_process,
+            frontend_workers=frontend_workers,
         )
         self.max_streams = stream.batch_size
         self.chunk_ms = stream.chunk_frames * FRAME_MS
@@ -224,7 +233,7 @@ class StreamingRecognizer:
 
     @property
     def stats(self) -> RunStats:
-        """Per-chunk timings and the overlap figure of everything run so far."""
+        """Per-chunk timings, the overlap figure and each stage's CPU cost of everything run so far."""
         return self._driver.stats
 
     def open_stream(self, name: str | None = None) -> RecognizerStream:
@@ -246,7 +255,7 @@ class StreamingRecognizer:
         return stream.finish()
 
     def close(self) -> None:
-        """Stop the feature worker thread or process (after the call another thread may be running)."""
+        """Stop the feature worker thread or processes (after the call another thread may be running)."""
         with self._changed:
             self._driver.close()
 

@@ -8,6 +8,10 @@
 - ``qwen3_asr_0.6b``: the Qwen3-ASR-0.6B audio encoder (:data:`QWEN3_ASR_06B`),
   random weights, bf16 on CUDA (float32 on the CPU).
 
+Every model is an :class:`~audiomask.asr.model.ASRModel`: the random ones get a
+CTC head of random weights over :data:`RANDOM_ALPHABET`, so that each runs
+through the whole :class:`~audiomask.asr.driver.StreamingDriver`.
+
 With ``quick`` the two full-size encoders are replaced by tiny stand-ins of the
 same architecture (a smoke test of the code paths, not a measurement), which
 the report says.
@@ -65,33 +69,53 @@ _SEED = 0  # random weights: the same every run
 
 @dataclass
 class BenchModel:
-    """A model to measure: ``asr`` (Phi-4MM encoder, CTC head, tokenizer) or ``encoder`` (Qwen3-ASR), and its facts."""
+    """A model to measure: ``asr`` (encoder of either family, CTC head, tokenizer, front end) and its facts."""
 
     name: str
     device: torch.device
     dtype: torch.dtype
     source: str  # where the weights come from, in words
-    asr: ASRModel | None = None
-    encoder: Qwen3ASREncoder | None = None
+    asr: ASRModel
 
     @property
-    def module(self) -> torch.nn.Module:
-        return self.asr.encoder if self.asr is not None else self.encoder  # type: ignore[return-value]
+    def encoder(self) -> Phi4MMEncoder | Qwen3ASREncoder:
+        """The encoder of :attr:`asr`."""
+        return self.asr.encoder
+
+    @property
+    def is_phi4mm(self) -> bool:
+        """Whether the encoder is a Phi-4MM one (chunks of any whole number of tokens; else Qwen3-ASR's 1 s chunks)."""
+        return isinstance(self.asr.encoder, Phi4MMEncoder)
 
     def driver(
-        self, batch_size: int, chunk_size: int, left_chunk: int, *, cuda_graph: bool | None = None, **options: object
+        self,
+        batch_size: int,
+        chunk_size: int | None = None,
+        left_chunk: int | None = None,
+        *,
+        cuda_graph: bool | None = None,
+        **options: object,
     ) -> StreamingDriver:
-        """A :class:`~audiomask.asr.driver.StreamingDriver` of ``batch_size`` slots over this (Phi-4MM) model.
+        """A :class:`~audiomask.asr.driver.StreamingDriver` of ``batch_size`` slots over this model.
 
-        ``chunk_size`` tokens per chunk, ``left_chunk`` chunks of left context; ``cuda_graph``: replay the
-        chunk step as CUDA graphs (``None``: on CUDA); ``options`` go to the driver (``overlap``, ...).
+        Phi-4MM: ``chunk_size`` tokens per chunk, ``left_chunk`` chunks of left context (both required).
+        Qwen3-ASR: both ``None`` (its 1 s chunks in 8 s windows). ``cuda_graph``: replay the Phi-4MM chunk
+        step as CUDA graphs (``None``: on CUDA); ``options`` go to the driver (``overlap``, ...).
         """
-        if self.asr is None:
-            raise ValueError(f"the driver runs Phi-4MM ASR models only, got {self.name!r}")
-        asr = self.asr
-        chunk_ms = chunk_size * asr.encoder.config.time_reduction * FRAME_MS
-        stream = open_stream(asr.encoder, batch_size, chunk_ms=chunk_ms, left_chunks=left_chunk, cuda_graph=cuda_graph)
-        return StreamingDriver(stream, asr.head, asr.frontend, **options)
+        encoder = self.asr.encoder
+        if self.is_phi4mm:
+            if chunk_size is None or left_chunk is None:
+                raise ValueError(f"chunk_size and left_chunk must be given for {self.name!r} (Phi-4MM)")
+            chunk_ms = chunk_size * encoder.config.time_reduction * FRAME_MS
+            stream = open_stream(encoder, batch_size, chunk_ms=chunk_ms, left_chunks=left_chunk, cuda_graph=cuda_graph)
+        else:
+            if chunk_size is not None or left_chunk is not None:
+                raise ValueError(
+                    f"chunk_size and left_chunk must be None for {self.name!r} (Qwen3-ASR streams fixed 1 s chunks), "
+                    f"got {chunk_size!r} and {left_chunk!r}"
+                )
+            stream = open_stream(encoder, batch_size, cuda_graph=cuda_graph)
+        return StreamingDriver(stream, self.asr.head, self.asr.frontend, **options)
 
     def info(self) -> dict:
         """JSON-ready: name, source, dtype, parameter count and the encoder config."""
@@ -99,14 +123,15 @@ class BenchModel:
             "name": self.name,
             "source": self.source,
             "dtype": str(self.dtype).removeprefix("torch."),
-            "parameters": sum(p.numel() for p in self.module.parameters()),
-            "config": dataclasses.asdict(self.module.config),
+            "parameters": sum(p.numel() for p in self.encoder.parameters()),
+            "config": dataclasses.asdict(self.encoder.config),
         }
 
 
-def _random_asr(config: Phi4MMAudioConfig) -> ASRModel:
+def _random_asr(encoder: Phi4MMEncoder | Qwen3ASREncoder) -> ASRModel:
+    """``encoder`` (eval mode) with a CTC head of random weights over :data:`RANDOM_ALPHABET`."""
     tokenizer = CharTokenizer(RANDOM_ALPHABET)
-    return ASRModel(Phi4MMEncoder(config).eval(), CTCHead(config.hidden_size, tokenizer.vocab_size).eval(), tokenizer)
+    return ASRModel(encoder.eval(), CTCHead(encoder.output_size, tokenizer.vocab_size).eval(), tokenizer)
 
 
 def _shipped() -> tuple[ASRModel, str]:
@@ -115,7 +140,9 @@ def _shipped() -> tuple[ASRModel, str]:
 
     if DEFAULT_MODEL_PATH.is_file():
         return load_model(), f"audiomask.asr.checkpoint.load_model() ({DEFAULT_MODEL_PATH.name})"
-    return _random_asr(SHIPPED_ENCODER_CONFIG), "random weights of the shipped architecture (no packaged model yet)"
+    return _random_asr(Phi4MMEncoder(SHIPPED_ENCODER_CONFIG)), (
+        "random weights of the shipped architecture (no packaged model yet)"
+    )
 
 
 def build_model(name: str, device: torch.device, *, quick: bool = False) -> BenchModel:
@@ -131,16 +158,14 @@ def build_model(name: str, device: torch.device, *, quick: bool = False) -> Benc
     stand_in = "tiny stand-in of the architecture (--quick: not a measurement)"
     if name == "shipped":
         asr, source = _shipped()
-        model = BenchModel(name, device, torch.float32, source, asr=asr)
-    elif name == "phi4mm_full":
-        config = TINY_PHI4MM if quick else Phi4MMAudioConfig()
-        model = BenchModel(
-            name, device, low_precision, stand_in if quick else "random weights", asr=_random_asr(config)
-        )
+        model = BenchModel(name, device, torch.float32, source, asr)
     else:
-        encoder = Qwen3ASREncoder(TINY_QWEN3_ASR if quick else QWEN3_ASR_06B).eval()
-        model = BenchModel(name, device, low_precision, stand_in if quick else "random weights", encoder=encoder)
+        if name == "phi4mm_full":
+            encoder = Phi4MMEncoder(TINY_PHI4MM if quick else Phi4MMAudioConfig())
+        else:
+            encoder = Qwen3ASREncoder(TINY_QWEN3_ASR if quick else QWEN3_ASR_06B)
+        model = BenchModel(name, device, low_precision, stand_in if quick else "random weights", _random_asr(encoder))
     # Weights are moved once, at load time, as StreamingRecognizer does with a model it is given.
-    for module in (model.asr.encoder, model.asr.head) if model.asr is not None else (model.encoder,):
+    for module in (model.asr.encoder, model.asr.head):
         module.to(device, model.dtype)
     return model

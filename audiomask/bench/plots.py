@@ -105,7 +105,7 @@ def _latency(report: dict, axes_pair: object) -> None:
 
 def _throughput(report: dict, axes_pair: object) -> None:
     latency_axes, bars_axes = axes_pair  # type: ignore[misc]
-    labels, streams = [], []
+    labels, streams, limits = [], [], []
     for run in report["throughput"]:
         label = f"{run['model']}/{run['path']}"
         measured = sorted((p for p in run["probes"] if "chunk_ms_p99" in p), key=lambda p: p["streams"])
@@ -117,6 +117,7 @@ def _throughput(report: dict, axes_pair: object) -> None:
         )
         labels.append(label)
         streams.append(run["max_streams"])
+        limits.append(run.get("limiting_resource"))  # older reports have none
     latency_axes.axhline(1.0, color="black", linestyle=":", label="real time (p99 = chunk duration)")
     latency_axes.set_xscale("log", base=2)
     latency_axes.set_yscale("log")
@@ -126,9 +127,9 @@ def _throughput(report: dict, axes_pair: object) -> None:
     latency_axes.legend(fontsize="small")
     bars_axes.barh(labels, streams, color="tab:green")
     bars_axes.set_xlabel("concurrent real-time streams")
-    bars_axes.set_title("capacity")
-    for index, value in enumerate(streams):
-        bars_axes.text(value, index, f" {value:,}", va="center")
+    bars_axes.set_title("capacity (what stops it)")
+    for index, (value, limit) in enumerate(zip(streams, limits)):
+        bars_axes.text(value, index, f" {value:,}" + (f" ({limit})" if limit else ""), va="center")
 
 
 _SECTIONS = {"transfer": _transfer, "pipeline": _pipeline, "latency": _latency, "throughput": _throughput}

@@ -35,8 +35,10 @@ __all__ = ["measure_latency"]
 
 def measure_latency(model: BenchModel, chunk_ms: int, left_chunks: int, chunks: int) -> dict:
     """One stream of ``chunks`` chunks of ``chunk_ms`` through ``model`` (a Phi-4MM ASR model); JSON-ready row."""
-    if model.asr is None:
-        raise ValueError(f"model must be a Phi-4MM ASR model for the recognizer, got {model.name!r}")
+    if not model.is_phi4mm:
+        raise ValueError(
+            f"model must be a Phi-4MM ASR model (chunks of any whole number of tokens), got {model.name!r}"
+        )
     if chunks < 2:
         raise ValueError(f"chunks must be >= 2 (the first one is the first partial), got {chunks}")
     framing = model.asr.frontend.framing

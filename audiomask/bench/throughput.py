@@ -8,51 +8,88 @@ and its encoder step run one after the other). Two ways to run a probe:
 
 - ``driver``: :class:`~audiomask.asr.driver.StreamingDriver`, the whole
   recognizer: every stream's samples fed, then one cycle (front end for all
-  ``N`` streams in one batched call, masks, transfer, encoder step, CTC head,
-  argmax back on the host, greedy decoding). Phi-4MM models only.
+  ``N`` streams in a process of its own, sharded over ``frontend_workers``
+  processes where the driver takes that argument; masks, transfer, encoder
+  step, CTC head, argmax back on the host, greedy decoding). Either family: a
+  Qwen3-ASR driver conv-encodes each 1 s chunk and attends (and decodes) a
+  window with its 8th chunk. The benchmark's process keeps torch threads for
+  the cores the front-end processes leave it (at least one).
 - ``encoder_step``: the encoder's streaming step alone, from host features
   (the front end's output, random here) to the encoder outputs complete on
   the device, where their consumer (a CTC head, an LLM decoder) would read
   them: ``Phi4MMStream.step`` (one cache-aware chunk step), or for
   Qwen3-ASR ``Qwen3ASRStream.push`` of one 1 s conv chunk plus ``partial()``
   (the provisional outputs of the current 8 s attention window, what a
-  streaming decoder reads). The benchmark's Qwen3-ASR model is an encoder
-  without a CTC head, so this is how it is measured; for Phi-4MM it
-  separates the GPU's capacity from the host's.
+  streaming decoder reads). Beside the driver's row it separates the GPU's
+  capacity from the host's.
 
 Each probe runs ``warmup`` untimed chunks (at least one per ring phase of the
 key/value cache: every phase is a CUDA graph of its own, captured on first
-use), then up to ``chunks`` timed ones; it stops early once two timed chunks
-have exceeded the chunk's duration (with at most 101 chunks, their p99 then
-does too). :func:`search` doubles ``N`` from 1 until a probe fails, then
+use; a whole attention window for Qwen3-ASR, whose timed chunks are whole
+windows too), then up to ``chunks`` timed ones; it stops early once two timed
+chunks have exceeded the chunk's duration (with at most 101 chunks, their p99
+then does too). :func:`search` doubles ``N`` from 1 until a probe fails, then
 bisects between the last pass and the first failure to within
 :data:`TOLERANCE`, within its time budget. A probe that raises (out of
 device memory, a staging request above the pinned ring's bound) fails and
 records why.
+
+Every timed chunk also records where its time went (:class:`ChunkCost`): the
+device's busy time (CUDA events around the step; on a CPU run the "GPU" is
+the CPU computing the step), the front end's compute time, and the main
+thread's own host work (wall time less its waits). :func:`limiting_resource`
+names from them what stops a row; :func:`memory_per_stream` and
+:func:`host_cores` say what a stream costs and what the host lent.
 """
 
 from __future__ import annotations
 
 import gc
+import inspect
+import multiprocessing
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
+from audiomask.asr.driver import StreamingDriver
 from audiomask.bench.models import BenchModel
 from audiomask.bench.signals import shared_noise
 from audiomask.bench.timing import MS_PER_S, Budget, log, percentiles
 from audiomask.constants import FRAME_MS, SAMPLE_RATE
+from audiomask.features.process import available_cores
 from audiomask.streaming import Phi4MMStream, Qwen3ASRStream
 
-__all__ = ["PATHS", "TOLERANCE", "ProbePlan", "make_probe", "search", "timed_chunks"]
+__all__ = [
+    "PATHS",
+    "RESOURCES",
+    "TIME_BUDGET",
+    "TOLERANCE",
+    "ChunkCost",
+    "ProbePlan",
+    "ProbeTimes",
+    "host_cores",
+    "judged_costs",
+    "limiting_resource",
+    "make_probe",
+    "memory_per_stream",
+    "search",
+    "timed_chunks",
+]
 
 PATHS = ("driver", "encoder_step")
 TOLERANCE = 0.05  # bisection stops when the bracket is within 5 % of the last passing N
 MEMORY_FRACTION = 0.92  # of the device's memory: a probe predicted to peak above it is not run
 EXCEEDED_TO_FAIL = 2  # timed chunks over the duration that settle a probe (p99 over at most 101 chunks)
+GPU_COMPUTE, GPU_MEMORY, HOST_FRONTEND, HOST_LOOP = "gpu compute", "gpu memory", "host front end", "host driver loop"
+RESOURCES = (GPU_COMPUTE, GPU_MEMORY, HOST_FRONTEND, HOST_LOOP)
+TIME_BUDGET = "time budget"  # the search stopped for time before a probe settled the row
+COST_FIELDS = ("gpu_ms_per_cycle", "frontend_ms_per_cycle", "host_ms_per_cycle")  # a probe's mean costs per cycle
+# Whether the driver shards its front end over processes (StreamingDriver(..., frontend_workers=N)).
+DRIVER_SHARDS_FRONTEND = "frontend_workers" in inspect.signature(StreamingDriver).parameters
 
 
 @dataclass(frozen=True)
@@ -63,9 +100,24 @@ class ProbePlan:
     chunks: int
 
 
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+class ChunkCost(NamedTuple):
+    """Where the seconds of one timed chunk went."""
+
+    gpu_s: float  # the device busy on the step (CUDA events; on the CPU the step's own compute)
+    frontend_s: float  # the front end's compute (0 where the probe starts from host features)
+    waited_s: float  # the main thread not doing host work: blocked on features or results, or computing the step
+
+
+@dataclass
+class ProbeTimes:
+    """What a probe measured: wall ``seconds`` per timed chunk, whether it ``stopped`` early, and the costs."""
+
+    seconds: list[float]
+    stopped: bool  # two timed chunks reached the duration before all ran: the probe failed
+    costs: list[ChunkCost] = field(default_factory=list)  # one per timed chunk, where the step reports them
+    frontend_processes: int = 0  # processes the driver's front end ran in
+    torch_threads: int = field(default_factory=torch.get_num_threads)  # this process's intra-op threads
+    setup_s: float = 0.0  # building the stream or driver (its front-end processes started), before the first chunk
 
 
 def _release_memory(device: torch.device) -> None:
@@ -75,39 +127,81 @@ def _release_memory(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def timed_chunks(step: Callable[[int], None], warmup: int, plan: ProbePlan, duration_s: float) -> tuple[list, bool]:
-    """Run ``step(index)`` for ``warmup`` untimed then up to ``plan.chunks`` timed indices; ``(seconds, stopped)``.
+def timed_chunks(
+    step: Callable[[int], ChunkCost | None], warmup: int, plan: ProbePlan, duration_s: float
+) -> ProbeTimes:
+    """Run ``step(index)`` for ``warmup`` untimed then up to ``plan.chunks`` timed indices.
 
-    ``seconds``: wall seconds of each timed step. ``stopped`` is ``True`` when the probe stopped early: two
-    timed steps reached ``duration_s`` (seconds) before all ran, which settles it as failed.
+    ``seconds``: wall seconds of each timed step; ``costs``: what ``step`` returned for each (where it
+    returns a :class:`ChunkCost`). ``stopped`` is ``True`` when two timed steps reached ``duration_s``
+    (seconds) before all ran, which settles the probe as failed.
     """
-    seconds, exceeded = [], 0
+    times = ProbeTimes([], False)
+    exceeded = 0
     for index in range(warmup + plan.chunks):
         began = time.perf_counter()
-        step(index)
+        cost = step(index)
         elapsed = time.perf_counter() - began
         if index < warmup:
             continue
-        seconds.append(elapsed)
+        times.seconds.append(elapsed)
+        if cost is not None:
+            times.costs.append(cost)
         exceeded += elapsed >= duration_s
-        if exceeded >= EXCEEDED_TO_FAIL and len(seconds) < plan.chunks:
-            return seconds, True
-    return seconds, False
+        if exceeded >= EXCEEDED_TO_FAIL and len(times.seconds) < plan.chunks:
+            times.stopped = True
+            return times
+    return times
 
 
-def _driver_probe(model: BenchModel, chunk_size: int, left_chunk: int, plan: ProbePlan, cuda_graph: bool | None):
-    """``probe(streams) -> (seconds per timed chunk, stopped early)`` through the whole driver."""
+def _device_cost(device: torch.device, work: Callable[[], object]) -> ChunkCost:
+    """Run ``work`` (it enqueues device work) and wait for the device: its busy time and the wait."""
+    if device.type != "cuda":
+        began = time.perf_counter()
+        work()
+        spent = time.perf_counter() - began
+        return ChunkCost(spent, 0.0, spent)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    work()
+    end.record()
+    began = time.perf_counter()
+    end.synchronize()
+    waited = time.perf_counter() - began
+    return ChunkCost(start.elapsed_time(end) / MS_PER_S, 0.0, waited)
 
-    def probe(streams: int) -> tuple[list, bool]:
-        driver = model.driver(streams, chunk_size, left_chunk, cuda_graph=cuda_graph)
+
+def _schedule(model: BenchModel, plan: ProbePlan, left_chunk: int) -> tuple[int, ProbePlan]:
+    """``(untimed warm-up chunks, timed plan)``: every ring phase warmed (Phi-4MM), or whole windows (Qwen3-ASR)."""
+    if model.is_phi4mm:
+        return plan.warmup + left_chunk + 1, plan
+    window = model.encoder.config.chunks_per_window  # every position in the window costs differently
+    return plan.warmup + window, ProbePlan(0, -(-plan.chunks // window) * window)
+
+
+def _driver_probe(
+    model: BenchModel, chunking: dict, plan: ProbePlan, cuda_graph: bool | None, options: dict
+) -> Callable[[int], ProbeTimes]:
+    """``probe(streams)`` through the whole driver (front end in processes of its own, ``options``)."""
+    cuda = model.device.type == "cuda"
+
+    def probe(streams: int) -> ProbeTimes:
+        children = len(multiprocessing.active_children())
+        began = time.perf_counter()
+        driver = model.driver(streams, **chunking, cuda_graph=cuda_graph, overlap=True, **options)
+        setup_s = time.perf_counter() - began
+        frontend_processes = len(multiprocessing.active_children()) - children
+        threads = torch.get_num_threads()
+        # The cores left to this process: intra-op threads beyond them only preempt the front end's processes.
+        torch.set_num_threads(max(1, available_cores() - frontend_processes))
         try:
-            warmup = plan.warmup + left_chunk + 1
+            warmup, timed = _schedule(model, plan, chunking.get("left_chunk", 0))
             first, later = driver.first_block_samples, driver.block_samples
-            source, starts = shared_noise(streams, first + (warmup + plan.chunks) * later)
+            source, starts = shared_noise(streams, first + (warmup + timed.chunks) * later)
             handles = [driver.open() for _ in range(streams)]
             position = [0]
 
-            def step(index: int) -> None:
+            def step(index: int) -> ChunkCost:
                 size = first if index == 0 else later
                 for handle, start in zip(handles, starts):
                     begin = start + position[0]
@@ -115,54 +209,69 @@ def _driver_probe(model: BenchModel, chunk_size: int, left_chunk: int, plan: Pro
                 position[0] += size
                 if driver.advance() != 1:
                     raise RuntimeError(f"chunk {index}: the driver did not run exactly one cycle (a bug)")
+                cycle = driver.stats.cycles[-1]
+                # Without CUDA the step is computed on the main thread: that time is the "device's", not host work.
+                return ChunkCost(cycle.encode_s, cycle.cpu_s, cycle.wait_s + (0.0 if cuda else cycle.encode_s))
 
-            return timed_chunks(step, warmup, plan, later / SAMPLE_RATE)
+            times = timed_chunks(step, warmup, timed, later / SAMPLE_RATE)
+            times.frontend_processes, times.setup_s = frontend_processes, setup_s
+            return times
         finally:
             driver.close()
+            torch.set_num_threads(threads)
 
     return probe
 
 
-def _phi4mm_step_probe(model: BenchModel, chunk_size: int, left_chunk: int, plan: ProbePlan, cuda_graph: bool):
-    encoder, device = model.asr.encoder, model.device
+def _phi4mm_step_probe(
+    model: BenchModel, chunk_size: int, left_chunk: int, plan: ProbePlan, cuda_graph: bool
+) -> Callable[[int], ProbeTimes]:
+    encoder, device = model.encoder, model.device
     frames = chunk_size * encoder.config.time_reduction
     block = np.random.default_rng(0).standard_normal((frames, encoder.config.input_size)).astype(np.float32)
+    warmup, timed = _schedule(model, plan, left_chunk)
 
-    def probe(streams: int) -> tuple[list, bool]:
+    def probe(streams: int) -> ProbeTimes:
         stream = Phi4MMStream(encoder, streams, chunk_size, left_chunk, cuda_graph=cuda_graph)
         features = np.tile(block, (streams, 1, 1))  # (N, frames, 80) host float32, as the front end gives
         valid = np.full(streams, frames)
-
-        def step(index: int) -> None:
-            stream.step(features, valid)
-            _synchronize(device)
-
-        return timed_chunks(step, plan.warmup + left_chunk + 1, plan, frames * FRAME_MS / MS_PER_S)
-
-    return probe
-
-
-def _qwen3_step_probe(model: BenchModel, plan: ProbePlan):
-    encoder, device = model.encoder, model.device
-    config = encoder.config
-    block = np.random.default_rng(0).standard_normal((config.num_mel_bins, config.chunk_frames)).astype(np.float32)
-
-    def probe(streams: int) -> tuple[list, bool]:
-        stream = Qwen3ASRStream(encoder, streams)
-        features = torch.from_numpy(np.tile(block, (streams, 1, 1)))  # (N, 128, 100) host float32
-
-        def step(index: int) -> None:
-            stream.push(features)
-            stream.partial()
-            _synchronize(device)
-
-        # Every position in the 8-chunk attention window costs differently: warm up and time whole windows.
-        windows = -(-plan.chunks // config.chunks_per_window) * config.chunks_per_window
         return timed_chunks(
-            step, config.chunks_per_window, ProbePlan(0, windows), config.chunk_frames * FRAME_MS / MS_PER_S
+            lambda index: _device_cost(device, lambda: stream.step(features, valid)),
+            warmup,
+            timed,
+            frames * FRAME_MS / MS_PER_S,
         )
 
     return probe
+
+
+def _qwen3_step_probe(model: BenchModel, plan: ProbePlan) -> Callable[[int], ProbeTimes]:
+    encoder, device = model.encoder, model.device
+    config = encoder.config
+    block = np.random.default_rng(0).standard_normal((config.num_mel_bins, config.chunk_frames)).astype(np.float32)
+    warmup, timed = _schedule(model, plan, 0)
+
+    def probe(streams: int) -> ProbeTimes:
+        stream = Qwen3ASRStream(encoder, streams)
+        features = torch.from_numpy(np.tile(block, (streams, 1, 1)))  # (N, 128, 100) host float32
+
+        def work() -> None:
+            stream.push(features)
+            stream.partial()
+
+        return timed_chunks(
+            lambda index: _device_cost(device, work), warmup, timed, config.chunk_frames * FRAME_MS / MS_PER_S
+        )
+
+    return probe
+
+
+def _frontend_options(frontend_workers: int | None) -> tuple[dict, dict]:
+    """``(driver options, settings to record)``: the front end in processes, sharded where the driver can."""
+    if not DRIVER_SHARDS_FRONTEND:
+        return {"frontend_process": True}, {"frontend_process": True, "frontend_sharded": False}
+    recorded = {"frontend_process": True, "frontend_sharded": True, "frontend_workers": frontend_workers}
+    return {"frontend_process": True, "frontend_workers": frontend_workers}, recorded
 
 
 def make_probe(
@@ -173,45 +282,61 @@ def make_probe(
     chunk_size: int = 0,
     left_chunk: int = 0,
     cuda_graph: bool | None = None,
-) -> tuple[Callable[[int], tuple[list, bool]], dict]:
+    frontend_workers: int | None = None,
+) -> tuple[Callable[[int], ProbeTimes], dict]:
     """``(probe, settings)``: ``probe(streams)`` times chunks of ``streams`` concurrent streams.
 
     ``chunk_size`` (tokens) and ``left_chunk`` (chunks) apply to Phi-4MM
     models; Qwen3-ASR streams its fixed 1 s conv chunks in 8 s windows.
     ``cuda_graph``: replay the Phi-4MM chunk step as CUDA graphs (``None``: the driver's default).
+    ``frontend_workers``: the driver's front-end processes (``None``: the driver chooses from the
+    cores), passed where the driver takes it; the settings record it.
     """
     if path not in PATHS:
         raise ValueError(f"path must be one of {PATHS}, got {path!r}")
     settings: dict = {"model": model.name, "path": path, "dtype": str(model.dtype).removeprefix("torch.")}
-    if model.asr is None:
-        if path == "driver":
-            raise ValueError(f"the driver runs Phi-4MM models only, got {model.name!r}")
-        config = model.encoder.config
+    if model.is_phi4mm:
+        cuda = model.device.type == "cuda"
+        chunking = {"chunk_size": chunk_size, "left_chunk": left_chunk}
         settings.update(
-            chunk_ms=config.chunk_frames * FRAME_MS,
-            window_ms=config.n_window_infer * FRAME_MS,
-            latency_until="encoder outputs of the current window (partial) complete on the device",
-            why_encoder_step="the streaming driver runs Phi-4MM encoders only",
+            chunk_ms=chunk_size * model.encoder.config.time_reduction * FRAME_MS,
+            **chunking,
+            cuda_graph=(cuda if cuda_graph is None else cuda_graph),
         )
-        return _qwen3_step_probe(model, plan), settings
-    cuda = model.device.type == "cuda"
-    settings.update(
-        chunk_ms=chunk_size * model.asr.encoder.config.time_reduction * FRAME_MS,
-        chunk_size=chunk_size,
-        left_chunk=left_chunk,
-        cuda_graph=(cuda if cuda_graph is None else cuda_graph),
-    )
+    else:
+        config = model.encoder.config
+        chunking, cuda_graph = {}, None
+        settings.update(chunk_ms=config.chunk_frames * FRAME_MS, window_ms=config.n_window_infer * FRAME_MS)
     if path == "driver":
+        options, recorded = _frontend_options(frontend_workers)
+        settings.update(recorded)
         settings["latency_until"] = "CTC argmax of the chunk on the host, decoded (features included)"
-        return _driver_probe(model, chunk_size, left_chunk, plan, cuda_graph), settings
-    settings["latency_until"] = "encoder outputs complete on the device (host features in; front end excluded)"
-    return _phi4mm_step_probe(model, chunk_size, left_chunk, plan, settings["cuda_graph"]), settings
+        return _driver_probe(model, chunking, plan, cuda_graph, options), settings
+    if model.is_phi4mm:
+        settings["latency_until"] = "encoder outputs complete on the device (host features in; front end excluded)"
+        return _phi4mm_step_probe(model, chunk_size, left_chunk, plan, settings["cuda_graph"]), settings
+    settings["latency_until"] = "encoder outputs of the current window (partial) complete on the device"
+    return _qwen3_step_probe(model, plan), settings
 
 
-def _run_probe(
-    probe: Callable[[int], tuple[list, bool]], streams: int, duration_ms: float, device: torch.device
-) -> dict:
-    """One probe as a JSON-ready row: passed, chunk latency percentiles, or the error that failed it.
+def _cost_fields(times: ProbeTimes) -> dict:
+    """Mean milliseconds per cycle (one chunk of every stream) of the device, the front end and host work."""
+    if not times.costs:
+        return {}
+    seconds = np.array(times.seconds)
+    gpu, frontend, waited = np.array(times.costs).T  # (chunks,) each
+    host = np.maximum(seconds - waited, 0.0)
+    means = [float(values.mean() * MS_PER_S) for values in (gpu, frontend, host)]
+    return {
+        **dict(zip(COST_FIELDS, means)),
+        "gpu_busy": float(gpu.sum() / seconds.sum()),  # of the cycles' wall time
+        "frontend_processes": times.frontend_processes,
+        "torch_threads": times.torch_threads,
+    }
+
+
+def _run_probe(probe: Callable[[int], ProbeTimes], streams: int, duration_ms: float, device: torch.device) -> dict:
+    """One probe as a JSON-ready row: passed, chunk latency percentiles and costs, or the error that failed it.
 
     On CUDA the row also holds the memory allocated before the probe (``baseline_bytes``: weights)
     and its peak (``peak_bytes``), from which :func:`search` predicts larger probes.
@@ -224,13 +349,14 @@ def _run_probe(
         torch.cuda.reset_peak_memory_stats(device)
     try:
         with torch.no_grad():
-            seconds, stopped = probe(streams)
+            times = probe(streams)
     except (torch.OutOfMemoryError, RuntimeError, ValueError) as error:
         row.update(ok=False, error=f"{type(error).__name__}: {str(error).splitlines()[0][:300]}")
     else:
-        stats = percentiles([s * MS_PER_S for s in seconds])
+        stats = percentiles([s * MS_PER_S for s in times.seconds])
         row.update({f"chunk_ms_{key}": value for key, value in stats.items()})
-        row.update(timed_chunks=len(seconds), stopped_early=stopped, ok=not stopped and stats["p99"] < duration_ms)
+        row.update(timed_chunks=len(times.seconds), stopped_early=times.stopped, setup_s=times.setup_s)
+        row.update(ok=not times.stopped and stats["p99"] < duration_ms, **_cost_fields(times))
     finally:
         if cuda:
             row["peak_bytes"] = torch.cuda.max_memory_allocated(device)
@@ -249,8 +375,95 @@ def _predicted_peak(probes: list[dict], streams: int) -> int | None:
     return int(largest["baseline_bytes"] + per_stream * streams)
 
 
+def _out_of_memory(row: dict) -> bool:
+    """Whether a probe failed for device memory: not run for its predicted peak, or out of memory while running."""
+    error = row.get("error", "")
+    return "predicted_peak_bytes" in row or "OutOfMemoryError" in error or "out of memory" in error.lower()
+
+
+def _deciding_probe(probes: Sequence[dict]) -> dict:
+    """The probe that settles a search: the smallest failing one, or else the largest."""
+    failed = [row for row in probes if not row["ok"]]
+    return min(failed, key=lambda row: row["streams"]) if failed else max(probes, key=lambda row: row["streams"])
+
+
+def judged_costs(probes: Sequence[dict]) -> dict | None:
+    """The per-cycle costs :func:`limiting_resource` judges: the deciding probe's (:func:`search`'s), or where it
+    raised without them, the largest probe's that has them; ``None`` where no probe measured costs."""
+    costed = [row for row in probes if "gpu_ms_per_cycle" in row]
+    if not costed:
+        return None
+    deciding = _deciding_probe(probes)
+    judged = deciding if "gpu_ms_per_cycle" in deciding else max(costed, key=lambda row: row["streams"])
+    return {key: judged[key] for key in ("streams", *COST_FIELDS, "gpu_busy")}
+
+
+def limiting_resource(probes: Sequence[dict], limited_by: str, device_bytes: int | None) -> str | None:
+    """What stops a throughput row: one of :data:`RESOURCES`, :data:`TIME_BUDGET`, or ``None``.
+
+    ``probes``: the search's probe rows; ``limited_by``: what ended the search
+    (:func:`search`); ``device_bytes``: the device's memory (``None`` on the CPU).
+    The rule, in order:
+
+    1. the search stopped for time: :data:`TIME_BUDGET`;
+    2. the deciding probe is the smallest failing one, or else the largest:
+       ``"gpu memory"`` where it failed for memory (out of memory, or not run
+       for its predicted peak) or peaked at :data:`MEMORY_FRACTION` of ``device_bytes`` or more;
+    3. otherwise the largest per-cycle cost of :func:`judged_costs`: device
+       busy time ``"gpu compute"``, front-end compute ``"host front end"``, the
+       main thread's own work ``"host driver loop"``; ``None`` where no probe measured costs.
+
+    >>> probes = [{"streams": 1, "ok": True, "gpu_ms_per_cycle": 5.0, "frontend_ms_per_cycle": 1.0,
+    ...            "host_ms_per_cycle": 2.0, "gpu_busy": 0.6}, {"streams": 2, "ok": False, "gpu_ms_per_cycle": 9.0,
+    ...            "frontend_ms_per_cycle": 12.0, "host_ms_per_cycle": 3.0, "gpu_busy": 0.4}]
+    >>> limiting_resource(probes, "latency", None), limiting_resource(probes, "budget", None)
+    ('host front end', 'time budget')
+    """
+    if limited_by == "budget":
+        return TIME_BUDGET
+    if not probes:
+        return None
+    deciding = _deciding_probe(probes)
+    peak = deciding.get("peak_bytes", deciding.get("predicted_peak_bytes", 0))
+    if _out_of_memory(deciding) or (device_bytes is not None and peak >= MEMORY_FRACTION * device_bytes):
+        return GPU_MEMORY
+    costs = judged_costs(probes)
+    if costs is None:
+        return None
+    return max(zip(COST_FIELDS, (GPU_COMPUTE, HOST_FRONTEND, HOST_LOOP)), key=lambda pair: costs[pair[0]])[1]
+
+
+def memory_per_stream(probes: Sequence[dict]) -> float | None:
+    """Device bytes per stream: the least-squares slope of peak memory over streams (clean probes; CUDA only).
+
+    ``None`` with fewer than two stream counts measured.
+
+    >>> round(memory_per_stream([{"streams": 1, "peak_bytes": 300}, {"streams": 4, "peak_bytes": 900}]))
+    200
+    """
+    measured = [row for row in probes if "peak_bytes" in row and "error" not in row]
+    if len({row["streams"] for row in measured}) < 2:
+        return None
+    slope, _ = np.polyfit([row["streams"] for row in measured], [row["peak_bytes"] for row in measured], 1)
+    return float(slope)
+
+
+def host_cores(probes: Sequence[dict]) -> dict:
+    """The host's share of a row: cores this process may run on, and the most torch threads and front-end processes
+    a probe used.
+
+    >>> host_cores([{"torch_threads": 1, "frontend_processes": 1}, {"torch_threads": 2, "frontend_processes": 0}])[
+    ...     "frontend_processes"]
+    1
+    """
+    return {
+        "allowed": available_cores(),
+        **{key: max((row.get(key, 0) for row in probes), default=0) for key in ("torch_threads", "frontend_processes")},
+    }
+
+
 def search(
-    probe: Callable[[int], tuple[list, bool]],
+    probe: Callable[[int], ProbeTimes],
     settings: dict,
     device: torch.device,
     budget: Budget,
@@ -264,12 +477,15 @@ def search(
     :data:`MEMORY_FRACTION` of the device's: it is not run, so that no
     out-of-memory error hits a CUDA graph capture), ``"error"`` (a probe
     raised), ``"budget"`` (time ran out: the bracket is then wider than the
-    tolerance) or ``"max_streams"``.
+    tolerance) or ``"max_streams"``. ``limiting_resource`` says what stops the
+    row (:func:`limiting_resource`), ``bytes_per_stream`` what a stream costs on
+    the device (:func:`memory_per_stream`), ``host_cores`` what the host lent (:func:`host_cores`).
     """
     duration_ms = float(settings["chunk_ms"])
     probes: list[dict] = []
     passed, failed = 0, None  # the largest passing N, the smallest failing N
-    memory_bound = MEMORY_FRACTION * torch.cuda.mem_get_info(device)[1] if device.type == "cuda" else None
+    device_bytes = torch.cuda.mem_get_info(device)[1] if device.type == "cuda" else None
+    memory_bound = MEMORY_FRACTION * device_bytes if device_bytes is not None else None
 
     def run(streams: int) -> bool:
         predicted = _predicted_peak(probes, streams) if memory_bound is not None else None
@@ -289,11 +505,16 @@ def search(
         return row["ok"]
 
     def affordable(streams: int) -> bool:
-        """Whether a probe of ``streams`` fits the budget, extrapolated from the last one that ran."""
+        """Whether a probe of ``streams`` fits the budget, extrapolated from the last one that ran.
+
+        Its set-up (a driver's front-end processes started) is taken as fixed, the rest as growing with ``N``.
+        """
         ran = [row for row in probes if row["wall_s"] > 0]
         if not ran:
             return not budget.expired()
-        return budget.left() > ran[-1]["wall_s"] * max(streams / ran[-1]["streams"], 1.0)
+        last = ran[-1]
+        fixed = min(last.get("setup_s", 0.0), last["wall_s"])
+        return budget.left() > fixed + (last["wall_s"] - fixed) * max(streams / last["streams"], 1.0)
 
     limited_by = "max_streams"
     streams = 1
@@ -319,13 +540,7 @@ def search(
             failed = middle
     if failed is not None and limited_by != "budget":
         failure = next(row for row in probes if row["streams"] == failed)
-        limited_by = (
-            "memory"
-            if "predicted_peak_bytes" in failure or "OutOfMemoryError" in failure.get("error", "")
-            else "error"
-            if "error" in failure
-            else "latency"
-        )
+        limited_by = "memory" if _out_of_memory(failure) else "error" if "error" in failure else "latency"
     best = next((row for row in probes if row["streams"] == passed and row["ok"]), None)
     return {
         **settings,
@@ -333,6 +548,11 @@ def search(
         "max_streams": passed,
         "first_failing": failed,
         "limited_by": limited_by,
+        "limiting_resource": limiting_resource(probes, limited_by, device_bytes),
+        "cycle_costs": judged_costs(probes),
+        "bytes_per_stream": memory_per_stream(probes),
+        "device_bytes": device_bytes,
+        "host_cores": host_cores(probes),
         "max_streams_chunk_ms_p99": best["chunk_ms_p99"] if best else None,
         "audio_s_per_s": passed * duration_ms / best["chunk_ms_p50"] if best else 0.0,
         "probes": probes,

@@ -1,4 +1,4 @@
-"""A driver's front-end stage in a process of its own: features computed beside the main thread, not under its GIL.
+"""A driver's front-end stage in processes of their own: features computed beside the main thread, not under its GIL.
 
 Why: a streaming driver computes cycle N+1's features while it launches cycle
 N's encoder step and decodes cycle N-1. On a worker thread the two share one
@@ -11,30 +11,44 @@ end ran 1.7-2.3x slower than alone on the H200, whatever torch's thread
 count, the kind of wait or the switch interval). A process has its own
 interpreter.
 
-:class:`FeatureProcess` keeps a :class:`~audiomask.features.slots.SlotFeatures`
-in a spawned process. Samples go in and features come out through shared
-memory (torch tensors shared with the process), three buffers of each taken
-in turn: while the caller reads cycle N's features, the process computes N+1
-and has N+2 queued, so that it never waits for the caller between cycles.
-Each cycle's description (slots, block lengths, flags) and its results
-(frame counts, compute time) are in shared memory too: the pipe carries one
-byte each way (a pickled message cost ~50 us a cycle to pack and unpack, on
+:class:`FeatureProcess` splits the slots over ``workers`` spawned processes,
+each owning a fixed contiguous slice of them with a
+:class:`~audiomask.features.slots.SlotFeatures` of its own (framers and
+front-end state of its slots only), so the stage scales with the host's
+cores: one process gave ~2,900 real-time streams with one torch thread and
+~7,000 with four on the H200 host, and its per-slot Python (framing, packing)
+runs on one core whatever its threads. Samples, cycles and features are
+shared memory (torch tensors shared with the processes): the driver writes
+each slot's samples into its ring (:class:`~audiomask.features.slots.SlotSamples`)
+as they arrive, a cycle is a few ``(B,)`` arrays naming each slot's block
+there, and every process writes its slice of the cycle's feature batch
+straight into the one batch the caller reads. Cycle descriptions and feature
+batches are three buffers taken in turn: while the caller reads cycle N's
+features, the processes compute N+1 and have N+2 queued, so that they never
+wait for the caller between cycles. Each process's pipe carries one byte each
+way per cycle (a pickled message cost ~50 us a cycle to pack and unpack, on
 the side that paces the pipeline). Up to ``MAX_IN_FLIGHT`` cycles may be
-submitted before the first :meth:`result` is taken; results come in
-submission order. On the H200 the driver with this stage ran within 3 % of
-max(front end, encoder step). Starting the process costs an
+submitted before the first :meth:`~FeatureProcess.result` is taken; results
+come in submission order. On the H200 the driver with one such process ran
+within 3 % of max(front end, encoder step). Starting a process costs an
 interpreter and torch's import (seconds, once per driver) and that
 interpreter's memory.
+
+Every process computes its slots' frames exactly as one process computing
+all of them would (see :mod:`audiomask.features.slots`): the features are
+the same bit for bit whatever the number of processes, given the same torch
+threads in each.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import multiprocessing
+import os
+import sys
 import time
 import weakref
 from collections import deque
-from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
@@ -42,48 +56,97 @@ import numpy as np
 import torch
 import torch.multiprocessing  # registers the reductions that share tensors' memory with a spawned process
 
+from audiomask.checks import check_int
 from audiomask.features.frontend import Frontend
-from audiomask.features.slots import SlotFeatures
+from audiomask.features.slots import SlotCycle, SlotFeatures, SlotSamples
 
-__all__ = ["MAX_IN_FLIGHT", "START_TIMEOUT_S", "FeatureProcess"]
+__all__ = [
+    "CORES_PER_WORKER",
+    "MAX_IN_FLIGHT",
+    "START_TIMEOUT_S",
+    "CycleFeatures",
+    "FeatureProcess",
+    "available_cores",
+    "default_threads",
+    "default_workers",
+]
 
 START_TIMEOUT_S = 120.0  # an interpreter and torch's import, on a loaded machine
 MAX_IN_FLIGHT = 2  # cycles submitted and not yet taken: one computing, one queued behind it
 _BUFFERS = MAX_IN_FLIGHT + 1  # and the one the caller reads
+CORES_PER_WORKER = 4  # default: one front-end process per this many cores (its torch threads use them)
+_CYCLE_ROWS = len(dataclasses.fields(SlotCycle))  # a cycle's (B,) arrays, one row each
+_WALL, _CPU = range(2)  # a process's seconds per cycle: wall time, CPU time (all its threads)
 
 
-# The pipe's messages. To the process: one byte, the buffer of the cycle to compute, or _STOP.
+# The pipe's messages. To a process: one byte, the buffer of the cycle to compute, or _STOP.
 # From it: _DONE (the cycle, or its start-up) or _FAILED followed by the error's text.
 _STOP, _DONE, _FAILED = b"", b"\x00", b"\x01"
-_SLOTS, _LENGTHS, _FINAL, _JOINS = range(4)  # rows of a cycle's description
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its CPU affinity; the machine's count where that is unknown)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def default_workers(batch_size: int, cores: int | None = None) -> int:
+    """Front-end processes for ``batch_size`` slots on ``cores`` cores (default :func:`available_cores`).
+
+    One per :data:`CORES_PER_WORKER` cores, at least one, never more than the slots.
+
+    >>> default_workers(256, cores=16), default_workers(256, cores=2), default_workers(3, cores=64)
+    (4, 1, 3)
+    """
+    cores = available_cores() if cores is None else cores
+    return max(1, min(batch_size, cores // CORES_PER_WORKER))
+
+
+def default_threads(workers: int, cores: int | None = None) -> int:
+    """Torch intra-op threads of each of ``workers`` front-end processes: the cores shared out, at most this
+    process's own thread count, at least one.
+
+    >>> import torch
+    >>> default_threads(4, cores=16) == min(4, torch.get_num_threads())
+    True
+    """
+    cores = available_cores() if cores is None else cores
+    return max(1, min(torch.get_num_threads(), cores // workers))
+
+
+@dataclass(frozen=True)
+class CycleFeatures:
+    """One cycle's output of the front-end stage."""
+
+    features: np.ndarray  # float32, SlotFeatures.shape: the chunk batch (zero past each slot's count)
+    counts: np.ndarray  # int64 (B,): frames per slot
+    seconds: float  # the stage's wall time: its slowest process's
+    cpu_s: float  # CPU seconds of the stage: every process, all its threads
 
 
 @dataclass(frozen=True)
 class _Buffers:
-    """The memory shared with the process, ``_BUFFERS`` of each, indexed by buffer first.
+    """The memory shared with the processes; the per-cycle ones ``_BUFFERS`` deep, indexed by buffer first.
 
-    Torch tensors (what crosses to the process), or numpy views of them (:meth:`arrays`).
+    Torch tensors (what crosses to a process), or numpy views of them (:meth:`arrays`).
     """
 
-    samples: torch.Tensor | np.ndarray  # float32 (B, block_samples): each slot's new samples, from its row's start
-    plans: torch.Tensor | np.ndarray  # int64 (4, B): slots, block lengths, final flags, joins (first `sizes` entries)
-    sizes: torch.Tensor | np.ndarray  # int64 (2,): how many slots, how many joins
+    samples: torch.Tensor | np.ndarray  # float32 (B, capacity): each slot's ring, SlotSamples' memory
+    cycles: torch.Tensor | np.ndarray  # int64 (_CYCLE_ROWS, B): SlotCycle.rows()
     features: torch.Tensor | np.ndarray  # float32, SlotFeatures.shape: the front end's layout of a chunk batch
     counts: torch.Tensor | np.ndarray  # int64 (B,): frames per slot
-    cpu_s: torch.Tensor | np.ndarray  # float64 (): the compute's seconds
+    seconds: torch.Tensor | np.ndarray  # float64 (workers, 2): each process's wall and CPU seconds
 
     @classmethod
-    def allocate(cls, batch_size: int, block_samples: int, features_shape: tuple[int, int, int]) -> _Buffers:
+    def allocate(cls, batch_size: int, capacity: int, features_shape: tuple[int, int, int], workers: int) -> _Buffers:
         def shared(*shape: int, dtype: torch.dtype) -> torch.Tensor:
-            return torch.zeros(_BUFFERS, *shape, dtype=dtype).share_memory_()
+            return torch.zeros(*shape, dtype=dtype).share_memory_()
 
         return cls(
-            shared(batch_size, block_samples, dtype=torch.float32),
-            shared(4, batch_size, dtype=torch.int64),
-            shared(2, dtype=torch.int64),
-            shared(*features_shape, dtype=torch.float32),
-            shared(batch_size, dtype=torch.int64),
-            shared(dtype=torch.float64),
+            shared(batch_size, capacity, dtype=torch.float32),
+            shared(_BUFFERS, _CYCLE_ROWS, batch_size, dtype=torch.int64),
+            shared(_BUFFERS, *features_shape, dtype=torch.float32),
+            shared(_BUFFERS, batch_size, dtype=torch.int64),
+            shared(_BUFFERS, workers, 2, dtype=torch.float64),
         )
 
     def arrays(self) -> _Buffers:
@@ -92,147 +155,197 @@ class _Buffers:
 
 
 def _serve(
-    connection: Connection, frontend: Frontend, batch_size: int, chunk_frames: int, buffers: _Buffers, threads: int
+    connection: Connection,
+    frontend: Frontend,
+    chunk_frames: int,
+    buffers: _Buffers,
+    worker: int,
+    slots: tuple[int, int],
+    threads: int,
 ) -> None:
-    """The process: compute each cycle the pipe names until it says _STOP (or closes)."""
+    """A process: compute its ``slots`` (``[lo, hi)``) of each cycle the pipe names until it says _STOP (or closes)."""
     torch.set_num_threads(threads)
     shared = buffers.arrays()  # the caller's memory
-    stage = SlotFeatures(frontend, batch_size, chunk_frames)
+    lo, hi = slots
+    stage = SlotFeatures(frontend, hi - lo, chunk_frames)
+    samples = SlotSamples(shared.samples[lo:hi])
     connection.send_bytes(_DONE)
     while True:
         try:
             message = connection.recv_bytes()
         except EOFError:
-            return
+            message = _STOP
         if message == _STOP:
-            return
+            # At once: the interpreter's teardown with torch loaded took ~0.6 s a process on a 2-core
+            # machine, and all it holds (shared memory, the pipe) the kernel frees.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
         buffer = message[0]
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         try:
-            plan, (slots, joins) = shared.plans[buffer], shared.sizes[buffer]
-            blocks = [shared.samples[buffer, row, :length] for row, length in enumerate(plan[_LENGTHS, :slots])]
-            final = plan[_FINAL, :slots].astype(bool)
-            _, counts = stage.compute(
-                plan[_SLOTS, :slots], blocks, final, plan[_JOINS, :joins], shared.features[buffer]
-            )
+            cycle = SlotCycle.from_rows(shared.cycles[buffer, :, lo:hi])
+            _, counts = stage.compute_cycle(samples, cycle, shared.features[buffer, lo:hi])
         except Exception as error:  # noqa: BLE001 (any failure goes back to the caller, who raises it)
             connection.send_bytes(_FAILED + f"{type(error).__name__}: {error}".encode())
             continue
-        shared.counts[buffer] = counts
-        shared.cpu_s[buffer] = time.perf_counter() - started
+        shared.counts[buffer, lo:hi] = counts
+        shared.seconds[buffer, worker] = time.perf_counter() - started, time.process_time() - cpu_started
         connection.send_bytes(_DONE)
 
 
-def _shutdown(process: multiprocessing.process.BaseProcess, connection: Connection) -> None:
-    """Ask ``process`` to stop (then make it), and close the pipe."""
-    if process.is_alive():
-        try:
-            connection.send_bytes(_STOP)
-        except OSError:  # BrokenPipeError among them
-            pass
+def _shutdown(processes: list[multiprocessing.process.BaseProcess], connections: list[Connection]) -> None:
+    """Ask every process to stop (then make it), and close the pipes."""
+    for process, connection in zip(processes, connections):
+        if process.is_alive():
+            try:
+                connection.send_bytes(_STOP)
+            except OSError:  # BrokenPipeError among them
+                pass
+    for process in processes:
         process.join(timeout=5)
         if process.is_alive():
             process.terminate()
             process.join(timeout=5)
-    connection.close()
+    for connection in connections:
+        connection.close()
 
 
 class FeatureProcess:
-    """:class:`~audiomask.features.slots.SlotFeatures` of ``batch_size`` slots in a spawned process.
+    """:class:`~audiomask.features.slots.SlotFeatures` of ``batch_size`` slots in ``workers`` spawned processes.
+
+    Process ``w`` owns slots ``[bounds[w], bounds[w + 1])`` (contiguous, sizes
+    differing by one at most). The caller writes each slot's samples into
+    :attr:`samples` (its ring) and names each cycle's blocks there with a
+    :class:`~audiomask.features.slots.SlotCycle`.
 
     Args:
-        frontend: the front end (pickled into the process).
+        frontend: the front end (pickled into each process).
         batch_size: slots, ``B``.
         chunk_frames: frames per slot per cycle at most.
-        block_samples: samples per slot per cycle at most (a stream's first block).
-        threads: torch intra-op threads of the process (default: this process's).
+        capacity: samples per slot's ring (a block is at most this long).
+        threads: torch intra-op threads of each process (default :func:`default_threads`).
+        workers: processes, ``1 <= workers <= batch_size`` (default :func:`default_workers`).
 
-    Raises :class:`RuntimeError` when the process does not start, fails on a
+    Raises :class:`RuntimeError` when a process does not start, fails on a
     cycle (with its error) or dies. Call :meth:`close` when done (also a
-    context manager).
+    context manager); the processes are also stopped when the object is
+    collected and at exit.
     """
 
     def __init__(
-        self, frontend: Frontend, batch_size: int, chunk_frames: int, block_samples: int, threads: int | None = None
+        self,
+        frontend: Frontend,
+        batch_size: int,
+        chunk_frames: int,
+        capacity: int,
+        threads: int | None = None,
+        workers: int | None = None,
     ) -> None:
-        self.batch_size, self.chunk_frames, self.block_samples = batch_size, chunk_frames, block_samples
-        # Shared with the process (torch moves their memory's file descriptors to it); freed with the last
+        batch_size = check_int("batch_size", batch_size, minimum=1)
+        workers = default_workers(batch_size) if workers is None else check_int("workers", workers, minimum=1)
+        if workers > batch_size:
+            raise ValueError(f"workers must be at most batch_size ({batch_size}): each owns slots, got {workers}")
+        threads = default_threads(workers) if threads is None else check_int("threads", threads, minimum=1)
+        self.batch_size, self.chunk_frames, self.capacity = batch_size, chunk_frames, capacity
+        self.workers, self.threads = workers, threads
+        self.bounds = [worker * batch_size // workers for worker in range(workers + 1)]
+        # Shared with the processes (torch moves their memory's file descriptors to them); freed with the last
         # reference on either side, so features handed out stay readable after close().
-        buffers = _Buffers.allocate(batch_size, block_samples, SlotFeatures(frontend, batch_size, chunk_frames).shape)
+        shape = SlotFeatures(frontend, batch_size, chunk_frames).shape
+        buffers = _Buffers.allocate(batch_size, capacity, shape, workers)
         self._shared = buffers.arrays()
+        self.samples = self._shared.samples  # (B, capacity) float32: the slots' rings, written by the caller
         context = torch.multiprocessing.get_context("spawn")  # fork would copy CUDA and OpenMP state it cannot use
-        self._connection, child = context.Pipe()
-        threads = torch.get_num_threads() if threads is None else threads
-        self._process = context.Process(
-            target=_serve,
-            args=(child, frontend, batch_size, chunk_frames, buffers, threads),
-            name="audiomask-features",
-            daemon=True,
-        )
+        self._processes: list[multiprocessing.process.BaseProcess] = []
+        self._connections: list[Connection] = []
+        children = []
+        for worker in range(workers):
+            connection, child = context.Pipe()
+            slots = (self.bounds[worker], self.bounds[worker + 1])
+            self._processes.append(
+                context.Process(
+                    target=_serve,
+                    args=(child, frontend, chunk_frames, buffers, worker, slots, threads),
+                    name=f"audiomask-features-{worker}",
+                    daemon=True,
+                )
+            )
+            self._connections.append(connection)
+            children.append(child)
         self._in_flight: deque[int] = deque()  # buffers of the cycles submitted, oldest first
         self._next = 0
-        # Stops the process on close(), when the object is collected, or at exit.
-        self._finalizer = weakref.finalize(self, _shutdown, self._process, self._connection)
+        # Stops the processes on close(), when the object is collected, or at exit.
+        self._finalizer = weakref.finalize(self, _shutdown, self._processes, self._connections)
         try:
-            self._process.start()
-            child.close()
-            if not self._connection.poll(START_TIMEOUT_S):
-                raise RuntimeError(f"the feature process did not start within {START_TIMEOUT_S:.0f} s")
-            self._receive(starting=True)
+            for process, child in zip(self._processes, children):
+                process.start()
+                child.close()
+            deadline = time.monotonic() + START_TIMEOUT_S
+            for worker, connection in enumerate(self._connections):
+                if not connection.poll(max(0.0, deadline - time.monotonic())):
+                    raise RuntimeError(f"the feature processes did not start within {START_TIMEOUT_S:.0f} s")
+                self._receive(worker, starting=True)
         except BaseException:
             self.close()
             raise
 
-    def submit(self, slots: np.ndarray, blocks: Sequence[np.ndarray], final: np.ndarray, joins: np.ndarray) -> None:
-        """Queue one cycle (see :meth:`SlotFeatures.compute`), behind those in flight (at most ``MAX_IN_FLIGHT``)."""
+    def submit(self, cycle: SlotCycle) -> None:
+        """Queue one cycle, behind those in flight (at most ``MAX_IN_FLIGHT``).
+
+        The samples ``cycle`` names stay in :attr:`samples` until its :meth:`result` is taken.
+        """
         if len(self._in_flight) >= MAX_IN_FLIGHT:
             raise RuntimeError(f"{MAX_IN_FLIGHT} cycles are in flight: take a result() before submitting another")
-        if len(blocks) > self.batch_size:
-            raise ValueError(f"blocks must hold at most {self.batch_size} entries (batch_size), got {len(blocks)}")
-        if not len(slots) == len(blocks) == len(final):
-            raise ValueError(
-                f"slots, blocks and final must have one entry per slot, got {len(slots)}, {len(blocks)}, {len(final)}"
-            )
-        buffer, shared = self._next, self._shared
-        lengths = np.array([len(block) for block in blocks], np.int64)
-        if lengths.size and lengths.max() > self.block_samples:
-            raise ValueError(f"a block holds {lengths.max()} samples, more than block_samples={self.block_samples}")
-        for row, block in enumerate(blocks):
-            shared.samples[buffer, row, : len(block)] = block
-        plan, count = shared.plans[buffer], len(blocks)
-        plan[_SLOTS, :count], plan[_LENGTHS, :count], plan[_FINAL, :count] = slots, lengths, final
-        plan[_JOINS, : len(joins)] = joins
-        shared.sizes[buffer] = count, len(joins)
-        try:
-            self._connection.send_bytes(bytes((buffer,)))
-        except OSError as error:  # BrokenPipeError among them
-            raise self._died() from error
+        rows = cycle.rows()
+        if rows.shape[1] != self.batch_size:
+            raise ValueError(f"cycle must describe {self.batch_size} slots (batch_size), got {rows.shape[1]}")
+        longest = int(cycle.length.max())
+        if longest > self.capacity:
+            raise ValueError(f"a block holds {longest} samples, more than capacity={self.capacity}")
+        buffer = self._next
+        self._shared.cycles[buffer] = rows
+        for worker, connection in enumerate(self._connections):
+            try:
+                connection.send_bytes(bytes((buffer,)))
+            except OSError as error:  # BrokenPipeError among them
+                raise self._died(worker) from error
         self._in_flight.append(buffer)
         self._next = (buffer + 1) % _BUFFERS
 
-    def result(self) -> tuple[np.ndarray, np.ndarray, float]:
-        """The oldest cycle in flight's ``(features, counts, cpu_s)``; ``features`` stays valid until the next result.
+    def result(self) -> CycleFeatures:
+        """The oldest cycle in flight's features; its ``features`` array stays valid until the next result.
 
-        Blocks until the process has computed it.
+        Blocks until every process has computed its slots of it.
         """
         if not self._in_flight:
             raise RuntimeError("no cycle is in flight: submit() one first")
         buffer = self._in_flight.popleft()
-        self._receive()
+        failures = [failure for worker in range(self.workers) if (failure := self._receive(worker))]
+        if failures:
+            raise RuntimeError(f"the feature process failed: {failures[0]}")
         shared = self._shared
-        return shared.features[buffer], shared.counts[buffer].copy(), float(shared.cpu_s[buffer])
+        seconds = shared.seconds[buffer]
+        return CycleFeatures(
+            shared.features[buffer],
+            shared.counts[buffer].copy(),
+            float(seconds[:, _WALL].max()),
+            float(seconds[:, _CPU].sum()),
+        )
 
-    def _receive(self, *, starting: bool = False) -> None:
+    def _receive(self, worker: int, *, starting: bool = False) -> str | None:
+        """Process ``worker``'s answer: ``None`` when done, its error's text when it failed."""
         try:
-            message = self._connection.recv_bytes()
+            message = self._connections[worker].recv_bytes()
         except (EOFError, OSError) as error:
-            raise self._died(starting) from error
-        if message.startswith(_FAILED):
-            raise RuntimeError(f"the feature process failed: {message[len(_FAILED) :].decode()}")
+            raise self._died(worker, starting) from error
+        return message[len(_FAILED) :].decode() if message.startswith(_FAILED) else None
 
-    def _died(self, starting: bool = False) -> RuntimeError:
-        self._process.join(timeout=1)
-        message = f"the feature process died (exit code {self._process.exitcode})"
+    def _died(self, worker: int, starting: bool = False) -> RuntimeError:
+        process = self._processes[worker]
+        process.join(timeout=1)
+        which = "the feature process" if self.workers == 1 else f"the feature process {worker + 1} of {self.workers}"
+        message = f"{which} died (exit code {process.exitcode})"
         if starting:  # the usual cause: spawn imports the parent's script again, and it starts another process
             message += (
                 " while starting; its own error is printed above. A script that starts one must guard its "
@@ -241,7 +354,7 @@ class FeatureProcess:
         return RuntimeError(message)
 
     def close(self) -> None:
-        """Stop the process (idempotent; also done when the object is collected or the interpreter exits)."""
+        """Stop the processes (idempotent; also done when the object is collected or the interpreter exits)."""
         self._finalizer()
 
     def __enter__(self) -> FeatureProcess:

@@ -1,4 +1,4 @@
-"""A driver's front-end stage: each encoder slot's framer and state, and one batched front-end call per cycle.
+"""A driver's front-end stage: each encoder slot's samples, framer and state, and one batched front-end call per cycle.
 
 Every cycle the driver hands over the next block of samples of each occupied
 slot; :class:`SlotFeatures` frames them with the slot's own
@@ -8,20 +8,101 @@ computes the frames of all slots in one front-end call with each slot's own
 streaming state (Whisper's running floor), and lays them out as one chunk
 batch in the front end's layout: ``(B, chunk_frames, n_mels)`` or
 ``(B, n_mels, chunk_frames)``. It holds per-slot state, so one owner calls it,
-in cycle order: the driver's worker thread, or the process of
-:class:`~audiomask.features.process.FeatureProcess`.
+in cycle order: the driver's worker thread, or a process of
+:class:`~audiomask.features.process.FeatureProcess` (which gives each of its
+processes a fixed slice of the slots, a :class:`SlotFeatures` of its own).
+
+The samples wait in :class:`SlotSamples`, one ring per slot, written by the
+driver as they arrive and read by the stage; :class:`SlotCycle` names each
+slot's block in its ring, per slot, so that the driver describes a cycle with
+a few ``(B,)`` arrays and never copies samples per slot.
+
+A frame's features do not depend on which other frames share its
+computation: every frame goes through the same batched products (see
+:meth:`SlotFeatures.compute`), so any split of the slots computes the same
+features bit for bit, given the same torch threads (with many threads a
+BLAS may split one product's sums across them, differently for different
+sizes).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from audiomask.features.framing import StreamFramer, pack
-from audiomask.features.frontend import Frontend
+from audiomask.features.frontend import SLAB_FRAMES, Frontend
 
-__all__ = ["SlotFeatures"]
+__all__ = ["SlotCycle", "SlotFeatures", "SlotSamples"]
+
+
+class SlotSamples:
+    """Each slot's samples in a ring: ``memory`` ``(B, capacity)`` float32, written and read at sample positions.
+
+    A position counts the samples written to the slot's ring since it was
+    made (it never wraps; the ring index is ``position % capacity``). The
+    writer keeps track of which positions still hold unread samples: a ring
+    holds ``capacity`` samples at most.
+
+    >>> ring = SlotSamples(np.zeros((2, 4), np.float32))
+    >>> ring.write(1, 3, np.array([1, 2, 3], np.float32))  # positions 3, 4, 5: ring indices 3, 0, 1
+    >>> ring.read(1, 3, 3).tolist(), ring.memory[1].tolist()
+    ([1.0, 2.0, 3.0], [2.0, 3.0, 0.0, 1.0])
+    """
+
+    def __init__(self, memory: np.ndarray) -> None:
+        if memory.ndim != 2 or memory.dtype != np.float32:
+            raise ValueError(f"memory must be a (B, capacity) float32 array, got {memory.dtype} {memory.shape}")
+        self.memory = memory
+        self.capacity = memory.shape[1]
+
+    def write(self, slot: int, position: int, samples: np.ndarray) -> None:
+        """Write ``samples`` (at most ``capacity``) into ``slot``'s ring from ``position`` on."""
+        row, start = self.memory[slot], position % self.capacity
+        head = min(len(samples), self.capacity - start)
+        row[start : start + head] = samples[:head]
+        row[: len(samples) - head] = samples[head:]
+
+    def read(self, slot: int, position: int, length: int) -> np.ndarray:
+        """A copy of ``length`` samples of ``slot``'s ring from ``position`` on.
+
+        A copy: the ring is written again once the writer has moved on, and a reader may keep what it read
+        (a framer keeps a block's tail for the next one).
+        """
+        row, start = self.memory[slot], position % self.capacity
+        if start + length <= self.capacity:
+            return row[start : start + length].copy()
+        return np.concatenate((row[start:], row[: start + length - self.capacity]))
+
+
+@dataclass
+class SlotCycle:
+    """One cycle's blocks, per slot: each ``(B,)``, indexed by slot.
+
+    ``active``: the slot's stream has a block (possibly empty, when it ends);
+    ``final``: that block is its stream's last (its framer is flushed);
+    ``join``: its stream starts this cycle (framer and state start afresh);
+    ``start``, ``length``: where the block lies in the slot's ring
+    (:class:`SlotSamples` positions) and its samples (0 where not active).
+    """
+
+    active: np.ndarray  # bool
+    final: np.ndarray  # bool
+    join: np.ndarray  # bool
+    start: np.ndarray  # int64
+    length: np.ndarray  # int64
+
+    def rows(self) -> np.ndarray:
+        """The cycle as one ``(5, B)`` int64 array (what crosses to a process)."""
+        return np.stack((self.active, self.final, self.join, self.start, self.length)).astype(np.int64, copy=False)
+
+    @classmethod
+    def from_rows(cls, rows: np.ndarray) -> SlotCycle:
+        """The cycle of :meth:`rows` (or of a slice of its columns: those slots only)."""
+        active, final, join, start, length = rows
+        return cls(active.astype(bool), final.astype(bool), join.astype(bool), start, length)
 
 
 class SlotFeatures:
@@ -57,6 +138,17 @@ class SlotFeatures:
         if self.frontend.time_axis == 0:
             return (self.batch_size, self.chunk_frames, self.frontend.n_mels)
         return (self.batch_size, self.frontend.n_mels, self.chunk_frames)
+
+    def compute_cycle(
+        self, samples: SlotSamples, cycle: SlotCycle, out: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`compute` of the blocks that ``cycle`` names in ``samples`` (both over this stage's slots)."""
+        slots = np.flatnonzero(cycle.active)
+        blocks = [
+            samples.read(slot, start, length)
+            for slot, start, length in zip(slots.tolist(), cycle.start[slots].tolist(), cycle.length[slots].tolist())
+        ]
+        return self.compute(slots, blocks, cycle.final[slots], np.flatnonzero(cycle.join), out)
 
     def compute(
         self,
@@ -102,7 +194,18 @@ class SlotFeatures:
         if owners:
             state = None if self._state is None else self._state[owners]
             packed = pack(segments, counts, framing)
+            # A one-frame product takes BLAS's matrix-vector kernel, which rounds differently from the
+            # matrix-matrix kernel every other frame goes through: a frame's features would then depend on
+            # which frames share its computation. So no computation ends in a one-frame slab: such a cycle
+            # takes a one-frame zero segment more (its own state row), dropped after.
+            extended = packed.total_frames() % SLAB_FRAMES == 1
+            if extended:
+                packed = pack([*segments, np.zeros(framing.win, np.float32)], [*counts, 1], framing)
+                state = None if state is None else np.concatenate((state, frontend._new_state(1)))
             features = frontend._features(packed, max(counts), state)  # one call, in the front end's layout
+            if extended:
+                features = features[:-1]
+                state = None if state is None else state[:-1]
             if state is not None:
                 self._state[owners] = state
             time_major = batch if frontend.time_axis == 0 else batch.transpose(0, 2, 1)

@@ -73,19 +73,26 @@ def test_batch_independence(encoder, head, random_signals, joined_outputs):
     assert streams[-1].ids == single.ids
 
 
-def test_serial_mode_equals_pipelined_on_a_thread_and_in_a_process(encoder, head, random_signals, joined_outputs):
+@pytest.mark.parametrize("workers", [1, 2], ids=["one-process", "two-processes"])
+def test_serial_mode_equals_pipelined_on_a_thread_and_in_processes(
+    encoder, head, random_signals, joined_outputs, workers
+):
+    """Bit for bit, whoever computes the features: in line, a thread, one process, or two processes sharing
+    the 3 slots unevenly; streams start and end mid-run and take the slots freed."""
     batch = random_signals(3, 5)
     results = []
-    for overlap, frontend_process in ((False, False), (True, False), (True, True)):
-        driver = driver_of(encoder, head, 3, keep_outputs=True, overlap=overlap, frontend_process=frontend_process)
+    modes = ({"overlap": False}, {}, {"frontend_process": True, "frontend_workers": workers})
+    for options in modes:
+        driver = driver_of(encoder, head, 3, keep_outputs=True, **options)
         try:
             results.append(driver.run(batch, [0, 1, 2, 0, 3]))
-            cpu_s = driver.stats.cpu_s
+            stats = driver.stats
         finally:
             driver.close()
-        assert cpu_s > 0  # the front end's time is counted wherever it ran
-    serial, threaded, in_process = results
-    for one, other, third in zip(serial, threaded, in_process):
+        assert driver.frontend_workers == (workers if "frontend_workers" in options else 0)
+        assert stats.cpu_s > 0 and stats.frontend_cpu_s > 0  # the front end's time is counted wherever it ran
+    serial, threaded, in_processes = results
+    for one, other, third in zip(serial, threaded, in_processes):
         assert torch.equal(joined_outputs(one), joined_outputs(other))
         assert torch.equal(joined_outputs(one), joined_outputs(third))
         assert one.ids == other.ids == third.ids and one.tokens == other.tokens == third.tokens
@@ -93,15 +100,23 @@ def test_serial_mode_equals_pipelined_on_a_thread_and_in_a_process(encoder, head
 
 def test_instrumentation(encoder, head, random_signals):
     driver = driver_of(encoder, head, 2)
-    streams = driver.run(random_signals(4, 3))
+    signals = random_signals(4, 3)
+    streams = driver.run(signals)
     driver.close()
     stats = driver.stats
     assert len(stats.cycles) >= max(s.tokens for s in streams) // 2
     assert [c.cycle for c in stats.cycles] == list(range(len(stats.cycles)))
     for c in stats.cycles:
         assert c.cpu_s >= 0 and c.enqueue_s >= 0 and c.encode_s >= 0 and c.wait_s >= 0 and 1 <= c.streams <= 2
+        assert c.frontend_cpu_s >= 0 and c.host_cpu_s >= 0 and c.enqueue_cpu_s >= 0
     assert stats.wall_s > 0 and stats.cpu_s > 0 and stats.gpu_s > 0
     assert stats.overlap() <= 1.0 + 1e-9 or stats.cpu_s + stats.gpu_s > stats.wall_s
+    # Every sample fed went through one cycle's block: the audio the per-stage costs are divided by.
+    assert stats.audio_s == pytest.approx(sum(len(s) for s in signals) / 16000)
+    costs = stats.cpu_per_audio_s()
+    assert list(costs) == ["frontend", "feed", "host", "enqueue"]
+    assert all(cost > 0 for cost in costs.values())
+    assert costs["host"] == pytest.approx(stats.host_cpu_s / stats.audio_s)
 
 
 def test_stats_stay_bounded_and_totals_count_every_cycle():
@@ -154,6 +169,12 @@ def test_bad_arguments(encoder, head, random_signals):
         StreamingDriver(stream, head, WhisperFrontend(n_mels=80))
     with pytest.raises(ValueError, match="frontend_process=True needs overlap=True"):
         StreamingDriver(stream, head, overlap=False, frontend_process=True)
+    with pytest.raises(ValueError, match="frontend_workers needs frontend_process=True"):
+        StreamingDriver(stream, head, frontend_workers=2)
+    with pytest.raises(ValueError, match=r"frontend_workers must be at most the stream's batch_size \(1\)"):
+        StreamingDriver(stream, head, frontend_process=True, frontend_workers=2)
+    with pytest.raises(ValueError, match="frontend_workers must be >= 1, got 0"):
+        StreamingDriver(stream, head, frontend_process=True, frontend_workers=0)
     driver = StreamingDriver(stream, head)
     with pytest.raises(ValueError, match="starts"):
         driver.run(random_signals(1, 2), [0])

@@ -47,12 +47,12 @@ def test_stream_text_equals_offline_greedy(model, noise, chunk_ms, left_chunks):
         assert recognizer.transcribe(samples) == expected
 
 
-@pytest.mark.parametrize("frontend_process", [False, True], ids=["thread", "process"])
-def test_many_streams_interleaved(model, noise, frontend_process):
+@pytest.mark.parametrize(
+    "frontend", [{}, {"frontend_process": True, "frontend_workers": 2}], ids=["thread", "two-processes"]
+)
+def test_many_streams_interleaved(model, noise, frontend):
     signals = [noise(s, n) for s, n in zip(range(5), (9000, 17000, 4000, 12000, 600))]
-    with StreamingRecognizer(
-        model, chunk_ms=160, left_chunks=2, max_streams=3, frontend_process=frontend_process
-    ) as recognizer:
+    with StreamingRecognizer(model, chunk_ms=160, left_chunks=2, max_streams=3, **frontend) as recognizer:
         streams = [recognizer.open_stream(f"u{i}") for i in range(len(signals))]
         for position in range(0, 17000, 2500):
             for stream, samples in zip(streams, signals):

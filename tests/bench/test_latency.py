@@ -20,7 +20,17 @@ from audiomask.asr.driver import CycleTiming, RunStats
 from audiomask.bench import overlap
 from audiomask.bench import transfer as transfer_bench
 from audiomask.bench.device_masks import hs_mask_torch
-from audiomask.bench.throughput import ProbePlan, search
+from audiomask.bench.throughput import (
+    DRIVER_SHARDS_FRONTEND,
+    RESOURCES,
+    TIME_BUDGET,
+    ProbePlan,
+    ProbeTimes,
+    limiting_resource,
+    memory_per_stream,
+    search,
+    timed_chunks,
+)
 from audiomask.bench.timing import Budget
 from audiomask.masks.phi4mm import hs_mask
 
@@ -117,20 +127,37 @@ def test_quick_throughput_runs(quick_report: tuple[dict, str]) -> None:
         ("phi4mm_full", "encoder_step"),
         ("phi4mm_full", "driver"),
         ("qwen3_asr_0.6b", "encoder_step"),
+        ("qwen3_asr_0.6b", "driver"),
     }
     for run in runs:
         assert {"max_streams", "chunk_ms", "limited_by", "probes", "criterion"} <= run.keys()
         passed = [probe["streams"] for probe in run["probes"] if probe["ok"]]
         assert run["max_streams"] == max(passed, default=0)
+        assert run["limiting_resource"] in (*RESOURCES, TIME_BUDGET)
+        assert run["bytes_per_stream"] is None  # no CUDA: device memory is not measured
+        cores = run["host_cores"]
+        assert cores["allowed"] >= 1 and 1 <= cores["torch_threads"] <= max(cores["allowed"], 1)
+        measured = [probe for probe in run["probes"] if "chunk_ms_p99" in probe]
+        assert measured and all(probe["gpu_ms_per_cycle"] > 0 for probe in measured)
+        assert run["cycle_costs"]["streams"] in {probe["streams"] for probe in measured}
+        if run["path"] == "driver":  # the front end in processes of its own, sharded where the driver can
+            assert run["frontend_process"] is True and run["frontend_sharded"] is DRIVER_SHARDS_FRONTEND
+            assert ("frontend_workers" in run) is DRIVER_SHARDS_FRONTEND
+            assert all(probe["frontend_processes"] >= 1 and probe["frontend_ms_per_cycle"] > 0 for probe in measured)
+        else:  # host features in: no front end
+            assert all(probe["frontend_processes"] == 0 == probe["frontend_ms_per_cycle"] for probe in measured)
     assert "phi4mm_full" in quick_report[0]["models"]
     assert "stand-in" in quick_report[0]["models"]["phi4mm_full"]["source"]  # --quick says it is no measurement
 
 
 def test_quick_prints_tables_and_verdicts(quick_report: tuple[dict, str]) -> None:
     stdout = quick_report[1]
-    for heading in ("transfer (ms;", "pipeline (", "latency ", "throughput "):
+    for heading in ("transfer (ms;", "pipeline (", "latency ", "throughput ", "limiting resource"):
         assert heading in stdout
     assert "throughput reported for both full-size configs: yes" in stdout
+    assert "Qwen3-ASR-0.6B through the driver >= 10,000 concurrent real-time streams: no" in stdout
+    row = next(line for line in stdout.splitlines() if line.startswith("qwen3_asr_0.6b") and " driver " in line)
+    assert row.endswith((*RESOURCES, TIME_BUDGET))
 
 
 def test_plot_from_a_report_needs_matplotlib_or_writes_pngs(quick_report: tuple[dict, str], tmp_path: Path) -> None:
@@ -154,14 +181,19 @@ def test_plot_from_a_report_needs_matplotlib_or_writes_pngs(quick_report: tuple[
     [
         (["--seconds", "0"], "--seconds must be > 0, got 0.0"),
         (["--max-streams", "0"], "--max-streams must be >= 1, got 0"),
+        (["--frontend-workers", "0"], "--frontend-workers must be >= 1, got 0"),
         (["--sections", "nonsense"], "invalid choice: 'nonsense'"),
         (["--device", "tpu:0"], "--device must be auto, cpu or cuda[:N], got 'tpu:0'"),
     ],
 )
-def test_bad_arguments_are_one_line_errors(argv: list[str], message: str) -> None:
-    completed = subprocess.run([sys.executable, str(SCRIPT), *argv], capture_output=True, text=True, check=False)
-    assert completed.returncode == 2
-    assert message in completed.stderr and "Traceback" not in completed.stderr
+def test_bad_arguments_are_one_line_errors(argv: list[str], message: str, capsys: pytest.CaptureFixture) -> None:
+    from audiomask.bench import latency
+
+    with pytest.raises(SystemExit) as exit_info:  # argparse's usage error, before anything runs
+        latency.main(argv)
+    assert exit_info.value.code == 2
+    stderr = capsys.readouterr().err
+    assert message in stderr and "Traceback" not in stderr
 
 
 # --------------------------------------------------------------------------- the mask built on the device
@@ -215,10 +247,10 @@ def test_hs_mask_torch_rejects_bad_arguments(call, message: str) -> None:
 def _probe_passing_up_to(capacity: int, calls: list[int]):
     """A fake probe: chunk latency 10 ms up to ``capacity`` streams, 2000 ms beyond (chunk of 1000 ms)."""
 
-    def probe(streams: int) -> tuple[list[float], bool]:
+    def probe(streams: int) -> ProbeTimes:
         calls.append(streams)
         seconds = 0.01 if streams <= capacity else 2.0
-        return [seconds] * 4, streams > capacity
+        return ProbeTimes([seconds] * 4, streams > capacity)
 
     return probe
 
@@ -255,10 +287,10 @@ def test_search_stops_at_max_streams() -> None:
 
 
 def test_search_records_a_probe_that_raises() -> None:
-    def probe(streams: int) -> tuple[list[float], bool]:
+    def probe(streams: int) -> ProbeTimes:
         if streams > 4:
             raise RuntimeError("a request of 9 bytes exceeds max_pinned_bytes=8")
-        return [0.01], False
+        return ProbeTimes([0.01], False)
 
     result = search(probe, {"model": "fake", "path": "x", "chunk_ms": 1000}, torch.device("cpu"), Budget(60), 64)
     assert (result["max_streams"], result["first_failing"], result["limited_by"]) == (4, 5, "error")
@@ -268,8 +300,6 @@ def test_search_records_a_probe_that_raises() -> None:
 
 def test_a_probe_plan_with_early_exceedances_fails_the_probe() -> None:
     # p99 of up to 101 chunks is above the duration once two are: the probe stops there.
-    from audiomask.bench.throughput import timed_chunks
-
     durations = iter([0.0, 0.0, 0.03, 0.0, 0.03, 0.0, 0.0])
 
     def step(index: int) -> None:
@@ -277,8 +307,115 @@ def test_a_probe_plan_with_early_exceedances_fails_the_probe() -> None:
 
         time.sleep(next(durations))
 
-    seconds, stopped = timed_chunks(step, warmup=1, plan=ProbePlan(warmup=0, chunks=6), duration_s=0.02)
-    assert stopped and len(seconds) == 4
+    times = timed_chunks(step, warmup=1, plan=ProbePlan(warmup=0, chunks=6), duration_s=0.02)
+    assert times.stopped and len(times.seconds) == 4 and times.costs == []
+
+
+# --------------------------------------------------------------------------- what stops a throughput row
+
+GiB = 2**30
+
+
+def probe_record(streams: int, ok: bool, gpu: float = 1.0, frontend: float = 0.0, host: float = 0.0, **extra) -> dict:
+    """A probe row as :func:`search` records it, with mean milliseconds per cycle."""
+    costs = {"gpu_ms_per_cycle": gpu, "frontend_ms_per_cycle": frontend, "host_ms_per_cycle": host, "gpu_busy": 0.5}
+    return {"streams": streams, "ok": ok, **costs, **extra}
+
+
+@pytest.mark.parametrize(
+    "costs, resource",
+    [
+        ({"gpu": 900.0, "frontend": 50.0, "host": 20.0}, "gpu compute"),
+        ({"gpu": 200.0, "frontend": 700.0, "host": 20.0}, "host front end"),
+        ({"gpu": 200.0, "frontend": 100.0, "host": 650.0}, "host driver loop"),
+    ],
+)
+def test_limiting_resource_is_the_largest_cost_of_the_first_failing_probe(costs: dict, resource: str) -> None:
+    probes = [
+        probe_record(1, True, gpu=1.0, frontend=9.0, host=5.0),  # passing probes do not decide
+        probe_record(8, False, gpu=1.0, frontend=1.0, host=1.0),  # nor a failing one above the first failure
+        probe_record(4, True, gpu=1.0, frontend=9.0, host=5.0),
+        probe_record(6, False, **costs),
+    ]
+    assert limiting_resource(probes, "latency", None) == resource
+    assert limiting_resource(probes, "latency", 100 * GiB) == resource  # no peak recorded: not memory
+
+
+def test_limiting_resource_without_a_failure_judges_the_largest_probe() -> None:
+    probes = [probe_record(2, True, gpu=1.0, frontend=3.0), probe_record(4, True, gpu=5.0, frontend=3.0)]
+    assert limiting_resource(probes, "max_streams", None) == "gpu compute"
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [
+        {"error": "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"},
+        {"error": "RuntimeError: CUDA error: out of memory"},
+        {"error": "not run: predicted peak 135.1 GiB > 128.6 GiB", "predicted_peak_bytes": 135 * GiB},
+    ],
+)
+def test_limiting_resource_is_gpu_memory_when_a_probe_runs_out_of_it(failure: dict) -> None:
+    probes = [probe_record(1, True, gpu=900.0, peak_bytes=GiB), {"streams": 2, "ok": False, **failure}]
+    assert limiting_resource(probes, "memory", 140 * GiB) == "gpu memory"
+
+
+def test_limiting_resource_is_gpu_memory_when_the_deciding_probe_filled_it() -> None:
+    full = probe_record(8, False, gpu=900.0, peak_bytes=int(0.95 * 100 * GiB))
+    assert limiting_resource([probe_record(4, True, peak_bytes=50 * GiB), full], "latency", 100 * GiB) == "gpu memory"
+    roomy = probe_record(8, False, gpu=900.0, peak_bytes=80 * GiB)
+    assert limiting_resource([probe_record(4, True, peak_bytes=40 * GiB), roomy], "latency", 100 * GiB) == "gpu compute"
+
+
+def test_limiting_resource_for_time_and_for_errors() -> None:
+    probes = [probe_record(1, True, host=9.0), probe_record(2, False, gpu=99.0)]
+    assert limiting_resource(probes, "budget", None) == TIME_BUDGET  # the search never settled the row
+    # A probe that raised (not for memory) has no costs: the largest probe that measured them is judged.
+    raised = {"streams": 4, "ok": False, "error": "RuntimeError: a request exceeds max_pinned_bytes"}
+    assert limiting_resource([probe_record(2, True, host=9.0), raised], "error", None) == "host driver loop"
+    assert limiting_resource([raised], "error", None) is None
+    assert limiting_resource([], "max_streams", None) is None
+
+
+def test_memory_per_stream_is_the_slope_of_peak_memory_over_streams() -> None:
+    baseline, per_stream = 2 * GiB, 3 * 2**20
+    probes = [{"streams": n, "peak_bytes": baseline + per_stream * n + (n % 3) * 1024} for n in (1, 2, 4, 8, 16)]
+    probes.append({"streams": 32, "peak_bytes": 99 * GiB, "error": "OutOfMemoryError"})  # not a clean probe
+    assert memory_per_stream(probes) == pytest.approx(per_stream, rel=1e-3)
+    assert memory_per_stream(probes[:1]) is None and memory_per_stream([{"streams": 4}]) is None
+
+
+def throughput_row(model: str, path: str, streams: int) -> dict:
+    return {"model": model, "path": path, "max_streams": streams}
+
+
+@pytest.mark.parametrize(
+    "driver, step, qwen3, expected",
+    [
+        (12_000, 14_000, 10_500, (True, True)),
+        (12_000, 16_000, 9_000, (False, False)),  # the driver reaches 75 % of its step's capacity
+        (9_000, 10_000, 10_000, (False, True)),
+    ],
+)
+def test_throughput_verdicts_state_the_driver_aims(driver: int, step: int, qwen3: int, expected: tuple) -> None:
+    from audiomask.bench import latency
+
+    rows = [
+        throughput_row("phi4mm_full", "encoder_step", step),
+        throughput_row("phi4mm_full", "driver", driver),
+        throughput_row("qwen3_asr_0.6b", "encoder_step", 4_992),
+        throughput_row("qwen3_asr_0.6b", "driver", qwen3),
+    ]
+    found = latency.verdicts({"transfer": [], "pipeline": {}, "throughput": rows, "settings": {}})
+    phi4mm = found[
+        "full-size Phi-4MM through the driver >= 10,000 concurrent real-time streams and >= 80% of its encoder "
+        "step's capacity"
+    ]
+    assert (phi4mm["ok"], found["Qwen3-ASR-0.6B through the driver >= 10,000 concurrent real-time streams"]["ok"]) == (
+        expected
+    )
+    assert phi4mm["of_encoder_step"] == pytest.approx(driver / step)
+    unmeasured = latency.verdicts({"transfer": [], "pipeline": {}, "throughput": rows[:1], "settings": {}})
+    assert unmeasured["Qwen3-ASR-0.6B through the driver >= 10,000 concurrent real-time streams"]["ok"] is None
 
 
 # --------------------------------------------------------------------------- CUDA (the H200)
@@ -310,6 +447,10 @@ def test_quick_runs_every_cuda_path(tmp_path: Path) -> None:
     assert report["pipeline"]["gpu_s"] > 0
     assert all(run["max_streams"] >= 1 for run in report["throughput"]), report["throughput"]
     assert all("peak_bytes" in probe for run in report["throughput"] for probe in run["probes"])
+    for run in report["throughput"]:  # device memory per stream from the probes' peaks; the device's size
+        clean = {probe["streams"] for probe in run["probes"] if "error" not in probe}
+        assert (run["bytes_per_stream"] is not None) == (len(clean) >= 2), run
+        assert run["device_bytes"] > 0 and run["limiting_resource"] in (*RESOURCES, TIME_BUDGET)
 
 
 def test_git_commit_named_by_the_environment_wins(monkeypatch: pytest.MonkeyPatch) -> None:

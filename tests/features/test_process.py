@@ -1,8 +1,9 @@
-"""audiomask.features.slots and .process: a driver's front-end stage, on this thread and in a process of its own.
+"""audiomask.features.slots and .process: a driver's front-end stage, on this thread and sharded over processes.
 
-The process must compute exactly what :class:`SlotFeatures` computes here,
-cycle after cycle (per-slot framer state, joins, final flushes), and must
-turn its failures and its death into errors in the caller.
+The processes must compute exactly what one :class:`SlotFeatures` computes
+here, cycle after cycle (per-slot framer state, joins, final flushes),
+whatever the number of processes sharing the slots, and must turn their
+failures and their deaths into errors in the caller.
 """
 
 from __future__ import annotations
@@ -18,22 +19,25 @@ import pytest
 import torch
 
 from audiomask.features import Phi4MMFrontend, WhisperFrontend
-from audiomask.features.process import MAX_IN_FLIGHT, FeatureProcess
-from audiomask.features.slots import SlotFeatures
+from audiomask.features.frontend import SLAB_FRAMES
+from audiomask.features.process import MAX_IN_FLIGHT, FeatureProcess, default_threads, default_workers
+from audiomask.features.slots import SlotCycle, SlotFeatures, SlotSamples
 
 BATCH = 4
 CHUNK_FRAMES = 16
 HOP, WIN = 160, 400
 BLOCK = CHUNK_FRAMES * HOP  # samples per slot per cycle after the first
 FIRST_BLOCK = BLOCK + WIN - HOP  # a stream's first block: its first chunk of frames (no centring)
+# A ring holds the blocks of the cycles in flight and the next one; an odd size makes blocks wrap around.
+CAPACITY = (MAX_IN_FLIGHT + 1) * FIRST_BLOCK + 7
 
 
-def cycles(seed: int, count: int, first_block: int = FIRST_BLOCK):
+def cycles(seed: int, count: int, first_block: int = FIRST_BLOCK, batch: int = BATCH):
     """``count`` cycles of (slots, blocks, final, joins): streams joining, ending and rejoining slots."""
     rng = np.random.default_rng(seed)
-    started = np.zeros(BATCH, bool)
+    started = np.zeros(batch, bool)
     for index in range(count):
-        slots = np.sort(rng.choice(BATCH, size=int(rng.integers(1, BATCH + 1)), replace=False))
+        slots = np.sort(rng.choice(batch, size=int(rng.integers(1, batch + 1)), replace=False))
         joins = np.array([s for s in slots if not started[s] or rng.random() < 0.1], np.int64)
         started[joins] = True
         final = rng.random(len(slots)) < 0.2
@@ -49,6 +53,39 @@ def cycles(seed: int, count: int, first_block: int = FIRST_BLOCK):
         blocks = [rng.standard_normal(size).astype(np.float32) for size in sizes]
         started[slots[final]] = False  # an ended stream's slot takes a new stream next
         yield index, slots, blocks, final, joins
+
+
+class Rings:
+    """Writes each cycle's blocks into the slots' rings, one after the other as a driver does, and names them."""
+
+    def __init__(self, memory: np.ndarray) -> None:
+        self.samples = SlotSamples(memory)
+        self.written = np.zeros(len(memory), np.int64)
+
+    def cycle(self, slots, blocks, final, joins) -> SlotCycle:
+        batch = len(self.written)
+        described = SlotCycle(
+            *(np.zeros(batch, bool) for _ in range(3)), *(np.zeros(batch, np.int64) for _ in range(2))
+        )
+        described.active[slots], described.final[slots], described.join[joins] = True, final, True
+        for slot, block in zip(slots, blocks):
+            self.samples.write(slot, self.written[slot], block)
+            described.start[slot], described.length[slot] = self.written[slot], len(block)
+            self.written[slot] += len(block)
+        return described
+
+
+def test_a_ring_reads_back_what_was_written_across_its_end():
+    rings = Rings(np.zeros((2, 10), np.float32))
+    pieces = [np.arange(start, start + size, dtype=np.float32) for start, size in ((0, 4), (4, 5), (9, 3), (12, 10))]
+    for piece in pieces:
+        position = int(rings.written[1])
+        rings.cycle(np.array([1]), [piece], np.array([False]), np.array([], np.int64))
+        read = rings.samples.read(1, position, len(piece))
+        np.testing.assert_array_equal(read, piece)
+        read[:] = -1  # a copy: the ring is untouched
+        np.testing.assert_array_equal(rings.samples.read(1, position, len(piece)), piece)
+    assert not rings.samples.memory[0].any()
 
 
 def test_slot_features_frame_each_slot_as_its_own_stream():
@@ -106,58 +143,111 @@ def test_slot_features_carry_each_slot_state_for_a_centred_front_end_in_its_layo
 
 
 @pytest.mark.parametrize("frontend", [Phi4MMFrontend(), WhisperFrontend()], ids=["phi4mm", "whisper"])
-def test_the_process_computes_what_the_stage_computes_here(frontend):
-    """Per-slot framers and front-end state (Whisper's running floor), in either layout."""
+def test_any_split_of_the_slots_computes_the_same_features_bit_for_bit(frontend):
+    """What sharding rests on: slices of the slots, each with a stage of its own, give the whole stage's
+    features exactly, also where a slice's frames (or the whole's) would end in a one-frame product."""
+    batch = 7
+    first_block = FIRST_BLOCK - frontend.framing.pad
+    splits = ([0, 7], [0, 3, 7], [0, 1, 2, 3, 4, 5, 6, 7], [0, 5, 7])
+    stages = [
+        [SlotFeatures(frontend, hi - lo, CHUNK_FRAMES) for lo, hi in zip(bounds, bounds[1:])] for bounds in splits
+    ]
+    one_frame_slices = 0
+    for _, slots, blocks, final, joins in cycles(3, 120, first_block, batch):
+        results = []
+        for bounds, shards in zip(splits, stages):
+            features = np.zeros(shards[0].shape[1:], np.float32)[None].repeat(batch, axis=0)
+            counts = np.zeros(batch, np.int64)
+            for (lo, hi), shard in zip(zip(bounds, bounds[1:]), shards):
+                mine = (slots >= lo) & (slots < hi)
+                mine_blocks = [block for block, keep in zip(blocks, mine) if keep]
+                joining = joins[(joins >= lo) & (joins < hi)] - lo
+                _, counts[lo:hi] = shard.compute(slots[mine] - lo, mine_blocks, final[mine], joining, features[lo:hi])
+                one_frame_slices += counts[lo:hi].sum() % SLAB_FRAMES == 1
+            results.append((features, counts))
+        for features, counts in results[1:]:
+            np.testing.assert_array_equal(counts, results[0][1])
+            np.testing.assert_array_equal(features, results[0][0])
+    assert one_frame_slices > 0  # the case a one-frame product would round differently was met
+
+
+@pytest.mark.parametrize(
+    ("frontend", "workers"), [(Phi4MMFrontend(), 1), (WhisperFrontend(), 3)], ids=["phi4mm-1", "whisper-3"]
+)
+def test_the_processes_compute_what_the_stage_computes_here(frontend, workers):
+    """Per-slot framers and front-end state (Whisper's running floor), in either layout, in one process or
+    sharded over three (which do not divide the 4 slots)."""
     here = SlotFeatures(frontend, BATCH, CHUNK_FRAMES)
     first_block = FIRST_BLOCK - frontend.framing.pad  # a centred framing's first frame reads the reflection
     # As many torch threads there as here: the same reductions, so the same float32 rounding.
-    with FeatureProcess(frontend, BATCH, CHUNK_FRAMES, first_block, threads=torch.get_num_threads()) as process:
+    with FeatureProcess(
+        frontend, BATCH, CHUNK_FRAMES, CAPACITY, threads=torch.get_num_threads(), workers=workers
+    ) as process:
+        assert process.bounds == [0, 1, 2, 4] if workers == 3 else [0, 4]
+        rings = Rings(process.samples)
         expected = []
         for index, slots, blocks, final, joins in cycles(1, 12, first_block):
-            process.submit(slots, blocks, final, joins)  # the next cycle queued behind the one computing
+            process.submit(rings.cycle(slots, blocks, final, joins))  # queued behind the one computing
             features, counts = here.compute(slots, blocks, final, joins)
             expected.append((features.copy(), counts))
             if index % 3 == 0:
-                continue  # two in flight now and then: the process computes them in order
+                continue  # two in flight now and then: the processes compute them in order
             while expected:
-                features, counts, cpu_s = process.result()
+                result = process.result()
                 wanted_features, wanted_counts = expected.pop(0)
-                assert counts.tolist() == wanted_counts.tolist() and cpu_s > 0
-                np.testing.assert_array_equal(features, wanted_features)
+                assert result.counts.tolist() == wanted_counts.tolist()
+                assert result.seconds > 0 and result.cpu_s >= 0
+                np.testing.assert_array_equal(result.features, wanted_features)
 
 
-def test_the_process_reports_bad_input_and_its_own_failures():
-    with FeatureProcess(Phi4MMFrontend(), BATCH, CHUNK_FRAMES, FIRST_BLOCK, threads=1) as process:
-        too_long = np.zeros(FIRST_BLOCK + 1, np.float32)
-        with pytest.raises(ValueError, match=f"more than block_samples={FIRST_BLOCK}"):
-            process.submit(np.array([0]), [too_long], np.array([False]), np.array([0]))
+def test_the_processes_report_bad_input_and_their_own_failures():
+    with FeatureProcess(Phi4MMFrontend(), BATCH, CHUNK_FRAMES, CAPACITY, threads=1, workers=2) as process:
+        rings = Rings(process.samples)
+        too_long = rings.cycle(np.array([0]), [np.zeros(FIRST_BLOCK, np.float32)], np.array([False]), np.array([0]))
+        too_long.length[0] = CAPACITY + 1
+        with pytest.raises(ValueError, match=f"more than capacity={CAPACITY}"):
+            process.submit(too_long)
+        with pytest.raises(ValueError, match=r"must describe 4 slots \(batch_size\), got 3"):
+            process.submit(
+                SlotCycle(
+                    *(row[:3] for row in (too_long.active, too_long.final, too_long.join)),
+                    too_long.start[:3],
+                    too_long.length[:3],
+                )
+            )
         with pytest.raises(RuntimeError, match="no cycle is in flight"):
             process.result()
-        never_joined = np.zeros(BLOCK, np.float32)  # slot 1 has no stream: its framer does not exist
-        process.submit(np.array([1]), [never_joined], np.array([False]), np.array([], np.int64))
+        first, later = np.zeros(FIRST_BLOCK, np.float32), np.zeros(BLOCK, np.float32)
+        # Slot 3 (the second process's) has no stream: its framer does not exist; the first process's slot 0 is fine.
+        process.submit(rings.cycle(np.array([0, 3]), [first, later], np.array([False, False]), np.array([0])))
         with pytest.raises(RuntimeError, match="the feature process failed: AttributeError"):
             process.result()
-        first, later = np.zeros(FIRST_BLOCK, np.float32), np.zeros(BLOCK, np.float32)  # it serves the next ones
-        process.submit(np.array([0]), [first], np.array([False]), np.array([0]))
-        process.submit(np.array([0, 2]), [later, first], np.array([False, False]), np.array([2]))  # queued behind
+        # Both serve the next ones, in order.
+        process.submit(rings.cycle(np.array([0]), [later], np.array([False]), np.array([], np.int64)))
+        process.submit(rings.cycle(np.array([0, 2]), [later, first], np.array([False, False]), np.array([2])))
         with pytest.raises(RuntimeError, match=f"{MAX_IN_FLIGHT} cycles are in flight"):
-            process.submit(np.array([0]), [later], np.array([False]), np.array([], np.int64))
-        assert process.result()[1].tolist() == [CHUNK_FRAMES, 0, 0, 0]  # in submission order
-        assert process.result()[1].tolist() == [CHUNK_FRAMES, 0, CHUNK_FRAMES, 0]
+            process.submit(rings.cycle(np.array([0]), [later], np.array([False]), np.array([], np.int64)))
+        assert process.result().counts.tolist() == [CHUNK_FRAMES, 0, 0, 0]  # in submission order
+        assert process.result().counts.tolist() == [CHUNK_FRAMES, 0, CHUNK_FRAMES, 0]
 
 
 def test_a_dead_process_is_an_error_and_features_handed_out_outlive_close():
-    process = FeatureProcess(Phi4MMFrontend(), BATCH, CHUNK_FRAMES, FIRST_BLOCK, threads=1)
+    process = FeatureProcess(Phi4MMFrontend(), BATCH, CHUNK_FRAMES, CAPACITY, threads=1, workers=2)
+    rings = Rings(process.samples)
     block = np.random.default_rng(2).standard_normal(FIRST_BLOCK).astype(np.float32)
-    process.submit(np.array([1]), [block], np.array([False]), np.array([1]))
-    features = process.result()[0]  # a view of the memory shared with the process
+    process.submit(rings.cycle(np.array([1, 2]), [block, block], np.array([False, False]), np.array([1, 2])))
+    features = process.result().features  # a view of the memory shared with the processes
     expected = features.copy()
-    os.kill(process._process.pid, signal.SIGKILL)
-    process._process.join(timeout=10)
-    with pytest.raises(RuntimeError, match=r"the feature process died \(exit code -9\)"):
-        process.submit(np.array([0]), [np.zeros(BLOCK, np.float32)], np.array([False]), np.array([0]))
+    assert expected[1].any() and expected[2].any()  # each process wrote its slice
+    os.kill(process._processes[1].pid, signal.SIGKILL)
+    process._processes[1].join(timeout=10)
+    later = np.zeros(BLOCK, np.float32)
+    with pytest.raises(RuntimeError, match=r"the feature process 2 of 2 died \(exit code -9\)"):
+        process.submit(rings.cycle(np.array([1]), [later], np.array([False]), np.array([], np.int64)))
+        process.result()
     process.close()
     process.close()  # idempotent
+    assert not any(child.is_alive() for child in process._processes)
     np.testing.assert_array_equal(features, expected)  # still mapped: the view holds the memory
 
 
@@ -166,20 +256,40 @@ def test_a_script_without_a_main_guard_gets_an_error_that_says_so(tmp_path):
     script.write_text(
         "from audiomask.features import Phi4MMFrontend\n"
         "from audiomask.features.process import FeatureProcess\n"
-        f"FeatureProcess(Phi4MMFrontend(), {BATCH}, {CHUNK_FRAMES}, {FIRST_BLOCK}, threads=1).close()\n"
+        f"FeatureProcess(Phi4MMFrontend(), {BATCH}, {CHUNK_FRAMES}, {CAPACITY}, threads=1, workers=1).close()\n"
     )
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode != 0
-    assert "died (exit code 1) while starting" in done.stderr and "if __name__ == '__main__':" in done.stderr
+    assert "the feature process died (exit code 1) while starting" in done.stderr
+    assert "if __name__ == '__main__':" in done.stderr
 
 
-def test_a_forgotten_process_is_stopped_when_collected():
-    process = FeatureProcess(Phi4MMFrontend(), BATCH, CHUNK_FRAMES, FIRST_BLOCK, threads=1)
-    process.submit(np.array([0]), [np.zeros(FIRST_BLOCK, np.float32)], np.array([False]), np.array([0]))
-    features = process.result()[0]
-    child = process._process
-    del process
+def shared_memory_files() -> set[str]:
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+def test_forgotten_processes_are_stopped_when_collected_and_leave_no_shared_memory_files():
+    before = shared_memory_files()
+    process = FeatureProcess(Phi4MMFrontend(), BATCH, CHUNK_FRAMES, CAPACITY, threads=1, workers=2)
+    rings = Rings(process.samples)
+    process.submit(rings.cycle(np.array([0]), [np.zeros(FIRST_BLOCK, np.float32)], np.array([False]), np.array([0])))
+    features = process.result().features
+    children = process._processes
+    del process, rings
     gc.collect()
-    child.join(timeout=10)
-    assert not child.is_alive() and child.exitcode == 0  # asked to stop, not killed
+    for child in children:
+        child.join(timeout=10)
+        assert not child.is_alive() and child.exitcode == 0  # asked to stop, not killed
     assert features.shape == (BATCH, CHUNK_FRAMES, 80) and np.isfinite(features).all()  # still readable
+    assert shared_memory_files() <= before
+
+
+def test_worker_counts_follow_the_cores_and_are_checked():
+    assert (
+        default_workers(256, cores=16) == 4 and default_workers(2, cores=64) == 2 and default_workers(8, cores=3) == 1
+    )
+    assert default_threads(4, cores=16) == min(4, torch.get_num_threads()) and default_threads(8, cores=2) == 1
+    with pytest.raises(ValueError, match=r"workers must be at most batch_size \(4\): each owns slots, got 5"):
+        FeatureProcess(Phi4MMFrontend(), BATCH, CHUNK_FRAMES, CAPACITY, workers=5)
+    with pytest.raises(ValueError, match="workers must be >= 1, got 0"):
+        FeatureProcess(Phi4MMFrontend(), BATCH, CHUNK_FRAMES, CAPACITY, workers=0)

@@ -1,0 +1,241 @@
+"""The driver's per-cycle host bookkeeping: samples in, and which slot gives which block to the next cycle.
+
+:class:`CyclePlanner` keeps each slot's state in ``(B,)`` numpy arrays and
+its samples in a ring per slot (:class:`~audiomask.features.slots.SlotSamples`,
+which the front end reads from directly), so that planning a cycle is a few array
+operations whatever the number of slots:
+
+- :meth:`~CyclePlanner.feed` writes a stream's samples straight into its
+  slot's ring (the one copy of them the driver makes); samples of a stream
+  still waiting for a slot, or beyond what its ring has room for, wait in the
+  stream's own queue until there is room.
+- :meth:`~CyclePlanner.plan` checks the barrier (every occupied slot has its
+  next block, or its stream has ended), admits waiting streams into free
+  slots, and names each slot's block in its ring: a stream's first block is
+  ``first_block`` samples (its first chunk of frames), later ones ``block``.
+  A stream whose last block goes into a cycle leaves its slot at once; the
+  slot's ring keeps that block until the cycle's features are computed.
+- :meth:`~CyclePlanner.release` frees a cycle's blocks once its features are.
+
+Per-stream Python runs only where a stream joins or leaves a slot, and for
+streams fed more than their ring holds (a whole file at once): the steady
+state of live streams takes none.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from audiomask.features.process import MAX_IN_FLIGHT
+from audiomask.features.slots import SlotCycle, SlotSamples
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["RING_BLOCKS", "DriverStream", "CyclePlanner", "PlannedCycle", "ring_capacity"]
+
+# Blocks a slot's ring holds beyond a stream's first one: the cycles in flight between planning and the
+# front end's result (at most MAX_IN_FLIGHT - 1 while one is planned), the one planned, and samples fed ahead.
+RING_BLOCKS = MAX_IN_FLIGHT + 1
+
+
+def ring_capacity(first_block: int, block: int) -> int:
+    """Samples of each slot's ring: a first block and :data:`RING_BLOCKS` blocks.
+
+    >>> ring_capacity(20720, 20480)
+    82160
+    """
+    return first_block + RING_BLOCKS * block
+
+
+class DriverStream:
+    """One utterance inside a :class:`~audiomask.asr.driver.StreamingDriver`: samples in, token ids (and outputs) out."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.ids: list[int] = []  # greedy CTC token ids so far
+        self.tokens = 0  # encoder output tokens so far
+        self.outputs: list[torch.Tensor] = []  # with keep_outputs: (n, D) pieces on the CPU
+        self.ended = False  # no more samples will come
+        self.done = False  # every output has been collected
+        self._queue: deque[np.ndarray] = deque()  # samples not in a slot's ring yet, oldest first
+        self._queued = 0  # samples in _queue
+        self._slot: int | None = None  # the slot it holds, or last held
+        self._planner: CyclePlanner | None = None  # while it holds a slot
+        self._fed_before = 0  # samples handed to the front end, counted when it left its slot
+
+    def __repr__(self) -> str:
+        return f"DriverStream({self.name!r}, tokens={self.tokens}, done={self.done})"
+
+    @property
+    def _fed(self) -> int:
+        """Samples handed to the front end so far."""
+        if self._planner is None:
+            return self._fed_before
+        return self._planner.fed(self._slot)  # type: ignore[arg-type]
+
+
+@dataclass
+class PlannedCycle:
+    """One cycle as planned: each slot's block, the streams, and what the driver fills in as it goes."""
+
+    index: int
+    blocks: SlotCycle  # (B,) each: the front end's input
+    streams: list[DriverStream | None]  # (B,): each slot's stream in this cycle
+    ends: np.ndarray  # (B,) int64: ring positions after each active slot's block
+    slots: np.ndarray  # (S,) int64: the active slots, ascending
+    joins: np.ndarray  # int64: the slots whose stream starts in this cycle
+    audio_samples: int  # samples in the cycle's blocks
+    pending: object = None  # the front end's Future, on a worker thread
+    features: np.ndarray | None = None  # the stream's chunk_shape host batch
+    counts: np.ndarray | None = None  # (B,) int64: frames per slot
+    frontend_s: float = 0.0  # the front end's wall time
+    frontend_cpu_s: float = 0.0
+
+
+class CyclePlanner:
+    """Slots, rings and waiting streams of a driver; plans each cycle (see the module docstring).
+
+    Args:
+        batch_size: slots, ``B``.
+        first_block: samples of a stream's first block.
+        block: samples of each later block (its last may be shorter).
+        samples: the slots' rings, :func:`ring_capacity` samples each at least.
+    """
+
+    def __init__(self, batch_size: int, first_block: int, block: int, samples: SlotSamples) -> None:
+        if samples.capacity < ring_capacity(first_block, block) or len(samples.memory) != batch_size:
+            raise ValueError(
+                f"samples must hold ({batch_size}, >= {ring_capacity(first_block, block)}) (batch_size, "
+                f"ring_capacity), got {samples.memory.shape}"
+            )
+        self.batch_size, self.first_block, self.block, self.samples = batch_size, first_block, block, samples
+        self.waiting: deque[DriverStream] = deque()  # opened, no slot yet, in order of opening
+        self._occupants: list[DriverStream | None] = [None] * batch_size
+        self._occupied = np.zeros(batch_size, bool)
+        self._ended = np.zeros(batch_size, bool)  # the occupant's stream has ended
+        self._spilled = np.zeros(batch_size, bool)  # the occupant's queue holds samples its ring had no room for
+        # Ring positions (SlotSamples): samples written, handed to cycles, and freed by their features; and
+        # where the occupant's samples start.
+        self._written = np.zeros(batch_size, np.int64)
+        self._planned = np.zeros(batch_size, np.int64)
+        self._released = np.zeros(batch_size, np.int64)
+        self._begin = np.zeros(batch_size, np.int64)
+
+    def open(self, stream: DriverStream) -> None:
+        """Queue ``stream`` for a slot; it takes one once its first block (or its end) has arrived."""
+        self.waiting.append(stream)
+
+    def feed(self, stream: DriverStream, samples: np.ndarray) -> None:
+        """Queue ``samples`` (checked float32, copied here) for ``stream``: into its ring where there is room."""
+        slot = stream._slot if stream._planner is self else None
+        if slot is not None and not self._spilled[slot]:
+            room = self.samples.capacity - int(self._written[slot] - self._released[slot])
+            fits = min(room, len(samples))
+            if fits:
+                self.samples.write(slot, int(self._written[slot]), samples[:fits])
+                self._written[slot] += fits
+                samples = samples[fits:]
+        if len(samples):
+            stream._queue.append(samples.copy())
+            stream._queued += len(samples)
+            if slot is not None:
+                self._spilled[slot] = True
+
+    def end(self, stream: DriverStream) -> None:
+        """No more samples for ``stream``."""
+        stream.ended = True
+        if stream._planner is self:
+            self._ended[stream._slot] = True
+
+    def fed(self, slot: int) -> int:
+        """Samples the occupant of ``slot`` has handed to cycles."""
+        return int(self._planned[slot] - self._begin[slot])
+
+    def plan(self, index: int) -> PlannedCycle | None:
+        """Cycle ``index``: every occupied slot's next block; ``None`` when some slot has neither it nor its end."""
+        for slot in np.flatnonzero(self._spilled).tolist():
+            self._refill(slot)
+        occupied = self._occupied
+        # A slot whose queue still holds samples after the refill has a full ring: its next block is there.
+        ready = self._ended | (self._written - self._planned >= self._need())
+        if not ready[occupied].all():
+            return None
+        joins = self._admit()
+        if not occupied.any():
+            return None
+        available = self._written - self._planned
+        take = np.where(occupied, np.minimum(self._need(), available), 0)
+        final = occupied & self._ended & (available == take)  # a spilled slot's ring holds more than a block
+        start = self._planned.copy()
+        self._planned += take
+        join = np.zeros(self.batch_size, bool)
+        join[joins] = True
+        cycle = PlannedCycle(
+            index,
+            SlotCycle(occupied.copy(), final, join, start, take),
+            list(self._occupants),
+            self._planned.copy(),
+            np.flatnonzero(occupied),
+            np.array(joins, np.int64),
+            int(take.sum()),
+        )
+        for slot in np.flatnonzero(final).tolist():
+            self._vacate(slot)  # free for the next plan: every reset is applied in cycle order
+        return cycle
+
+    def release(self, cycle: PlannedCycle) -> None:
+        """``cycle``'s features are computed: its blocks' room in the rings may be written again."""
+        self._released[cycle.slots] = cycle.ends[cycle.slots]
+
+    def _need(self) -> np.ndarray:
+        """``(B,)`` samples of each slot's next block: a first block where its stream has handed none yet."""
+        return np.where(self._planned == self._begin, self.first_block, self.block)
+
+    def _admit(self) -> list[int]:
+        """Waiting streams into free slots, in order of opening, while the next has its first block or has ended."""
+        joins: list[int] = []
+        if not self.waiting:
+            return joins
+        for slot in np.flatnonzero(~self._occupied).tolist():
+            candidate = self.waiting[0]
+            if not (candidate.ended or candidate._queued >= self.first_block):
+                break
+            self.waiting.popleft()
+            self._occupants[slot], candidate._slot, candidate._planner = candidate, slot, self
+            self._occupied[slot], self._ended[slot] = True, candidate.ended
+            self._begin[slot] = self._written[slot]
+            self._refill(slot)
+            joins.append(slot)
+            if not self.waiting:
+                break
+        return joins
+
+    def _refill(self, slot: int) -> None:
+        """Move the occupant's queued samples into its ring, as many as it has room for."""
+        stream = self._occupants[slot]
+        room = self.samples.capacity - int(self._written[slot] - self._released[slot])
+        queue = stream._queue  # type: ignore[union-attr]
+        while queue and room:
+            piece = queue[0]
+            moved = min(len(piece), room)
+            self.samples.write(slot, int(self._written[slot]), piece[:moved])
+            self._written[slot] += moved
+            room -= moved
+            stream._queued -= moved  # type: ignore[union-attr]
+            if moved == len(piece):
+                queue.popleft()
+            else:
+                queue[0] = piece[moved:]
+        self._spilled[slot] = bool(queue)
+
+    def _vacate(self, slot: int) -> None:
+        """The occupant's last block is planned: it leaves the slot (its ring keeps the block until released)."""
+        stream = self._occupants[slot]
+        stream._fed_before, stream._planner = self.fed(slot), None  # type: ignore[union-attr]
+        self._occupants[slot] = None
+        self._occupied[slot] = self._ended[slot] = False
