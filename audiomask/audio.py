@@ -3,6 +3,8 @@
 - :func:`load`: a whole file as float32 mono samples at ``target_sr``.
 - :func:`iter_blocks`: the same samples in fixed-size blocks, read
   incrementally, so memory stays bounded for files of any length.
+- :func:`iter_stream_blocks`: the same from a pipe, FIFO or character
+  device, as the samples arrive.
 - :class:`Resampler`: the streaming resampler :func:`iter_blocks` uses, for
   live samples as well.
 
@@ -38,9 +40,11 @@ sanitised, so the front ends never turn them into NaN features.
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import re
+import threading
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -66,6 +70,7 @@ __all__ = [
     "TruncatedAudioWarning",
     "check_samples",
     "iter_blocks",
+    "iter_stream_blocks",
     "load",
 ]
 
@@ -119,8 +124,9 @@ def _fail(path: Path, reason: str) -> AudioError:
 def _open(path: str | os.PathLike, target_sr: int | None) -> tuple[sf.SoundFile, Path]:
     """Open ``path`` to be read at ``target_sr`` Hz (``None``: its own), turning every failure into an AudioError."""
     path = Path(path)
-    if not path.exists():
-        raise _fail(path, "no such file")
+    missing = _missing_reason(path)
+    if missing:
+        raise _fail(path, missing)
     if path.is_dir():
         raise _fail(path, "is a directory, not an audio file")
     try:
@@ -128,20 +134,41 @@ def _open(path: str | os.PathLike, target_sr: int | None) -> tuple[sf.SoundFile,
             head = raw.read(4)
     except OSError as err:
         raise _fail(path, f"cannot be read ({err.strerror})") from None
+    return _open_checked(path, path, head, target_sr, "file"), path
+
+
+def _open_checked(source: Path | int, path: Path, head: bytes, target_sr: int | None, kind: str) -> sf.SoundFile:
+    """``source`` (a path or a descriptor left open) opened and its header checked; failures name ``path``.
+
+    ``head``: its first bytes, which tell a corrupt audio header from data that is no audio ``kind`` at all.
+    """
     if not head:
         raise _fail(path, "empty file (0 bytes)")
     try:
-        handle = sf.SoundFile(path)
+        handle = sf.SoundFile(source, closefd=not isinstance(source, int))
     except sf.LibsndfileError as err:
         if head in _AUDIO_MAGIC:
             raise _fail(path, f"corrupt or truncated header ({err.error_string})") from None
-        raise _fail(path, f"not an audio file ({err.error_string})") from None
+        raise _fail(path, f"not an audio {kind} ({err.error_string})") from None
     try:
         _check_header(handle, path, target_sr)
     except AudioError:
         handle.close()
         raise
-    return handle, path
+    return handle
+
+
+def _missing_reason(path: Path) -> str | None:
+    """Why ``path`` names no file (a symbolic link loop, a dangling link, nothing), or ``None`` when it does."""
+    try:
+        os.stat(path)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            return "symbolic link loop (too many levels of symbolic links)"
+        if err.errno == errno.ENOENT and path.is_symlink():
+            return f"dangling symbolic link (to {os.readlink(path)}, which does not exist)"
+        return "no such file" if err.errno in (errno.ENOENT, errno.ENOTDIR) else f"cannot be read ({err.strerror})"
+    return None
 
 
 def _check_header(handle: sf.SoundFile, path: Path, target_sr: int | None) -> None:
@@ -252,8 +279,8 @@ def _resample_refusal(orig_sr: int, new_sr: int) -> str | None:
     )
 
 
-def _mono_blocks(handle: sf.SoundFile, path: Path) -> Iterator[np.ndarray]:
-    """The file's mono float32 samples, ``READ_BLOCK_FRAMES`` per read; the usable ones before a refusal.
+def _mono_blocks(handle: sf.SoundFile, path: Path, read_frames: int = READ_BLOCK_FRAMES) -> Iterator[np.ndarray]:
+    """The file's mono float32 samples, ``read_frames`` per read; the usable ones before a refusal.
 
     A read holding an unusable sample yields the samples before it, then
     raises the :class:`AudioError` of :func:`check_samples`.
@@ -262,7 +289,7 @@ def _mono_blocks(handle: sf.SoundFile, path: Path) -> Iterator[np.ndarray]:
     offset = 0
     while True:
         try:
-            block = handle.read(READ_BLOCK_FRAMES, dtype="float32", always_2d=True)
+            block = handle.read(read_frames, dtype="float32", always_2d=True)
         except sf.LibsndfileError as err:
             raise _read_error(path, err, offset, rate) from None
         if len(block) == 0:
@@ -384,15 +411,84 @@ def iter_blocks(
     if target_sr is not None:
         target_sr = _check_target_sr(target_sr)
     handle, path = _open(path, target_sr)
+    yield from _resampled_blocks(handle, path, block_samples, target_sr, stream=False)
+
+
+def iter_stream_blocks(
+    fd: int,
+    name: str,
+    block_samples: int,
+    target_sr: int | None = TARGET_SR,
+) -> Iterator[np.ndarray]:
+    """Yield the mono samples of audio arriving on the pipe, FIFO or character device ``fd``, as they arrive.
+
+    Like :func:`iter_blocks`, for a source that cannot seek: the header is
+    read once, from the start of the stream, and every block is yielded as
+    soon as its samples (about one block of input) have arrived, so a live
+    source gets its blocks at its own pace. Memory stays bounded by a few
+    blocks. A header from a pipe has no reliable length (its writer cannot
+    seek back to fill it in): a stream ends where its data ends, without a
+    truncation warning. Formats libsndfile reads only from a seekable file
+    (FLAC, Ogg, ...) are refused as not an audio stream.
+
+    Args: ``fd``, an open readable descriptor (not closed here); ``name``,
+    the source as errors name it (``"-"`` for stdin); ``block_samples`` and
+    ``target_sr`` as for :func:`iter_blocks`, and so are the ``(block_samples,)``
+    float32 blocks. Raises :class:`AudioError` as :func:`load`, naming ``name``.
+    """
+    block_samples = check_int("block_samples", block_samples, minimum=1)
+    if target_sr is not None:
+        target_sr = _check_target_sr(target_sr)
+    path = Path(name)
+    read, write = os.pipe()  # the stream, its first bytes put back, for libsndfile (which cannot un-read)
+    head = _read_head(fd, len(_AUDIO_MAGIC[0]))
+    relay = threading.Thread(target=_relay, args=(head, fd, write), name="audiomask-stream-relay", daemon=True)
+    relay.start()
+    try:
+        handle = _open_checked(read, path, head, target_sr, "stream")
+        yield from _resampled_blocks(handle, path, block_samples, target_sr, stream=True)
+    finally:
+        os.close(read)  # the relay's next write fails: it stops, and closes its end
+        relay.join()
+
+
+def _read_head(fd: int, size: int) -> bytes:
+    """The first ``size`` bytes of ``fd`` (fewer only at its end)."""
+    head = b""
+    while len(head) < size and (piece := os.read(fd, size - len(head))):
+        head += piece
+    return head
+
+
+def _relay(head: bytes, source: int, sink: int) -> None:
+    """``head``, then the rest of ``source``, into ``sink``, until ``source`` ends or ``sink``'s reader is gone."""
+    try:
+        data = head
+        while data:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(sink, view) :]
+            data = os.read(source, READ_BLOCK_FRAMES)
+    except OSError:  # the reader closed its end (an error or an interrupt ended the stream early)
+        pass
+    finally:
+        os.close(sink)
+
+
+def _resampled_blocks(
+    handle: sf.SoundFile, path: Path, block_samples: int, target_sr: int | None, *, stream: bool
+) -> Iterator[np.ndarray]:
+    """``handle``'s samples at ``target_sr`` in blocks; ``stream``: read one block at a time, trust no length."""
     with handle:
         rate = handle.samplerate
         resampler = Resampler(rate, target_sr or rate)
         # Input frames that make about one output block: the resampler's float64 temporaries
         # stay a few blocks in size whatever the size of a read.
         push_frames = max(1, math.ceil(block_samples * rate / (target_sr or rate)))
+        read_frames = min(push_frames, READ_BLOCK_FRAMES) if stream else READ_BLOCK_FRAMES
         pending = np.empty(0, dtype=np.float32)
         offset = 0
-        for samples in _mono_blocks(handle, path):
+        for samples in _mono_blocks(handle, path, read_frames):
             offset += len(samples)
             for first in range(0, len(samples), push_frames):
                 out = resampler.push(samples[first : first + push_frames])
@@ -401,7 +497,7 @@ def iter_blocks(
                 for start in range(0, full, block_samples):
                     yield pending[start : start + block_samples]
                 pending = pending[full:]
-        declared = _declared_frames(handle)
+        declared = None if stream else _declared_frames(handle)
     _check_count(path, offset, declared)
     pending = np.concatenate((pending, resampler.flush()))
     for start in range(0, len(pending), block_samples):

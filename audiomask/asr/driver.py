@@ -28,8 +28,9 @@ chunk per *cycle*:
 4. **collect** (main thread, one cycle later): read cycle N-1's argmax (its
    event has long completed when cycle N has been enqueued), greedy-CTC decode
    each slot's real frames (:class:`~audiomask.asr.decoding.GreedyCTCDecoder`),
-   append text (and, with ``keep_outputs``, the encoder outputs): array
-   operations over the slots, then one list extension per stream.
+   append text: array operations over the slots, then one list extension per
+   stream; and hand each stream that asked for its encoder outputs its
+   :class:`~audiomask.asr.outputs.EncoderChunk` (see below).
 
 Why a worker thread: the front end is the CPU's share (log-mel of every
 stream's block, one batched torch computation) and the encoder step is the
@@ -65,6 +66,16 @@ next block (or has ended). Streams are admitted only once their first block
 is there, so a slow live stream holds back its batch only mid-utterance;
 per-slot ring phases (so that a slot can skip a step) are future work.
 
+Encoder outputs (:mod:`audiomask.asr.outputs`): a stream opened with
+``outputs=True`` (or every stream, with ``keep_outputs``) gets its output
+tokens in :attr:`DriverStream.chunks`, a bounded per-stream queue, and one
+opened with ``on_output`` has them handed to that callable, chunk by chunk, in
+order, exactly once, the last flagged ``final``: what an LLM decoder over the
+audio embeddings consumes while the audio still arrives. Their copy to the
+host is enqueued behind the step, on the compute stream, and has landed when
+the cycle is collected, so the driver never waits for it; cycles run without
+it while no stream asks for outputs.
+
 Instrumentation (:mod:`audiomask.asr.stats`): one :class:`CycleTiming` per
 cycle (front-end time, host enqueue time, encode time — CUDA events on CUDA,
 ``perf_counter`` on the CPU, wait time, and the CPU seconds of each stage),
@@ -87,6 +98,7 @@ import numpy as np
 import torch
 
 from audiomask.asr.decoding import GreedyCTCDecoder
+from audiomask.asr.outputs import DEFAULT_MAX_PENDING, ChunkQueue, EncoderChunk, OutputError, TokenClock
 from audiomask.asr.planner import CyclePlanner, DriverStream, PlannedCycle, ring_capacity
 from audiomask.asr.stats import RECENT_CYCLES, CycleTiming, RunStats
 from audiomask.checks import check_int
@@ -98,14 +110,16 @@ from audiomask.models.ctc import CTCHead
 from audiomask.streaming import EncoderStream
 from audiomask.transfer import pinned_empty, to_host
 
-__all__ = ["RECENT_CYCLES", "CycleTiming", "DriverStream", "RunStats", "StreamingDriver"]
+__all__ = ["OUTPUT_PLACES", "RECENT_CYCLES", "CycleTiming", "DriverStream", "RunStats", "StreamingDriver"]
+
+OUTPUT_PLACES = ("host", "device")  # where delivered embeddings live: pinned host memory, or the encoder's device
 
 
 @dataclass
 class _InFlight:
     cycle: PlannedCycle
     best: torch.Tensor  # (B, n) argmax ids (host tensor once the copy has landed)
-    outputs: torch.Tensor | None  # (B, n, D), with keep_outputs
+    embeddings: torch.Tensor | None  # (B, n, D) copy of the step's outputs, while some stream asks for them
     valid: np.ndarray  # (B,) real tokens per slot
     done: object  # CUDA event after the copy back, or None
     events: tuple[object, object] | None  # CUDA events around the step
@@ -125,7 +139,10 @@ class StreamingDriver:
         head: the :class:`~audiomask.models.ctc.CTCHead` over the encoder outputs (on the stream's device).
         frontend: the front end (default: the stream's ``default_frontend()``); its mel bins and layout
             must be the stream's.
-        keep_outputs: keep every stream's encoder outputs (``DriverStream.outputs``), for tests and analysis.
+        keep_outputs: open every stream with ``outputs=True`` and no bound on its queue (its chunks are
+            kept until taken: ``DriverStream.outputs``), for tests and analysis.
+        outputs_on: where delivered embeddings live, one of :data:`OUTPUT_PLACES`: ``"host"`` (pinned
+            memory, copied without blocking) or ``"device"`` (the encoder's, for a consumer there).
         overlap: compute the next cycle's features on a worker thread while the device encodes (``False``:
             serial, for comparison: features, encode, wait for the results, cycle after cycle).
         frontend_process: with ``overlap``, compute the features in processes of their own
@@ -149,6 +166,16 @@ class StreamingDriver:
     >>> [s.tokens for s in streams]  # ceil(frames / 4): 48 and 17 frames
     [12, 5]
     >>> driver.close()
+
+    A stream's encoder outputs as they come (:class:`~audiomask.asr.outputs.EncoderChunk`):
+
+    >>> driver = StreamingDriver(open_stream(model.encoder), model.head)
+    >>> stream = driver.open("caller-1", outputs=True)
+    >>> driver.feed(stream, np.zeros(8000, np.float32)); driver.end(stream); driver.advance()
+    2
+    >>> [(chunk.start, tuple(chunk.embeddings.shape), chunk.final) for chunk in stream.chunks]
+    [(0, (8, 192), False), (8, (4, 192), True)]
+    >>> driver.close()
     """
 
     def __init__(
@@ -158,6 +185,7 @@ class StreamingDriver:
         frontend: Frontend | None = None,
         *,
         keep_outputs: bool = False,
+        outputs_on: str = "host",
         overlap: bool = True,
         frontend_process: bool = False,
         frontend_workers: int | None = None,
@@ -177,6 +205,8 @@ class StreamingDriver:
                 f"frontend must give {layout} features of {stream.feature_size} mels (the stream's), got a "
                 f"{type(self.frontend).__name__} of {self.frontend.n_mels} mels, time axis {self.frontend.time_axis}"
             )
+        if outputs_on not in OUTPUT_PLACES:
+            raise ValueError(f"outputs_on must be one of {OUTPUT_PLACES}, got {outputs_on!r}")
         if frontend_process and not overlap:
             raise ValueError("frontend_process=True needs overlap=True (a serial driver computes features in line)")
         if frontend_workers is not None:
@@ -195,6 +225,9 @@ class StreamingDriver:
         # The first chunk's last frame ends at hop * (chunk_frames - 1) + win samples of the padded signal.
         self.first_block_samples = framing.hop * (self.chunk_frames - 1) + framing.win - framing.pad
         self.keep_outputs = bool(keep_outputs)
+        self.outputs_on = outputs_on
+        self.clock = TokenClock(stream)  # each output token's time
+        self._listening: set[DriverStream] = set()  # streams whose final chunk is still to come
         self.overlap = bool(overlap)
         self.stats = RunStats()
         self._decoder = GreedyCTCDecoder(self.batch_size)
@@ -229,9 +262,33 @@ class StreamingDriver:
 
     # -- streams -------------------------------------------------------------------------------
 
-    def open(self, name: str | None = None) -> DriverStream:
-        """A new stream; it takes a slot once its first block of samples (or its end) has arrived."""
-        stream = DriverStream(f"stream-{next(self._names)}" if name is None else str(name))
+    def open(
+        self,
+        name: str | None = None,
+        *,
+        outputs: bool = False,
+        on_output: Callable[[EncoderChunk], object] | None = None,
+        max_pending: int | None = DEFAULT_MAX_PENDING,
+    ) -> DriverStream:
+        """A new stream; it takes a slot once its first block of samples (or its end) has arrived.
+
+        Args:
+            name: its name (default ``stream-N``).
+            outputs: queue its encoder outputs in ``stream.chunks`` (:class:`~audiomask.asr.outputs.ChunkQueue`),
+                at most ``max_pending`` chunks untaken (``None``: no bound); forced by ``keep_outputs``.
+            on_output: called with each :class:`~audiomask.asr.outputs.EncoderChunk` on the driver's thread.
+            max_pending: see ``outputs``; the module docstring of :mod:`audiomask.asr.outputs` says what
+                happens when a chunk finds the queue full.
+        """
+        name = f"stream-{next(self._names)}" if name is None else str(name)
+        chunks = None
+        if outputs or on_output is not None or self.keep_outputs:
+            queued = outputs or self.keep_outputs
+            limit = None if self.keep_outputs else (max_pending if queued else 0)
+            chunks = ChunkQueue(name, limit, on_output)
+        stream = DriverStream(name, chunks)
+        if chunks is not None:
+            self._listening.add(stream)
         self._planner.open(stream)
         return stream
 
@@ -240,6 +297,8 @@ class StreamingDriver:
         started = time.thread_time()
         if stream.ended:
             raise ValueError(f"accept after finish: stream {stream.name!r} has ended")
+        if stream.chunks is not None and stream.chunks.error is not None:
+            raise stream.chunks.error
         samples = as_samples("samples", samples)
         if len(samples):
             self._planner.feed(stream, samples)
@@ -344,6 +403,12 @@ class StreamingDriver:
             self._submit(plan)
             ahead.append(plan)
 
+    def fail_outputs(self, reason: str) -> None:
+        """Fail the output queue of every stream whose final chunk is still to come (the driver cannot go on)."""
+        for stream in self._listening:
+            stream.chunks.fail(OutputError(f"stream {stream.name!r} will get no more chunks: {reason}"))  # type: ignore[union-attr]
+        self._listening.clear()
+
     def close(self) -> None:
         """Stop the worker thread or processes."""
         if self._worker is not None:
@@ -392,6 +457,9 @@ class StreamingDriver:
                 events[0].record()
             step_started = time.perf_counter()
             outputs, valid = self.stream.step(plan.features, plan.counts, plan.blocks.final)
+            embeddings = None
+            if self._listening:  # enqueued before the argmax copy, so that its event covers both
+                embeddings = to_host(outputs)[0] if self.outputs_on == "host" else outputs.clone()
             best = self.head(outputs).argmax(dim=-1)
             encode_s = time.perf_counter() - step_started
             done = None
@@ -401,11 +469,10 @@ class StreamingDriver:
                 host = self._best_host[plan.index % 2][: best.numel()].view(best.shape)
                 best, done = to_host(best, out=host)
                 encode_s = 0.0  # read from the events at collection
-        kept = outputs if self.keep_outputs else None
         return _InFlight(
             plan,
             best,
-            kept,
+            embeddings,
             valid.copy(),
             done,
             events,
@@ -428,13 +495,21 @@ class StreamingDriver:
         self._decoder.reset(plan.joins)  # new utterances in these rows
         counts = record.valid[slots]
         new_ids = self._decoder.push_best(record.best.cpu().numpy()[slots], counts, slots)
-        streams = plan.streams
+        streams, final = plan.streams, plan.blocks.final
         for slot, ids, count in zip(slots.tolist(), new_ids, counts.tolist()):
             stream = streams[slot]
+            if stream.chunks is not None and record.embeddings is not None and (count or final[slot]):
+                self._deliver(stream, record.embeddings[slot, :count], bool(final[slot]))
             stream.ids.extend(ids)
             stream.tokens += count
-            if record.outputs is not None and count:
-                stream.outputs.append(record.outputs[slot, :count].cpu())
-        for slot in np.flatnonzero(plan.blocks.final).tolist():
+        for slot in np.flatnonzero(final).tolist():
             streams[slot].done = True
         return waited
+
+    def _deliver(self, stream: DriverStream, embeddings: torch.Tensor, final: bool) -> None:
+        """Hand ``stream`` its chunk of this cycle; after its final one the driver keeps no reference to them."""
+        count = len(embeddings)
+        chunk = EncoderChunk(stream.name, stream.tokens, embeddings, self.clock.times_ms(stream.tokens, count), final)
+        stream.chunks.deliver(chunk)  # type: ignore[union-attr]
+        if final:
+            self._listening.discard(stream)

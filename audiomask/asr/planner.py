@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from audiomask.asr.outputs import ChunkQueue
 from audiomask.features.process import MAX_IN_FLIGHT
 from audiomask.features.slots import SlotCycle, SlotSamples
 
@@ -53,13 +54,17 @@ def ring_capacity(first_block: int, block: int) -> int:
 
 
 class DriverStream:
-    """One utterance inside a :class:`~audiomask.asr.driver.StreamingDriver`: samples in, token ids (and outputs) out."""
+    """One utterance inside a :class:`~audiomask.asr.driver.StreamingDriver`: samples in, token ids (and outputs) out.
 
-    def __init__(self, name: str) -> None:
+    ``chunks``: where its encoder outputs go as they are produced (a
+    :class:`~audiomask.asr.outputs.ChunkQueue`), or ``None`` when nobody asked for them.
+    """
+
+    def __init__(self, name: str, chunks: ChunkQueue | None = None) -> None:
         self.name = name
         self.ids: list[int] = []  # greedy CTC token ids so far
         self.tokens = 0  # encoder output tokens so far
-        self.outputs: list[torch.Tensor] = []  # with keep_outputs: (n, D) pieces on the CPU
+        self.chunks = chunks
         self.ended = False  # no more samples will come
         self.done = False  # every output has been collected
         self._queue: deque[np.ndarray] = deque()  # samples not in a slot's ring yet, oldest first
@@ -70,6 +75,14 @@ class DriverStream:
 
     def __repr__(self) -> str:
         return f"DriverStream({self.name!r}, tokens={self.tokens}, done={self.done})"
+
+    @property
+    def outputs(self) -> list[torch.Tensor]:
+        """The ``(n, D)`` embeddings of the chunks delivered to :attr:`chunks` and not yet taken, in order.
+
+        With the driver's ``keep_outputs`` (nobody takes them) that is every output so far.
+        """
+        return [] if self.chunks is None else [chunk.embeddings for chunk in self.chunks.peek()]
 
     @property
     def _fed(self) -> int:

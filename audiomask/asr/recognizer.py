@@ -3,7 +3,10 @@
 Names follow sherpa-onnx / WeNet / NeMo habits: a recognizer built once from
 a model, a stream per utterance that ``accept``\\ s 16 kHz float samples,
 ``partial()`` for the text so far and ``finish()`` for the final text, and
-``transcribe`` for whole files or arrays.
+``transcribe`` for whole files or arrays. A stream opened with
+``outputs=True`` also delivers its encoder output tokens as they are produced
+(:class:`~audiomask.asr.outputs.EncoderChunk`, in order, exactly once, the
+last flagged ``final``): the audio embeddings an LLM decoder consumes.
 
 >>> import numpy as np
 >>> from audiomask.asr.checkpoint import load_model
@@ -12,6 +15,10 @@ a model, a stream per utterance that ``accept``\\ s 16 kHz float samples,
 >>> stream.accept(np.zeros(8000, np.float32))
 >>> isinstance(stream.partial(), str), isinstance(stream.finish(), str)
 (True, True)
+>>> stream = recognizer.open_stream("caller-1", outputs=True)
+>>> stream.accept(np.zeros(8000, np.float32)); _ = stream.finish()
+>>> [(chunk.start, len(chunk), chunk.final) for chunk in stream.outputs()]  # 40 ms tokens, 160 ms chunks
+[(0, 4, False), (4, 4, False), (8, 4, False), (12, 0, True)]
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import torch
 
 from audiomask.asr.driver import DriverStream, RunStats, StreamingDriver
 from audiomask.asr.model import ASRModel
+from audiomask.asr.outputs import DEFAULT_MAX_PENDING, ChunkQueue, EncoderChunk
 from audiomask.audio import load
 from audiomask.checks import check_int
 from audiomask.constants import FRAME_MS
@@ -86,6 +94,14 @@ class RecognizerStream:
             self._accepted += len(array)
             self._last_audio = _clock()
             recognizer._advance()
+
+    def outputs(self) -> ChunkQueue:
+        """The stream's encoder output chunks as they are produced: iterate it (it waits for each, and ends
+        after the final one), or ``get(timeout)``; from any thread. The stream must be opened with ``outputs=True``.
+        """
+        if self._inner.chunks is None or self._inner.chunks.max_pending == 0:
+            raise ValueError(f"stream {self.name!r} was opened without outputs=True: it queues no encoder outputs")
+        return self._inner.chunks
 
     def partial(self) -> str:
         """The text of the chunks encoded so far (final for them: greedy CTC never revises)."""
@@ -162,6 +178,8 @@ class StreamingRecognizer:
         frontend_workers: with ``frontend_process``, how many processes share the streams' slots
             (default: one per four cores this process may run on, at most ``max_streams``); the text is
             the same whatever the count.
+        outputs_on: where the embeddings of delivered encoder outputs live: ``"host"`` (pinned memory,
+            the default) or ``"device"`` (``device``, for a consumer there); see :mod:`audiomask.asr.outputs`.
         cuda_graph: replay the encoder's chunk step as CUDA graphs (default: on CUDA, for the families
             that have them: Phi-4MM); their memory is taken once, at the first step, so later steps never
             allocate for the encoder.
@@ -183,7 +201,8 @@ class StreamingRecognizer:
     fault, Ctrl-C) leaves the step half done, so the recognizer stops: that
     call raises (out of memory as ``torch.OutOfMemoryError`` naming what to
     reduce), later calls raise ``RuntimeError``; ``partial()`` still returns
-    each stream's text so far.
+    each stream's text so far, and the output queues of unfinished streams
+    fail with :class:`~audiomask.asr.outputs.OutputError` once their chunks are taken.
     """
 
     def __init__(
@@ -197,6 +216,7 @@ class StreamingRecognizer:
         overlap: bool = True,
         frontend_process: bool = False,
         frontend_workers: int | None = None,
+        outputs_on: str = "host",
         cuda_graph: bool | None = None,
         idle_timeout_s: float | None = None,
     ) -> None:
@@ -220,6 +240,7 @@ class StreamingRecognizer:
             stream,
             model.head,
             model.frontend,
+            outputs_on=outputs_on,
             overlap=overlap,
             frontend_process=frontend_process,
             frontend_workers=frontend_workers,
@@ -236,11 +257,30 @@ class StreamingRecognizer:
         """Per-chunk timings, the overlap figure and each stage's CPU cost of everything run so far."""
         return self._driver.stats
 
-    def open_stream(self, name: str | None = None) -> RecognizerStream:
-        """A new utterance."""
+    def open_stream(
+        self,
+        name: str | None = None,
+        *,
+        outputs: bool = False,
+        on_output: Callable[[EncoderChunk], object] | None = None,
+        max_pending: int | None = DEFAULT_MAX_PENDING,
+    ) -> RecognizerStream:
+        """A new utterance.
+
+        Args:
+            name: its name (default ``stream-N``).
+            outputs: queue its encoder output chunks for :meth:`RecognizerStream.outputs`, at most
+                ``max_pending`` untaken (``None``: no bound); a chunk finding the queue full fails it with
+                :class:`~audiomask.asr.outputs.OutputError` (the consumer gets it after the chunks held, and
+                ``accept`` raises it): see :mod:`audiomask.asr.outputs`.
+            on_output: called with each chunk, in order, by the thread running the encoder step, with the
+                recognizer's lock held: it hands the chunk on and returns, and never calls into the recognizer.
+            max_pending: see ``outputs``.
+        """
         with self._changed:
             self._check_usable()
-            stream = RecognizerStream(self, self._driver.open(name))
+            inner = self._driver.open(name, outputs=outputs, on_output=on_output, max_pending=max_pending)
+            stream = RecognizerStream(self, inner)
             self._streams.append(stream)
             return stream
 
@@ -296,6 +336,7 @@ class StreamingRecognizer:
             return step()
         except torch.OutOfMemoryError as error:
             self._failure = "out of memory"
+            self._driver.fail_outputs("the recognizer stopped: out of memory in an encoder step")
             raise torch.OutOfMemoryError(
                 f"{self.device} ran out of memory in an encoder chunk step of up to {self.max_streams} streams: "
                 f"reduce max_streams ({self.max_streams}), chunk_ms ({self.chunk_ms}) or left_chunks "
@@ -304,6 +345,7 @@ class StreamingRecognizer:
             ) from error
         except BaseException as error:
             self._failure = f"{type(error).__name__}: {error}"
+            self._driver.fail_outputs(f"the recognizer stopped after an error in an encoder step ({self._failure})")
             raise
 
     def _wait_s(self, deadline: float | None) -> float | None:

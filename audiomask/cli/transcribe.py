@@ -1,0 +1,241 @@
+"""``audiomask transcribe``: stream files, pipes and stdin through a StreamingRecognizer, one chunk at a time."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import select
+import signal
+import stat
+import sys
+import time
+import warnings
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import audiomask
+from audiomask.cli.common import EXIT_BAD_FILE, EXIT_OK, SIGNAL_EXIT_BASE, pick_device
+from audiomask.cli.output import Output, reason
+from audiomask.constants import FRAME_MS, SAMPLE_RATE
+
+__all__ = ["MAX_STREAM_AUDIO_MS", "STDIN", "TRANSCRIBE_THREADS", "Interrupted", "transcribe"]
+
+MS_PER_S = 1000
+STDIN = "-"
+# Suffixes of the containers libsndfile reads: what a directory argument expands to.
+AUDIO_SUFFIXES = frozenset(
+    ".wav .wave .flac .ogg .oga .opus .mp3 .aiff .aif .aifc .au .snd .caf .w64 .rf64 .sph".split()
+)
+# torch intra-op threads while transcribing. A chunk step multiplies matrices of a few tokens,
+# too small to share out, and the front end runs on a second thread beside it (audiomask.asr.driver):
+# on the shared 2-core CPU the shipped architecture's CLI RTF was 0.10 with one thread against
+# 0.12 with two (bench/results/cli_rtf_cpu_2core.json; 0.14 against 0.25 when the load was higher).
+TRANSCRIBE_THREADS = 1
+# Audio a stream's key/value cache holds: its chunk and the left chunks, (left_chunks + 1) * chunk_ms.
+# Ten minutes (7,500 tokens of 80 ms) is far beyond any streaming setting and keeps the cache and a
+# chunk's attention in memory; larger settings are refused before anything is allocated.
+MAX_STREAM_AUDIO_MS = 10 * 60 * MS_PER_S
+FIFO_WRITER_WAIT_S = 10.0  # how long a named pipe without a writer is waited for before it is an error
+TERMINATION_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # Ctrl-C, and `kill`, `timeout`, service managers
+
+
+class Interrupted(KeyboardInterrupt):
+    """The run was ended by signal ``signum``: the text so far is printed, the status is 128 + ``signum``."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@dataclass(frozen=True)
+class _Source:
+    """One input: ``name`` as printed; ``path`` to read (``None``: stdin); ``error``: why it cannot be read."""
+
+    name: str
+    path: Path | None = None
+    error: str | None = None
+
+
+def _sources(arguments: Sequence[str]) -> list[_Source]:
+    """The files the arguments name, in order: ``-`` is stdin, a directory its audio files (sorted)."""
+    sources = []
+    for argument in arguments:
+        if argument == STDIN:
+            sources.append(_Source(STDIN))
+            continue
+        path = Path(argument)
+        if not path.is_dir():
+            sources.append(_Source(str(path), path))
+            continue
+        found = sorted(
+            entry for entry in path.iterdir() if entry.suffix.lower() in AUDIO_SUFFIXES and not entry.is_dir()
+        )
+        if not found:
+            suffixes = " ".join(sorted(AUDIO_SUFFIXES))
+            sources.append(_Source(str(path), error=f"directory without audio files (suffixes: {suffixes})"))
+        sources.extend(_Source(str(entry), entry) for entry in found)
+    return sources
+
+
+def _is_stream(path: Path) -> bool:
+    """Whether ``path`` is a pipe (a FIFO, ``<(...)``) or a character device: read once, as it arrives."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:  # missing or unreadable: the audio reader says why
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISCHR(mode)
+
+
+def _open_stream(source: _Source) -> int:
+    """A readable descriptor of the stream ``source`` (stdin: a duplicate of descriptor 0); close it after use."""
+    if source.path is None:
+        if sys.stdin is None or sys.stdin.isatty():
+            raise audiomask.AudioError(f"{STDIN}: stdin is a terminal, not audio (pipe a wav file into it)")
+        return os.dup(sys.stdin.fileno())
+    try:
+        fd = os.open(source.path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO without a writer would block the open
+    except OSError as error:
+        raise audiomask.AudioError(f"{source.path}: cannot be read ({error.strerror})") from None
+    if stat.S_ISFIFO(os.fstat(fd).st_mode):
+        poller = select.poll()
+        poller.register(fd, select.POLLIN | select.POLLHUP)
+        if not poller.poll(FIFO_WRITER_WAIT_S * MS_PER_S):
+            os.close(fd)
+            raise audiomask.AudioError(
+                f"{source.path}: named pipe without a writer (nothing arrived in {FIFO_WRITER_WAIT_S:g} s)"
+            )
+    os.set_blocking(fd, True)
+    return fd
+
+
+@contextmanager
+def _blocks(source: _Source, block_samples: int) -> Iterator[tuple[Path, Iterator[Any], bool]]:
+    """``(path, blocks, streamed)`` of ``source``: a file read in blocks, or a stream read as it arrives."""
+    from audiomask.audio import iter_blocks, iter_stream_blocks
+
+    path = Path(STDIN) if source.path is None else source.path
+    if source.path is not None and not _is_stream(source.path):
+        yield path, iter_blocks(path, block_samples), False
+        return
+    fd = _open_stream(source)
+    blocks = iter_stream_blocks(fd, source.name, block_samples)
+    try:
+        yield path, blocks, True
+    finally:
+        blocks.close()
+        os.close(fd)
+
+
+def _transcribe_source(recognizer: Any, source: _Source, output: Output, index: int) -> None:
+    """Stream ``source`` through ``recognizer`` one chunk of samples at a time; report as it goes."""
+    from audiomask.audio import TruncatedAudioWarning
+
+    name = source.name
+    block_samples = recognizer.chunk_ms * SAMPLE_RATE // MS_PER_S
+    started = time.perf_counter()
+    stream, read = None, 0
+    try:
+        with _blocks(source, block_samples) as (path, blocks, streamed), warnings.catch_warnings(record=True) as caught:
+            output.start(index, name, None if streamed else path)
+            warnings.simplefilter("always", TruncatedAudioWarning)  # one line per file, however often it recurs
+            for block in blocks:
+                if stream is None:  # opened with its first samples: a file that fails to open holds no slot
+                    stream = recognizer.open_stream(name)
+                stream.accept(block)
+                read += len(block)
+                output.warnings(name, path, caught)
+                output.update(read / SAMPLE_RATE, stream.partial())
+            text = stream.finish()
+            output.warnings(name, path, caught)
+    except KeyboardInterrupt:
+        text = stream.partial() if stream is not None else ""
+        output.result(name, text, read / SAMPLE_RATE, time.perf_counter() - started, interrupted=True)
+        raise
+    except audiomask.AudioError:
+        if stream is not None:
+            stream.finish()  # frees its encoder slot for the next file; the text goes with the bad file
+        raise
+    output.result(name, text, read / SAMPLE_RATE, time.perf_counter() - started)
+
+
+def _check_threads(threads: object) -> int:
+    """``--threads``: 1 to the cores this process may run on."""
+    from audiomask.checks import check_int
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    threads = check_int("--threads", threads, minimum=1)
+    if threads > cores:
+        raise ValueError(f"--threads must be 1 to {cores} (the cores available to this process), got {threads}")
+    return threads
+
+
+def _recognizer(args: argparse.Namespace, device: str) -> Any:
+    from audiomask.asr.checkpoint import load_model
+    from audiomask.asr.recognizer import StreamingRecognizer
+
+    model = load_model(args.model)
+    config = model.encoder.config
+    chunk_ms = config.chunk_size * config.time_reduction * FRAME_MS if args.chunk_ms is None else args.chunk_ms
+    left_chunks = config.left_chunk if args.left_chunks is None else args.left_chunks
+    if chunk_ms >= 1 and left_chunks >= 0 and (left_chunks + 1) * chunk_ms > MAX_STREAM_AUDIO_MS:
+        raise ValueError(
+            f"--chunk-ms {chunk_ms} with --left-chunks {left_chunks}: a stream holds at most "
+            f"MAX_STREAM_AUDIO_MS = {MAX_STREAM_AUDIO_MS} ms of audio ((left_chunks + 1) * chunk_ms), "
+            f"this needs {(left_chunks + 1) * chunk_ms}"
+        )
+    try:
+        return StreamingRecognizer(model, device, args.chunk_ms, args.left_chunks)
+    except ValueError as error:
+        raise ValueError(f"--chunk-ms/--left-chunks: {error}") from None
+
+
+def _raise_interrupted(signum: int, frame: object) -> None:
+    raise Interrupted(signum)
+
+
+@contextmanager
+def _signals_interrupt() -> Iterator[None]:
+    """While inside, SIGINT and SIGTERM raise :class:`Interrupted` (in the main thread), so both unwind alike."""
+    previous = {signum: signal.signal(signum, _raise_interrupted) for signum in TERMINATION_SIGNALS}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def transcribe(args: argparse.Namespace) -> int:
+    """Run ``audiomask transcribe``; the exit status (0, or 1 when a file could not be transcribed)."""
+    import torch
+
+    device = pick_device(args.device)
+    torch.set_num_threads(_check_threads(args.threads))
+    sources = _sources(args.files)
+    failed = False
+    output = Output(
+        json_lines=args.json, partials=args.partials, files=len(sources), stdout=sys.stdout, stderr=sys.stderr
+    )
+    with _signals_interrupt(), _recognizer(args, device) as recognizer:
+        try:
+            for index, source in enumerate(sources):
+                if source.error is not None:
+                    output.error(source.name, source.error)
+                    failed = True
+                    continue
+                try:
+                    _transcribe_source(recognizer, source, output, index)
+                except audiomask.AudioError as error:
+                    path = STDIN if source.path is None else source.path
+                    output.error(source.name, reason(str(error), Path(path)))
+                    failed = True
+        finally:
+            output.finish()
+    return EXIT_BAD_FILE if failed else EXIT_OK
+
+
+def exit_status(interrupt: KeyboardInterrupt) -> int:
+    """128 + the signal that ended the run (SIGINT for a plain ``KeyboardInterrupt``)."""
+    return SIGNAL_EXIT_BASE + getattr(interrupt, "signum", signal.SIGINT)
