@@ -83,7 +83,10 @@ def check_lengths(
     """
     if isinstance(values, (bool, np.bool_)):
         raise ValueError(f"{name} must hold integers, got {values!r}")
-    array = np.asarray(values)
+    try:
+        array = np.asarray(values)
+    except ValueError:  # ragged nesting, e.g. [[1, 2], [3]]: numpy's message names no argument
+        raise ValueError(f"{name} must be a 1-D sequence of integers, got {_show(values)}") from None
     if array.ndim == 0:
         array = array.reshape(1)
     if array.ndim != 1:

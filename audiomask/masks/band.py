@@ -5,9 +5,9 @@ Every chunk mask in :mod:`audiomask.masks` is a *block band*: the rows
 same half-open column range ``[lo[k], hi[k])``. Two builders exploit that,
 never comparing all ``T_q x T_k`` cells:
 
-- :func:`chunk_band` (any chunk boundaries): one row pattern per chunk
-  (``n_chunks x T_k``, itself gathered from a step template), then one
-  ``np.take`` of rows into the output.
+- :func:`chunk_band` (any chunk boundaries): block by block of rows, one row
+  pattern per chunk of the block (gathered from a step template), then one
+  ``np.take`` of those rows into the block.
 - :func:`regular_band` (equal chunks, the streaming hot path): the first batch
   row is one broadcast copy of a strided view of a tiny template, the other
   rows block copies of it.
@@ -17,10 +17,11 @@ Polarity: ``True`` = the query row MAY attend to the key column. numpy only.
 Allocation bound: a builder refuses, before allocating, a result larger than
 :func:`max_mask_bytes` (default :data:`DEFAULT_MAX_MASK_BYTES`, 1 GiB), with a
 ``ValueError`` naming the arguments that set its size, so hostile or mistaken
-lengths cannot exhaust memory. Temporaries are at most a few times the result
-(``adaptive_enc_mask``'s per-chunk patterns). Raise the bound with
-:func:`set_max_mask_bytes`, or pass ``out=`` (the caller's own array is never
-refused).
+lengths cannot exhaust memory. Temporaries are a few blocks of rows
+(:data:`BAND_BLOCK_BYTES` each) plus ``O(T + n_chunks)`` indices, whatever
+the result's size, so the peak is the result plus a few MiB, and with
+``out=`` only those few MiB. Raise the bound with :func:`set_max_mask_bytes`,
+or pass ``out=`` (the caller's own array is never refused).
 
 These are the building blocks of the mask modules; the package exports only
 the bound (``audiomask.masks.max_mask_bytes`` and ``set_max_mask_bytes``).
@@ -35,6 +36,7 @@ import numpy as np
 from audiomask.checks import check_int, check_out
 
 __all__ = [
+    "BAND_BLOCK_BYTES",
     "DEFAULT_MAX_MASK_BYTES",
     "check_alloc",
     "chunk_band",
@@ -43,6 +45,7 @@ __all__ = [
     "regular_band",
     "result_array",
     "set_max_mask_bytes",
+    "write_less_than_rows",
 ]
 
 # A (32768, 32768) bool mask: full attention over 44 minutes of Phi-4MM tokens (80 ms each), or
@@ -58,6 +61,9 @@ _STEP_MIN_CAPACITY = 1024  # columns; the first call allocates at least this muc
 # Widths up to this are served from the kept template; wider rows (rare: a padding mask
 # of over 2^20 frames) get a template of their own, so no hostile width stays allocated.
 _STEP_MAX_KEPT = 2**20
+# Rows of a block band are written this many bytes at a time (at least one row): the per-chunk
+# patterns of a block stay in cache, and a build's temporaries stay a few blocks whatever its size.
+BAND_BLOCK_BYTES = 2**20
 
 
 def max_mask_bytes() -> int:
@@ -152,6 +158,27 @@ def less_than_rows(bounds: np.ndarray, width: int) -> np.ndarray:
     return windows[capacity - bounds]
 
 
+def _block_rows(width: int) -> int:
+    """Rows of ``width`` bool columns in one block of :data:`BAND_BLOCK_BYTES` (at least one)."""
+    return max(BAND_BLOCK_BYTES // max(width, 1), 1)
+
+
+def write_less_than_rows(bounds: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """Write :func:`less_than_rows` ``(bounds, width)`` into ``out`` (bool ``(n, width)``) and return it.
+
+    Written in blocks of about :data:`BAND_BLOCK_BYTES` of rows, so nothing
+    but ``out`` and one block is allocated.
+
+    >>> write_less_than_rows(np.array([1, 0]), np.empty((2, 2), bool)).astype(int)
+    array([[1, 0],
+           [0, 0]])
+    """
+    block_rows = _block_rows(out.shape[1])
+    for start in range(0, bounds.size, block_rows):
+        out[start : start + block_rows] = less_than_rows(bounds[start : start + block_rows], out.shape[1])
+    return out
+
+
 def chunk_band(bounds: np.ndarray, left: int, right: int, out: np.ndarray) -> np.ndarray:
     """Write a chunked band mask with arbitrary chunk boundaries into ``out`` and return it.
 
@@ -161,22 +188,32 @@ def chunk_band(bounds: np.ndarray, left: int, right: int, out: np.ndarray) -> np
     columns ``[bounds[max(k - left, 0)], bounds[min(k + 1 + right, n)])``:
     ``left`` chunks back and ``right`` ahead, ``>= 0``. ``out`` is ``(T_q, T_k) = (T, T)`` bool.
 
+    Written in blocks of about :data:`BAND_BLOCK_BYTES` of rows: the row
+    patterns of the chunks a block spans, then one ``np.take`` of them into the
+    block. Besides ``out`` it allocates ``O(n + T)`` indices and a few blocks.
+
     >>> chunk_band(np.array([0, 2, 3]), 0, 0, np.empty((3, 3), bool)).astype(int)
     array([[1, 1, 0],
            [1, 1, 0],
            [0, 0, 1]])
     """
     n = bounds.size - 1
-    width = out.shape[-1]
+    size, width = out.shape
     left, right = min(left, n), min(right, n)  # beyond n chunks they change nothing; keeps int64 safe
     chunk = np.arange(n)
-    lo_hi = np.concatenate([bounds[np.maximum(chunk - left, 0)], bounds[np.minimum(chunk + (right + 1), n)]])
-    rows = less_than_rows(lo_hi, width)  # one gather for both edges
-    pattern = np.greater(rows[n:], rows[:n])  # (j < hi) & ~(j < lo)
+    lo = bounds[np.maximum(chunk - left, 0)]
+    hi = bounds[np.minimum(chunk + (right + 1), n)]
     row_chunk = np.repeat(chunk, np.diff(bounds))
-    # mode="clip": the default "raise" buffers `out` and copies it a second
-    # time; row_chunk is in range by construction.
-    return np.take(pattern, row_chunk, axis=0, out=out, mode="clip")
+    block_rows = _block_rows(width)
+    for start in range(0, size, block_rows):
+        stop = min(start + block_rows, size)
+        first, last = int(row_chunk[start]), int(row_chunk[stop - 1]) + 1  # the chunks this block spans
+        pattern = less_than_rows(lo[first:last], width)
+        np.greater(less_than_rows(hi[first:last], width), pattern, out=pattern)  # (j < hi) & ~(j < lo)
+        # mode="clip": the default "raise" buffers the block and copies it a
+        # second time; the indices are in range by construction.
+        np.take(pattern, row_chunk[start:stop] - first, axis=0, out=out[start:stop], mode="clip")
+    return out
 
 
 def regular_band(size: int, chunk_size: int, left: int, out: np.ndarray) -> np.ndarray:

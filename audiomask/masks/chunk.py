@@ -13,11 +13,11 @@ import numpy as np
 from audiomask.checks import check_int, check_lengths
 from audiomask.masks.band import (
     DEFAULT_MAX_MASK_BYTES,
-    less_than_rows,
     max_mask_bytes,
     regular_band,
     result_array,
     set_max_mask_bytes,
+    write_less_than_rows,
 )
 
 __all__ = ["DEFAULT_MAX_MASK_BYTES", "max_mask_bytes", "padding_mask", "set_max_mask_bytes", "subsequent_chunk_mask"]
@@ -100,5 +100,5 @@ def padding_mask(
         lengths = check_lengths("lengths", lengths, maximum=max_len, maximum_name="max_len")
     out = result_array(out, (lengths.size, max_len), "lengths and max_len")
     if out.size:  # (0, T) or (B, 0): no template of T columns for nothing
-        out[...] = less_than_rows(lengths, max_len)
+        write_less_than_rows(lengths, out)
     return out

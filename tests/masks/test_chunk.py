@@ -59,6 +59,7 @@ def test_padding_mask_matches_loop(mask_reference, assert_builds, lengths, extra
         (lambda: padding_mask([3, -1]), "lengths", "-1"),
         (lambda: padding_mask([1.5]), "lengths", "1.5"),
         (lambda: padding_mask([[1, 2]]), "lengths", "(1, 2)"),
+        (lambda: padding_mask([[1, 2], [3]]), "lengths", "[[1, 2], [3]]"),
         (lambda: padding_mask([5, 2], max_len=4), "lengths", "5"),
         (lambda: padding_mask([1], max_len=-1), "max_len", "-1"),
         (lambda: padding_mask([1], max_len=2.0), "max_len", "2.0"),

@@ -170,6 +170,8 @@ def test_select_chunk_size_lists_draw_one_aligned_pair():
         (lambda: adaptive_enc_mask(6, [-1, 2]), "chunk_start_idx", "-1"),
         (lambda: adaptive_enc_mask(6, [0.0, 2.5]), "chunk_start_idx", "2.5"),
         (lambda: adaptive_enc_mask(6, [[0, 2]]), "chunk_start_idx", "(1, 2)"),
+        (lambda: adaptive_enc_mask(6, [[0, 2], [4]]), "chunk_start_idx", "[[0, 2], [4]]"),
+        (lambda: hs_mask([[4, 8], [16]], 32, 2, 1), "feature_lengths", "[[4, 8], [16]]"),
         (lambda: adaptive_enc_mask(6, [0, 2], left_window=-1), "left_window", "-1"),
         (lambda: adaptive_enc_mask(6, [0, 2], right_window=0.5), "right_window", "0.5"),
         (lambda: streaming_mask(-3, 1, 2, 1), "seq_len", "-3"),

@@ -120,6 +120,7 @@ def test_window_mask_full_size_utterance():
         (lambda: output_lengths([100, -1]), "feature_lens", "-1"),
         (lambda: output_lengths([10.5]), "feature_lens", "10.5"),
         (lambda: chunk_lengths([[100]]), "feature_lens", "(1, 1)"),
+        (lambda: output_lengths([[100, 200], [300]]), "feature_lens", "[[100, 200], [300]]"),
         (lambda: chunk_lengths([100], n_window=0), "n_window", "0"),
         (lambda: padded_mask_after_cnn([100], n_window=2.5), "n_window", "2.5"),
         (lambda: cu_seqlens([100], n_window_infer=0), "n_window_infer", "0"),
