@@ -42,16 +42,20 @@ _HOST_WORK_ELEMENTS = 1 << 18  # float32 operands of the host workload: 1 MiB ea
 def direct_copy(t: torch.Tensor, device: object, *, method: str = "to", non_blocking: bool = True) -> torch.Tensor:
     """Copy ``t`` as it is (no staging) to ``device``: the copy that stalls when ``t`` is pageable or not dense.
 
-    ``method`` picks the spelling: ``"to"`` (``t.to(device)``), ``"cuda"``
-    (``t.cuda(device)``) or ``"copy_"`` (``empty(...).copy_(t)``). The device is
+    ``method`` picks the spelling: ``"to"`` (``Tensor.to``), ``"cuda"``
+    (``Tensor.cuda``) or ``"copy_"`` (``empty(...).copy_(t)``). The device is
     taken as given (``"meta"`` included), not resolved.
+
+    Not routed through :mod:`audiomask.transfer` on purpose: this is the
+    unstaged copy the benchmark measures against the ring (the negative
+    control that stalls behind a busy queue). The library never calls it.
 
     >>> direct_copy(torch.ones(2), "meta", method="copy_").device
     device(type='meta')
     """
     if method == "to":
         return t.to(device, non_blocking=non_blocking)
-    if method == "cuda":
+    if method == "cuda":  # the baseline itself, kept outside audiomask.transfer (see above)
         return t.cuda(torch.device(device), non_blocking=non_blocking)
     if method == "copy_":
         return torch.empty(t.shape, dtype=t.dtype, device=device).copy_(t, non_blocking=non_blocking)
@@ -59,8 +63,13 @@ def direct_copy(t: torch.Tensor, device: object, *, method: str = "to", non_bloc
 
 
 def pin_per_copy(t: torch.Tensor, device: object) -> torch.Tensor:
-    """Pin a fresh copy of ``t`` and copy it ``non_blocking``: the vLLM approach (host cost 0.1-6 ms)."""
-    return t.pin_memory().to(device, non_blocking=True)
+    """Pin a fresh copy of ``t`` and copy it ``non_blocking``: the vLLM approach (host cost 0.1-6 ms).
+
+    A baseline the benchmark compares the ring with, so it does its own copy
+    rather than going through :mod:`audiomask.transfer`; safe as a copy (the
+    fresh pinned buffer lives until the copy has read it), only slow.
+    """
+    return t.pin_memory().to(device, non_blocking=True)  # the baseline itself (see above)
 
 
 class QueueFiller:
