@@ -27,22 +27,14 @@ from audiomask.audio import MAX_CHANNELS, load
 from audiomask.cli import main
 from audiomask.constants import FRAME_MS
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # The checkout first, then whatever the caller had on the path (the H200 keeps soundfile there).
 SUBPROCESS_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
 SAMPLES = ROOT / "samples"
 HELLO, NUMBERS = SAMPLES / "hello_world.wav", SAMPLES / "numbers.wav"
 SUBPROCESS_TIMEOUT_S = 120  # a hang fails the test instead of blocking the suite
-CHUNK_MS, LEFT_CHUNKS = 320, 4  # the streaming defaults saved with the tiny model
+CHUNK_MS, LEFT_CHUNKS = 320, 4  # the streaming defaults the model_path fixture saves
 UNKNOWN_HUGE_DATA_BYTES = 0xFFFFFFF0  # a WAV data size far beyond any test file, and no pipe writer's marker
-
-
-@pytest.fixture(scope="module")
-def model_path(tmp_path_factory: pytest.TempPathFactory, tiny_asr_model) -> Path:
-    path = tmp_path_factory.mktemp("model") / "tiny.safetensors"
-    card = {"data": "none: random weights", "cer": {"offline": 1.0}}
-    save_model(tiny_asr_model(), path, chunk_ms=CHUNK_MS, left_chunks=LEFT_CHUNKS, card=card)
-    return path
 
 
 @pytest.fixture(scope="module")

@@ -17,22 +17,14 @@ import pytest
 import soundfile as sf
 
 import audiomask.cli.transcribe as transcribe_module
-from audiomask.asr.checkpoint import save_model
 from audiomask.cli import main
 from audiomask.cli.transcribe import MAX_STREAM_AUDIO_MS
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SUBPROCESS_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
 HELLO = ROOT / "samples" / "hello_world.wav"
 SUBPROCESS_TIMEOUT_S = 120  # a hang fails the test instead of blocking the suite
 SLOW_FEED_PAUSE_S = 0.5  # between the pieces of a slowly fed pipe
-
-
-@pytest.fixture(scope="module")
-def model_path(tmp_path_factory: pytest.TempPathFactory, tiny_asr_model) -> Path:
-    path = tmp_path_factory.mktemp("model") / "tiny.safetensors"
-    save_model(tiny_asr_model(), path, chunk_ms=320, left_chunks=4, card={"data": "none: random weights"})
-    return path
 
 
 def cli(*arguments: object) -> list[str]:
@@ -40,15 +32,7 @@ def cli(*arguments: object) -> list[str]:
 
 
 def run_cli(*arguments: object) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        cli(*arguments),
-        check=False,
-        capture_output=True,
-        text=True,
-        env=SUBPROCESS_ENV,
-        cwd=ROOT,
-        timeout=SUBPROCESS_TIMEOUT_S,
-    )
+    return _run(cli(*arguments), SUBPROCESS_ENV)
 
 
 def read_line_within(process: subprocess.Popen, timeout_s: float) -> bytes:
@@ -60,16 +44,12 @@ def read_line_within(process: subprocess.Popen, timeout_s: float) -> bytes:
 
 def shell(command: str, **run: object) -> subprocess.CompletedProcess[str]:
     """``command`` in bash (for redirections such as ``>&-``), with ``$CLI`` the audiomask command."""
-    env = {**SUBPROCESS_ENV, "CLI": f"{sys.executable} -m audiomask"}
+    return _run(["bash", "-c", command], {**SUBPROCESS_ENV, "CLI": f"{sys.executable} -m audiomask"}, **run)
+
+
+def _run(command: list[str], env: dict[str, str], **run: object) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        ["bash", "-c", command],
-        check=False,
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        timeout=SUBPROCESS_TIMEOUT_S,
-        **run,
+        command, check=False, capture_output=True, text=True, env=env, cwd=ROOT, timeout=SUBPROCESS_TIMEOUT_S, **run
     )
 
 
