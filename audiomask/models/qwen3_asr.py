@@ -67,8 +67,8 @@ class _Attention(nn.Module):
         self.q_proj = nn.Linear(dim, dim)
         self.out_proj = nn.Linear(dim, dim)
 
-    def forward(self, hidden: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-        """``hidden`` ``(N, W, D)`` (N windows), ``bias`` ``(N, 1, 1, W)``."""
+    def forward(self, hidden: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """``hidden`` ``(N, W, D)`` (N windows), ``bias`` ``(N, 1, 1, W)`` or ``None`` (every key valid)."""
         query, key, value = (
             split_heads(proj(hidden), self.num_heads) for proj in (self.q_proj, self.k_proj, self.v_proj)
         )
@@ -85,7 +85,7 @@ class _EncoderLayer(nn.Module):
         self.fc2 = nn.Linear(config.encoder_ffn_dim, config.d_model)
         self.final_layer_norm = nn.LayerNorm(config.d_model)
 
-    def forward(self, hidden: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         hidden = hidden + self.self_attn(self.self_attn_layer_norm(hidden), bias)
         hidden = hidden + self.fc2(self.activation_fn(self.fc1(self.final_layer_norm(hidden))))
         if hidden.dtype == torch.float16:  # as upstream: keep float16 activations off infinity
@@ -154,8 +154,11 @@ class Qwen3ASREncoder(nn.Module):
         window attends only to its own real tokens (a window without any gives
         finite padding). Returns ``(N, W, D)``.
         """
-        key_valid = valid_positions(lengths, windows.shape[1], windows.device)
-        bias = may_attend_to_additive_bias(key_valid, windows.dtype)[:, None, None, :]
+        if isinstance(lengths, np.ndarray) and (lengths == windows.shape[1]).all():
+            bias = None  # every window full: nothing to exclude, and SDPA may take its fused kernels
+        else:
+            key_valid = valid_positions(lengths, windows.shape[1], windows.device)
+            bias = may_attend_to_additive_bias(key_valid, windows.dtype)[:, None, None, :]
         for layer in self.layers:
             windows = layer(windows, bias)
         return self.ln_post(windows)

@@ -154,8 +154,10 @@ class BufferedStream(EncoderStream):
             raise ValueError(f"slots must hold no buffered frames to be reset, got {index.tolist()}")
         return index
 
-    def _check_step(self, chunk: object, valid: object, final: object) -> tuple[np.ndarray, np.ndarray]:
-        """The checked ``valid`` ``(B,)`` int64 and ``final`` ``(B,)`` bool of a :meth:`step`."""
+    def _check_step(
+        self, chunk: object, valid: object, final: object, active: object = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The checked ``valid`` ``(B,)`` int64, ``final`` and ``active`` ``(B,)`` bool of a :meth:`step`."""
         if self._buffer.counts.any():
             raise ValueError("step needs an empty frame buffer: finish what push() buffered with flush()")
         if tuple(getattr(chunk, "shape", ())) != self.chunk_shape:
@@ -163,14 +165,29 @@ class BufferedStream(EncoderStream):
         valid = host_lengths("valid", valid, self.chunk_frames, "chunk_frames")
         if valid.size != self.batch_size:
             raise ValueError(f"valid must have {self.batch_size} entries (batch_size), got {valid.size}")
+        final, active = (self._slot_flags(name, flags) for name, flags in (("final", final), ("active", active)))
         if final is None:
-            return valid, np.zeros(self.batch_size, bool)
-        final = np.asarray(final)
-        if final.dtype != np.bool_ or final.shape != (self.batch_size,):
+            final = np.zeros(self.batch_size, bool)
+        if active is None:
+            return valid, final, np.ones(self.batch_size, bool)
+        skipped = np.flatnonzero(~active & ((valid > 0) | final))
+        if skipped.size:
             raise ValueError(
-                f"final must be None or a ({self.batch_size},) bool array, got {final.dtype} {final.shape}"
+                f"slot {int(skipped[0])} is not active but has valid={int(valid[skipped[0]])} frames or final=True: "
+                "an inactive slot takes no frames and cannot end"
             )
-        return valid, final
+        return valid, final, active
+
+    def _slot_flags(self, name: str, flags: object) -> np.ndarray | None:
+        """``flags`` checked as ``None`` or a ``(B,)`` bool host array."""
+        if flags is None:
+            return None
+        flags = np.asarray(flags)
+        if flags.dtype != np.bool_ or flags.shape != (self.batch_size,):
+            raise ValueError(
+                f"{name} must be None or a ({self.batch_size},) bool array, got {flags.dtype} {flags.shape}"
+            )
+        return flags
 
     def _chunk_on_device(self, chunk: object, out: torch.Tensor | None = None) -> torch.Tensor:
         """``chunk`` on the device in the encoder's dtype (written into ``out`` where given).

@@ -9,6 +9,9 @@ moved with :func:`audiomask.transfer.to_device`.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import numpy as np
 import torch
 
@@ -107,9 +110,9 @@ class Phi4MMStream(BufferedStream):
             offsets = to_device(self._offsets, self.device)
             layer = encoder.relative_attention_bias_layer
             self._bias = torch.cat([layer(queries, offsets[p]) for p in range(self._blocks)])  # (blocks, H, C, S)
-        self._chunks = 0  # chunk steps since the last flush
-        # Per slot: the chunk step at which its utterance began (reset_slots); 0 for all after a flush.
-        self._start = np.zeros(self.batch_size, np.int64)
+        self._chunks = 0  # chunk steps since the last flush: the ring phase is self._chunks % blocks
+        # Per slot: the chunks of its utterance encoded so far (reset_slots and flush restart it).
+        self._position = np.zeros(self.batch_size, np.int64)
         # CUDA graphs of the chunk step, one per ring phase, captured on first use (None: eager).
         self._graphs: list[tuple[torch.cuda.CUDAGraph, torch.Tensor]] | None = None
         if cuda_graph:
@@ -152,7 +155,7 @@ class Phi4MMStream(BufferedStream):
         for cache in (*self._kv, *self._conv, *self._subsampling):
             cache.zero_()
         self._chunks = 0
-        self._start[:] = 0
+        self._position[:] = 0
         return self._emit(steps, final=True)
 
     def reset_slots(self, slots: object) -> None:
@@ -174,34 +177,73 @@ class Phi4MMStream(BufferedStream):
             for cache in (*self._conv, *self._subsampling):
                 cache[rows] = 0
         self._frames[index] = 0
-        self._start[index] = self._chunks
+        self._position[index] = 0
 
-    def step(self, chunk: object, valid: object, final: object = None) -> tuple[torch.Tensor, np.ndarray]:
-        """Encode one chunk of every slot given whole: ``(outputs (B, chunk_size, D), lengths (B,))``.
+    def step(
+        self, chunk: object, valid: object, final: object = None, active: object = None
+    ) -> tuple[torch.Tensor, np.ndarray]:
+        """Encode one chunk of every active slot given whole: ``(outputs (B, chunk_size, D), lengths (B,))``.
 
         ``chunk``: ``(B, chunk_size * time_reduction, F)`` frames, a host array
         or tensor (moved with :func:`~audiomask.transfer.to_device`) or a device
         tensor; ``valid`` ``(B,)``: real frames per slot, at the start of its
         row (the rest is ignored); ``final`` is checked and not needed (every
-        chunk's tokens are final when emitted). The stream must hold no
-        buffered frames. Equals pushing ``chunk`` with ``valid`` as lengths
+        chunk's tokens are final when emitted); ``active`` ``(B,)``: the slots
+        that take this chunk (default all), the others keep their state (see
+        :meth:`~audiomask.streaming.EncoderStream.step`). The stream must hold
+        no buffered frames. Equals pushing ``chunk`` with ``valid`` as lengths
         when the buffer held nothing.
         """
-        valid, _ = self._check_step(chunk, valid, final)
+        valid, _, active = self._check_step(chunk, valid, final, active)
         self._frames += valid
-        position = self._chunks - self._start  # each slot's chunk index within its utterance
-        lengths = np.clip(self._valid_tokens() - position * self.chunk_size, 0, self.chunk_size)
-        outputs = self._encode_chunk(chunk, valid)
+        lengths = np.clip(self._valid_tokens() - self._position * self.chunk_size, 0, self.chunk_size)
+        lengths[~active] = 0
+        outputs = self._encode_chunk(chunk, valid, None if active.all() else np.flatnonzero(~active))
         self.last_lengths = lengths
         return outputs, lengths
 
     @torch.no_grad()
-    def _encode_chunk(self, chunk: object, valid: np.ndarray) -> torch.Tensor:
-        """Encode ``chunk`` ``(B, chunk_frames, F)`` with ``valid`` real frames per slot; advance one chunk."""
+    def _encode_chunk(self, chunk: object, valid: np.ndarray, held: np.ndarray | None = None) -> torch.Tensor:
+        """Encode ``chunk`` ``(B, chunk_frames, F)`` with ``valid`` real frames per slot; advance one chunk.
+
+        ``held``: slots (indices) that keep their state, as if the step had not happened for them.
+        """
         phase = self._chunks % self._blocks
         # Token held by each key slot; valid from token 0 to each utterance's last (host numpy).
-        tokens = ((self._chunks - self._start) * self.chunk_size)[:, None] + self._offsets[phase]
+        tokens = (self._position * self.chunk_size)[:, None] + self._offsets[phase]
         keys_valid = (tokens >= 0) & (tokens < self._valid_tokens()[:, None])
+        with self._holding(held):
+            return self._run_step(chunk, valid, keys_valid, phase)
+
+    @contextlib.contextmanager
+    def _holding(self, held: np.ndarray | None) -> Iterator[None]:
+        """Around one step: the ``held`` slots leave it with the state they entered it with, shifted one phase.
+
+        The step computes every row, so a held slot's conv and subsampling
+        caches are saved before and written back after. Its key/value ring is
+        rolled by one chunk instead: the step wrote block ``p`` (the phase),
+        and at phase ``p + 1`` each block must hold what the block before it
+        held, so that the slot's chunks keep their distances to the ring
+        phase, which the relative bias and the key mask are built from.
+        """
+        if held is None or held.size == 0:
+            yield
+            self._position += 1
+            return
+        rows = to_device(held, self.device)
+        states = (*self._conv, *self._subsampling)
+        saved = [state.index_select(0, rows) for state in states]
+        yield
+        for state, before in zip(states, saved):
+            state.index_copy_(0, rows, before)
+        for kv in self._kv:
+            kv[:, rows] = kv[:, rows].roll(self.chunk_size, dims=3)  # (2, B, H, S, d): S holds the ring
+        moved = np.ones(self.batch_size, bool)
+        moved[held] = False
+        self._position += moved
+
+    def _run_step(self, chunk: object, valid: np.ndarray, keys_valid: np.ndarray, phase: int) -> torch.Tensor:
+        """The step's device work, as a CUDA graph replay or eagerly; advances the ring phase."""
         if self._graphs is not None:
             if not self._graphs:
                 self._capture()

@@ -87,8 +87,10 @@ class EncoderStream(ABC):
         """
 
     @abstractmethod
-    def step(self, chunk: object, valid: object, final: object = None) -> tuple[torch.Tensor, np.ndarray]:
-        """Encode one chunk of every slot: ``(outputs (B, n, D), lengths (B,) int64)``, ``n <= tokens_per_chunk``.
+    def step(
+        self, chunk: object, valid: object, final: object = None, active: object = None
+    ) -> tuple[torch.Tensor, np.ndarray]:
+        """Encode one chunk of every active slot: ``(outputs (B, n, D), lengths (B,) int64)``, ``n <= tokens_per_chunk``.
 
         Args:
             chunk: :attr:`chunk_shape` frames, a host array or tensor (moved
@@ -99,6 +101,12 @@ class EncoderStream(ABC):
             final: ``(B,)`` bool (host), the slot's utterance ends with this
                 chunk; ``None``: no slot's does. Families whose outputs wait
                 for more chunks (Qwen3-ASR's windows) emit them then.
+            active: ``(B,)`` bool (host); ``None``: every slot. An inactive
+                slot (a stream whose next chunk has not arrived) is left
+                exactly as it was, as if the step had not happened for it:
+                its ``valid`` is 0, it is not ``final``, its ``lengths`` is 0.
+                The step still computes over all ``B`` rows (static shapes):
+                skipping a slot lets the others go on, it saves no compute.
 
         ``lengths`` (also :attr:`last_lengths`) counts each slot's real tokens;
         they come first in its row. Nothing here waits for the device.

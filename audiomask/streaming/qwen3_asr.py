@@ -65,8 +65,8 @@ class Qwen3ASRStream(BufferedStream):
             self.batch_size, config.window_tokens, config.d_model, device=self.device, dtype=self.dtype
         )
         self._window_tokens = np.zeros(self.batch_size, np.int64)  # valid tokens in each slot's current window
-        self._chunks = 0  # chunk steps since the last flush
-        self._start = np.zeros(self.batch_size, np.int64)  # per slot: the chunk step its utterance began at
+        # Per slot: the chunks of its utterance added so far (reset_slots and flush restart it).
+        self._position = np.zeros(self.batch_size, np.int64)
 
     @classmethod
     def default_frontend(cls) -> WhisperFrontend:
@@ -109,8 +109,7 @@ class Qwen3ASRStream(BufferedStream):
         if self._window_chunks().max(initial=0) > 0:
             windows.append(self._close_windows(np.ones(self.batch_size, bool)))
         outputs = self._emit(windows, final=True)
-        self._chunks = 0
-        self._start[:] = 0
+        self._position[:] = 0
         return outputs
 
     def reset_slots(self, slots: object) -> None:
@@ -128,11 +127,13 @@ class Qwen3ASRStream(BufferedStream):
             self._window[to_device(index, self.device)] = 0
         self._window_tokens[index] = 0
         self._frames[index] = 0
-        self._start[index] = self._chunks
+        self._position[index] = 0
 
     @torch.no_grad()
-    def step(self, chunk: object, valid: object, final: object = None) -> tuple[torch.Tensor, np.ndarray]:
-        """Add one chunk to every slot's window: ``(outputs (B, n, D), lengths (B,))``, ``n`` 0 or 104.
+    def step(
+        self, chunk: object, valid: object, final: object = None, active: object = None
+    ) -> tuple[torch.Tensor, np.ndarray]:
+        """Add one chunk to every active slot's window: ``(outputs (B, n, D), lengths (B,))``, ``n`` 0 or 104.
 
         ``chunk``: ``(B, num_mel_bins, 2 * n_window)`` frames, a host array or
         tensor (moved with :func:`~audiomask.transfer.to_device`) or a device
@@ -140,13 +141,15 @@ class Qwen3ASRStream(BufferedStream):
         window is emitted (and emptied) with its 8th chunk or its ``final``
         ``(B,)`` one; the outputs hold every slot's window when any is emitted,
         ``lengths`` counting the real tokens of the emitted ones (0 for the others).
-        The stream must hold no buffered frames.
+        ``active`` ``(B,)``: the slots that take this chunk (default all); the
+        others keep their windows (see :meth:`~audiomask.streaming.EncoderStream.step`).
+        Only the windows that close are attended. The stream must hold no buffered frames.
         """
-        valid, final = self._check_step(chunk, valid, final)
+        valid, final, active = self._check_step(chunk, valid, final, active)
         frames = self._chunk_on_device(chunk).transpose(1, 2)  # (B, chunk_frames, mel), as the buffer holds them
-        filled = self._add_chunk(frames, valid)
+        filled = self._add_chunk(frames, valid, active)
         self._frames += valid
-        closing = (filled == self.encoder.config.chunks_per_window) | final
+        closing = active & ((filled == self.encoder.config.chunks_per_window) | final)
         lengths = np.where(closing, self._window_tokens, 0)
         outputs = self._close_windows(closing) if lengths.any() else self._no_outputs()
         self._window_tokens[closing] = 0
@@ -158,7 +161,7 @@ class Qwen3ASRStream(BufferedStream):
 
     def _window_chunks(self) -> np.ndarray:
         """``(B,)`` chunks in each slot's current window."""
-        return (self._chunks - self._start) % self.encoder.config.chunks_per_window
+        return self._position % self.encoder.config.chunks_per_window
 
     def _embed_into(self, window: torch.Tensor, frames: torch.Tensor, first: np.ndarray) -> None:
         """Conv-encode ``frames`` ``(B, t, mel)`` (whole chunks, the last zero-padded) into each slot's window.
@@ -179,13 +182,19 @@ class Qwen3ASRStream(BufferedStream):
         rows, columns = to_device(np.stack(np.broadcast_arrays(np.arange(batch)[:, None], columns)), self.device)
         window[rows, columns] = tokens
 
-    def _add_chunk(self, frames: torch.Tensor, valid: np.ndarray) -> np.ndarray:
-        """Embed one chunk of every slot ``(B, chunk_frames, mel)`` into its window; ``(B,)`` chunks now there."""
+    def _add_chunk(self, frames: torch.Tensor, valid: np.ndarray, active: np.ndarray | None = None) -> np.ndarray:
+        """Embed one chunk of every (``active``) slot ``(B, chunk_frames, mel)`` into its window; ``(B,)`` chunks there.
+
+        An inactive slot's row is embedded too (one batched call), at its next
+        chunk's place, beyond its window's real tokens: the attention never
+        sees it, and its real next chunk overwrites it.
+        """
         filled = self._window_chunks()
         self._embed_into(self._window, frames, filled)
         self._window_tokens += self.encoder.output_lengths(valid)
-        self._chunks += 1
-        return filled + 1
+        moved = 1 if active is None else active
+        self._position += moved
+        return filled + moved
 
     @torch.no_grad()
     def _encode_chunks(self, more: Callable[[np.ndarray], bool]) -> list[torch.Tensor]:
@@ -200,11 +209,20 @@ class Qwen3ASRStream(BufferedStream):
 
     @torch.no_grad()
     def _close_windows(self, closing: np.ndarray) -> torch.Tensor:
-        """The outputs of every slot's current window ``(B, window_tokens, D)``; the ``closing`` slots' start anew."""
-        outputs = self.encoder.encode_windows(self._window, self._window_tokens)
+        """Attend the ``closing`` slots' windows and start them anew: ``(B, window_tokens, D)``, zero elsewhere.
+
+        Only the closing windows are attended (streams that started at
+        different times close their windows at different steps, so a step
+        attends about one window in eight per slot, not every slot's).
+        """
         if closing.all():
+            outputs = self.encoder.encode_windows(self._window, self._window_tokens)
             self._window.zero_()
         else:
-            self._window[to_device(np.flatnonzero(closing), self.device)] = 0
+            slots = np.flatnonzero(closing)
+            rows = to_device(slots, self.device)
+            outputs = torch.zeros_like(self._window)
+            outputs[rows] = self.encoder.encode_windows(self._window[rows], self._window_tokens[slots])
+            self._window[rows] = 0
         self._window_tokens[closing] = 0
         return outputs

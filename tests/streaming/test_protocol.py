@@ -33,10 +33,16 @@ def family(request, tiny_phi4mm, tiny_qwen3_asr):
     return open_stream(encoder, 3), offline
 
 
-def test_steps_with_slots_reset_at_any_step_equal_each_utterance_offline(family):
+# (slot, step) pairs where a slot's stream has no chunk ready: the slot is inactive and keeps its state.
+HELD_STEPS = {(0, 1), (0, 2), (0, 5), (1, 2), (1, 5), (1, 6), (0, 9), (0, 10), (0, 11), (0, 12), (0, 13)}
+
+
+@pytest.mark.parametrize("held", [set(), HELD_STEPS], ids=["every-slot-active", "slots-held-mid-utterance"])
+def test_steps_with_slots_reset_at_any_step_equal_each_utterance_offline(family, held):
     """Whole chunks per step as a driver sends them: utterances start in their slots at different steps
-    (reset_slots), end with a short or a full final chunk, and slots idle in between. Each utterance's outputs,
-    joined over the steps, equal its offline forward."""
+    (reset_slots), end with a short or a full final chunk, and slots idle in between; with ``held``, a slot
+    whose stream has no chunk ready sits some steps out (``active``), mid-utterance (for Phi-4MM across
+    every ring phase). Each utterance's outputs, joined over the steps, equal its offline forward."""
     stream, offline = family
     chunk_frames = stream.chunk_frames
     # Per slot: (first step, frames) of each utterance, one after another.
@@ -47,15 +53,16 @@ def test_steps_with_slots_reset_at_any_step_equal_each_utterance_offline(family)
     ]
     collected = [[[] for _ in plan] for plan in plans]
     current = [None] * 3  # (utterance index, frames sent) per slot
-    for step in range(12):
+    for step in range(12 + len(held)):
         chunk = torch.zeros(3, chunk_frames, stream.feature_size)
         valid, final, joins = np.zeros(3, np.int64), np.zeros(3, bool), []
+        active = np.array([(slot, step) not in held for slot in range(3)])
         for slot, plan in enumerate(plans):
             starting = [index for index, (first, _) in enumerate(plan) if first == step]
             if current[slot] is None and starting:
                 current[slot] = (starting[0], 0)
                 joins.append(slot)
-            if current[slot] is not None:
+            if current[slot] is not None and active[slot]:
                 index, sent = current[slot]
                 frames = utterances[slot][index]
                 valid[slot] = min(chunk_frames, len(frames) - sent)
@@ -63,10 +70,11 @@ def test_steps_with_slots_reset_at_any_step_equal_each_utterance_offline(family)
                 final[slot] = sent + valid[slot] == len(frames)
         stream.reset_slots(joins)
         layout = chunk if stream.time_dim == 1 else chunk.transpose(1, 2)
-        outputs, lengths = stream.step(layout.numpy(), valid, final)
+        outputs, lengths = stream.step(layout.numpy(), valid, final, active if held else None)
         assert outputs.shape[1] <= stream.tokens_per_chunk and stream.last_lengths.tolist() == lengths.tolist()
+        assert not lengths[~active].any()
         for slot in range(3):
-            if current[slot] is not None:
+            if current[slot] is not None and active[slot]:
                 index, sent = current[slot]
                 collected[slot][index].append(outputs[slot, : lengths[slot]])
                 current[slot] = None if final[slot] else (index, sent + valid[slot])
@@ -114,3 +122,17 @@ def test_open_stream_bad_options(tiny_phi4mm, tiny_qwen3_asr, family, options, m
         pytest.skip("checks the error without CUDA")
     with pytest.raises(ValueError, match=message):
         open_stream(encoder, **options)
+
+
+@pytest.mark.parametrize(
+    ("valid", "final", "active", "message"),
+    [
+        ([4, 0, 0], None, [False, True, True], "slot 0 is not active but has valid=4"),
+        ([0, 0, 0], [False, True, False], [True, False, True], "slot 1 is not active .* final=True"),
+        ([0, 0, 0], None, [1, 1, 1], r"active must be None or a \(3,\) bool array"),
+    ],
+)
+def test_step_refuses_frames_for_inactive_slots(family, valid, final, active, message):
+    stream, _ = family
+    with pytest.raises(ValueError, match=message):
+        stream.step(np.zeros(stream.chunk_shape, np.float32), np.array(valid), final and np.array(final), active)
