@@ -81,13 +81,15 @@ SHIPPED_CHUNK_MS = SHIPPED_ENCODER_CONFIG.chunk_size * SHIPPED_ENCODER_CONFIG.ti
 LEFT_CONTEXT_MS = SHIPPED_CHUNK_MS * SHIPPED_ENCODER_CONFIG.left_chunk  # 1280 ms of left context at every chunk size
 PHI4MM_FULL_CHUNK_MS = 1280  # full-size Phi-4MM in the pipeline and throughput: 16 tokens of 80 ms per chunk
 PHI4MM_FULL_LEFT_CHUNKS = 4  # 5.12 s of left context (key/value cache: 80 tokens per stream and block)
-# (model, path, share of the throughput budget): the driver's rows start a front-end process per probe
+# (model, path, share of the throughput budget, first N tried): the driver's rows start front-end processes
+# per probe; the full-size rows start where they are known to pass, so that their time goes to their limits.
+FULL_SIZE_SEARCH_START = 1024
 THROUGHPUT_RUNS = (
-    ("shipped", "driver", 0.15),
-    ("phi4mm_full", "encoder_step", 0.2),
-    ("phi4mm_full", "driver", 0.25),
-    ("qwen3_asr_0.6b", "encoder_step", 0.15),
-    ("qwen3_asr_0.6b", "driver", 0.25),
+    ("shipped", "driver", 0.1, 1),
+    ("phi4mm_full", "encoder_step", 0.15, FULL_SIZE_SEARCH_START),
+    ("phi4mm_full", "driver", 0.3, FULL_SIZE_SEARCH_START),
+    ("qwen3_asr_0.6b", "encoder_step", 0.15, FULL_SIZE_SEARCH_START),
+    ("qwen3_asr_0.6b", "driver", 0.3, FULL_SIZE_SEARCH_START),
 )
 FULL_SIZE_MODELS = ("phi4mm_full", "qwen3_asr_0.6b")
 PIPELINE_MODELS = ("shipped", "phi4mm_full")  # the Phi-4MM models (the pipeline section's chunking is theirs)
@@ -234,8 +236,8 @@ def latency_section(
 
 def throughput_section(settings: RunSettings, models: Models, budget: Budget) -> list[dict]:
     results = []
-    shares_left = sum(share for _, _, share in THROUGHPUT_RUNS)
-    for name, path, share in THROUGHPUT_RUNS:
+    shares_left = sum(share for _, _, share, _ in THROUGHPUT_RUNS)
+    for name, path, share, start in THROUGHPUT_RUNS:
         model = models[name]
         run_budget = Budget(max(budget.left(), 1e-3) * share / shares_left)
         shares_left -= share
@@ -244,7 +246,8 @@ def throughput_section(settings: RunSettings, models: Models, budget: Budget) ->
             model, path, settings.probe, **chunking, frontend_workers=settings.frontend_workers
         )
         log(f"  throughput {name}/{path}: budget {run_budget.seconds:.0f} s")
-        results.append(search(probe, probe_settings, model.device, run_budget, settings.max_streams))
+        start = min(start, settings.max_streams)
+        results.append(search(probe, probe_settings, model.device, run_budget, settings.max_streams, start))
     return results
 
 
@@ -382,7 +385,7 @@ def _models_needed(sections: Sequence[str], settings: RunSettings, pipeline_mode
     """The models the chosen sections measure, in order of first use."""
     needed = [pipeline_model] if "pipeline" in sections else []
     needed += list(settings.latency_models) if "latency" in sections else []
-    needed += [name for name, _, _ in THROUGHPUT_RUNS] if "throughput" in sections else []
+    needed += [name for name, *_ in THROUGHPUT_RUNS] if "throughput" in sections else []
     return list(dict.fromkeys(needed))
 
 

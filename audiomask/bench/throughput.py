@@ -17,18 +17,23 @@ and its encoder step run one after the other). Two ways to run a probe:
 - ``encoder_step``: the encoder's streaming step alone, from host features
   (the front end's output, random here) to the encoder outputs complete on
   the device, where their consumer (a CTC head, an LLM decoder) would read
-  them: ``Phi4MMStream.step`` (one cache-aware chunk step), or for
-  Qwen3-ASR ``Qwen3ASRStream.push`` of one 1 s conv chunk plus ``partial()``
-  (the provisional outputs of the current 8 s attention window, what a
-  streaming decoder reads). Beside the driver's row it separates the GPU's
-  capacity from the host's.
+  them: ``Phi4MMStream.step`` (one cache-aware chunk step), or
+  ``Qwen3ASRStream.step`` (one 1 s conv chunk of every stream, and the 8 s
+  attention windows that it completes). Beside the driver's row it separates
+  the GPU's capacity from the host's.
+
+Qwen3-ASR streams start in 8 groups, one a step (:func:`_start_groups`), as
+a server's streams start at different times: each step then attends about
+one window in eight, the steady state. Started all at once, every 8th step
+would attend every window (a burst that a server sees only when all its
+streams start in the same second).
 
 Each probe runs ``warmup`` untimed chunks (at least one per ring phase of the
 key/value cache: every phase is a CUDA graph of its own, captured on first
 use; a whole attention window for Qwen3-ASR, whose timed chunks are whole
 windows too), then up to ``chunks`` timed ones; it stops early once two timed
 chunks have exceeded the chunk's duration (with at most 101 chunks, their p99
-then does too). :func:`search` doubles ``N`` from 1 until a probe fails, then
+then does too). :func:`search` doubles ``N`` from ``start`` (1) until a probe fails, then
 bisects between the last pass and the first failure to within
 :data:`TOLERANCE`, within its time budget. A probe that raises (out of
 device memory, a staging request above the pinned ring's bound) fails and
@@ -172,11 +177,29 @@ def _device_cost(device: torch.device, work: Callable[[], object]) -> ChunkCost:
 
 
 def _schedule(model: BenchModel, plan: ProbePlan, left_chunk: int) -> tuple[int, ProbePlan]:
-    """``(untimed warm-up chunks, timed plan)``: every ring phase warmed (Phi-4MM), or whole windows (Qwen3-ASR)."""
+    """``(untimed warm-up chunks, timed plan)``: every ring phase warmed (Phi-4MM), or every stream
+    started and whole windows timed (Qwen3-ASR)."""
     if model.is_phi4mm:
         return plan.warmup + left_chunk + 1, plan
-    window = model.encoder.config.chunks_per_window  # every position in the window costs differently
-    return plan.warmup + window, ProbePlan(0, -(-plan.chunks // window) * window)
+    window = model.encoder.config.chunks_per_window
+    return plan.warmup + _start_groups(model) + window, ProbePlan(0, -(-plan.chunks // window) * window)
+
+
+def _start_groups(model: BenchModel) -> int:
+    """Chunk steps over which a probe's streams start, one group a step: a steady state where it matters.
+
+    A Qwen3-ASR stream attends its window with every 8th chunk: streams that
+    start at different times (as a server's do) spread that work over the
+    steps, so its streams start in 8 groups, one a step, and each step closes
+    about one window in eight. A Phi-4MM chunk step costs the same at every
+    step, so its streams start together.
+    """
+    return 1 if model.is_phi4mm else model.encoder.config.chunks_per_window
+
+
+def _start_step(streams: int, groups: int) -> np.ndarray:
+    """``(streams,)`` int64: the step at which each stream starts, ``groups`` groups of (nearly) equal size."""
+    return np.arange(streams) * groups // max(streams, 1)
 
 
 def _driver_probe(
@@ -198,15 +221,17 @@ def _driver_probe(
             warmup, timed = _schedule(model, plan, chunking.get("left_chunk", 0))
             first, later = driver.first_block_samples, driver.block_samples
             source, starts = shared_noise(streams, first + (warmup + timed.chunks) * later)
-            handles = [driver.open() for _ in range(streams)]
-            position = [0]
+            opening = _start_step(streams, _start_groups(model))
+            handles: list = []
+            fed = np.zeros(streams, np.int64)  # samples fed to each stream so far
 
             def step(index: int) -> ChunkCost:
-                size = first if index == 0 else later
-                for handle, start in zip(handles, starts):
-                    begin = start + position[0]
+                handles.extend(driver.open() for _ in range(int((opening == index).sum())))
+                for stream, handle in enumerate(handles):
+                    size = first if fed[stream] == 0 else later
+                    begin = starts[stream] + fed[stream]
                     driver.feed(handle, source[begin : begin + size])
-                position[0] += size
+                    fed[stream] += size
                 if driver.advance() != 1:
                     raise RuntimeError(f"chunk {index}: the driver did not run exactly one cycle (a bug)")
                 cycle = driver.stats.cycles[-1]
@@ -253,15 +278,15 @@ def _qwen3_step_probe(model: BenchModel, plan: ProbePlan) -> Callable[[int], Pro
 
     def probe(streams: int) -> ProbeTimes:
         stream = Qwen3ASRStream(encoder, streams)
-        features = torch.from_numpy(np.tile(block, (streams, 1, 1)))  # (N, 128, 100) host float32
+        features = np.tile(block, (streams, 1, 1))  # (N, 128, 100) host float32, as the front end gives
+        opening = _start_step(streams, _start_groups(model))
 
-        def work() -> None:
-            stream.push(features)
-            stream.partial()
+        def step(index: int) -> ChunkCost:
+            started = opening <= index  # a stream not started yet sits the step out
+            valid = np.where(started, config.chunk_frames, 0)
+            return _device_cost(device, lambda: stream.step(features, valid, active=started))
 
-        return timed_chunks(
-            lambda index: _device_cost(device, work), warmup, timed, config.chunk_frames * FRAME_MS / MS_PER_S
-        )
+        return timed_chunks(step, warmup, timed, config.chunk_frames * FRAME_MS / MS_PER_S)
 
     return probe
 
@@ -468,8 +493,12 @@ def search(
     device: torch.device,
     budget: Budget,
     max_streams: int,
+    start: int = 1,
 ) -> dict:
-    """The largest ``N <= max_streams`` whose probe passes: doubling from 1, then bisection; JSON-ready.
+    """The largest ``N <= max_streams`` whose probe passes: doubling from ``start``, then bisection; JSON-ready.
+
+    ``start``: the first ``N`` tried (a row known to pass it spends its budget
+    near its limit); when it fails, the bisection runs between 0 and it.
 
     ``limited_by`` says what ended the search: ``"latency"`` (a probe's p99
     reached the chunk's duration), ``"memory"`` (on CUDA, a probe's peak
@@ -517,7 +546,7 @@ def search(
         return budget.left() > fixed + (last["wall_s"] - fixed) * max(streams / last["streams"], 1.0)
 
     limited_by = "max_streams"
-    streams = 1
+    streams = min(max(start, 1), max_streams)
     while True:  # doubling
         if not affordable(streams):
             limited_by = "budget"

@@ -286,6 +286,16 @@ def test_search_stops_at_max_streams() -> None:
     assert [probe["streams"] for probe in result["probes"]] == [1, 2, 4, 8, 12]
 
 
+@pytest.mark.parametrize(("capacity", "first_probes"), [(100, [16, 32, 64, 128]), (10, [16, 8, 12])])
+def test_search_starts_doubling_at_start(capacity: int, first_probes: list[int]) -> None:
+    """From ``start`` up while probes pass; a failing ``start`` bisects between 0 and it."""
+    calls: list[int] = []
+    settings = {"model": "fake", "path": "x", "chunk_ms": 1000}
+    result = search(_probe_passing_up_to(capacity, calls), settings, torch.device("cpu"), Budget(60), 1024, start=16)
+    assert calls[: len(first_probes)] == first_probes
+    assert result["max_streams"] <= capacity < result["first_failing"]
+
+
 def test_search_records_a_probe_that_raises() -> None:
     def probe(streams: int) -> ProbeTimes:
         if streams > 4:
