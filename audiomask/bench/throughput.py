@@ -211,7 +211,9 @@ def _driver_probe(
     def probe(streams: int) -> ProbeTimes:
         children = len(multiprocessing.active_children())
         began = time.perf_counter()
-        driver = model.driver(streams, **chunking, cuda_graph=cuda_graph, overlap=True, **options)
+        workers = options.get("frontend_workers")
+        shards = {} if workers is None else {"frontend_workers": min(workers, streams)}  # a process owns slots
+        driver = model.driver(streams, **chunking, cuda_graph=cuda_graph, overlap=True, **{**options, **shards})
         setup_s = time.perf_counter() - began
         frontend_processes = len(multiprocessing.active_children()) - children
         threads = torch.get_num_threads()

@@ -47,6 +47,9 @@ from audiomask.models.layers import activation, batch_lengths, lengths_on, model
 __all__ = ["Qwen3ASRConfig", "Qwen3ASREncoder"]
 
 MAX_TIMESCALE = 10_000  # of the sinusoidal positions, as Whisper's
+# Conv chunks per call of the conv stack: its activations take ~7 MB a chunk (480 channels of 64 x 50 steps
+# after the first conv, GELU'd, bf16), so a call over 10,000 streams' chunks would need ~70 GB at once.
+CONV_CHUNKS_PER_CALL = 1024
 
 
 def _sinusoids(length: int, channels: int) -> torch.Tensor:
@@ -139,7 +142,13 @@ class Qwen3ASREncoder(nn.Module):
         return (feature_lengths // chunk_frames) * self.config.chunk_tokens + conv_size(feature_lengths % chunk_frames)
 
     def embed_chunks(self, chunks: torch.Tensor) -> torch.Tensor:
-        """Conv chunks ``(N, num_mel_bins, chunk_frames)`` -> tokens ``(N, chunk_tokens, d_model)`` with positions."""
+        """Conv chunks ``(N, num_mel_bins, chunk_frames)`` -> tokens ``(N, chunk_tokens, d_model)`` with positions.
+
+        At most :data:`CONV_CHUNKS_PER_CALL` chunks go through the conv stack at once (each chunk is
+        convolved on its own, so the split changes no value beyond the kernels' rounding).
+        """
+        if len(chunks) > CONV_CHUNKS_PER_CALL:
+            return torch.cat([self.embed_chunks(part) for part in chunks.split(CONV_CHUNKS_PER_CALL)])
         hidden = chunks.unsqueeze(1)  # (N, 1, mel bins, time)
         for conv in (self.conv2d1, self.conv2d2, self.conv2d3):
             hidden = F.gelu(conv(hidden))

@@ -149,3 +149,20 @@ def test_device_lengths_equal_host_lengths(tiny_qwen3_asr):
         reference.shape[1] == max(reference_lengths.tolist()) < outputs.shape[1] == qwen3_asr.output_lengths([1500])[0]
     )
     torch.testing.assert_close(outputs[:, : reference.shape[1]], reference, rtol=0, atol=0)
+
+
+def test_conv_chunks_in_bounded_calls_equal_one_call(tiny_qwen3_asr, monkeypatch):
+    """The conv stack runs over at most CONV_CHUNKS_PER_CALL chunks at once; the tokens are those of one call."""
+    from audiomask.models import qwen3_asr as module
+
+    encoder = tiny_qwen3_asr()
+    chunks = torch.randn(7, encoder.config.num_mel_bins, encoder.config.chunk_frames, generator=torch.manual_seed(4))
+    with torch.no_grad():
+        whole = encoder.embed_chunks(chunks)
+        monkeypatch.setattr(module, "CONV_CHUNKS_PER_CALL", 3)
+        calls = []
+        conv = encoder.conv2d1.forward
+        monkeypatch.setattr(encoder.conv2d1, "forward", lambda hidden: calls.append(len(hidden)) or conv(hidden))
+        split = encoder.embed_chunks(chunks)
+    assert calls == [3, 3, 1]
+    torch.testing.assert_close(split, whole, rtol=0, atol=1e-6)
