@@ -27,7 +27,7 @@ chunk per *cycle*:
    and the small argmax result is copied back non-blocking.
 4. **collect** (main thread, one cycle later): read cycle N-1's argmax (its
    event has long completed when cycle N has been enqueued), greedy-CTC decode
-   each slot's real frames (:class:`~audiomask.asr.decoding.GreedyCTCDecoder`),
+   each active slot's real frames (:class:`~audiomask.asr.decoding.GreedyCTCDecoder`),
    append text: array operations over the slots, then one list extension per
    stream; and hand each stream that asked for its encoder outputs its
    :class:`~audiomask.asr.outputs.EncoderChunk` (see below).
@@ -61,10 +61,27 @@ that the front end scales with the host.
 Batching: a stream's row of the batch sees only its own caches, masks and
 token positions (its start step is recorded per slot), so its outputs do not
 depend on which streams share the batch, up to float rounding of batched
-GEMMs. The cycle is a barrier: it runs only when every occupied slot has its
-next block (or has ended). Streams are admitted only once their first block
-is there, so a slow live stream holds back its batch only mid-utterance;
-per-slot ring phases (so that a slot can skip a step) are future work.
+GEMMs. Which slots a cycle advances is the caller's policy
+(:meth:`StreamingDriver.advance`): by default a cycle is a barrier, it runs
+only when every occupied slot has its next block (or has ended), so every
+step carries every stream (the best throughput when all streams are fed
+alike); with ``max_wait_s`` a ready block waits at most that long for the
+stragglers, then a cycle runs over the ready slots alone (``0``: at once),
+and a stream that has ended never waits. The step still computes all ``B``
+slots (static shapes, CUDA graphs): leaving a slot out is for latency, not
+throughput. A slot left out is passed as inactive
+(:meth:`~audiomask.streaming.EncoderStream.step`'s ``active``), so its caches,
+ring position and front-end state stay as they were, and it goes on where it
+stopped. Waiting streams take free slots in the order their first block (or
+their end) arrived: one without audio holds back nobody.
+
+Locking: a caller that shares the driver between threads holds its own lock
+around every call and passes ``advance(unlocked=...)``, a context manager
+that releases that lock: the driver enters it around the parts that touch no
+bookkeeping (waiting for the front end's features, the encoder step, waiting
+for the device's results), so that other threads may feed, end, open and
+read streams while a long run of cycles goes on. Only one thread advances at
+a time.
 
 Encoder outputs (:mod:`audiomask.asr.outputs`): a stream opened with
 ``outputs=True`` (or every stream, with ``keep_outputs``) gets its output
@@ -92,6 +109,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import numpy as np
@@ -99,7 +117,7 @@ import torch
 
 from audiomask.asr.decoding import GreedyCTCDecoder
 from audiomask.asr.outputs import DEFAULT_MAX_PENDING, ChunkQueue, EncoderChunk, OutputError, TokenClock
-from audiomask.asr.planner import CyclePlanner, DriverStream, PlannedCycle, ring_capacity
+from audiomask.asr.planner import CyclePlanner, DriverStream, PlannedCycle, block_samples, ring_capacity
 from audiomask.asr.stats import RECENT_CYCLES, CycleTiming, RunStats
 from audiomask.checks import check_int
 from audiomask.constants import SAMPLE_RATE
@@ -156,6 +174,7 @@ class StreamingDriver:
             :func:`~audiomask.features.process.default_workers`: one per four cores this process may run
             on, at most ``batch_size``. The attribute ``frontend_workers`` holds the count (0 without
             processes).
+        wait_clock: seconds, monotonic: times how long ready blocks wait (``advance(max_wait_s=...)``).
 
     >>> import numpy as np
     >>> from audiomask.asr.checkpoint import load_model
@@ -189,6 +208,7 @@ class StreamingDriver:
         overlap: bool = True,
         frontend_process: bool = False,
         frontend_workers: int | None = None,
+        wait_clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not isinstance(stream, EncoderStream):
             raise ValueError(f"stream must be an EncoderStream (audiomask.streaming), got {type(stream).__name__}")
@@ -220,10 +240,8 @@ class StreamingDriver:
                 )
         self.stream, self.head = stream, head
         self.batch_size, self.device, self.chunk_frames = stream.batch_size, stream.device, stream.chunk_frames
-        framing = self.frontend.framing
-        self.block_samples = self.chunk_frames * framing.hop  # samples per cycle after the first
-        # The first chunk's last frame ends at hop * (chunk_frames - 1) + win samples of the padded signal.
-        self.first_block_samples = framing.hop * (self.chunk_frames - 1) + framing.win - framing.pad
+        # Samples of a stream's first cycle, and of each later one.
+        self.first_block_samples, self.block_samples = block_samples(self.frontend, self.chunk_frames)
         self.keep_outputs = bool(keep_outputs)
         self.outputs_on = outputs_on
         self.clock = TokenClock(stream)  # each output token's time
@@ -249,7 +267,9 @@ class StreamingDriver:
                 self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="audiomask-features")
         self.frontend_workers = self._process.workers if self._process is not None else 0
         self._samples = SlotSamples(rings)
-        self._planner = CyclePlanner(self.batch_size, self.first_block_samples, self.block_samples, self._samples)
+        self._planner = CyclePlanner(
+            self.batch_size, self.first_block_samples, self.block_samples, self._samples, wait_clock
+        )
         cuda = self.device.type == "cuda"
         self._compute = torch.cuda.Stream(self.device) if cuda else None
         # Two of each, alternating by cycle: cycle N's are read at its collection, before cycle N + 2 reuses them.
@@ -308,6 +328,25 @@ class StreamingDriver:
         """No more samples for ``stream``: its last block is processed by the next cycles."""
         self._planner.end(stream)
 
+    def drop(self, stream: DriverStream) -> None:
+        """End ``stream`` whose text nobody will read; one still waiting for a slot leaves at once.
+
+        A stream whose encoder outputs are queued or handed on is ended as by
+        :meth:`end`, so that its consumer still gets every chunk and the final one.
+        """
+        if stream.chunks is None:
+            self._planner.drop(stream)
+        else:
+            self._planner.end(stream)
+
+    def occupants(self) -> list[DriverStream]:
+        """The streams holding a slot now, by slot."""
+        return self._planner.occupants()
+
+    def waited_s(self) -> float | None:
+        """Seconds the longest-waiting ready block has waited for a cycle; ``None``: no block is ready."""
+        return self._planner.waited_s()
+
     def run(self, signals: Sequence[object], starts: Sequence[int] | None = None) -> list[DriverStream]:
         """Stream whole signals; ``starts[i]``: the cycle at which signal ``i`` opens (default all at 0).
 
@@ -341,13 +380,30 @@ class StreamingDriver:
 
     # -- the pipelined loop --------------------------------------------------------------------
 
-    def advance(self, before_plan: Callable[[int], None] | None = None) -> int:
-        """Run every cycle that can run now (each occupied slot has its next block or has ended).
+    def advance(
+        self,
+        before_plan: Callable[[int], None] | None = None,
+        *,
+        max_wait_s: float | None = None,
+        unlocked: Callable[[], AbstractContextManager[object]] | None = None,
+    ) -> int:
+        """Run every cycle that is due now; returns the number of cycles run.
 
-        ``before_plan(cycle)`` is called before each cycle is planned (to
-        admit streams that start then). Returns the number of cycles run.
+        Args:
+            before_plan: called with the cycle's index before each cycle is
+                planned (to admit streams that start then).
+            max_wait_s: ``None`` (default): full cycles only, each when every
+                occupied slot has its next block or has ended. Seconds: also a
+                cycle over the ready slots alone once a ready block has waited
+                this long for the others, or once a ready slot's stream has
+                ended; ``0``: every ready slot at once.
+            unlocked: a context manager (made anew each time) under which the
+                driver waits for features, runs the encoder step and waits for
+                the device, touching no bookkeeping there: it releases the
+                caller's lock (see the module docstring).
         """
         start_wall = time.perf_counter()
+        unlocked = contextlib.nullcontext if unlocked is None else unlocked
         ran = 0
         # Cycles planned and handed to the front end ahead of the one being encoded: one for a worker
         # thread; processes get the next one queued too, so they never wait for this thread to plan.
@@ -355,20 +411,27 @@ class StreamingDriver:
         serial = self._worker is None and self._process is None
         ahead: deque[PlannedCycle] = deque()
         cpu_mark = time.thread_time()
-        self._plan_ahead(ahead, depth, before_plan)
+        self._plan_ahead(ahead, depth, before_plan, max_wait_s)
         in_flight: _InFlight | None = None
         while ahead:
             plan = ahead.popleft()
             waited = time.perf_counter()
-            self._features_result(plan)
+            with unlocked():
+                self._features_result(plan)
+            self._planner.release(plan)
             wait_s = 0.0 if serial else time.perf_counter() - waited  # serial: that was the work
-            self._plan_ahead(ahead, depth, before_plan)  # the front end computes N+1 (and N+2) ...
-            record = self._encode(plan)  # ... while cycle N is encoded
+            self._plan_ahead(ahead, depth, before_plan, max_wait_s)  # the front end computes N+1 (and N+2) ...
+            with unlocked():
+                record = self._encode(plan)  # ... while cycle N is encoded
+                if in_flight is not None:
+                    wait_s += self._await(in_flight)
             if in_flight is not None:
-                wait_s += self._collect(in_flight)
+                self._collect(in_flight)
             in_flight = record
             if not self.overlap or not ahead:  # serial, or the last cycle that can run now: results in
-                wait_s += self._collect(record)
+                with unlocked():
+                    wait_s += self._await(record)
+                self._collect(record)
                 in_flight = None
             cpu_now = time.thread_time()
             own_cpu_s = cpu_now - cpu_mark - record.enqueue_cpu_s - (plan.frontend_cpu_s if serial else 0.0)
@@ -385,18 +448,19 @@ class StreamingDriver:
                     frontend_cpu_s=plan.frontend_cpu_s,
                     host_cpu_s=own_cpu_s,
                     enqueue_cpu_s=record.enqueue_cpu_s,
+                    skipped=plan.skipped,
                 )
             )
             ran += 1
         self.stats.wall_s += time.perf_counter() - start_wall
         return ran
 
-    def _plan_ahead(self, ahead: deque[PlannedCycle], depth: int, before_plan) -> None:
-        """Plan cycles and hand them to the front end until ``depth`` are ahead or none can run yet."""
+    def _plan_ahead(self, ahead: deque[PlannedCycle], depth: int, before_plan, max_wait_s: float | None = None) -> None:
+        """Plan cycles and hand them to the front end until ``depth`` are ahead or none is due yet."""
         while len(ahead) < depth:
             if before_plan is not None:
                 before_plan(self._cycles)
-            plan = self._planner.plan(self._cycles)
+            plan = self._planner.plan(self._cycles, max_wait_s)
             if plan is None:
                 return
             self._cycles += 1
@@ -426,7 +490,7 @@ class StreamingDriver:
             plan.pending = self._worker.submit(self._features, plan)
 
     def _features_result(self, plan: PlannedCycle) -> None:
-        """``plan``'s features, computed: their room in the rings may be written again."""
+        """``plan``'s features, computed (the caller then releases their room in the rings)."""
         if self._process is not None:
             result = self._process.result()
             plan.features, plan.counts = result.features, result.counts
@@ -435,7 +499,6 @@ class StreamingDriver:
             plan.pending.result()
         else:
             self._features(plan)
-        self._planner.release(plan)
 
     def _features(self, plan: PlannedCycle) -> None:
         """Worker (or serial): the frames of every slot's block in one batched front-end call, as one chunk batch."""
@@ -456,7 +519,9 @@ class StreamingDriver:
                 events = self._step_events[plan.index % 2]
                 events[0].record()
             step_started = time.perf_counter()
-            outputs, valid = self.stream.step(plan.features, plan.counts, plan.blocks.final)
+            # A full cycle passes no mask: every slot steps (the free ones with no frames).
+            active = plan.blocks.active if plan.skipped else None
+            outputs, valid = self.stream.step(plan.features, plan.counts, plan.blocks.final, active)
             embeddings = None
             if self._listening:  # enqueued before the argmax copy, so that its event covers both
                 embeddings = to_host(outputs)[0] if self.outputs_on == "host" else outputs.clone()
@@ -481,14 +546,19 @@ class StreamingDriver:
             encode_s,
         )
 
-    def _collect(self, record: _InFlight) -> float:
-        """Decode a cycle's argmax into each stream's ids (one cycle later); returns the time spent waiting."""
-        waited = 0.0
+    def _await(self, record: _InFlight) -> float:
+        """Wait for a cycle's results on the device (CUDA); returns the time spent waiting."""
+        if record.done is None:
+            return 0.0
+        started = time.perf_counter()
+        record.done.synchronize()
+        waited = time.perf_counter() - started
+        record.encode_s = record.events[0].elapsed_time(record.events[1]) / 1000.0
+        return waited
+
+    def _collect(self, record: _InFlight) -> None:
+        """Decode a cycle's argmax into each active stream's ids (one cycle later), its results in (:meth:`_await`)."""
         if record.done is not None:
-            started = time.perf_counter()
-            record.done.synchronize()
-            waited = time.perf_counter() - started
-            record.encode_s = record.events[0].elapsed_time(record.events[1]) / 1000.0
             self.stats.set_encode(record.cycle.index, record.encode_s)
         plan = record.cycle
         slots = plan.slots
@@ -504,7 +574,6 @@ class StreamingDriver:
             stream.tokens += count
         for slot in np.flatnonzero(final).tolist():
             streams[slot].done = True
-        return waited
 
     def _deliver(self, stream: DriverStream, embeddings: torch.Tensor, final: bool) -> None:
         """Hand ``stream`` its chunk of this cycle; after its final one the driver keeps no reference to them."""

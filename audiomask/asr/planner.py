@@ -9,12 +9,21 @@ operations whatever the number of slots:
   slot's ring (the one copy of them the driver makes); samples of a stream
   still waiting for a slot, or beyond what its ring has room for, wait in the
   stream's own queue until there is room.
-- :meth:`~CyclePlanner.plan` checks the barrier (every occupied slot has its
-  next block, or its stream has ended), admits waiting streams into free
-  slots, and names each slot's block in its ring: a stream's first block is
-  ``first_block`` samples (its first chunk of frames), later ones ``block``.
-  A stream whose last block goes into a cycle leaves its slot at once; the
-  slot's ring keeps that block until the cycle's features are computed.
+- :meth:`~CyclePlanner.plan` admits waiting streams into free slots (a
+  stream joins once its first block is there or it has ended, in the order
+  those arrived: a stream without audio never holds back the others), then names the
+  next block in its ring of every slot that advances: a stream's first block
+  is ``first_block`` samples (its first chunk of frames), later ones
+  ``block``. A slot is *ready* when its next block is there or its stream has
+  ended. A *full* cycle advances every occupied slot and runs only when all
+  of them are ready (the throughput policy: every step carries every stream);
+  with ``max_wait_s`` a cycle also runs over the ready slots alone once one
+  of them has waited that long for the others, or once one of them has ended
+  (nothing more will come for it to wait with). A slot left out keeps its
+  ring positions, and the front end its framer and state: it goes on where
+  it stopped. A stream whose last block goes into a cycle leaves its slot at
+  once; the slot's ring keeps that block until the cycle's features are
+  computed.
 - :meth:`~CyclePlanner.release` frees a cycle's blocks once its features are.
 
 Per-stream Python runs only where a stream joins or leaves a slot, and for
@@ -24,20 +33,31 @@ state of live streams takes none.
 
 from __future__ import annotations
 
+import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from audiomask.asr.outputs import ChunkQueue
+from audiomask.features.frontend import Frontend
 from audiomask.features.process import MAX_IN_FLIGHT
 from audiomask.features.slots import SlotCycle, SlotSamples
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["RING_BLOCKS", "DriverStream", "CyclePlanner", "PlannedCycle", "ring_capacity"]
+__all__ = [
+    "RING_BLOCKS",
+    "CyclePlanner",
+    "DriverStream",
+    "PlannedCycle",
+    "block_samples",
+    "ring_capacity",
+    "slot_host_bytes",
+]
 
 # Blocks a slot's ring holds beyond a stream's first one: the cycles in flight between planning and the
 # front end's result (at most MAX_IN_FLIGHT - 1 while one is planned), the one planned, and samples fed ahead.
@@ -51,6 +71,35 @@ def ring_capacity(first_block: int, block: int) -> int:
     82160
     """
     return first_block + RING_BLOCKS * block
+
+
+# Feature batches alive at once: the processes' buffers (one read, MAX_IN_FLIGHT in flight), or a thread's cycles.
+_FEATURE_BATCHES = MAX_IN_FLIGHT + 1
+_FLOAT32_BYTES = 4
+
+
+def block_samples(frontend: Frontend, chunk_frames: int) -> tuple[int, int]:
+    """Samples of a stream's first block and of each later one: exactly ``chunk_frames`` frames each.
+
+    The first chunk's last frame ends at ``hop * (chunk_frames - 1) + win`` samples of the padded signal.
+
+    >>> from audiomask.features import Phi4MMFrontend
+    >>> block_samples(Phi4MMFrontend(), 32)
+    (5360, 5120)
+    """
+    framing = frontend.framing
+    return framing.hop * (chunk_frames - 1) + framing.win - framing.pad, chunk_frames * framing.hop
+
+
+def slot_host_bytes(frontend: Frontend, chunk_frames: int) -> int:
+    """Host bytes a driver keeps per slot: its samples' ring and its rows of the feature batches (float32).
+
+    >>> from audiomask.features import Phi4MMFrontend
+    >>> slot_host_bytes(Phi4MMFrontend(), 32)  # a ring of 20,720 samples, 3 rows of 32 x 80
+    113600
+    """
+    ring = ring_capacity(*block_samples(frontend, chunk_frames))
+    return _FLOAT32_BYTES * (ring + _FEATURE_BATCHES * chunk_frames * frontend.n_mels)
 
 
 class DriverStream:
@@ -71,6 +120,7 @@ class DriverStream:
         self._queued = 0  # samples in _queue
         self._slot: int | None = None  # the slot it holds, or last held
         self._planner: CyclePlanner | None = None  # while it holds a slot
+        self._joinable = False  # its first block (or its end) has arrived: it may take a slot
         self._fed_before = 0  # samples handed to the front end, counted when it left its slot
 
     def __repr__(self) -> str:
@@ -97,12 +147,13 @@ class PlannedCycle:
     """One cycle as planned: each slot's block, the streams, and what the driver fills in as it goes."""
 
     index: int
-    blocks: SlotCycle  # (B,) each: the front end's input
+    blocks: SlotCycle  # (B,) each: the front end's input; blocks.active: the slots that advance
     streams: list[DriverStream | None]  # (B,): each slot's stream in this cycle
     ends: np.ndarray  # (B,) int64: ring positions after each active slot's block
     slots: np.ndarray  # (S,) int64: the active slots, ascending
     joins: np.ndarray  # int64: the slots whose stream starts in this cycle
     audio_samples: int  # samples in the cycle's blocks
+    skipped: int = 0  # occupied slots left out (not ready): 0 in a full cycle
     pending: object = None  # the front end's Future, on a worker thread
     features: np.ndarray | None = None  # the stream's chunk_shape host batch
     counts: np.ndarray | None = None  # (B,) int64: frames per slot
@@ -118,20 +169,32 @@ class CyclePlanner:
         first_block: samples of a stream's first block.
         block: samples of each later block (its last may be shorter).
         samples: the slots' rings, :func:`ring_capacity` samples each at least.
+        clock: seconds, monotonic: how long a ready block has waited (:meth:`plan`'s ``max_wait_s``).
     """
 
-    def __init__(self, batch_size: int, first_block: int, block: int, samples: SlotSamples) -> None:
+    def __init__(
+        self,
+        batch_size: int,
+        first_block: int,
+        block: int,
+        samples: SlotSamples,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if samples.capacity < ring_capacity(first_block, block) or len(samples.memory) != batch_size:
             raise ValueError(
                 f"samples must hold ({batch_size}, >= {ring_capacity(first_block, block)}) (batch_size, "
                 f"ring_capacity), got {samples.memory.shape}"
             )
         self.batch_size, self.first_block, self.block, self.samples = batch_size, first_block, block, samples
-        self.waiting: deque[DriverStream] = deque()  # opened, no slot yet, in order of opening
+        self.clock = clock
+        self.waiting: dict[DriverStream, None] = {}  # opened, no slot yet, in order of opening
+        self._joinable: deque[DriverStream] = deque()  # waiting ones that may take a slot, in order of arrival
         self._occupants: list[DriverStream | None] = [None] * batch_size
         self._occupied = np.zeros(batch_size, bool)
         self._ended = np.zeros(batch_size, bool)  # the occupant's stream has ended
         self._spilled = np.zeros(batch_size, bool)  # the occupant's queue holds samples its ring had no room for
+        # Since when the occupant has had its next block (or its end) without a break; inf while it has not.
+        self._ready_since = np.full(batch_size, np.inf)
         # Ring positions (SlotSamples): samples written, handed to cycles, and freed by their features; and
         # where the occupant's samples start.
         self._written = np.zeros(batch_size, np.int64)
@@ -141,7 +204,7 @@ class CyclePlanner:
 
     def open(self, stream: DriverStream) -> None:
         """Queue ``stream`` for a slot; it takes one once its first block (or its end) has arrived."""
-        self.waiting.append(stream)
+        self.waiting[stream] = None
 
     def feed(self, stream: DriverStream, samples: np.ndarray) -> None:
         """Queue ``samples`` (checked float32, copied here) for ``stream``: into its ring where there is room."""
@@ -158,45 +221,92 @@ class CyclePlanner:
             stream._queued += len(samples)
             if slot is not None:
                 self._spilled[slot] = True
+            elif stream._queued >= self.first_block:
+                self._may_join(stream)
 
     def end(self, stream: DriverStream) -> None:
         """No more samples for ``stream``."""
         stream.ended = True
         if stream._planner is self:
             self._ended[stream._slot] = True
+        elif stream in self.waiting:
+            self._may_join(stream)
+
+    def drop(self, stream: DriverStream) -> None:
+        """End ``stream`` whose results nobody will read: one still waiting for a slot leaves at once, done.
+
+        One in a slot is ended: its blocks already fed run through the next
+        cycles (its slot's state must go on in cycle order) and it leaves.
+        """
+        if stream in self.waiting:
+            del self.waiting[stream]
+            if stream._joinable:
+                self._joinable.remove(stream)
+            stream._queue.clear()
+            stream._queued = 0
+            stream.ended = stream.done = True
+            return
+        self.end(stream)
 
     def fed(self, slot: int) -> int:
         """Samples the occupant of ``slot`` has handed to cycles."""
         return int(self._planned[slot] - self._begin[slot])
 
-    def plan(self, index: int) -> PlannedCycle | None:
-        """Cycle ``index``: every occupied slot's next block; ``None`` when some slot has neither it nor its end."""
+    def occupants(self) -> list[DriverStream]:
+        """The streams holding a slot, by slot."""
+        return [stream for stream in self._occupants if stream is not None]
+
+    def waited_s(self) -> float | None:
+        """Seconds the longest-waiting ready slot has had its next block (or its end); ``None``: none is ready.
+
+        Readiness is noted when :meth:`plan` first finds it.
+        """
+        since = float(self._ready_since.min())
+        return None if since == np.inf else self.clock() - since
+
+    def plan(self, index: int, max_wait_s: float | None = None) -> PlannedCycle | None:
+        """Cycle ``index``, or ``None`` when no cycle is due (see the module docstring).
+
+        ``max_wait_s``: ``None``, full cycles only; else a cycle over the
+        ready slots alone once one of them has waited ``max_wait_s`` seconds
+        for the others or has ended (``0``: whenever some slot is ready).
+        """
         for slot in np.flatnonzero(self._spilled).tolist():
             self._refill(slot)
+        self._admit()
         occupied = self._occupied
-        # A slot whose queue still holds samples after the refill has a full ring: its next block is there.
-        ready = self._ended | (self._written - self._planned >= self._need())
-        if not ready[occupied].all():
-            return None
-        joins = self._admit()
         if not occupied.any():
             return None
-        available = self._written - self._planned
-        take = np.where(occupied, np.minimum(self._need(), available), 0)
-        final = occupied & self._ended & (available == take)  # a spilled slot's ring holds more than a block
+        available, need = self._written - self._planned, self._need()
+        # A slot whose queue still holds samples after the refill has a full ring: its next block is there.
+        ready = occupied & (self._ended | (available >= need))
+        now = self.clock()
+        self._ready_since[ready & (self._ready_since == np.inf)] = now
+        skipped = int(np.count_nonzero(occupied & ~ready))
+        if skipped:
+            if max_wait_s is None or not ready.any():
+                return None
+            due_at = float(self._ready_since[ready].min()) + max_wait_s
+            if due_at > now and not (ready & self._ended).any():
+                return None
+        take = np.where(ready, np.minimum(need, available), 0)
+        final = ready & self._ended & (available == take)  # a spilled slot's ring holds more than a block
+        join = ready & (self._planned == self._begin)  # the stream's first block (or its end without audio)
         start = self._planned.copy()
         self._planned += take
-        join = np.zeros(self.batch_size, bool)
-        join[joins] = True
         cycle = PlannedCycle(
             index,
-            SlotCycle(occupied.copy(), final, join, start, take),
+            SlotCycle(ready, final, join, start, take),
             list(self._occupants),
             self._planned.copy(),
-            np.flatnonzero(occupied),
-            np.array(joins, np.int64),
+            np.flatnonzero(ready),
+            np.flatnonzero(join),
             int(take.sum()),
+            skipped,
         )
+        # A slot whose next block is already there stays ready since when it was: it has not stopped waiting.
+        still = ready & ~final & (self._written - self._planned >= self._need())
+        self._ready_since[ready & ~still] = np.inf
         for slot in np.flatnonzero(final).tolist():
             self._vacate(slot)  # free for the next plan: every reset is applied in cycle order
         return cycle
@@ -209,24 +319,23 @@ class CyclePlanner:
         """``(B,)`` samples of each slot's next block: a first block where its stream has handed none yet."""
         return np.where(self._planned == self._begin, self.first_block, self.block)
 
-    def _admit(self) -> list[int]:
-        """Waiting streams into free slots, in order of opening, while the next has its first block or has ended."""
-        joins: list[int] = []
-        if not self.waiting:
-            return joins
-        for slot in np.flatnonzero(~self._occupied).tolist():
-            candidate = self.waiting[0]
-            if not (candidate.ended or candidate._queued >= self.first_block):
-                break
-            self.waiting.popleft()
+    def _may_join(self, stream: DriverStream) -> None:
+        """``stream``, waiting, has its first block or has ended: queue it for the next free slot."""
+        if not stream._joinable:
+            stream._joinable = True
+            self._joinable.append(stream)
+
+    def _admit(self) -> None:
+        """Waiting streams that may join into free slots, in the order their first block (or end) arrived."""
+        if not self._joinable:
+            return
+        for slot in np.flatnonzero(~self._occupied)[: len(self._joinable)].tolist():
+            candidate = self._joinable.popleft()
+            del self.waiting[candidate]
             self._occupants[slot], candidate._slot, candidate._planner = candidate, slot, self
             self._occupied[slot], self._ended[slot] = True, candidate.ended
             self._begin[slot] = self._written[slot]
             self._refill(slot)
-            joins.append(slot)
-            if not self.waiting:
-                break
-        return joins
 
     def _refill(self, slot: int) -> None:
         """Move the occupant's queued samples into its ring, as many as it has room for."""
@@ -252,3 +361,4 @@ class CyclePlanner:
         stream._fed_before, stream._planner = self.fed(slot), None  # type: ignore[union-attr]
         self._occupants[slot] = None
         self._occupied[slot] = self._ended[slot] = False
+        self._ready_since[slot] = np.inf

@@ -19,17 +19,24 @@ last flagged ``final``): the audio embeddings an LLM decoder consumes.
 >>> stream.accept(np.zeros(8000, np.float32)); _ = stream.finish()
 >>> [(chunk.start, len(chunk), chunk.final) for chunk in stream.outputs()]  # 40 ms tokens, 160 ms chunks
 [(0, 4, False), (4, 4, False), (8, 4, False), (12, 0, True)]
+>>> recognizer.close()
 """
 
 from __future__ import annotations
 
+import contextlib
+import math
 import os
 import threading
 import time
-from collections.abc import Callable
+import weakref
+from collections import deque
+from collections.abc import Callable, Iterator
 
+import numpy as np
 import torch
 
+from audiomask.asr.capacity import MS_PER_S, open_fitting
 from audiomask.asr.driver import DriverStream, RunStats, StreamingDriver
 from audiomask.asr.model import ASRModel
 from audiomask.asr.outputs import DEFAULT_MAX_PENDING, ChunkQueue, EncoderChunk
@@ -37,25 +44,28 @@ from audiomask.audio import load
 from audiomask.checks import check_int
 from audiomask.constants import FRAME_MS
 from audiomask.features.frontend import as_samples
-from audiomask.streaming import open_stream
 from audiomask.transfer import resolve_device
 
-__all__ = ["RecognizerStream", "StreamingRecognizer"]
+__all__ = ["MAX_WAIT_S", "RecognizerStream", "StreamingRecognizer"]
 
-_clock = time.monotonic  # seconds; the idle timeout's clock (tests replace it)
+_clock = time.monotonic  # seconds; the idle timeout's and the cycles' clock (tests replace it)
+
+MAX_WAIT_S = threading.TIMEOUT_MAX  # seconds: the longest wait a lock takes (about 292 years on Linux)
 
 
 class RecognizerStream:
     """One utterance: ``accept(samples)`` as they arrive, ``partial()`` any time, ``finish()`` once.
 
     Every method may be called from any thread (see :class:`StreamingRecognizer`).
+    A stream whose handle is garbage-collected unfinished is ended, and its
+    slot freed, at the recognizer's next call.
     """
 
     def __init__(self, recognizer: StreamingRecognizer, inner: DriverStream) -> None:
         self._recognizer, self._inner = recognizer, inner
         self._accepted = 0  # samples accepted so far: where the next ones start, for error messages
-        self._last_audio = _clock()  # when samples last came (or the stream opened)
-        self._timed_out = False  # ended by the recognizer's idle timeout
+        # No reference to this handle, nor a strong one to the recognizer: either may be collected first.
+        weakref.finalize(self, _handle_collected, weakref.ref(recognizer), inner).atexit = False
 
     @property
     def name(self) -> str:
@@ -69,31 +79,36 @@ class RecognizerStream:
         return f"RecognizerStream({self.name!r}, finished={self.finished})"
 
     def accept(self, samples: object) -> None:
-        """Append 16 kHz mono float samples in [-1, 1] (any count); runs every chunk that became complete.
+        """Append 16 kHz mono float samples in [-1, 1] (any count); runs the chunks that are due.
+
+        A chunk runs as soon as every stream in the batch has its next one,
+        or once it has waited about one chunk (``chunk_ms``) for them: a
+        stream that stops sending holds the others back no longer than that
+        (the wait ends at the next call into the recognizer, or at
+        :meth:`StreamingRecognizer.poll`). The samples are checked before the
+        recognizer's lock is taken, and the lock is let go during every
+        encoder step, so a long array holds back no other thread's calls.
 
         Refused, whole, with nothing queued (the stream goes on with what it
         had): samples that are not 1-D floats (``ValueError``), or that hold
         NaN, Inf or values beyond ``+-2^31`` (:class:`~audiomask.AudioError`
         naming the stream and the sample's position). After :meth:`finish`,
-        :meth:`input_finished` or the idle timeout: ``ValueError``.
+        :meth:`input_finished` or the idle timeout: ``ValueError``; after
+        :meth:`StreamingRecognizer.close`: ``RuntimeError``.
         """
         recognizer = self._recognizer
-        with recognizer._changed:
-            recognizer._check_usable()
-            if self._inner.ended:
-                if self._timed_out:
-                    raise ValueError(
-                        f"accept after the idle timeout: stream {self.name!r} was ended after "
-                        f"{recognizer.idle_timeout_s} s without audio (idle_timeout_s)"
-                    )
-                raise ValueError(f"accept after finish: stream {self.name!r} has ended")
-            array = as_samples(
-                f"samples for stream {self.name!r}", samples, source=f"stream {self.name!r}", offset=self._accepted
-            )
+        recognizer._check_usable()
+        self._check_open()
+        array = as_samples(
+            f"samples for stream {self.name!r}", samples, source=f"stream {self.name!r}", offset=self._accepted
+        )
+        with recognizer._lock:
+            recognizer._enter()
+            self._check_open()
             recognizer._driver.feed(self._inner, array)
             self._accepted += len(array)
-            self._last_audio = _clock()
-            recognizer._advance()
+            recognizer._open[self._inner] = _clock()
+            recognizer._run()
 
     def outputs(self) -> ChunkQueue:
         """The stream's encoder output chunks as they are produced: iterate it (it waits for each, and ends
@@ -104,57 +119,97 @@ class RecognizerStream:
         return self._inner.chunks
 
     def partial(self) -> str:
-        """The text of the chunks encoded so far (final for them: greedy CTC never revises)."""
-        with self._recognizer._changed:
-            return self._recognizer.model.tokenizer.decode(self._inner.ids)
+        """The text of the chunks encoded so far (final for them: greedy CTC never revises).
+
+        It reads a snapshot of the stream's tokens and takes no lock: it
+        never waits for an encoder step, and still answers after
+        :meth:`StreamingRecognizer.close` or an error.
+        """
+        return self._recognizer.model.tokenizer.decode(list(self._inner.ids))
 
     def input_finished(self) -> None:
-        """No more samples will come (sherpa-onnx's name); runs what can run, returns at once.
+        """No more samples will come (sherpa-onnx's name); runs what is due, returns at once.
 
-        With several streams in a recognizer, call this on each before
-        :meth:`finish`: a chunk step runs only when every active stream has its
-        next chunk or has ended.
+        The stream's remaining chunks run without waiting for the other
+        streams' audio; :meth:`finish` then returns its text.
         """
         recognizer = self._recognizer
-        with recognizer._changed:
-            recognizer._check_usable()
-            recognizer._end(self)
-            recognizer._advance()
+        with recognizer._lock:
+            recognizer._enter()
+            recognizer._end(self._inner)
+            recognizer._run()
 
     def finish(self, timeout: float | None = 0.0) -> str:
         """End the utterance: encode the rest and return the final text. Calling it again returns the same text.
 
+        The stream's remaining chunks run at once, with whichever other
+        streams have theirs ready: it never waits for another stream's audio.
+        While another thread is running encoder steps (they carry this
+        stream's chunks too), it waits for them, however long they take.
+
         Args:
-            timeout: seconds to wait while other streams of the recognizer hold
-                the batch (they have neither their next chunk nor ended): ``0``
-                raises at once (one thread: nobody else can feed them), ``None``
-                waits as long as it takes (streams fed by other threads).
+            timeout: seconds, at most :data:`MAX_WAIT_S`, to wait for a slot
+                when the stream has none yet and every one of the
+                ``max_streams`` slots is held by a stream that has not ended:
+                ``0`` raises at once (one thread: nobody else can feed or
+                end them), ``None`` waits as long as it takes (streams fed by
+                other threads end, or an idle timeout ends them).
 
         Raises:
-            RuntimeError: the other streams still hold the batch after
-                ``timeout`` (the message names them), or the recognizer stopped
-                after an error.
+            RuntimeError: no slot came free within ``timeout`` (the message
+                names the streams holding them), the recognizer was closed,
+                or it stopped after an error.
+            ValueError: ``timeout`` is not ``None`` or a number of seconds in
+                ``[0, MAX_WAIT_S]``.
         """
+        timeout = _check_seconds("timeout", timeout, minimum=0.0)
         recognizer = self._recognizer
-        with recognizer._changed:
+        with recognizer._lock:
             if self._inner.done:
                 return self.partial()
-            recognizer._check_usable()
-            recognizer._end(self)
+            recognizer._enter()
+            recognizer._end(self._inner)
             deadline = None if timeout is None else _clock() + timeout
             while not self._inner.done:
-                if recognizer._advance():
+                recognizer._check_usable()
+                if recognizer._running:  # another thread runs the steps; it wakes us after each
+                    recognizer._lock.wait()
+                    continue
+                if recognizer._run():
                     continue
                 wait_s = recognizer._wait_s(deadline)
                 if wait_s is not None and wait_s <= 0:
-                    others = ", ".join(repr(s.name) for s in recognizer._streams) or "none"
+                    holders = ", ".join(repr(s.name) for s in recognizer._driver.occupants() if not s.ended)
                     raise RuntimeError(
-                        f"stream {self.name!r} cannot finish: other streams of this recognizer hold the batch "
-                        f"(not ended: {others}); feed them or call input_finished() on them, pass "
-                        "finish(timeout=...) when other threads feed them, or set idle_timeout_s"
+                        f"stream {self.name!r} cannot finish: it waits for a slot, and all {recognizer.max_streams} "
+                        f"(max_streams) are held by streams of this recognizer (not ended: {holders}); feed them "
+                        "or call input_finished() on them, pass finish(timeout=...) when other threads feed them, "
+                        "or set idle_timeout_s"
                     )
-                recognizer._changed.wait(wait_s)
+                recognizer._lock.wait(wait_s)
             return self.partial()
+
+    def _check_open(self) -> None:
+        """``ValueError`` when the stream has ended (by finish, input_finished or the idle timeout)."""
+        if not self._inner.ended:
+            return
+        if self._inner in self._recognizer._timed_out:
+            raise ValueError(
+                f"accept after the idle timeout: stream {self.name!r} was ended after "
+                f"{self._recognizer.idle_timeout_s} s without audio (idle_timeout_s)"
+            )
+        raise ValueError(f"accept after finish: stream {self.name!r} has ended")
+
+
+def _handle_collected(recognizer: weakref.ref[StreamingRecognizer], inner: DriverStream) -> None:
+    """A stream's handle is gone: its end waits for the recognizer's next call.
+
+    A finalizer runs wherever the collector does, possibly inside a call
+    that holds the recognizer's lock, so it only queues the stream.
+    """
+    owner = recognizer()
+    if owner is not None and not inner.ended:
+        owner._collected.append(inner)
 
 
 class StreamingRecognizer:
@@ -165,12 +220,17 @@ class StreamingRecognizer:
         device: ``"cpu"``, ``"cuda"``, ``"cuda:N"``. A CUDA device on a machine
             without CUDA raises ``ValueError`` (no silent fallback to the CPU:
             a server sized for a GPU would not keep up on the CPU).
-        chunk_ms: milliseconds of audio per encoder chunk; default: the encoder's. Phi-4MM: a multiple of
-            one token, ``10 * time_reduction`` ms (80 for the released model); default: the config's chunk.
+        chunk_ms: milliseconds of audio per encoder chunk, at most
+            :data:`~audiomask.asr.capacity.MAX_CHUNK_MS` (a minute); default: the encoder's. Phi-4MM: a multiple
+            of one token, ``10 * time_reduction`` ms (80 for the released model); default: the config's chunk.
             Qwen3-ASR: its fixed conv chunk, 1000 ms (see :func:`~audiomask.streaming.open_stream`).
         left_chunks: chunks of left context each chunk attends to; default: the config's (Qwen3-ASR:
-            ``None`` only, it attends inside windows of 8 chunks).
+            ``None`` only, it attends inside windows of 8 chunks). ``(left_chunks + 1) * chunk_ms`` is
+            at most :data:`~audiomask.asr.capacity.MAX_CONTEXT_MS` (ten minutes).
         max_streams: encoder slots: streams decoded together in one step (more wait for a free slot).
+            The streams' caches (measured on one- and two-slot streams of these settings) and
+            sample rings must fit in the memory free on ``device`` (and on the host), else
+            ``ValueError`` says how many fit, before anything large is allocated.
         overlap: compute the next chunk's features on a worker thread while the encoder runs.
         frontend_process: with ``overlap``, compute them in processes of their own instead, which share no
             interpreter lock with the encoder's thread (for servers: seconds to start, once; see
@@ -184,18 +244,31 @@ class StreamingRecognizer:
             that have them: Phi-4MM); their memory is taken once, at the first step, so later steps never
             allocate for the encoder.
         idle_timeout_s: a stream that has not sent audio for this many seconds
-            is ended (as by :meth:`RecognizerStream.input_finished`) the next
-            time any stream of the recognizer is used or waits, so that it no
-            longer holds the others' batch; its later ``accept`` raises
-            ``ValueError``. ``None`` (default): streams never time out.
+            (``0 < idle_timeout_s <= MAX_WAIT_S``) is ended (as by
+            :meth:`RecognizerStream.input_finished`) at the next call into the
+            recognizer (:meth:`poll` included), so that it no longer holds a
+            slot; its later ``accept`` raises ``ValueError``. ``None``
+            (default): streams never time out.
 
-    Thread safety: streams may be fed, finished and read from several threads
-    at once. One lock serialises every call into the recognizer (encoder steps
-    included; the feature worker thread runs beside them), so the results are
-    those of some serial order of the calls, and each stream's text does not
-    depend on the others. A thread that calls ``finish`` while other threads
-    still feed their streams passes ``finish(timeout=None)`` (or a bound) to
-    wait for them.
+    Scheduling: a chunk step runs when every stream in a slot has its next
+    chunk (full batches: the best throughput), or once a ready chunk has
+    waited about one chunk (``chunk_ms``) for the others, or at once for a
+    stream that has ended: then it runs the streams that are ready, and the
+    others go on where they stopped when their audio comes. Waiting streams
+    take free slots as their first chunk arrives, whatever their order of
+    opening. Nothing runs between calls: a server calls :meth:`poll` every few
+    milliseconds (from a ticker thread) so that a ready chunk never waits
+    longer than the bound for a call to come in.
+
+    Thread safety: streams may be opened, fed, finished and read from several
+    threads at once; the text of each stream does not depend on the others,
+    nor on how the calls interleave. One thread at a time runs encoder steps
+    (the feature worker runs beside it); the others' calls queue their audio
+    and return, its steps carrying their chunks too. The recognizer's lock
+    guards only bookkeeping: it is let go during every encoder step and every
+    wait for the front end or the device, so a long ``accept`` delays another
+    thread's call by one step's bookkeeping at most, and :meth:`RecognizerStream.partial`
+    takes no lock at all. :meth:`transcribe` works while other threads stream.
 
     Failures: an error inside an encoder step (CUDA out of memory, a device
     fault, Ctrl-C) leaves the step half done, so the recognizer stops: that
@@ -203,6 +276,7 @@ class StreamingRecognizer:
     reduce), later calls raise ``RuntimeError``; ``partial()`` still returns
     each stream's text so far, and the output queues of unfinished streams
     fail with :class:`~audiomask.asr.outputs.OutputError` once their chunks are taken.
+    :meth:`close` too makes later calls raise ``RuntimeError``.
     """
 
     def __init__(
@@ -224,18 +298,11 @@ class StreamingRecognizer:
             raise ValueError(f"model must be an ASRModel, got {type(model).__name__}")
         self.model = model
         self.device = _check_device(device)
-        if idle_timeout_s is not None and not (isinstance(idle_timeout_s, (int, float)) and idle_timeout_s > 0):
-            raise ValueError(f"idle_timeout_s must be a positive number of seconds or None, got {idle_timeout_s!r}")
-        self.idle_timeout_s = idle_timeout_s
+        self.idle_timeout_s = _check_seconds("idle_timeout_s", idle_timeout_s, minimum=0.0, positive=True)
+        max_streams = check_int("max_streams", max_streams, minimum=1)
         model.encoder.to(self.device).eval()
         model.head.to(self.device).eval()
-        stream = open_stream(
-            model.encoder,
-            check_int("max_streams", max_streams, minimum=1),
-            chunk_ms=chunk_ms,
-            left_chunks=left_chunks,
-            cuda_graph=cuda_graph,
-        )
+        stream = open_fitting(model, self.device, max_streams, chunk_ms, left_chunks, cuda_graph)
         self._driver = StreamingDriver(
             stream,
             model.head,
@@ -244,13 +311,19 @@ class StreamingRecognizer:
             overlap=overlap,
             frontend_process=frontend_process,
             frontend_workers=frontend_workers,
+            wait_clock=lambda: _clock(),
         )
         self.max_streams = stream.batch_size
         self.chunk_ms = stream.chunk_frames * FRAME_MS
         self.left_chunks = stream.left_chunk
-        self._changed = threading.Condition()  # the lock of every call; notified when a stream may have moved
-        self._streams: list[RecognizerStream] = []  # opened and not yet ended
+        self.max_wait_s = self.chunk_ms / MS_PER_S  # how long a ready chunk waits for the other streams
+        self._lock = threading.Condition(threading.Lock())  # guards the bookkeeping; notified as streams move
+        self._running = False  # a thread is running encoder steps (it lets go of the lock during each)
+        self._open: dict[DriverStream, float] = {}  # streams opened and not ended: when audio last came
+        self._timed_out: weakref.WeakSet[DriverStream] = weakref.WeakSet()  # ended by the idle timeout
+        self._collected: deque[DriverStream] = deque()  # streams whose handle was collected, to end
         self._failure: str | None = None  # why the recognizer stopped
+        self._closed = False
 
     @property
     def stats(self) -> RunStats:
@@ -265,7 +338,7 @@ class StreamingRecognizer:
         on_output: Callable[[EncoderChunk], object] | None = None,
         max_pending: int | None = DEFAULT_MAX_PENDING,
     ) -> RecognizerStream:
-        """A new utterance.
+        """A new utterance; it takes a slot when its first chunk of audio (or its end) arrives.
 
         Args:
             name: its name (default ``stream-N``).
@@ -277,27 +350,58 @@ class StreamingRecognizer:
                 recognizer's lock held: it hands the chunk on and returns, and never calls into the recognizer.
             max_pending: see ``outputs``.
         """
-        with self._changed:
-            self._check_usable()
+        with self._lock:
+            self._enter()
             inner = self._driver.open(name, outputs=outputs, on_output=on_output, max_pending=max_pending)
-            stream = RecognizerStream(self, inner)
-            self._streams.append(stream)
-            return stream
+            self._open[inner] = _clock()
+            return RecognizerStream(self, inner)
 
-    def transcribe(self, path_or_samples: str | os.PathLike | object) -> str:
-        """The text of a whole audio file (any rate, resampled to 16 kHz) or of 16 kHz float samples."""
+    def transcribe(self, path_or_samples: str | os.PathLike | object, timeout: float | None = 0.0) -> str:
+        """The text of a whole audio file (any rate, resampled to 16 kHz) or of 16 kHz float samples.
+
+        A stream of its own, beside those other threads stream; ``timeout``:
+        as :meth:`RecognizerStream.finish`'s, when every slot is held by
+        streams that have not ended.
+        """
+        timeout = _check_seconds("timeout", timeout, minimum=0.0)
         if isinstance(path_or_samples, (str, os.PathLike)):
             samples, _ = load(path_or_samples)
         else:
             samples = as_samples("path_or_samples", path_or_samples)
         stream = self.open_stream()
         stream.accept(samples)
-        return stream.finish()
+        return stream.finish(timeout)
+
+    def poll(self) -> int:
+        """Run the encoder steps that are due now; returns how many ran (0 while another thread runs them).
+
+        Due: full steps, steps over the ready streams whose chunk has waited
+        :attr:`max_wait_s` for the others, the rest of ended streams; and
+        idle timeouts. A server calls this every few milliseconds from a
+        ticker thread, so that partials advance even when no other call comes
+        in. ``RuntimeError`` after :meth:`close` or an error.
+        """
+        with self._lock:
+            self._enter()
+            return self._run()
 
     def close(self) -> None:
-        """Stop the feature worker thread or processes (after the call another thread may be running)."""
-        with self._changed:
+        """Stop the feature worker thread or processes; later calls raise ``RuntimeError``. Idempotent.
+
+        Waits for the encoder steps another thread is running; the output
+        queues of unfinished streams fail with :class:`~audiomask.asr.outputs.OutputError`.
+        """
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._lock.notify_all()
+            while self._running:
+                self._lock.wait()
+            self._driver.fail_outputs("the recognizer was closed")
             self._driver.close()
+            self._open.clear()
+            self._collected.clear()
 
     def __enter__(self) -> StreamingRecognizer:
         return self
@@ -305,30 +409,66 @@ class StreamingRecognizer:
     def __exit__(self, *args: object) -> None:
         self.close()
 
-    # -- called with self._changed held ---------------------------------------------------------
+    # -- called with self._lock held ------------------------------------------------------------
 
     def _check_usable(self) -> None:
+        if self._closed:
+            raise RuntimeError("this recognizer is closed: open a new one (partial() still returns each text)")
         if self._failure is not None:
             raise RuntimeError(
                 f"this recognizer stopped after an error inside an encoder step ({self._failure}) and cannot "
                 "continue: open a new one (partial() still returns each stream's text so far)"
             )
 
-    def _end(self, stream: RecognizerStream) -> None:
-        if not stream._inner.ended:
-            self._driver.end(stream._inner)
-            self._streams.remove(stream)
-
-    def _advance(self) -> int:
-        """End idle streams, run every cycle that can run, wake waiting threads; the cycles run."""
+    def _enter(self) -> None:
+        """The start of every call: refuse it when closed or stopped; end the streams collected or idle."""
+        self._check_usable()
+        while self._collected:
+            inner = self._collected.popleft()
+            if not inner.ended:
+                self._driver.drop(inner)
+                self._open.pop(inner, None)
         if self.idle_timeout_s is not None:
             now = _clock()
-            for stream in [s for s in self._streams if now - s._last_audio > self.idle_timeout_s]:
-                stream._timed_out = True
-                self._end(stream)
-        ran = self._drive(self._driver.advance)
-        self._changed.notify_all()
+            for inner in [s for s, last in self._open.items() if now - last > self.idle_timeout_s]:
+                self._timed_out.add(inner)
+                self._end(inner)
+
+    def _end(self, inner: DriverStream) -> None:
+        if not inner.ended:
+            self._driver.end(inner)
+            self._open.pop(inner, None)
+
+    def _run(self) -> int:
+        """Run the encoder steps that are due, unless another thread is; the steps run.
+
+        The lock is let go during each step (:meth:`_unlocked`); calls of
+        other threads meanwhile queue their audio, which these steps carry.
+        """
+        if self._running:
+            return 0
+        self._running = True
+        ran = 0
+        try:
+            while not self._closed:
+                count = self._drive(lambda: self._driver.advance(max_wait_s=self.max_wait_s, unlocked=self._unlocked))
+                if not count:
+                    break
+                ran += count
+        finally:
+            self._running = False
+            self._lock.notify_all()
         return ran
+
+    @contextlib.contextmanager
+    def _unlocked(self) -> Iterator[None]:
+        """Let go of the lock while the driver computes (waking the threads waiting for streams to move)."""
+        self._lock.notify_all()
+        self._lock.release()
+        try:
+            yield
+        finally:
+            self._lock.acquire()
 
     def _drive(self, step: Callable[[], int]) -> int:
         """Run a driver call; an error inside leaves its cycle half done, so the recognizer stops."""
@@ -349,17 +489,45 @@ class StreamingRecognizer:
             raise
 
     def _wait_s(self, deadline: float | None) -> float | None:
-        """Seconds to wait for a change before the next idle timeout or ``deadline``; ``None``: no limit."""
+        """Seconds to wait for a change: until ``deadline``, the next idle timeout, or a chunk's wait is over.
+
+        0 once ``deadline`` has passed; ``None``: no limit.
+        """
         now = _clock()
-        waits = [] if deadline is None else [deadline - now]
-        if self.idle_timeout_s is not None:
-            waits += [s._last_audio + self.idle_timeout_s - now for s in self._streams]
         if deadline is not None and deadline <= now:
             return 0.0
+        waits = [] if deadline is None else [deadline - now]
+        if self.idle_timeout_s is not None:
+            waits += [last + self.idle_timeout_s - now for last in self._open.values()]
+        waited_s = self._driver.waited_s()
+        if waited_s is not None:
+            waits.append(self.max_wait_s - waited_s)
         return max(min(waits), _MIN_WAIT_S) if waits else None
 
 
-_MIN_WAIT_S = 0.001  # seconds: an idle timeout that expires now is checked after this short wait
+_MIN_WAIT_S = 0.001  # seconds: a timeout that expires now is checked after this short wait
+
+
+def _check_seconds(name: str, value: object, *, minimum: float, positive: bool = False) -> float | None:
+    """``value`` as seconds: ``None``, or a real number in ``[minimum, MAX_WAIT_S]`` (above 0 if ``positive``).
+
+    >>> _check_seconds("timeout", 2, minimum=0.0)
+    2.0
+    >>> _check_seconds("timeout", float("nan"), minimum=0.0)
+    Traceback (most recent call last):
+    ...
+    ValueError: timeout must be None or a number of seconds in [0.0, 9223372036.0], got nan
+    """
+    if value is None:
+        return None
+    low = f"({minimum}" if positive else f"[{minimum}"
+    message = f"{name} must be None or a number of seconds in {low}, {MAX_WAIT_S}], got {value!r}"
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise ValueError(message)
+    seconds = float(value)
+    if not (minimum <= seconds <= MAX_WAIT_S) or (positive and seconds == minimum) or math.isnan(seconds):
+        raise ValueError(message)
+    return seconds
 
 
 def _check_device(device: object) -> torch.device:

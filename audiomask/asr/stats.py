@@ -28,7 +28,7 @@ class CycleTiming:
     """Seconds spent on one cycle (one encoder chunk step for all its streams)."""
 
     cycle: int
-    streams: int  # occupied slots
+    streams: int  # slots the cycle advanced
     cpu_s: float  # front end: its wall time (a thread's, or its slowest process's)
     enqueue_s: float  # host time to stage, reset, launch the step, head and argmax
     encode_s: float  # the step on the device (CUDA events) or on the CPU (perf_counter)
@@ -37,6 +37,7 @@ class CycleTiming:
     frontend_cpu_s: float = 0.0  # CPU seconds of the front end (a thread: that thread's only)
     host_cpu_s: float = 0.0  # CPU seconds of the driver's main thread on this cycle, outside the enqueue
     enqueue_cpu_s: float = 0.0  # CPU seconds of the main thread in the enqueue (on a CPU device: the step)
+    skipped: int = 0  # occupied slots left out, their next block not there yet (0: a full cycle)
 
 
 @dataclass
@@ -45,7 +46,10 @@ class RunStats:
 
     ``cycles`` holds the last :data:`RECENT_CYCLES` :class:`CycleTiming` (older
     ones are dropped, so memory stays flat however long a driver runs);
-    ``count``, ``chunks`` (stream-chunks encoded), ``cpu_s``, ``gpu_s``,
+    ``count``, ``chunks`` (stream-chunks encoded), ``partial`` (cycles that
+    left some occupied slot out) and ``skipped`` (occupied slots left out,
+    summed over the cycles; ``chunks / (chunks + skipped)`` is how full the
+    cycles ran, against the streams present), ``cpu_s``, ``gpu_s``,
     ``audio_s`` and the CPU seconds of each stage count every cycle (``feed_cpu_s``:
     every :meth:`~audiomask.asr.driver.StreamingDriver.feed`). Given ``cycles``
     and no totals, the totals are computed from them.
@@ -62,6 +66,8 @@ class RunStats:
     wall_s: float = 0.0
     count: int = 0  # cycles run
     chunks: int = 0  # stream-chunks encoded: the sum of the cycles' streams
+    partial: int = 0  # cycles that left some occupied slot out
+    skipped: int = 0  # occupied slots left out, summed over the cycles
     cpu_s: float = 0.0  # front end's wall time, all cycles
     gpu_s: float = 0.0  # encoder step, all cycles
     audio_s: float = 0.0  # stream-seconds of audio, all cycles
@@ -84,6 +90,8 @@ class RunStats:
         self.cycles.append(timing)
         self.count += 1
         self.chunks += timing.streams
+        self.partial += timing.skipped > 0
+        self.skipped += timing.skipped
         self.cpu_s += timing.cpu_s
         self.gpu_s += timing.encode_s
         self.audio_s += timing.audio_s

@@ -1,7 +1,8 @@
 """A driver's front-end stage: each encoder slot's samples, framer and state, and one batched front-end call per cycle.
 
-Every cycle the driver hands over the next block of samples of each occupied
-slot; :class:`SlotFeatures` frames them with the slot's own
+Every cycle the driver hands over the next block of samples of each slot
+that advances (an occupied slot whose block has not arrived sits the cycle
+out, its state kept); :class:`SlotFeatures` frames them with the slot's own
 :class:`~audiomask.features.framing.StreamFramer` (the overlap between blocks
 carried per slot, and the reflection at each end for centred framings),
 computes the frames of all slots in one front-end call with each slot's own
@@ -81,7 +82,11 @@ class SlotSamples:
 class SlotCycle:
     """One cycle's blocks, per slot: each ``(B,)``, indexed by slot.
 
-    ``active``: the slot's stream has a block (possibly empty, when it ends);
+    ``active``: the slot advances in this cycle: its stream has a block
+    (possibly empty, when it ends). An inactive slot, free or occupied by a
+    stream whose next block has not arrived, is left as it was: its framer
+    and front-end state are untouched, its features zero and its count 0, so
+    its stream goes on where it stopped in a later cycle;
     ``final``: that block is its stream's last (its framer is flushed);
     ``join``: its stream starts this cycle (framer and state start afresh);
     ``start``, ``length``: where the block lies in the slot's ring

@@ -1,5 +1,5 @@
 """Fixtures of the ASR tests: a tiny encoder and CTC head for the driver, the recognizer's tiny model, random
-signals, offline references and what a stream alone transcribes."""
+signals, offline references, what a stream alone transcribes, and clocks that stand still."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from audiomask.asr import recognizer as recognizer_module
 from audiomask.asr.model import ASRModel
 from audiomask.asr.recognizer import StreamingRecognizer
 from audiomask.features import Phi4MMFrontend
@@ -87,3 +88,25 @@ def joined_outputs_fixture() -> Callable[..., torch.Tensor]:
 @pytest.fixture(scope="session", name="transcribe_alone")
 def transcribe_alone_fixture() -> Callable[..., str]:
     return transcribe_alone
+
+
+class FakeClock:
+    """Seconds that stand still until a test moves :attr:`now`."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def fake_clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def recognizer_clock(fake_clock, monkeypatch) -> FakeClock:
+    """The recognizers' clock (idle timeouts, how long a ready chunk has waited for the others), standing still."""
+    monkeypatch.setattr(recognizer_module, "_clock", fake_clock)
+    return fake_clock

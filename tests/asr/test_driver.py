@@ -157,6 +157,41 @@ def test_live_feeding_in_odd_pieces(encoder, head, random_signals, offline_outpu
         driver.feed(stream, samples)
 
 
+@pytest.mark.parametrize("max_wait_s", [None, 0.0], ids=["full-cycles", "ready-only"])
+def test_streams_that_pause_equal_offline_whether_cycles_wait_for_them_or_not(
+    encoder, head, random_signals, offline_outputs, joined_outputs, max_wait_s
+):
+    """Streams fed in random pieces with pauses: full cycles wait for every occupied slot; ready-only cycles
+    (``advance(max_wait_s=0)``) leave a paused slot out, which goes on where it stopped. Either way each
+    stream's outputs equal its offline forward, and the stats count the cycles that left slots out."""
+    signals = random_signals(21, 4, 6000, 20000)
+    driver = driver_of(encoder, head, 3, keep_outputs=True)
+    streams = [driver.open(f"s{index}") for index in range(len(signals))]
+    rng = np.random.default_rng(21)
+    sent = [0] * len(signals)
+    while not all(stream.ended for stream in streams):
+        for number, (stream, samples) in enumerate(zip(streams, signals)):
+            if stream.ended or rng.random() < 0.5:  # a pause
+                continue
+            piece = int(rng.integers(0, 2 * driver.block_samples))
+            driver.feed(stream, samples[sent[number] : sent[number] + piece])
+            sent[number] += piece
+            if sent[number] >= len(samples):
+                driver.end(stream)
+        driver.advance(max_wait_s=max_wait_s)
+    driver.advance(max_wait_s=max_wait_s)
+    driver.close()
+    assert all(stream.done for stream in streams)
+    for samples, stream in zip(signals, streams):
+        reference = offline_outputs(encoder, samples, 2, 1)
+        assert joined_outputs(stream).shape == reference.shape, stream.name
+        assert (joined_outputs(stream) - reference).abs().max().item() <= TOLERANCE, stream.name
+        assert stream.ids == greedy_decode(head(reference)[None])[0], stream.name
+    stats = driver.stats
+    assert (stats.partial > 0) == (max_wait_s is not None) and (stats.skipped > 0) == (stats.partial > 0)
+    assert stats.partial == sum(timing.skipped > 0 for timing in stats.cycles)
+
+
 def test_bad_arguments(encoder, head, random_signals):
     stream = Phi4MMStream(encoder, chunk_size=2)
     with pytest.raises(ValueError, match="stream must be an EncoderStream"):

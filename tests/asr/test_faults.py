@@ -13,7 +13,6 @@ import pytest
 import torch
 
 from audiomask import AudioError
-from audiomask.asr import recognizer as recognizer_module
 from audiomask.asr.driver import StreamingDriver
 from audiomask.asr.recognizer import StreamingRecognizer
 from audiomask.errors import PinnedMemoryWarning
@@ -94,17 +93,20 @@ def test_out_of_memory_in_a_step_names_what_to_reduce_and_stops_the_recognizer(m
 
 
 @pytest.mark.gpu
-def test_real_cuda_out_of_memory_names_what_to_reduce(model, noise):
-    """Fill the GPU, then a step cannot allocate: the recognizer's error, not a bare allocator message."""
+def test_real_cuda_out_of_memory_names_what_to_reduce(model, noise, recognizer_clock):
+    """Fill the GPU, then a step cannot allocate: the recognizer's error, not a bare allocator message.
+
+    The clock stands still: no ready chunk's wait for the others ever ends."""
     hog = []
     try:
         with StreamingRecognizer(  # eager: a CUDA graph's step takes its memory once, at capture, and never fails
             model, "cuda", chunk_ms=CHUNK_MS, left_chunks=LEFT_CHUNKS, max_streams=OOM_STREAMS, cuda_graph=False
         ) as recognizer:
             recognizer.transcribe(noise(4, 8000))  # warm: lazy initialisation done before memory runs out
-            # Every step so far had one stream. The first stream runs alone, then holds the lock-step
-            # cycle (it has no next chunk yet) while the others queue behind it; its next audio then
-            # starts a step of all of them, whose activations are larger than any block freed so far.
+            # Every step so far had one stream. The first stream runs alone, then holds the full cycle
+            # (it has no next chunk yet, and with the clock standing still the others' chunks wait for
+            # it) while the others take the slots; its next audio then starts a step of all of them,
+            # whose activations are larger than any block freed so far.
             streams = [recognizer.open_stream(f"filled {i}") for i in range(OOM_STREAMS)]
             for stream in streams:
                 stream.accept(noise(5, 4 * CHUNK_SAMPLES))
@@ -204,38 +206,40 @@ def test_accept_after_finish_or_input_finished_names_the_stream(model, noise, al
         assert ended.finish() == alone(model, noise(2, 5000))
 
 
-def test_finish_while_another_stream_holds_the_batch_names_it(model, noise, alone):
+def test_finish_never_waits_for_a_silent_stream_of_the_batch(model, noise, alone):
     with StreamingRecognizer(model, chunk_ms=CHUNK_MS, left_chunks=LEFT_CHUNKS, max_streams=2) as recognizer:
         leaving, silent = recognizer.open_stream("leaving"), recognizer.open_stream("silent")
         silent.accept(noise(2, 3000))  # one chunk, then it stops sending
-        leaving.accept(noise(1, 9000))  # a step for both, then one more for 'leaving' needs 'silent' too
-        with pytest.raises(RuntimeError, match=r"stream 'leaving' cannot finish: .*\(not ended: 'silent'\)"):
-            leaving.finish()
-        with pytest.raises(RuntimeError, match="cannot finish"):
-            leaving.finish(timeout=0.05)  # waits a little for another thread that never comes
-        silent.input_finished()
+        leaving.accept(noise(1, 9000))  # a step for both; its next ones go without 'silent'
         assert leaving.finish() == alone(model, noise(1, 9000))
+        silent.input_finished()
         assert silent.finish() == alone(model, noise(2, 3000))
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
+def test_finish_without_a_free_slot_names_the_streams_holding_them(model, noise, alone):
+    with StreamingRecognizer(model, chunk_ms=CHUNK_MS, left_chunks=LEFT_CHUNKS, max_streams=1) as recognizer:
+        holder, late = recognizer.open_stream("holder"), recognizer.open_stream("late")
+        holder.accept(noise(2, 3000))  # takes the one slot, then stops sending
+        late.accept(noise(1, 9000))
+        message = r"stream 'late' cannot finish: it waits for a slot, .*\(max_streams\) .*\(not ended: 'holder'\)"
+        with pytest.raises(RuntimeError, match=message):
+            late.finish()
+        with pytest.raises(RuntimeError, match="cannot finish"):
+            late.finish(timeout=0.05)  # waits a little for another thread that never comes
+        holder.input_finished()
+        assert late.finish() == alone(model, noise(1, 9000))
+        assert holder.finish() == alone(model, noise(2, 3000))
 
-    def __call__(self) -> float:
-        return self.now
 
-
-def test_an_idle_stream_is_ended_after_the_idle_timeout(model, noise, alone, monkeypatch):
-    clock = FakeClock()
-    monkeypatch.setattr(recognizer_module, "_clock", clock)
+def test_an_idle_stream_is_ended_after_the_idle_timeout(model, noise, alone, recognizer_clock):
+    clock = recognizer_clock
     with StreamingRecognizer(
-        model, chunk_ms=CHUNK_MS, left_chunks=LEFT_CHUNKS, max_streams=2, idle_timeout_s=30
+        model, chunk_ms=CHUNK_MS, left_chunks=LEFT_CHUNKS, max_streams=1, idle_timeout_s=30
     ) as recognizer:
-        talking, gone = recognizer.open_stream("talking"), recognizer.open_stream("gone")
+        gone, talking = recognizer.open_stream("gone"), recognizer.open_stream("talking")
+        gone.accept(noise(2, 4000))  # takes the one slot
         speech = noise(1, 12000)
         talking.accept(speech[:6000])
-        gone.accept(noise(2, 4000))
         clock.now += 20
         talking.accept(speech[6000:])
         with pytest.raises(RuntimeError, match=r"\(not ended: 'gone'\)"):  # 20 s idle: not yet
@@ -243,10 +247,10 @@ def test_an_idle_stream_is_ended_after_the_idle_timeout(model, noise, alone, mon
         clock.now += 11  # 31 s since 'gone' last sent audio
         assert talking.finish() == alone(model, speech)
         assert gone.finished
-        with pytest.raises(ValueError, match=r"stream 'gone' was ended after 30 s without audio \(idle_timeout_s\)"):
+        with pytest.raises(ValueError, match=r"stream 'gone' was ended after 30.0 s without audio \(idle_timeout_s\)"):
             gone.accept(noise(2, 10))
         assert gone.finish() == alone(model, noise(2, 4000))  # what it sent is transcribed, nothing lost
-    with pytest.raises(ValueError, match="idle_timeout_s must be a positive number"):
+    with pytest.raises(ValueError, match="idle_timeout_s must be None or a number of seconds in \\(0.0, "):
         StreamingRecognizer(model, chunk_ms=CHUNK_MS, idle_timeout_s=0)
 
 

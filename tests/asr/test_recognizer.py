@@ -58,11 +58,10 @@ def test_many_streams_interleaved(model, noise, frontend):
             for stream, samples in zip(streams, signals):
                 if position < len(samples):
                     stream.accept(samples[position : position + 2500])
-        with pytest.raises(RuntimeError, match="u0"):
-            streams[0].finish()  # u1 and u2 share its step and have not ended: the batch cannot advance
-        for stream in streams:
+        first = streams[0].finish()  # u1 and u2 share its step and have not ended: it goes on without them
+        for stream in streams[1:]:
             stream.input_finished()
-        texts = [stream.finish() for stream in streams]
+        texts = [first, *(stream.finish() for stream in streams[1:])]
         assert recognizer.stats.cycles  # instrumentation recorded
     assert texts == [offline_text(model, s, 2, 2) for s in signals]
 

@@ -143,6 +143,42 @@ def test_slot_features_carry_each_slot_state_for_a_centred_front_end_in_its_layo
 
 
 @pytest.mark.parametrize("frontend", [Phi4MMFrontend(), WhisperFrontend()], ids=["phi4mm", "whisper"])
+def test_a_slot_left_out_of_cycles_goes_on_where_it_stopped_bit_for_bit(frontend):
+    """A driver's cycle may leave out an occupied slot whose next block has not arrived (``active`` False):
+    its framer and front-end state (Whisper's running floor) stay as they were, so its frames, and those of
+    the slot beside it, are exactly what they are when no cycle leaves it out."""
+    first_block = FIRST_BLOCK - frontend.framing.pad
+    rng = np.random.default_rng(4)
+    blocks = [  # (slot 0's, slot 1's) blocks, cycle by cycle; the last ones final and shorter
+        [rng.standard_normal(size).astype(np.float32) for size in (first_block, *[BLOCK] * 4, BLOCK // 3)]
+        for _ in range(2)
+    ]
+    count = len(blocks[0])
+    skipped = {2, 3, 4}  # cycles without slot 1 (its blocks come later, in order)
+    frames = []
+    for leave_out in (set(), skipped):
+        stage = SlotFeatures(frontend, 2, CHUNK_FRAMES)
+        rings = Rings(np.zeros((2, CAPACITY), np.float32))
+        taken, rows = [0, 0], [[], []]
+        for cycle in range(count + len(leave_out)):
+            slots = [slot for slot in (0, 1) if taken[slot] < count and not (slot == 1 and cycle in leave_out)]
+            described = rings.cycle(
+                np.array(slots),
+                [blocks[slot][taken[slot]] for slot in slots],
+                np.array([taken[slot] == count - 1 for slot in slots]),
+                np.array([slot for slot in slots if taken[slot] == 0], np.int64),
+            )
+            features, counts = stage.compute_cycle(rings.samples, described)
+            assert not counts[[slot for slot in (0, 1) if slot not in slots]].any()
+            for slot in slots:
+                rows[slot].append(np.take(features[slot], range(counts[slot]), axis=frontend.time_axis))
+                taken[slot] += 1
+        frames.append([np.concatenate(slot_rows, axis=frontend.time_axis) for slot_rows in rows])
+    for without, with_skips in zip(*frames):
+        np.testing.assert_array_equal(with_skips, without)
+
+
+@pytest.mark.parametrize("frontend", [Phi4MMFrontend(), WhisperFrontend()], ids=["phi4mm", "whisper"])
 def test_any_split_of_the_slots_computes_the_same_features_bit_for_bit(frontend):
     """What sharding rests on: slices of the slots, each with a stage of its own, give the whole stage's
     features exactly, also where a slice's frames (or the whole's) would end in a one-frame product."""
