@@ -49,6 +49,7 @@ from audiomask.cli.common import EXIT_BAD_FILE, EXIT_OK, EXIT_USAGE, OutputError
 from audiomask.cli.demo import bench
 from audiomask.cli.demo import demo as run_demo
 from audiomask.cli.info import info as run_info
+from audiomask.cli.serve import add_parser as add_serve_parser
 from audiomask.cli.transcribe import TRANSCRIBE_THREADS, exit_status
 from audiomask.cli.transcribe import transcribe as run_transcribe
 
@@ -107,6 +108,8 @@ def _parser() -> argparse.ArgumentParser:
     demo_parser = commands.add_parser("demo", help="build masks in numpy and move them to the best device")
     demo_parser.add_argument("--device", default="auto", help=device_help)
     demo_parser.set_defaults(run=run_demo)
+
+    add_serve_parser(commands, device_help, model_help)
     return parser
 
 

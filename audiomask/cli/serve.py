@@ -1,0 +1,138 @@
+"""``audiomask serve``: the streaming ASR server (:mod:`audiomask.serve`) on uvicorn, or on Ray Serve with ``--ray``.
+
+The options are checked, the model loaded and the TLS files read before the
+server binds, so that a bad argument is one line on stderr and exit status 2.
+The server then runs until SIGTERM or Ctrl-C, which finish the streams in
+flight (each client gets its final result) and exit 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import ssl
+import sys
+
+from audiomask.cli.common import EXIT_USAGE
+from audiomask.cli.transcribe import TRANSCRIBE_THREADS
+from audiomask.serve.settings import (
+    DEFAULT_IDLE_TIMEOUT_S,
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_MESSAGE_BYTES,
+    DEFAULT_PORT,
+    LOOPBACK,
+    ServeSettings,
+)
+
+__all__ = ["SERVE_THREADS", "add_parser", "serve"]
+
+# torch intra-op threads of the server: as for `audiomask transcribe`, a chunk step's small matrices gain
+# nothing from more, and the front end's thread and the event loop need the other cores.
+SERVE_THREADS = TRANSCRIBE_THREADS
+RAY_MODULE = "audiomask.serve.ray_serve"
+
+
+def add_parser(commands: argparse._SubParsersAction, device_help: str, model_help: str) -> None:
+    """Register ``serve`` and its options on the CLI's sub-command parsers."""
+    parser = commands.add_parser(
+        "serve",
+        help="the streaming ASR server: sherpa-onnx's WebSocket protocol at /, WeNet's at /wenet",
+        description="Serve streaming recognition over WebSockets: sherpa-onnx's online protocol at / "
+        "(binary little-endian FLOAT32 samples at 16 kHz, then the text 'Done'), WeNet's at /wenet (int16 "
+        "PCM), GET /health, and a browser page at GET /. SIGTERM or Ctrl-C finish the streams in flight.",
+    )
+    parser.add_argument("--host", default=LOOPBACK, help=f"address to bind (default {LOOPBACK}: this machine only)")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"TCP port (default {DEFAULT_PORT})")
+    parser.add_argument("--model", help=model_help)
+    parser.add_argument("--device", default="auto", help=device_help)
+    parser.add_argument("--chunk-ms", type=int, help="audio per encoder chunk (default: the model's)")
+    parser.add_argument("--left-chunks", type=int, help="chunks of left context (default: the model's)")
+    parser.add_argument(
+        "--max-connections",
+        type=int,
+        default=DEFAULT_MAX_CONNECTIONS,
+        help=f"connections served at once, one encoder slot each; more get HTTP 503 (default {DEFAULT_MAX_CONNECTIONS})",
+    )
+    parser.add_argument(
+        "--max-message-bytes",
+        type=int,
+        default=DEFAULT_MAX_MESSAGE_BYTES,
+        help=f"largest WebSocket message a client may send (default {DEFAULT_MAX_MESSAGE_BYTES})",
+    )
+    parser.add_argument(
+        "--idle-timeout-s",
+        type=float,
+        default=DEFAULT_IDLE_TIMEOUT_S,
+        help=f"close a connection that sends nothing for this long (default {DEFAULT_IDLE_TIMEOUT_S:g})",
+    )
+    parser.add_argument("--token", help="require 'Authorization: Bearer TOKEN' or '?token=TOKEN' (else HTTP 401)")
+    parser.add_argument("--certfile", help="PEM certificate: serve wss:// and https:// (with --keyfile)")
+    parser.add_argument("--keyfile", help="PEM private key of --certfile")
+    parser.add_argument("--ray", action="store_true", help="deploy on Ray Serve (pip install -e '.[ray]')")
+    parser.add_argument("--replicas", type=int, default=1, help="with --ray: replicas, one recognizer each")
+    parser.add_argument("--gpus-per-replica", type=float, default=0.0, help="with --ray: GPUs per replica")
+    parser.set_defaults(run=serve)
+
+
+def _check_tls(certfile: str | None, keyfile: str | None) -> None:
+    """Read the certificate and key as the server will, so that a bad pair is a usage error now."""
+    if certfile is None:
+        return
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(certfile, keyfile)
+    except (OSError, ssl.SSLError) as error:
+        raise ValueError(f"--certfile {certfile} / --keyfile {keyfile}: cannot be used for TLS ({error})") from None
+
+
+def serve(args: argparse.Namespace) -> int:
+    """Run ``audiomask serve``; the exit status (0 after a stop signal, 2 for a bad argument)."""
+    settings = ServeSettings(
+        host=args.host,
+        port=args.port,
+        model=args.model,
+        device=args.device,
+        chunk_ms=args.chunk_ms,
+        left_chunks=args.left_chunks,
+        max_connections=args.max_connections,
+        max_message_bytes=args.max_message_bytes,
+        idle_timeout_s=args.idle_timeout_s,
+        token=args.token,
+        certfile=args.certfile,
+        keyfile=args.keyfile,
+    )
+    _check_tls(settings.certfile, settings.keyfile)
+    if args.ray:
+        return _serve_on_ray(settings, args.replicas, args.gpus_per_replica)
+    if args.replicas != 1 or args.gpus_per_replica:
+        raise ValueError("--replicas and --gpus-per-replica go with --ray")
+    return _serve_here(settings)
+
+
+def _serve_on_ray(settings: ServeSettings, replicas: int, gpus_per_replica: float) -> int:
+    try:
+        ray_serve = importlib.import_module(RAY_MODULE)
+    except ImportError as error:
+        print(f"audiomask: error: --ray needs Ray Serve and {RAY_MODULE} ({error})", file=sys.stderr)
+        return EXIT_USAGE
+    return ray_serve.run(settings, replicas=replicas, gpus_per_replica=gpus_per_replica)
+
+
+def _serve_here(settings: ServeSettings) -> int:
+    import torch
+
+    try:
+        from audiomask.serve.engine import build_recognizer
+        from audiomask.serve.server import run
+    except ImportError as error:  # fastapi, uvicorn: the optional extra
+        raise ValueError(f"audiomask serve needs the serve extra: pip install 'audiomask[serve]' ({error})") from None
+
+    torch.set_num_threads(SERVE_THREADS)
+    recognizer = build_recognizer(settings)
+    print(
+        f"audiomask serve: {settings.describe_routes()}; {recognizer.device}, {recognizer.chunk_ms} ms chunks, "
+        f"up to {settings.max_connections} connections",
+        file=sys.stderr,
+        flush=True,
+    )
+    with recognizer:
+        return run(settings, recognizer)

@@ -1,0 +1,93 @@
+"""The ASGI app of ``audiomask serve``: FastAPI routes over one shared recognizer.
+
+Routes:
+
+- WebSocket ``/``: sherpa-onnx's online protocol (:mod:`audiomask.serve.sherpa`), float32 samples;
+- WebSocket ``/wenet``: WeNet's protocol (:mod:`audiomask.serve.wenet`), int16 PCM;
+- ``GET /health``: 200 and ``{"status": "ready", "connections", "max_connections", "streams",
+  "device", "chunk_ms", "cycles"}`` (``cycles``: encoder steps run so far) once the model is loaded and a first chunk step has run; 503 with
+  ``"status"`` ``loading``, ``failed`` (and ``"error"``) or ``draining`` otherwise;
+- ``GET /``: the browser page (``audiomask/serve/static/index.html``; 404 where it is missing).
+
+The app is plain FastAPI, so the same object runs under uvicorn
+(:func:`audiomask.serve.server.run`) or as a Ray Serve ingress. Its lifespan
+starts the :class:`~audiomask.serve.engine.Engine` (the recognizer is built,
+unless given, and warmed up on a thread: the server answers ``/health`` with
+503 meanwhile) and stops it; ``app.state.engine`` is the engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from importlib.resources import files
+
+from fastapi import FastAPI, WebSocket
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+
+from audiomask.asr.recognizer import StreamingRecognizer
+from audiomask.serve.engine import Engine
+from audiomask.serve.session import serve_connection
+from audiomask.serve.settings import ServeSettings
+from audiomask.serve.sherpa import SherpaProtocol
+from audiomask.serve.wenet import WeNetProtocol
+
+__all__ = ["PAGE", "SHERPA_ROUTE", "WENET_ROUTE", "create_app"]
+
+SHERPA_ROUTE = "/"
+WENET_ROUTE = "/wenet"
+PAGE = ("static", "index.html")  # the browser page, inside the package audiomask.serve
+
+
+def _page() -> str | None:
+    """The browser page's HTML, or ``None`` when the package holds none."""
+    resource = files("audiomask.serve").joinpath(*PAGE)
+    try:
+        return resource.read_text(encoding="utf-8")
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+
+
+def create_app(settings: ServeSettings, recognizer: StreamingRecognizer | None = None) -> FastAPI:
+    """The server's app: the routes of the module docstring over one :class:`~audiomask.serve.engine.Engine`.
+
+    Args:
+        settings: the server's options (limits, token; the recognizer's when it is built here).
+        recognizer: the recognizer to serve (the caller closes it); ``None``: built from
+            ``settings`` when the app starts (:func:`~audiomask.serve.engine.build_recognizer`),
+            one encoder slot per connection, and closed when it stops.
+    """
+    engine = Engine(settings, recognizer)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await engine.start()
+        try:
+            yield
+        finally:
+            await engine.stop()
+
+    app = FastAPI(title="audiomask serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.engine = engine
+
+    @app.websocket(SHERPA_ROUTE)
+    async def sherpa(websocket: WebSocket) -> None:
+        await serve_connection(websocket, engine, SherpaProtocol())
+
+    @app.websocket(WENET_ROUTE)
+    async def wenet(websocket: WebSocket) -> None:
+        await serve_connection(websocket, engine, WeNetProtocol())
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        status, body = engine.health()
+        return JSONResponse(body, status)
+
+    @app.get(SHERPA_ROUTE)
+    async def page() -> Response:
+        html = _page()
+        if html is None:
+            return Response("no browser page in this install (audiomask/serve/static/index.html)", 404)
+        return HTMLResponse(html)
+
+    return app

@@ -1,0 +1,184 @@
+"""Stream audio to an ``audiomask serve`` (or any sherpa-onnx / WeNet WebSocket server) and collect the text.
+
+:func:`stream_audio` sends 16 kHz float32 samples in messages of
+``message_samples``, as fast as the server takes them (it reads a message
+only after the previous one's samples were accepted) or at real time, and
+returns a :class:`StreamResult`: the final text, every partial text with the
+time it arrived, and the time each message was sent (``time.perf_counter``
+seconds), from which a benchmark computes its latencies. Over ``"sherpa"``
+the samples travel as float32, over ``"wenet"`` as int16 PCM (samples are
+rounded to the nearest of 65536 levels; those read from 16-bit files travel
+exactly).
+
+>>> import asyncio, numpy as np
+>>> result = asyncio.run(stream_audio("ws://127.0.0.1:6006/", np.zeros(16000, np.float32)))  # doctest: +SKIP
+>>> result.text, len(result.sent_at)  # doctest: +SKIP
+('', 10)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import ssl
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed
+
+from audiomask.checks import check_int
+from audiomask.constants import SAMPLE_RATE
+
+__all__ = ["DEFAULT_MESSAGE_SAMPLES", "PROTOCOLS", "ServerError", "StreamResult", "stream_audio"]
+
+PROTOCOLS = ("sherpa", "wenet")
+DEFAULT_MESSAGE_SAMPLES = SAMPLE_RATE // 10  # 100 ms a message, as sherpa-onnx's file client sends
+INT16_FULL_SCALE = 32768
+INT16_MIN, INT16_MAX = -INT16_FULL_SCALE, INT16_FULL_SCALE - 1
+WENET_START = {"signal": "start", "nbest": 1, "continuous_decoding": False}
+WENET_END = {"signal": "end"}
+SHERPA_DONE, SHERPA_DONE_REPLY = "Done", "Done!"
+
+
+class ServerError(Exception):
+    """The server reported an error (its message), or closed the connection before the final result."""
+
+
+@dataclass
+class StreamResult:
+    """What a server sent for one stream.
+
+    Attributes:
+        text: the final text.
+        partials: ``(arrival time, text)`` of each partial result, in order.
+        sent_at: the time each binary message had been handed to the socket.
+        done_at: when the end message was sent; ``final_at``: when the final result arrived.
+    """
+
+    text: str = ""
+    partials: list[tuple[float, str]] = field(default_factory=list)
+    sent_at: list[float] = field(default_factory=list)
+    done_at: float = 0.0
+    final_at: float = 0.0
+
+
+def _encode(samples: np.ndarray, protocol: str) -> bytes:
+    """The binary message of ``samples`` ``(n,)`` float32: float32 LE (sherpa) or int16 LE PCM (wenet)."""
+    if protocol == "sherpa":
+        return np.ascontiguousarray(samples, "<f4").tobytes()
+    levels = np.clip(np.rint(samples * np.float32(INT16_FULL_SCALE)), INT16_MIN, INT16_MAX)
+    return levels.astype("<i2").tobytes()
+
+
+def _parse(message: str | bytes, protocol: str) -> tuple[str, str | None]:
+    """``(kind, text)`` of a server message: kind ``partial``, ``final``, ``end`` or ``other``."""
+    if protocol == "sherpa":
+        if message == SHERPA_DONE_REPLY:
+            return "end", None
+        result = json.loads(message)
+        if "error" in result:
+            raise ServerError(result["error"])
+        return ("final" if result["is_final"] else "partial"), result["text"]
+    result = json.loads(message)
+    if result.get("status") == "failed":
+        raise ServerError(result["message"])
+    kind = {"partial_result": "partial", "final_result": "final", "speech_end": "end"}.get(result["type"], "other")
+    text = json.loads(result["nbest"])[0]["sentence"] if "nbest" in result else None
+    return kind, text
+
+
+async def _receive(connection: ClientConnection, protocol: str, result: StreamResult) -> None:
+    """Collect partials and the final result until the protocol's last message."""
+    try:
+        async for message in connection:
+            kind, text = _parse(message, protocol)
+            if kind == "partial":
+                result.partials.append((time.perf_counter(), text))
+            elif kind == "final":
+                result.text, result.final_at = text, time.perf_counter()
+            elif kind == "end":
+                return
+    except ConnectionClosed:  # closed with an error code: said below
+        pass
+    raise ServerError(
+        f"the server closed the connection before its last message (code {connection.close_code}: "
+        f"{connection.close_reason})"
+    )
+
+
+async def stream_audio(
+    url: str,
+    samples: np.ndarray,
+    *,
+    protocol: str = "sherpa",
+    message_samples: int = DEFAULT_MESSAGE_SAMPLES,
+    realtime: bool = False,
+    token: str | None = None,
+    ssl_context: ssl.SSLContext | None = None,
+    timeout_s: float = 60.0,
+) -> StreamResult:
+    """Stream ``samples`` ``(n,)`` float32 at 16 kHz to ``url`` over ``protocol``; the server's results.
+
+    Args:
+        url: ``ws://HOST:PORT/`` (sherpa) or ``ws://HOST:PORT/wenet``; ``wss://`` with TLS.
+        protocol: ``"sherpa"`` (float32 messages, ``Done``) or ``"wenet"`` (start signal, int16, end signal).
+        message_samples: samples per binary message.
+        realtime: send message ``i`` at ``i * message_samples / 16000`` s after the first, as a live
+            source would; otherwise as fast as the server takes them.
+        token: sent as ``Authorization: Bearer TOKEN``.
+        ssl_context: for ``wss://`` (for example one that trusts a self-signed certificate).
+        timeout_s: bound on the whole exchange (``TimeoutError`` past it).
+
+    Raises:
+        ServerError: the server sent an error, or closed before its last message.
+    """
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
+    message_samples = check_int("message_samples", message_samples, minimum=1)
+    headers = {} if token is None else {"Authorization": f"Bearer {token}"}
+    result = StreamResult()
+    async with connect(url, additional_headers=headers, ssl=ssl_context, proxy=None, max_size=None) as connection:
+        exchange = _exchange(connection, samples, protocol, message_samples, realtime, result)
+        await asyncio.wait_for(exchange, timeout_s)
+    return result
+
+
+async def _exchange(
+    connection: ClientConnection,
+    samples: np.ndarray,
+    protocol: str,
+    message_samples: int,
+    realtime: bool,
+    result: StreamResult,
+) -> None:
+    """Send the start message, the samples and the end message while the results are collected."""
+    if protocol == "wenet":
+        await connection.send(json.dumps(WENET_START))
+        reply = json.loads(await connection.recv())
+        if reply.get("type") != "server_ready":
+            raise ServerError(f"expected server_ready, got {reply}")
+    receiver = asyncio.create_task(_receive(connection, protocol, result))
+
+    async def send_all() -> None:
+        """Send the samples and then the end message; stop early when the server has ended the exchange."""
+        started = time.perf_counter()
+        for start in range(0, len(samples), message_samples):
+            if receiver.done():  # the server sent an error or closed: stop sending
+                return
+            if realtime:
+                await asyncio.sleep(max(0.0, started + start / SAMPLE_RATE - time.perf_counter()))
+            await connection.send(_encode(samples[start : start + message_samples], protocol))
+            result.sent_at.append(time.perf_counter())
+        await connection.send(SHERPA_DONE if protocol == "sherpa" else json.dumps(WENET_END))
+        result.done_at = time.perf_counter()
+
+    try:
+        try:
+            await send_all()
+        except ConnectionClosed:  # the receiver says why
+            pass
+        await receiver
+    finally:
+        receiver.cancel()  # on a timeout: stop collecting

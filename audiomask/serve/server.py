@@ -1,0 +1,95 @@
+"""Run the app on uvicorn, with a graceful stop: SIGTERM or Ctrl-C drains the connections in flight, exit 0.
+
+uvicorn alone would close open WebSockets with code 1012 on SIGTERM. Here the
+first SIGTERM or SIGINT stops listening (new connections are refused by the
+operating system), finishes every stream in flight (each client gets its
+final result and its protocol's last message, then close 1000), waits up to
+:data:`~audiomask.serve.engine.DRAIN_TIMEOUT_S` for them, and then lets
+uvicorn shut down. A second signal stops at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import sys
+from types import FrameType
+
+import uvicorn
+
+from audiomask.asr.recognizer import StreamingRecognizer
+from audiomask.serve.app import create_app
+from audiomask.serve.engine import Engine
+from audiomask.serve.settings import ServeSettings
+
+__all__ = ["EXIT_STOPPED", "WS_MAX_SIZE_FACTOR", "run", "uvicorn_config"]
+
+EXIT_STOPPED = 0  # stopped by SIGTERM or Ctrl-C after the connections in flight were finished
+SIGNAL_EXIT_BASE = 128  # a second signal stops at once: 128 + its number, the shell's convention
+# The WebSocket layer refuses messages over WS_MAX_SIZE_FACTOR * --max-message-bytes before reading them
+# whole (close 1009, its own reason); messages between the two limits are read and refused by the app
+# with an error naming --max-message-bytes. Memory per connection stays bounded by the larger limit.
+WS_MAX_SIZE_FACTOR = 2
+WS_MAX_QUEUE = 1  # messages uvicorn may queue per connection before it stops reading the socket
+
+
+def uvicorn_config(app: object, settings: ServeSettings) -> uvicorn.Config:
+    """The uvicorn settings of ``settings``: address, TLS, WebSocket limits; uvicorn logs warnings only."""
+    return uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        ssl_certfile=settings.certfile,
+        ssl_keyfile=settings.keyfile,
+        ws_max_size=WS_MAX_SIZE_FACTOR * settings.max_message_bytes,
+        ws_max_queue=WS_MAX_QUEUE,
+        ws_per_message_deflate=False,  # audio does not compress; inflating would hide the size of what arrives
+        lifespan="on",
+        log_level="warning",
+    )
+
+
+class _DrainingServer(uvicorn.Server):
+    """A uvicorn server whose first stop signal drains the engine's connections before the shutdown."""
+
+    def __init__(self, config: uvicorn.Config, engine: Engine) -> None:
+        super().__init__(config)
+        self.engine = engine
+        self.stop_signal: int | None = None
+        self.forced_by: int | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._drain_task: asyncio.Task | None = None
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().startup(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        # uvicorn's own handler records the signal to raise it again after the shutdown (exit 128 + N);
+        # a drained server exits 0 instead.
+        if self.stop_signal is None and self._loop is not None:
+            self.stop_signal = sig
+            self._loop.call_soon_threadsafe(self._begin_drain)
+            return
+        self.forced_by = sig
+        self.should_exit = self.force_exit = True
+
+    def _begin_drain(self) -> None:
+        for server in getattr(self, "servers", []):
+            server.close()  # stop listening; the connections in flight go on
+        self._drain_task = asyncio.ensure_future(self._drain())
+
+    async def _drain(self) -> None:
+        if not await self.engine.drain():
+            print("audiomask serve: some connections did not finish in time; closing them", file=sys.stderr)
+        self.should_exit = True
+
+
+def run(settings: ServeSettings, recognizer: StreamingRecognizer | None = None) -> int:
+    """Serve ``settings`` (with ``recognizer``, or one built from them) until a stop signal; the exit status."""
+    app = create_app(settings, recognizer)
+    server = _DrainingServer(uvicorn_config(app, settings), app.state.engine)
+    server.run()
+    if server.forced_by is not None:
+        return SIGNAL_EXIT_BASE + server.forced_by
+    return EXIT_STOPPED

@@ -1,0 +1,111 @@
+"""The options of ``audiomask serve`` as one frozen dataclass, checked when it is made.
+
+>>> ServeSettings().host, ServeSettings().port, ServeSettings().max_connections
+('127.0.0.1', 6006, 64)
+>>> ServeSettings(max_connections=0)
+Traceback (most recent call last):
+...
+ValueError: --max-connections must be >= 1, got 0
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from audiomask.checks import check_int
+
+__all__ = [
+    "DEFAULT_IDLE_TIMEOUT_S",
+    "DEFAULT_MAX_CONNECTIONS",
+    "DEFAULT_MAX_MESSAGE_BYTES",
+    "DEFAULT_PORT",
+    "LOOPBACK",
+    "MAX_PORT",
+    "MIN_MESSAGE_BYTES",
+    "ServeSettings",
+]
+
+LOOPBACK = "127.0.0.1"  # the default address: reachable from this machine only, until told otherwise
+DEFAULT_PORT = 6006  # sherpa-onnx's servers' default, so its clients' defaults find this one
+MAX_PORT = 65535
+# Every connection is an encoder slot (max_streams), and a chunk step computes all slots (static shapes):
+# on a CPU a step of 64 slots of the shipped model takes ~0.1 s per 320 ms chunk; raise it on a GPU.
+DEFAULT_MAX_CONNECTIONS = 64
+FLOAT32_BYTES = 4
+DEFAULT_MAX_MESSAGE_BYTES = 2**20  # 1 MiB a frame: 16 s of float32 samples, sherpa-onnx's default limit
+MIN_MESSAGE_BYTES = FLOAT32_BYTES  # one sample
+DEFAULT_IDLE_TIMEOUT_S = 30.0  # seconds without a message before a connection is closed
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    """What ``audiomask serve`` was told: address, model, streaming settings and limits.
+
+    Attributes:
+        host: the address to bind (default the loopback, ``127.0.0.1``: ``0.0.0.0`` serves every interface).
+        port: the TCP port; ``0`` picks a free one.
+        model: a model file (:func:`audiomask.asr.checkpoint.save_model`); ``None``: the shipped model.
+        device: ``auto`` (CUDA where available), ``cpu``, ``cuda`` or ``cuda:N``; resolved when the
+            recognizer is built (so settings made on a machine without a GPU may name one).
+        chunk_ms: milliseconds of audio per encoder chunk; ``None``: the model's.
+        left_chunks: chunks of left context; ``None``: the model's.
+        max_connections: WebSocket connections served at once; each is one encoder slot of the shared
+            recognizer (its ``max_streams``); one more is refused with HTTP 503 and ``Retry-After``.
+        max_message_bytes: the largest WebSocket message a client may send, bytes.
+        idle_timeout_s: seconds a connection may go without sending a message before it is closed
+            (its stream then no longer holds the others' encoder steps).
+        token: when set, a client must send ``Authorization: Bearer TOKEN`` or ``?token=TOKEN``
+            (otherwise HTTP 401 at the handshake).
+        certfile, keyfile: a PEM certificate and its key: serve ``wss://`` / ``https://`` (both or neither).
+    """
+
+    host: str = LOOPBACK
+    port: int = DEFAULT_PORT
+    model: str | None = None
+    device: str = "auto"
+    chunk_ms: int | None = None
+    left_chunks: int | None = None
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
+    token: str | None = None
+    certfile: str | None = None
+    keyfile: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.host, str) or not self.host:
+            raise ValueError(f"--host must be an address such as {LOOPBACK}, got {self.host!r}")
+        check_int("--port", self.port, minimum=0, maximum=MAX_PORT)
+        if self.chunk_ms is not None:
+            check_int("--chunk-ms", self.chunk_ms, minimum=1)
+        if self.left_chunks is not None:
+            check_int("--left-chunks", self.left_chunks, minimum=0)
+        check_int("--max-connections", self.max_connections, minimum=1)
+        check_int("--max-message-bytes", self.max_message_bytes, minimum=MIN_MESSAGE_BYTES)
+        idle = self.idle_timeout_s
+        if isinstance(idle, bool) or not isinstance(idle, (int, float)) or not (idle > 0 and math.isfinite(idle)):
+            raise ValueError(f"--idle-timeout-s must be a positive number of seconds, got {idle!r}")
+        if self.token is not None and (
+            not isinstance(self.token, str) or not self.token or self.token != self.token.strip()
+        ):
+            raise ValueError("--token must be a non-empty string without surrounding whitespace")
+        if (self.certfile is None) != (self.keyfile is None):
+            raise ValueError(
+                f"--certfile and --keyfile go together (wss needs both), got certfile={self.certfile!r}, "
+                f"keyfile={self.keyfile!r}"
+            )
+
+    @property
+    def secure(self) -> bool:
+        """Whether connections are TLS (``wss://``, ``https://``)."""
+        return self.certfile is not None
+
+    def describe_routes(self) -> str:
+        """Both WebSocket routes' URLs and what their binary messages hold, for a start-up line.
+
+        >>> ServeSettings(port=8000).describe_routes()
+        'ws://127.0.0.1:8000/ (sherpa-onnx, float32 samples), ws://127.0.0.1:8000/wenet (WeNet, int16 PCM)'
+        """
+        address = f"{'wss' if self.secure else 'ws'}://{self.host}:{self.port}"
+        return f"{address}/ (sherpa-onnx, float32 samples), {address}/wenet (WeNet, int16 PCM)"

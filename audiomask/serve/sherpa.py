@@ -1,0 +1,95 @@
+"""sherpa-onnx's online WebSocket protocol (its ``streaming_server.py`` and C++ ``online-websocket-server``).
+
+The client sends binary messages of **little-endian float32** mono samples in
+[-1, 1] at 16 kHz, of any length (not int16: that is WeNet's route,
+``/wenet``), and then the text message ``Done``. The server sends a JSON text
+message each time the text changes, then, after ``Done``, the final result
+with ``is_final`` and ``is_eof`` true, then the text message ``Done!``, and
+closes with code 1000:
+
+>>> protocol = SherpaProtocol()
+>>> protocol.read_text("Done")
+END
+>>> protocol.partial("hello wo")
+'{"text": "hello wo", "segment": 0, "is_final": false, "is_eof": false, "tokens": ["h", "e", "l", "l", "o", " ", "w", "o"], "timestamps": [], "start_time": 0.0}'
+>>> protocol.final("hi")[1]
+'Done!'
+>>> protocol.read_bytes(b"\\x00\\x00")
+Traceback (most recent call last):
+...
+audiomask.serve.session.ClientError: a binary message of 2 bytes is not a whole number of float32 samples (4 bytes each): \
+an odd number of 16-bit values looks like int16 PCM; this route takes little-endian float32 samples in [-1, 1] at 16 kHz \
+(int16 PCM goes to /wenet)
+
+``tokens`` are the characters of the text (the models' tokens are
+characters); ``timestamps`` are empty (the recognizer reports no token
+times); ``segment`` is always 0 (no endpointing: one connection, one
+utterance). A client error gets ``{"error": MESSAGE}``, then a close frame
+whose code says which error.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from audiomask.serve.session import CLOSE_UNSUPPORTED, END, ClientError, ClientProtocol, End, Reply, Samples
+
+__all__ = ["DONE", "DONE_REPLY", "FLOAT32_LE", "SherpaProtocol"]
+
+DONE = "Done"  # the client's last message
+DONE_REPLY = "Done!"  # the server's last message, after the final result
+FLOAT32_LE = np.dtype("<f4")
+INT16_BYTES = 2
+SAMPLE_FORMAT = "little-endian float32 samples in [-1, 1] at 16 kHz (int16 PCM goes to /wenet)"
+
+
+class SherpaProtocol(ClientProtocol):
+    """The route ``/``: float32 samples, ``Done``, JSON results, ``Done!``."""
+
+    sample_format = SAMPLE_FORMAT
+    bad_samples_hint = f"; this route takes {SAMPLE_FORMAT}: int16 PCM read as float32 gives such values"
+
+    def read_text(self, text: str) -> Samples | Reply | End:
+        if text == DONE:
+            return END
+        shown = text if len(text) <= 40 else text[:40] + "..."
+        raise ClientError(
+            f"unexpected text message {shown!r}: this route takes binary messages of {SAMPLE_FORMAT}, "
+            f"then the text message {DONE!r}",
+            CLOSE_UNSUPPORTED,
+        )
+
+    def read_bytes(self, data: bytes) -> Samples | Reply | End:
+        if len(data) % FLOAT32_LE.itemsize:
+            int16_hint = "an odd number of 16-bit values looks like int16 PCM; " if len(data) % INT16_BYTES == 0 else ""
+            raise ClientError(
+                f"a binary message of {len(data)} bytes is not a whole number of float32 samples "
+                f"({FLOAT32_LE.itemsize} bytes each): {int16_hint}this route takes {SAMPLE_FORMAT}"
+            )
+        return Samples(np.frombuffer(data, FLOAT32_LE))
+
+    def partial(self, text: str) -> str:
+        return _result(text, final=False)
+
+    def final(self, text: str) -> tuple[str, ...]:
+        return _result(text, final=True), DONE_REPLY
+
+    def error(self, message: str) -> str:
+        return json.dumps({"error": message})
+
+
+def _result(text: str, *, final: bool) -> str:
+    """sherpa-onnx's result JSON (``OnlineRecognizerResult.AsJsonString``) for ``text``."""
+    return json.dumps(
+        {
+            "text": text,
+            "segment": 0,
+            "is_final": final,
+            "is_eof": final,
+            "tokens": list(text),
+            "timestamps": [],
+            "start_time": 0.0,
+        }
+    )

@@ -1,0 +1,302 @@
+#!/usr/bin/env python3
+"""Load benchmark of ``audiomask serve``: N concurrent WebSocket clients over loopback, the partials' latency.
+
+Usage: python3 scripts/bench_server.py --clients 64 --realtime --out bench/results/server_cpu.json
+       python3 scripts/bench_server.py --url ws://127.0.0.1:6006 --clients 2000 --processes 16 --realtime
+
+Each client streams a sample file (``samples/*.wav``, in turn) in messages of
+``--message-ms`` over the sherpa-onnx route (``--route wenet``: WeNet's;
+``both``: every other client), at real time with ``--realtime`` (else as fast
+as the server takes them), starting one after another over ``--ramp-s``; the
+clients run as asyncio tasks in ``--processes`` processes. Without ``--url``
+the script starts the server (``python -m audiomask serve``, the shipped model,
+``--max-connections`` = the clients) on a free loopback port and stops it.
+
+What it checks and measures:
+
+- every final text equals the text the same model gives the file alone (a
+  single-stream :class:`~audiomask.asr.recognizer.StreamingRecognizer` with
+  the server's chunk settings); a client that got no final result is *lost*;
+- the latency of each partial result: its arrival time minus the time the
+  client sent the message holding the last sample of the chunk that produced
+  it. Which chunk produced a text is read off the single-stream reference: the
+  first message after which the reference's text equals it. Partials whose text
+  the reference never shows (float rounding of batched steps can differ) are
+  counted as unmatched, not timed;
+- the final latency: the final result's arrival minus the end message's sending.
+
+The report (``--out``) records the command, date, versions and machine
+(:func:`audiomask.bench.environment.capture_environment`), the settings, the
+counts, and p50/p90/p99/max of both latencies in milliseconds. Exit status:
+0 when every client got its correct text, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import multiprocessing
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+from audiomask.constants import SAMPLE_RATE
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+MS_PER_S = 1000
+PERCENTILES = (50, 90, 99, 100)
+READY_TIMEOUT_S = 120.0
+STOP_TIMEOUT_S = 30.0
+ROUTES = {"sherpa": "/", "wenet": "/wenet"}
+
+
+def _arguments(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clients", type=int, default=64, help="concurrent clients (default 64)")
+    parser.add_argument("--realtime", action="store_true", help="send at real time (default: as fast as taken)")
+    parser.add_argument("--url", help="a running server (ws://HOST:PORT); default: start one on loopback")
+    parser.add_argument("--route", choices=[*ROUTES, "both"], default="sherpa", help="protocol (default sherpa)")
+    parser.add_argument("--processes", type=int, default=2, help="client processes (default 2)")
+    parser.add_argument("--message-ms", type=int, default=100, help="audio per message, ms (default 100)")
+    parser.add_argument("--ramp-s", type=float, default=2.0, help="clients start over this many seconds")
+    parser.add_argument("--chunk-ms", type=int, help="the server's chunk (default: the model's)")
+    parser.add_argument("--left-chunks", type=int, help="the server's left chunks (default: the model's)")
+    parser.add_argument("--device", default="cpu", help="the started server's device (default cpu)")
+    parser.add_argument("--token", help="the server's token")
+    parser.add_argument("--timeout-s", type=float, default=300.0, help="bound on one client's exchange")
+    parser.add_argument("--out", type=Path, help="write the JSON report here")
+    args = parser.parse_args(argv)
+    for name in ("clients", "processes", "message_ms"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    return args
+
+
+def _references(
+    audio: dict[str, np.ndarray], chunk_ms: int | None, left_chunks: int | None, message_samples: int
+) -> tuple[dict[str, list[str]], dict[str, str], int]:
+    """Per file, the single-stream text after each message and the final text; and the chunk in ms."""
+    import torch
+
+    from audiomask.asr.checkpoint import load_model
+    from audiomask.asr.recognizer import StreamingRecognizer
+
+    torch.set_num_threads(1)
+    partials, finals = {}, {}
+    with StreamingRecognizer(load_model(), "cpu", chunk_ms, left_chunks) as recognizer:
+        for name, samples in audio.items():
+            stream = recognizer.open_stream(name)
+            texts = []
+            for start in range(0, len(samples), message_samples):
+                stream.accept(samples[start : start + message_samples])
+                texts.append(stream.partial())
+            partials[name], finals[name] = texts, stream.finish()
+        return partials, finals, recognizer.chunk_ms
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@contextlib.contextmanager
+def _server(args: argparse.Namespace) -> Iterator[tuple[str, subprocess.Popen | None]]:
+    """``(ws URL, None)`` of ``--url``, or ``(URL, process)`` of a server started here, stopped after."""
+    if args.url:
+        yield args.url.rstrip("/"), None
+        return
+    port = _free_port()
+    command = [sys.executable, "-m", "audiomask", "serve", "--port", str(port), "--device", args.device]
+    command += ["--max-connections", str(args.clients), "--idle-timeout-s", str(args.timeout_s)]
+    for flag, value in (("--chunk-ms", args.chunk_ms), ("--left-chunks", args.left_chunks), ("--token", args.token)):
+        if value is not None:
+            command += [flag, str(value)]
+    log_path = Path(tempfile.gettempdir()) / f"bench_server_{port}.log"
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPOSITORY)
+    try:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while _health(f"http://127.0.0.1:{port}")[0] != 200:
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"the server did not start:\n{log_path.read_text()}")
+            time.sleep(0.1)
+        yield f"ws://127.0.0.1:{port}", process
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) process ``pid`` has used (Linux ``/proc``; 0 elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
+def _health(url: str) -> tuple[int, dict]:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=5) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, {}
+    except OSError:
+        return 0, {}
+
+
+def _run_clients(jobs: list[dict]) -> list[dict]:
+    """Run ``jobs`` (one client each) as asyncio tasks in this process; their outcomes, JSON-ready."""
+    from audiomask.serve.client import stream_audio
+
+    async def client(job: dict) -> dict:
+        await asyncio.sleep(max(0.0, job["start_at"] - time.time()))
+        try:
+            result = await stream_audio(
+                job["url"],
+                np.asarray(job["samples"], np.float32),
+                protocol=job["protocol"],
+                message_samples=job["message_samples"],
+                realtime=job["realtime"],
+                token=job["token"],
+                timeout_s=job["timeout_s"],
+            )
+        except Exception as error:  # noqa: BLE001 - a lost client is counted and reported, not fatal
+            return {"index": job["index"], "error": f"{type(error).__name__}: {error}"}
+        return {
+            "index": job["index"],
+            "text": result.text,
+            "partials": result.partials,
+            "sent_at": result.sent_at,
+            "latency_final_s": result.final_at - result.done_at,
+        }
+
+    async def run_all() -> list[dict]:
+        return await asyncio.gather(*(client(job) for job in jobs))
+
+    return asyncio.run(run_all())
+
+
+def _percentiles(values: list[float]) -> dict[str, float | None]:
+    """p50/p90/p99/max of ``values`` (seconds) in milliseconds; ``None`` without values."""
+    if not values:
+        return {f"p{p}" if p < 100 else "max": None for p in PERCENTILES}
+    points = np.percentile(np.asarray(values) * MS_PER_S, PERCENTILES)
+    return {f"p{p}" if p < 100 else "max": round(float(v), 2) for p, v in zip(PERCENTILES, points)}
+
+
+def _partial_latencies(outcome: dict, reference: list[str]) -> tuple[list[float], int]:
+    """Each matched partial's latency (s) and the count of partials the reference never shows."""
+    first_message = {}
+    for index, text in enumerate(reference):
+        first_message.setdefault(text, index)
+    latencies, unmatched = [], 0
+    for arrived, text in outcome["partials"]:
+        index = first_message.get(text)
+        if index is None or index >= len(outcome["sent_at"]):
+            unmatched += 1
+        else:
+            latencies.append(arrived - outcome["sent_at"][index])
+    return latencies, unmatched
+
+
+def main(argv: list[str]) -> int:
+    args = _arguments(argv)
+    from audiomask.audio import load
+    from audiomask.bench.environment import capture_environment, write_result
+
+    audio = {path.name: load(path)[0] for path in sorted((REPOSITORY / "samples").glob("*.wav"))}
+    message_samples = args.message_ms * SAMPLE_RATE // MS_PER_S
+    references, expected, chunk_ms = _references(audio, args.chunk_ms, args.left_chunks, message_samples)
+    names = sorted(audio)
+    load_average_1m = os.getloadavg()[0]
+    with _server(args) as (url, server):
+        protocols = ["sherpa", "wenet"] if args.route == "both" else [args.route]
+        begin = time.time() + 1.0  # the client processes start first
+        jobs = [
+            {
+                "index": index,
+                "name": names[index % len(names)],
+                "protocol": protocols[index % len(protocols)],
+                "url": url + ROUTES[protocols[index % len(protocols)]],
+                "samples": audio[names[index % len(names)]].tolist(),
+                "message_samples": message_samples,
+                "realtime": args.realtime,
+                "token": args.token,
+                "timeout_s": args.timeout_s,
+                "start_at": begin + index * args.ramp_s / args.clients,
+            }
+            for index in range(args.clients)
+        ]
+        started = time.perf_counter()
+        spawn = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(args.processes, mp_context=spawn) as pool:
+            shares = [jobs[worker :: args.processes] for worker in range(args.processes)]
+            outcomes = [outcome for share in pool.map(_run_clients, shares) for outcome in share]
+        wall_s = time.perf_counter() - started
+        health = _health(url.replace("ws", "http", 1))[1]
+        server_cpu_s = None if server is None else round(_cpu_s(server.pid), 2)
+
+    lost = [outcome for outcome in outcomes if "error" in outcome]
+    wrong = [o for o in outcomes if "error" not in o and o["text"] != expected[jobs[o["index"]]["name"]]]
+    partial_latencies, unmatched, partial_count = [], 0, 0
+    for outcome in outcomes:
+        if "error" in outcome:
+            continue
+        latencies, missing = _partial_latencies(outcome, references[jobs[outcome["index"]]["name"]])
+        partial_latencies += latencies
+        unmatched += missing
+        partial_count += len(outcome["partials"])
+    report = (
+        capture_environment([Path(sys.argv[0]).as_posix(), *argv])
+        | {
+            "url": args.url,
+            "server_health": health,
+            "server_cpu_s": server_cpu_s,  # the started server's CPU time, its start-up included
+            "load_average_1m": load_average_1m,  # the machine's load before the run (other work shares the cores)
+            "clients": args.clients,
+            "processes": args.processes,
+            "route": args.route,
+            "realtime": args.realtime,
+            "message_ms": args.message_ms,
+            "ramp_s": args.ramp_s,
+            "chunk_ms": chunk_ms,
+            "samples": {name: round(len(samples) / SAMPLE_RATE, 3) for name, samples in audio.items()},
+            "wall_s": round(wall_s, 2),
+            "correct": args.clients - len(lost) - len(wrong),
+            "lost": len(lost),
+            "wrong": len(wrong),
+            "errors": sorted({outcome["error"] for outcome in lost})[:10],
+            "wrong_texts": [{"file": jobs[o["index"]]["name"], "text": o["text"]} for o in wrong][:10],
+            "partials": partial_count,
+            "partials_unmatched": unmatched,
+            "partial_latency_ms": _percentiles(partial_latencies),
+            "final_latency_ms": _percentiles([o["latency_final_s"] for o in outcomes if "error" not in o]),
+        }
+    )
+    print(json.dumps({key: report[key] for key in ("correct", "lost", "wrong", "partial_latency_ms")}))
+    if args.out:
+        write_result(args.out, report)
+    return 0 if report["correct"] == args.clients else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,125 @@
+"""The server's life: health and page, a graceful stop on SIGTERM, TLS, and the CLI's refusal of bad options."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from importlib.resources import files
+
+import pytest
+
+from audiomask.serve.client import DEFAULT_MESSAGE_SAMPLES, stream_audio
+
+CLI_TIMEOUT_S = 60.0
+SIGTERM_AFTER_S = 1.0  # seconds into a 3 s sample streamed at real time: after the first partial
+STOP_TIMEOUT_S = 15.0
+
+
+def test_health_reports_the_ready_server_and_the_page_is_served(served):
+    status, health = served.health()
+    assert status == 200
+    assert health["status"] == "ready"
+    assert health["max_connections"] == 16 and health["device"] == "cpu" and health["chunk_ms"] > 0
+    page = files("audiomask.serve").joinpath("static", "index.html")
+    try:
+        with urllib.request.urlopen(served.url + "/", timeout=5) as response:
+            status, content_type, body = response.status, response.headers["Content-Type"], response.read()
+    except urllib.error.HTTPError as error:
+        status, content_type, body = error.code, "", b""
+    if page.is_file():
+        assert (status, content_type.split(";")[0]) == (200, "text/html")
+        assert body == page.read_bytes()
+    else:
+        assert status == 404
+
+
+def test_sigterm_finishes_the_streams_in_flight_and_exits_0(start_server, sample_audio):
+    server = start_server("--max-connections", "4")
+    samples = sample_audio["hello_world.wav"]
+
+    async def stop_mid_stream():
+        sherpa = asyncio.create_task(stream_audio(server.ws_url + "/", samples, realtime=True))
+        wenet = asyncio.create_task(stream_audio(server.ws_url + "/wenet", samples, protocol="wenet", realtime=True))
+        await asyncio.sleep(SIGTERM_AFTER_S)
+        server.process.send_signal(signal.SIGTERM)
+        return await sherpa, await wenet
+
+    results = asyncio.run(stop_mid_stream())
+    assert server.process.wait(STOP_TIMEOUT_S) == 0, server.log()
+    for result in results:
+        assert 0 < len(result.sent_at) < len(samples) / DEFAULT_MESSAGE_SAMPLES, "SIGTERM did not come mid-stream"
+        assert result.final_at > 0, "no final result"
+        assert result.partials, "no partial result before SIGTERM"
+        assert result.text.startswith(result.partials[-1][1])
+
+
+def _self_signed(tmp_path):
+    """A certificate for 127.0.0.1 and its key, PEM files made with the cryptography package."""
+    pytest.importorskip("cryptography", reason="the cryptography package makes the test certificate")
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
+        .sign(key, hashes.SHA256())
+    )
+    certfile, keyfile = tmp_path / "cert.pem", tmp_path / "key.pem"
+    certfile.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    keyfile.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    return certfile, keyfile
+
+
+def test_certfile_and_keyfile_serve_wss(start_server, tmp_path, sample_audio, expected_texts, insecure_ssl_context):
+    certfile, keyfile = _self_signed(tmp_path)
+    server = start_server("--certfile", str(certfile), "--keyfile", str(keyfile), "--max-connections", "2")
+    assert server.ws_url.startswith("wss://")
+    result = asyncio.run(
+        stream_audio(server.ws_url + "/", sample_audio["weather.wav"], ssl_context=insecure_ssl_context)
+    )
+    assert result.text == expected_texts["weather.wav"]
+
+
+@pytest.mark.parametrize(
+    ("arguments", "words"),
+    [
+        (["--port", "70000"], "--port must be <= 65535, got 70000"),
+        (["--max-connections", "0"], "--max-connections must be >= 1, got 0"),
+        (["--max-message-bytes", "2"], "--max-message-bytes must be >= 4, got 2"),
+        (["--idle-timeout-s", "0"], "--idle-timeout-s must be a positive number of seconds, got 0.0"),
+        (["--certfile", "cert.pem"], "--certfile and --keyfile go together"),
+        (["--certfile", "missing.pem", "--keyfile", "missing.pem"], "cannot be used for TLS"),
+        (["--replicas", "2"], "--replicas and --gpus-per-replica go with --ray"),
+    ],
+)
+def test_bad_options_are_one_line_and_exit_2(arguments, words):
+    result = subprocess.run(
+        [sys.executable, "-m", "audiomask", "serve", *arguments],
+        capture_output=True,
+        text=True,
+        timeout=CLI_TIMEOUT_S,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("audiomask: error: "), result.stderr
+    assert words in result.stderr

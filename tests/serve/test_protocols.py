@@ -1,0 +1,89 @@
+"""Both routes against a real server: every sample's final text is ``audiomask transcribe``'s, partials only grow.
+
+The messages are read with the ``websockets`` client, as sherpa-onnx's
+``online-websocket-client-decode-file.py`` and WeNet's Python client do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import numpy as np
+import pytest
+
+from audiomask.serve.client import stream_audio
+
+SHERPA_CLIENT_MESSAGE_SAMPLES = 8000  # sherpa-onnx's file client's default --samples-per-message
+SHERPA_RESULT_KEYS = {"text", "segment", "is_final", "is_eof", "tokens", "timestamps", "start_time"}
+INT16_FULL_SCALE = 32768
+
+
+def _assert_grows(texts: list[str], final: str) -> None:
+    """Each text extends the one before it, and the final text extends the last."""
+    for before, after in zip(["", *texts], [*texts, final]):
+        assert after.startswith(before), f"{after!r} does not extend {before!r}"
+    assert len(set(texts)) == len(texts), f"a text was sent twice: {texts}"
+
+
+@pytest.mark.parametrize("protocol", ["sherpa", "wenet"])
+def test_every_sample_gets_the_text_of_audiomask_transcribe(served, sample_audio, expected_texts, protocol):
+    route = "/" if protocol == "sherpa" else "/wenet"
+
+    async def run_all():
+        return {
+            name: await stream_audio(served.ws_url + route, samples, protocol=protocol, token=served.token)
+            for name, samples in sample_audio.items()
+        }
+
+    results = asyncio.run(run_all())
+    assert {name: result.text for name, result in results.items()} == expected_texts
+    for name, result in results.items():
+        texts = [text for _, text in result.partials]
+        assert texts, f"{name}: no partial result before the final one"
+        _assert_grows(texts, result.text)
+
+
+def test_sherpa_messages_are_those_of_its_online_protocol(served, sample_audio, expected_texts, exchange):
+    samples = sample_audio["hello_world.wav"]
+    messages = [
+        samples[start : start + SHERPA_CLIENT_MESSAGE_SAMPLES].astype("<f4").tobytes()
+        for start in range(0, len(samples), SHERPA_CLIENT_MESSAGE_SAMPLES)
+    ]
+    result = asyncio.run(exchange(served.ws_url + "/", [*messages, "Done"], token=served.token))
+
+    assert result.replies[-1] == "Done!"
+    assert result.close_code == 1000
+    results = [json.loads(reply) for reply in result.replies[:-1]]
+    assert all(set(message) == SHERPA_RESULT_KEYS for message in results), results
+    *partials, final = results
+    assert final["is_final"] and final["is_eof"]
+    assert final["text"] == expected_texts["hello_world.wav"]
+    assert final["tokens"] == list(final["text"])
+    assert partials and not any(message["is_final"] or message["is_eof"] for message in partials)
+    assert {message["segment"] for message in results} == {0}
+    _assert_grows([message["text"] for message in partials], final["text"])
+
+
+def test_wenet_messages_are_those_of_its_websocket_protocol(served, sample_audio, expected_texts, exchange):
+    pcm = np.rint(sample_audio["numbers.wav"] * INT16_FULL_SCALE).astype("<i2").tobytes()
+    start = json.dumps({"signal": "start", "nbest": 1, "continuous_decoding": False})
+    messages = [start, *(pcm[offset : offset + 3200] for offset in range(0, len(pcm), 3200))]
+    result = asyncio.run(exchange(served.ws_url + "/wenet", [*messages, '{"signal": "end"}'], token=served.token))
+
+    replies = [json.loads(reply) for reply in result.replies]
+    assert replies[0] == {"status": "ok", "type": "server_ready"}
+    assert replies[-1] == {"status": "ok", "type": "speech_end"}
+    assert result.close_code == 1000
+    *partials, final = replies[1:-1]
+    assert final["type"] == "final_result" and final["status"] == "ok"
+    assert json.loads(final["nbest"]) == [{"sentence": expected_texts["numbers.wav"]}]
+    assert partials and {reply["type"] for reply in partials} == {"partial_result"}
+    texts = [json.loads(reply["nbest"])[0]["sentence"] for reply in partials]
+    _assert_grows(texts, expected_texts["numbers.wav"])
+
+
+def test_no_audio_gives_an_empty_final_result(served, exchange):
+    result = asyncio.run(exchange(served.ws_url + "/", ["Done"], token=served.token))
+    assert [json.loads(result.replies[0])["text"], result.replies[1]] == ["", "Done!"]
+    assert result.close_code == 1000
