@@ -19,9 +19,9 @@ from typing import Any
 import audiomask
 from audiomask.cli.common import EXIT_BAD_FILE, EXIT_OK, SIGNAL_EXIT_BASE, pick_device
 from audiomask.cli.output import Output, reason
-from audiomask.constants import FRAME_MS, SAMPLE_RATE
+from audiomask.constants import SAMPLE_RATE
 
-__all__ = ["MAX_STREAM_AUDIO_MS", "STDIN", "TRANSCRIBE_THREADS", "Interrupted", "transcribe"]
+__all__ = ["STDIN", "TRANSCRIBE_THREADS", "Interrupted", "transcribe"]
 
 MS_PER_S = 1000
 STDIN = "-"
@@ -34,10 +34,6 @@ AUDIO_SUFFIXES = frozenset(
 # on the shared 2-core CPU the shipped architecture's CLI RTF was 0.10 with one thread against
 # 0.12 with two (bench/results/cli_rtf_cpu_2core.json; 0.14 against 0.25 when the load was higher).
 TRANSCRIBE_THREADS = 1
-# Audio a stream's key/value cache holds: its chunk and the left chunks, (left_chunks + 1) * chunk_ms.
-# Ten minutes (7,500 tokens of 80 ms) is far beyond any streaming setting and keeps the cache and a
-# chunk's attention in memory; larger settings are refused before anything is allocated.
-MAX_STREAM_AUDIO_MS = 10 * 60 * MS_PER_S
 FIFO_WRITER_WAIT_S = 10.0  # how long a named pipe without a writer is waited for before it is an error
 TERMINATION_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # Ctrl-C, and `kill`, `timeout`, service managers
 
@@ -177,15 +173,6 @@ def _recognizer(args: argparse.Namespace, device: str) -> Any:
     from audiomask.asr.recognizer import StreamingRecognizer
 
     model = load_model(args.model)
-    config = model.encoder.config
-    chunk_ms = config.chunk_size * config.time_reduction * FRAME_MS if args.chunk_ms is None else args.chunk_ms
-    left_chunks = config.left_chunk if args.left_chunks is None else args.left_chunks
-    if chunk_ms >= 1 and left_chunks >= 0 and (left_chunks + 1) * chunk_ms > MAX_STREAM_AUDIO_MS:
-        raise ValueError(
-            f"--chunk-ms {chunk_ms} with --left-chunks {left_chunks}: a stream holds at most "
-            f"MAX_STREAM_AUDIO_MS = {MAX_STREAM_AUDIO_MS} ms of audio ((left_chunks + 1) * chunk_ms), "
-            f"this needs {(left_chunks + 1) * chunk_ms}"
-        )
     try:
         return StreamingRecognizer(model, device, args.chunk_ms, args.left_chunks)
     except ValueError as error:

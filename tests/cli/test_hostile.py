@@ -17,8 +17,8 @@ import pytest
 import soundfile as sf
 
 import audiomask.cli.transcribe as transcribe_module
+from audiomask.asr.capacity import MAX_CHUNK_MS, MAX_CONTEXT_MS
 from audiomask.cli import main
-from audiomask.cli.transcribe import MAX_STREAM_AUDIO_MS
 
 ROOT = Path(__file__).resolve().parents[2]
 SUBPROCESS_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
@@ -75,8 +75,8 @@ def test_full_stdout_is_one_line_and_status_1(model_path: Path) -> None:
 @pytest.mark.parametrize(
     ("arguments", "message"),
     [
-        (["--left-chunks", "1000000000"], f"a stream holds at most MAX_STREAM_AUDIO_MS = {MAX_STREAM_AUDIO_MS} ms"),
-        (["--chunk-ms", "80000000"], f"a stream holds at most MAX_STREAM_AUDIO_MS = {MAX_STREAM_AUDIO_MS} ms"),
+        (["--left-chunks", "1000000000"], f"more than MAX_CONTEXT_MS = {MAX_CONTEXT_MS}"),
+        (["--chunk-ms", "80000000"], f"chunk_ms must be <= {MAX_CHUNK_MS}"),
         (["--threads", "1000"], "--threads must be 1 to "),
         (["--threads", "99999999999"], "--threads must be 1 to "),
     ],
