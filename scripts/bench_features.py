@@ -23,24 +23,40 @@ Also recorded: the largest difference from transformers, and the deviation of
 the Whisper front end's running floor (what streams use) from the per-utterance
 floor, on the samples at several levels.
 
+And the streaming driver's front-end stage (``slot_stage``):
+:class:`~audiomask.features.slots.SlotFeatures` ``compute_cycle`` as a
+front-end process runs it (one torch thread, its feature batch written in
+place), for ``--slots`` slots of each family's encoder chunk (Phi-4MM: 128
+frames, 1.28 s; Qwen3-ASR: 100 frames, 1 s), every slot advancing every
+cycle. ``steady``: every slot in the middle of its stream; ``churn``: in each
+cycle 1 slot in :data:`CHURN_SLOTS` ends its stream with a short last block
+and takes a new one in the next (its first block), as a driver's slots do
+with utterances of about 16 chunks. Reported per cycle (median wall and
+CPU time), and the CPU time per slot and per second of one stream's audio.
+
 Usage: python scripts/bench_features.py --out bench/results/features_cpu_2core.json
+       python scripts/bench_features.py --slots-only [--out FILE]  # the front-end stage alone
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from audiomask.asr.planner import block_samples, ring_capacity
 from audiomask.audio import load
 from audiomask.bench.environment import capture_environment, write_result
 from audiomask.bench.timing import MS_PER_S, NS_PER_S, time_interleaved
 from audiomask.constants import FRAME_MS, SAMPLE_RATE, WINDOW_MS
-from audiomask.features import Phi4MMFrontend, WhisperFrontend
+from audiomask.features import Frontend, Phi4MMFrontend, WhisperFrontend
+from audiomask.features.slots import SlotCycle, SlotFeatures, SlotSamples
 from audiomask.features.whisper import PEAK_PRIOR
 
 ROOT = Path(__file__).resolve().parents[1]  # the checkout: samples/
@@ -51,6 +67,14 @@ STREAM_CHUNKS_S = (0.16, 1.28)
 STREAMS_CHUNK_S = 1.28
 FLOOR_LEVELS_DB = (0.0, -10.0, -20.0, -30.0)
 SAMPLES = ("hello_world", "weather", "numbers", "stereo_44k")
+SLOT_COUNTS = (256, 1024)
+SLOT_FAMILIES = {  # name: (front end, frames per encoder chunk)
+    "phi4mm": (Phi4MMFrontend, 128),
+    "qwen3_asr": (WhisperFrontend.qwen3_asr, 100),
+}
+US_PER_S = 1_000_000
+CHURN_SLOTS = 16  # churn: one slot in this many ends its stream each cycle
+LAST_BLOCK_FRACTION = 0.5  # churn: a stream's last block, as a fraction of a block
 
 
 def speech(seconds: float, offset: int = 0) -> np.ndarray:
@@ -121,6 +145,105 @@ def floor_deviation() -> list[dict]:
     return rows
 
 
+class SlotStage:
+    """A driver's front-end stage fed as a driver feeds it: ``batch`` slots' rings, every slot advancing each cycle.
+
+    Streams take their samples from ``audio`` (each slot from its own
+    offset); with ``churn``, one slot in :data:`CHURN_SLOTS` (a different
+    set each cycle) ends its stream with a short last block, and takes a new
+    stream, from its first block, in the next cycle.
+    """
+
+    def __init__(self, frontend: Frontend, chunk_frames: int, batch: int, churn: bool, audio: np.ndarray) -> None:
+        self.first_block, self.block = block_samples(frontend, chunk_frames)
+        self.stage = SlotFeatures(frontend, batch, chunk_frames)
+        self.rings = SlotSamples(np.zeros((batch, ring_capacity(self.first_block, self.block)), np.float32))
+        self.features = np.zeros(self.stage.shape, np.float32)  # written in place, as in a process's shared batch
+        self.batch, self.churn, self.audio = batch, churn, audio
+        self.written = np.zeros(batch, np.int64)
+        self.read = np.arange(batch, dtype=np.int64) * (len(audio) // batch)  # each slot's place in the audio
+        self.joining = np.ones(batch, bool)  # the next block is a stream's first
+        self.index = 0
+
+    def next_cycle(self) -> SlotCycle:
+        """Write every slot's next block into its ring and describe the cycle."""
+        ending = np.zeros(self.batch, bool)
+        if self.churn:
+            ending[self.index % CHURN_SLOTS :: CHURN_SLOTS] = True
+            ending &= ~self.joining
+        last = int(self.block * LAST_BLOCK_FRACTION)
+        lengths = np.where(self.joining, self.first_block, np.where(ending, last, self.block))
+        starts = self.written.copy()
+        for slot, length in enumerate(lengths.tolist()):
+            at = int(self.read[slot]) % (len(self.audio) - length)
+            self.rings.write(slot, int(self.written[slot]), self.audio[at : at + length])
+        self.written += lengths
+        self.read += lengths
+        cycle = SlotCycle(np.ones(self.batch, bool), ending, self.joining.copy(), starts, lengths)
+        self.joining = ending
+        self.index += 1
+        return cycle
+
+    def time_cycles(self, cycles: int, warmup: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(cycles,)`` wall and ``(cycles,)`` CPU seconds (this thread's: the stage runs on it) of
+        ``compute_cycle``, after ``warmup`` untimed cycles."""
+        wall, cpu = np.empty(cycles), np.empty(cycles)
+        for index in range(warmup + cycles):
+            cycle = self.next_cycle()
+            began, cpu_began = time.perf_counter(), time.thread_time()
+            self.stage.compute_cycle(self.rings, cycle, self.features)
+            if index >= warmup:
+                wall[index - warmup] = time.perf_counter() - began
+                cpu[index - warmup] = time.thread_time() - cpu_began
+        return wall, cpu
+
+
+def slot_stage(slot_counts: Sequence[int], cycles: int, warmup: int) -> dict:
+    """The front-end stage per cycle, per slot and per stream-second, for each family, slot count and case."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as each front-end process runs by default on a host with few cores per process
+    audio = speech(60.0)
+    rows = []
+    try:
+        for family, (make, chunk_frames) in SLOT_FAMILIES.items():
+            for batch in slot_counts:
+                for churn in (False, True):
+                    stage = SlotStage(make(), chunk_frames, batch, churn, audio)
+                    wall, cpu = stage.time_cycles(cycles, warmup)
+                    median, median_cpu = float(np.median(wall)), float(np.median(cpu))
+                    chunk_s = stage.block / SAMPLE_RATE
+                    row = {
+                        "family": family,
+                        "slots": batch,
+                        "case": "churn" if churn else "steady",
+                        "chunk_frames": chunk_frames,
+                        "chunk_s": chunk_s,
+                        "cycles": cycles,
+                        "median_ms_per_cycle": median * MS_PER_S,
+                        "p95_ms_per_cycle": float(np.percentile(wall, 95)) * MS_PER_S,
+                        "median_cpu_ms_per_cycle": median_cpu * MS_PER_S,
+                        "cpu_us_per_slot": median_cpu * US_PER_S / batch,
+                        "cpu_ms_per_stream_s": median_cpu * MS_PER_S / (batch * chunk_s),
+                    }
+                    rows.append(row)
+                    print(
+                        f"slot stage {family:<10}{batch:>6} slots {row['case']:<7}"
+                        f"{row['median_ms_per_cycle']:>8.1f} ms/cycle{row['median_cpu_ms_per_cycle']:>8.1f} ms CPU"
+                        f"{row['cpu_us_per_slot']:>6.0f} us/slot{row['cpu_ms_per_stream_s']:>7.3f} ms CPU per stream-s",
+                        flush=True,
+                    )
+    finally:
+        torch.set_num_threads(threads)
+    return {
+        "torch_threads": 1,
+        "churn_slots": CHURN_SLOTS,
+        "last_block_fraction": LAST_BLOCK_FRACTION,
+        "units": "ms per cycle (median wall, p95 wall, median CPU of the calling thread); CPU us per slot; "
+        "CPU ms per second of one stream's audio",
+        "rows": rows,
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark (``argv`` without the program name; default ``sys.argv[1:]``); returns the exit status."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -128,7 +251,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=30, help="timed rounds per case (single-utterance cases)")
     parser.add_argument("--batch-rounds", type=int, default=8, help="timed rounds per batch / streams case")
     parser.add_argument("--warmup", type=int, default=2, help="untimed calls per method first")
+    parser.add_argument("--slots", type=int, nargs="+", default=SLOT_COUNTS, help="slot counts of the front-end stage")
+    parser.add_argument("--slot-cycles", type=int, default=10, help="timed cycles per front-end stage case")
+    parser.add_argument(
+        "--slots-only",
+        action="store_true",
+        help="time the front-end stage alone; with --out, replace only its section of that file (if it exists)",
+    )
     args = parser.parse_args(argv)
+    if args.slots_only:
+        section = {**capture_environment(sys.argv), **slot_stage(args.slots, args.slot_cycles, args.warmup)}
+        if args.out:
+            report = json.loads(args.out.read_text()) if args.out.exists() else {}
+            write_result(args.out, {**report, "slot_stage": section})
+        return 0
 
     import transformers
 
@@ -266,6 +402,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "accuracy_max_abs_diff": accuracy,
         "whisper_running_floor_deviation": floor_deviation(),
         "results": cases,
+        "slot_stage": slot_stage(args.slots, args.slot_cycles, args.warmup),  # the run's command above
     }
 
     print(f"{'case':<24}{'method':<26}{'median ms':>10}{'p95 ms':>9}{'x RT':>9}{'speedup':>9}")

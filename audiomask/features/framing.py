@@ -105,6 +105,30 @@ class StreamFramer:
         self.samples = 0  # raw samples pushed
         self.frames = 0  # frames returned
 
+    @classmethod
+    def resumed(cls, framing: Framing, held: np.ndarray, samples: int, frames: int) -> StreamFramer:
+        """The framer that has taken ``samples`` samples, returned ``frames`` frames and holds ``held``.
+
+        ``held`` (float32, :attr:`held` of that framer; kept, not copied) is
+        at most ``win - 1`` samples, or ``pad`` while ``samples <= pad``.
+
+        >>> framing = Framing(win=400, hop=160, pad=0, drop_last=False)
+        >>> framer = StreamFramer(framing)
+        >>> _, frames = framer.push(np.zeros(1000, np.float32))
+        >>> twin = StreamFramer.resumed(framing, framer.held.copy(), framer.samples, framer.frames)
+        >>> framer.push(np.ones(500, np.float32))[1], twin.push(np.ones(500, np.float32))[1]
+        (3, 3)
+        """
+        framer = cls(framing)
+        framer._held, framer.samples, framer.frames = held, samples, frames
+        framer._started = framing.pad == 0 or samples > framing.pad  # what every push leaves
+        return framer
+
+    @property
+    def held(self) -> np.ndarray:
+        """The samples kept for later frames: raw while the left reflection waits, else padded signal."""
+        return self._held
+
     def push(self, samples: np.ndarray) -> tuple[np.ndarray, int]:
         f = self.framing
         self.samples += len(samples)
@@ -134,6 +158,73 @@ class StreamFramer:
         frames = total - self.frames
         self.frames = total
         return f.segment(padded, frames), frames
+
+
+class SlotFramers:
+    """The :class:`StreamFramer` state of ``count`` slots in arrays, indexed by slot.
+
+    Each slot's framer is ``framer(slot)``, a :class:`StreamFramer` made from
+    its row and stored back with :meth:`keep`. The push a stream makes in
+    every cycle but its first and last (:meth:`steady` says which slots make
+    it) runs for all those slots at once in :meth:`push_steady`: a slot that
+    holds exactly :attr:`carry` samples completes ``block // hop`` frames
+    with a block of ``block`` samples (a multiple of ``hop``), and holds
+    :attr:`carry` samples again.
+
+    >>> framing = Framing(win=400, hop=160, pad=0, drop_last=False)
+    >>> framers = SlotFramers(framing, 2)
+    >>> framer = framers.framer(1)
+    >>> framer.push(np.zeros(1040, np.float32))[1]  # 5 frames: 240 samples held
+    5
+    >>> framers.keep(1, framer)
+    >>> framers.steady(np.array([0, 1]), np.array([800, 800]), block=800).tolist()
+    [False, True]
+    """
+
+    def __init__(self, framing: Framing, count: int) -> None:
+        self.framing = framing
+        self.carry = framing.win - framing.hop  # held after a push that ends on a whole hop
+        self.held = np.zeros((count, max(framing.win - 1, framing.pad)), np.float32)
+        self.held_len = np.zeros(count, np.int64)
+        self.samples = np.zeros(count, np.int64)  # raw samples pushed
+        self.frames = np.zeros(count, np.int64)  # frames returned
+
+    def restart(self, slots: np.ndarray) -> None:
+        """``slots`` ``(J,)`` start new streams."""
+        self.held_len[slots] = self.samples[slots] = self.frames[slots] = 0
+
+    def framer(self, slot: int) -> StreamFramer:
+        """``slot``'s framer (its held samples copied)."""
+        held = self.held[slot, : self.held_len[slot]].copy()
+        return StreamFramer.resumed(self.framing, held, int(self.samples[slot]), int(self.frames[slot]))
+
+    def keep(self, slot: int, framer: StreamFramer) -> None:
+        """Store ``framer``'s state as ``slot``'s."""
+        held = framer.held
+        self.held[slot, : len(held)] = held
+        self.held_len[slot], self.samples[slot], self.frames[slot] = len(held), framer.samples, framer.frames
+
+    def steady(self, slots: np.ndarray, lengths: np.ndarray, block: int) -> np.ndarray:
+        """``(S,)`` bool: which of ``slots`` can push their next ``lengths`` samples with :meth:`push_steady`.
+
+        Those past their left reflection that hold :attr:`carry` samples and push ``block`` samples.
+        """
+        started = self.samples[slots] > self.framing.pad if self.framing.pad else np.ones(len(slots), bool)
+        return started & (self.held_len[slots] == self.carry) & (lengths == block)
+
+    def push_steady(self, slots: np.ndarray, segments: np.ndarray, rows: np.ndarray) -> None:
+        """Push, for each of the steady ``slots`` ``(S,)``, the block in ``segments[rows[i], carry:]``.
+
+        ``segments`` ``(N, carry + block)`` float32; its first :attr:`carry`
+        samples of each of those rows are written here (the held ones), so
+        that the row is the push's segment: frame ``j`` is
+        ``row[hop * j : hop * j + win]``, for ``block // hop`` frames.
+        """
+        carry = self.carry
+        segments[rows, :carry] = self.held[slots, :carry]
+        self.held[slots, :carry] = segments[rows, -carry:]
+        self.samples[slots] += segments.shape[1] - carry
+        self.frames[slots] += (segments.shape[1] - carry) // self.framing.hop
 
 
 @dataclass

@@ -22,11 +22,8 @@ from audiomask.audio import check_samples
 from audiomask.checks import check_int
 from audiomask.features.framing import Framing, PackedFrames, StreamFramer, pack
 
-__all__ = ["BANDED_FROM_FRAMES", "SLAB_FRAMES", "FeatureStream", "FeatureStreams", "Frontend", "MelBands", "as_samples"]
+__all__ = ["SLAB_FRAMES", "FeatureStream", "FeatureStreams", "Frontend", "MelBands", "as_samples"]
 
-# Below this many frames the dense mel product (one call) beats the banded one
-# (a call per group costs ~10-15 us on the 2-core box; banding saves ~0.2 us a frame).
-BANDED_FROM_FRAMES = 256
 # Frames per slab of torch calls inside one computation: 2 MB of float64 FFT
 # input at n_fft 512. Measured on the 2-core box: 512-768 fastest, 1024 and up
 # slower (the FFT's input and output outgrow the cache), and a 1-hour file in
@@ -43,8 +40,9 @@ class MelBands:
     product's work (the split minimises bins x filters over all splits).
     The power ``re^2 + im^2`` is summed by the product itself: the spectrum's
     interleaved (re, im) values are squared in place and each filter row is
-    repeated for both, which avoids a slow strided pass. Few frames take one
-    dense product instead: there the calls cost more than the arithmetic.
+    repeated for both, which avoids a slow strided pass. Every call takes the
+    banded products, however few its frames: a frame's features then do not
+    depend on how many frames share its call (a dense product rounds differently).
 
     Args:
         weights: ``(bins, n_mels)`` float64 filter matrix, each column non-zero over one run of bins.
@@ -58,16 +56,16 @@ class MelBands:
         used = nonzero.any(axis=0)  # an all-zero filter spans no bins
         first = np.where(used, np.argmax(nonzero, axis=0), bins)
         end = np.where(used, bins - np.argmax(nonzero[::-1], axis=0), 0)
-        self.dense = torch.from_numpy(np.repeat(weights, 2, axis=0).astype(np.float32))  # (2 * bins, n_mels)
+        dense = torch.from_numpy(np.repeat(weights, 2, axis=0).astype(np.float32))  # (2 * bins, n_mels)
         runs = _split(first, end, groups)
         self.bands = [
-            (slice(2 * bin_lo, 2 * bin_hi), slice(lo, hi), self.dense[2 * bin_lo : 2 * bin_hi, lo:hi].contiguous())
+            (slice(2 * bin_lo, 2 * bin_hi), slice(lo, hi), dense[2 * bin_lo : 2 * bin_hi, lo:hi].contiguous())
             for lo, hi, bin_lo, bin_hi in runs
         ]
         # The same filters on the power spectrum (bins, not interleaved (re, im)): half the product's work.
-        self.power_dense = torch.from_numpy(weights.astype(np.float32))  # (bins, n_mels)
+        power_dense = torch.from_numpy(weights.astype(np.float32))  # (bins, n_mels)
         self.power_bands = [
-            (slice(bin_lo, bin_hi), slice(lo, hi), self.power_dense[bin_lo:bin_hi, lo:hi].contiguous())
+            (slice(bin_lo, bin_hi), slice(lo, hi), power_dense[bin_lo:bin_hi, lo:hi].contiguous())
             for lo, hi, bin_lo, bin_hi in runs
         ]
 
@@ -77,11 +75,7 @@ class MelBands:
         The spectrum is overwritten (squared in place).
         """
         squares = torch.view_as_real(spectrum).reshape(len(spectrum), -1).square_()
-        if len(spectrum) < BANDED_FROM_FRAMES:
-            torch.matmul(squares, self.dense, out=out)
-            return
-        for columns, filters, weights in self.bands:
-            torch.matmul(squares[:, columns], weights, out=out[:, filters])
+        _banded_product(squares, self.bands, out)
 
     def project_power(self, spectrum: torch.Tensor, power: torch.Tensor, out: torch.Tensor) -> None:
         """Mel power of a ``(n, bins)`` complex spectrum (complex64 or complex128) into ``(n, n_mels)`` float32 ``out``.
@@ -96,11 +90,24 @@ class MelBands:
         """
         squares = torch.view_as_real(spectrum).square_()
         torch.add(squares[..., 0], squares[..., 1], out=power)
-        if len(spectrum) < BANDED_FROM_FRAMES:
-            torch.matmul(power, self.power_dense, out=out)
-            return
-        for columns, filters, weights in self.power_bands:
-            torch.matmul(power[:, columns], weights, out=out[:, filters])
+        _banded_product(power, self.power_bands, out)
+
+
+def _banded_product(rows: torch.Tensor, bands: list, out: torch.Tensor) -> None:
+    """``rows`` ``(n, k)`` times the banded filters into ``(n, n_mels)`` ``out``, each row as in any ``n``.
+
+    A one-row product would take BLAS's matrix-vector kernel, which rounds
+    differently from the matrix-matrix kernel of every other size: the row
+    goes through it twice instead, so that a frame's features never depend
+    on how many frames share its call.
+    """
+    single = len(rows) == 1
+    target = out.new_empty(2, out.shape[1]) if single else out
+    rows = rows.expand(2, -1) if single else rows
+    for columns, filters, weights in bands:
+        torch.matmul(rows[:, columns], weights, out=target[:, filters])
+    if single:
+        out.copy_(target[:1])
 
 
 def _split(first: np.ndarray, end: np.ndarray, groups: int) -> list[tuple[int, int, int, int]]:
@@ -224,16 +231,25 @@ class Frontend(ABC):
 
     def _log_mel(self, packed: PackedFrames) -> torch.Tensor:
         """``(K, n_mels)`` float32 log-mel of every segment's frames, in segment order."""
-        win, hop = self.framing.win, self.framing.hop
         total = packed.total_frames()
         mel = torch.empty((total, self.n_mels), dtype=torch.float32)
-        for start in range(0, total, SLAB_FRAMES):
-            frames = min(SLAB_FRAMES, total - start)
-            signal = packed.flat[hop * start : hop * (start + frames - 1) + win]
-            self._mel_power_into(signal, frames, mel[start : start + frames])
-        self._log_(mel)
+        self._log_mel_into(packed.flat, mel)
         rows = packed.rows()
         return mel if rows is None else mel.index_select(0, rows)
+
+    def _log_mel_into(self, flat: torch.Tensor, mel: torch.Tensor) -> None:
+        """Log-mel of the first ``len(mel)`` frames of a flat float32 signal into ``(frames, n_mels)`` float32 ``mel``.
+
+        Frame ``f`` is ``flat[hop * f : hop * f + win]``; the frames go through
+        slabs of :data:`SLAB_FRAMES` counted from frame 0.
+        """
+        win, hop = self.framing.win, self.framing.hop
+        total = len(mel)
+        for start in range(0, total, SLAB_FRAMES):
+            frames = min(SLAB_FRAMES, total - start)
+            signal = flat[hop * start : hop * (start + frames - 1) + win]
+            self._mel_power_into(signal, frames, mel[start : start + frames])
+        self._log_(mel)
 
     def _layout(self, features: torch.Tensor, counts: np.ndarray, width: int) -> torch.Tensor:
         """Scatter ``(K, n_mels)`` segment-ordered features into a zero-padded ``(S, width, n_mels)`` batch."""

@@ -16,8 +16,8 @@ each owning a fixed contiguous slice of them with a
 :class:`~audiomask.features.slots.SlotFeatures` of its own (framers and
 front-end state of its slots only), so the stage scales with the host's
 cores: one process gave ~2,900 real-time streams with one torch thread and
-~7,000 with four on the H200 host, and its per-slot Python (framing, packing)
-runs on one core whatever its threads. Samples, cycles and features are
+~7,000 with four on the H200 host, and the Python it runs per slot (for a
+stream's first and last blocks) runs on one core whatever its threads. Samples, cycles and features are
 shared memory (torch tensors shared with the processes): the driver writes
 each slot's samples into its ring (:class:`~audiomask.features.slots.SlotSamples`)
 as they arrive, a cycle is a few ``(B,)`` arrays naming each slot's block

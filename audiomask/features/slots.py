@@ -2,12 +2,12 @@
 
 Every cycle the driver hands over the next block of samples of each slot
 that advances (an occupied slot whose block has not arrived sits the cycle
-out, its state kept); :class:`SlotFeatures` frames them with the slot's own
-:class:`~audiomask.features.framing.StreamFramer` (the overlap between blocks
-carried per slot, and the reflection at each end for centred framings),
-computes the frames of all slots in one front-end call with each slot's own
-streaming state (Whisper's running floor), and lays them out as one chunk
-batch in the front end's layout: ``(B, chunk_frames, n_mels)`` or
+out, its state kept); :class:`SlotFeatures` frames them as each slot's own
+stream (:class:`~audiomask.features.framing.SlotFramers`: the overlap
+between blocks carried per slot, and the reflection at each end for centred
+framings), computes the frames of all slots in one front-end call with each
+slot's own streaming state (Whisper's running floor), and lays them out as
+one chunk batch in the front end's layout: ``(B, chunk_frames, n_mels)`` or
 ``(B, n_mels, chunk_frames)``. It holds per-slot state, so one owner calls it,
 in cycle order: the driver's worker thread, or a process of
 :class:`~audiomask.features.process.FeatureProcess` (which gives each of its
@@ -16,14 +16,19 @@ processes a fixed slice of the slots, a :class:`SlotFeatures` of its own).
 The samples wait in :class:`SlotSamples`, one ring per slot, written by the
 driver as they arrive and read by the stage; :class:`SlotCycle` names each
 slot's block in its ring, per slot, so that the driver describes a cycle with
-a few ``(B,)`` arrays and never copies samples per slot.
+a few ``(B,)`` arrays and never copies samples per slot. The slots in the
+middle of their stream (a whole block after whole ones) are read, framed and
+laid out with a few array operations whatever their number; Python runs per
+slot only for the others (a stream's first and last blocks, blocks of
+another length).
 
 A frame's features do not depend on which other frames share its
 computation: every frame goes through the same batched products (see
-:meth:`SlotFeatures.compute`), so any split of the slots computes the same
-features bit for bit, given the same torch threads (with many threads a
+:meth:`SlotFeatures.compute_cycle`), so any split of the slots computes the
+same features bit for bit, given the same torch threads (with many threads a
 BLAS may split one product's sums across them, differently for different
-sizes).
+sizes; the mel filters are banded products whatever a call's frame count,
+see :class:`~audiomask.features.frontend.MelBands`).
 """
 
 from __future__ import annotations
@@ -32,9 +37,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
-from audiomask.features.framing import StreamFramer, pack
-from audiomask.features.frontend import SLAB_FRAMES, Frontend
+from audiomask.features.framing import SlotFramers
+from audiomask.features.frontend import Frontend
 
 __all__ = ["SlotCycle", "SlotFeatures", "SlotSamples"]
 
@@ -54,8 +60,11 @@ class SlotSamples:
     """
 
     def __init__(self, memory: np.ndarray) -> None:
-        if memory.ndim != 2 or memory.dtype != np.float32:
-            raise ValueError(f"memory must be a (B, capacity) float32 array, got {memory.dtype} {memory.shape}")
+        if memory.ndim != 2 or memory.dtype != np.float32 or memory.strides[1] != memory.itemsize:
+            raise ValueError(
+                f"memory must be a (B, capacity) float32 array with contiguous rows, got {memory.dtype} "
+                f"{memory.shape} strides {memory.strides}"
+            )
         self.memory = memory
         self.capacity = memory.shape[1]
 
@@ -76,6 +85,39 @@ class SlotSamples:
         if start + length <= self.capacity:
             return row[start : start + length].copy()
         return np.concatenate((row[start:], row[: start + length - self.capacity]))
+
+    def read_into(self, slots: np.ndarray, positions: np.ndarray, out: torch.Tensor) -> None:
+        """:meth:`read` of many slots at once: row ``i`` of ``out`` from ``slots[i]``'s ring at ``positions[i]``.
+
+        ``out``: ``(S, length)`` float32, any strides (rows distinct). A few
+        array operations whatever ``S``: the blocks that lie whole in their
+        ring are one gather straight into ``out``; those that wrap around
+        its end, one more each way.
+
+        >>> import torch
+        >>> ring, out = SlotSamples(np.arange(8, dtype=np.float32).reshape(2, 4)), torch.empty(2, 2)
+        >>> ring.read_into(np.array([1, 0]), np.array([1, 3]), out)  # slot 0 wraps: indices 3, 0
+        >>> out.tolist()
+        [[5.0, 6.0], [3.0, 0.0]]
+        """
+        capacity, length = self.capacity, out.shape[1]
+        if length > capacity:
+            raise ValueError(f"out's rows hold {length} samples, more than a ring's capacity={capacity}")
+        offsets = positions % capacity
+        last = capacity - length  # the last offset from which a block lies whole
+        memory = torch.from_numpy(self.memory)
+        row = memory.stride(0)
+        windows = memory.as_strided((row * (len(memory) - 1) + last + 1, length), (1, 1))  # from every sample on
+        # A wrapping block takes its ring's last window here, and its samples below.
+        torch.index_select(windows, 0, torch.from_numpy(slots * row + np.minimum(offsets, last)), out=out)
+        wrapped = np.flatnonzero(offsets > last)
+        if len(wrapped):
+            # Such a block lies in its ring's last `length` samples then its first `length`, from `ahead` on.
+            rings = slots[wrapped]
+            both = np.concatenate((self.memory[rings, last:], self.memory[rings, :length]), axis=1)
+            ahead = length - (capacity - offsets[wrapped])
+            pairs = np.lib.stride_tricks.sliding_window_view(both, length, axis=1)
+            out[torch.from_numpy(wrapped)] = torch.from_numpy(pairs[np.arange(len(rings)), ahead])
 
 
 @dataclass
@@ -117,6 +159,19 @@ class SlotFeatures:
     front end's streamed features of the whole signal (for Whisper: with the
     running floor).
 
+    A cycle costs a few array operations for the slots in the middle of
+    their stream (a whole block after whole ones: :meth:`SlotFramers.steady
+    <audiomask.features.framing.SlotFramers.steady>`), whatever their
+    number, plus the front end's batched computation; Python runs per slot
+    only for a stream's first and last block, a block of another length, and
+    a slot whose stream has not passed its left reflection yet.
+
+    The frames of a cycle lie in one flat signal, each slot's from a multiple
+    of ``hop`` on, in slot order (the layout of
+    :func:`~audiomask.features.framing.pack`), and go through the front end's
+    slabs from its first frame; the scratch this takes (a few times the
+    cycle's samples and features) is allocated at the first cycle and kept.
+
     Args:
         frontend: the front end.
         batch_size: slots, ``B``.
@@ -133,8 +188,19 @@ class SlotFeatures:
 
     def __init__(self, frontend: Frontend, batch_size: int, chunk_frames: int) -> None:
         self.frontend, self.batch_size, self.chunk_frames = frontend, batch_size, chunk_frames
-        self._framers: list[StreamFramer | None] = [None] * batch_size
+        framing = frontend.framing
+        self._framers = SlotFramers(framing, batch_size)
         self._state = frontend._new_state(batch_size)  # per slot (None: the front end keeps none)
+        self._streaming = np.zeros(batch_size, bool)  # a stream has joined the slot and not ended
+        self._block = chunk_frames * framing.hop  # a steady push: one chunk of frames
+        self._segment = self._framers.carry + self._block  # its frames' span
+        # Hops a segment takes in the flat signal, at most (one of chunk_frames frames).
+        self._segment_hops = -(-self._segment // framing.hop)
+        # Scratch reused cycle after cycle: allocated once, at the largest size a cycle needs (fresh
+        # megabytes each cycle cost page faults comparable to the arithmetic).
+        self._flat: np.ndarray | None = None  # float32: every segment at a multiple of hop
+        self._mel: torch.Tensor | None = None  # float32 (frames, n_mels): log-mel of every frame of _flat
+        self._gathered: torch.Tensor | None = None  # float32: the owners' frames, (S, width, n_mels)
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -147,13 +213,38 @@ class SlotFeatures:
     def compute_cycle(
         self, samples: SlotSamples, cycle: SlotCycle, out: np.ndarray | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
-        """:meth:`compute` of the blocks that ``cycle`` names in ``samples`` (both over this stage's slots)."""
+        """One cycle: the blocks ``cycle`` names in ``samples`` (both over this stage's slots).
+
+        Returns ``(features, counts)``: float32 :attr:`shape` (zero past each
+        count) and int64 ``(B,)`` frames per slot. ``out``: the array to write
+        the features into (default: a new one).
+        """
+        joins = np.flatnonzero(cycle.join)
+        self._framers.restart(joins)
+        if self._state is not None and len(joins):
+            self._state[joins] = self.frontend._new_state(len(joins))
+        self._streaming[joins] = True
         slots = np.flatnonzero(cycle.active)
-        blocks = [
-            samples.read(slot, start, length)
-            for slot, start, length in zip(slots.tolist(), cycle.start[slots].tolist(), cycle.length[slots].tolist())
-        ]
-        return self.compute(slots, blocks, cycle.final[slots], np.flatnonzero(cycle.join), out)
+        strays = slots[~self._streaming[slots]]
+        if len(strays):
+            raise ValueError(
+                f"cycle.active names slots without a stream (none joined since the last one's final block): "
+                f"{strays.tolist()}"
+            )
+        final = cycle.final[slots]
+        self._streaming[slots[final]] = False
+        steady = self._framers.steady(slots, cycle.length[slots], self._block) & ~final
+        counts = np.zeros(self.batch_size, np.int64)
+        counts[slots[steady]] = self.chunk_frames
+        segments: dict[int, np.ndarray] = {}  # the other slots' segments, by slot
+        others = slots[~steady]
+        for slot, start, length, last in zip(
+            others.tolist(), cycle.start[others].tolist(), cycle.length[others].tolist(), final[~steady].tolist()
+        ):
+            segment, counts[slot] = self._push(slot, samples.read(slot, start, length), last)
+            if counts[slot]:
+                segments[slot] = segment
+        return self._emit(samples, cycle.start, slots[steady], segments, counts, out)
 
     def compute(
         self,
@@ -163,60 +254,135 @@ class SlotFeatures:
         joins: np.ndarray,
         out: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
-        """One cycle: ``(features, counts)``, float32 :attr:`shape` (zero past each count) and int64 ``(B,)``.
+        """:meth:`compute_cycle` of blocks given as arrays.
 
-        ``slots`` ``(S,)``: the occupied slots, distinct; ``blocks[i]``: slot
-        ``slots[i]``'s new samples; ``final[i]``: its stream's last block (its
-        framer is flushed); ``joins``: the slots whose stream starts this
-        cycle (their framers and state start afresh). ``out``: the array to
-        write the features into.
+        ``slots`` ``(S,)``: the slots that advance, distinct; ``blocks[i]``:
+        slot ``slots[i]``'s new float32 samples; ``final[i]``: its stream's
+        last block (its framer is flushed); ``joins``: the slots whose stream
+        starts this cycle (their framers and state start afresh); ``out``: as
+        for :meth:`compute_cycle`.
         """
-        frontend = self.frontend
-        framing = frontend.framing
-        for slot in joins:
-            self._framers[slot] = StreamFramer(framing)
-        if self._state is not None and len(joins):
-            self._state[joins] = frontend._new_state(len(joins))
-        segments, counts, owners = [], [], []
-        for slot, block, last in zip(slots, blocks, final):
-            framer = self._framers[slot]
-            segment, count = framer.push(block)  # type: ignore[union-attr]
-            if last:  # one segment per slot: its state takes its frames in order
-                tail, more = framer.flush(frontend.min_samples)  # type: ignore[union-attr]
-                if more:  # the flush's frames start `count` hops after the push's, in the same padded signal
-                    segment = np.concatenate((segment[: framing.hop * count], tail)) if count else tail
-                    count += more
-            if count > self.chunk_frames:
-                raise RuntimeError(f"slot {slot} got more than one chunk of frames in a cycle (a bug)")
-            if count:
-                segments.append(segment)
-                counts.append(count)
-                owners.append(slot)
+        slots = np.asarray(slots, np.int64).reshape(-1)
+        lengths = np.zeros(self.batch_size, np.int64)
+        lengths[slots] = [len(block) for block in blocks]
+        rings = SlotSamples(np.zeros((self.batch_size, max(int(lengths.max(initial=0)), 1)), np.float32))
+        for slot, block in zip(slots.tolist(), blocks):
+            rings.write(slot, 0, block)
+        cycle = SlotCycle(*(np.zeros(self.batch_size, bool) for _ in range(3)), np.zeros_like(lengths), lengths)
+        cycle.active[slots], cycle.final[slots], cycle.join[np.asarray(joins, np.int64)] = True, final, True
+        return self.compute_cycle(rings, cycle, out)
+
+    def _push(self, slot: int, block: np.ndarray, last: bool) -> tuple[np.ndarray, int]:
+        """Push ``block`` through ``slot``'s framer (and flush it when ``last``): its segment and frames."""
+        framing = self.frontend.framing
+        framer = self._framers.framer(slot)
+        segment, count = framer.push(block)
+        if last:  # one segment per slot: its state takes its frames in order
+            tail, more = framer.flush(self.frontend.min_samples)
+            if more:  # the flush's frames start `count` hops after the push's, in the same padded signal
+                segment = np.concatenate((segment[: framing.hop * count], tail)) if count else tail
+                count += more
+        self._framers.keep(slot, framer)
+        if count > self.chunk_frames:
+            raise RuntimeError(f"slot {slot} got more than one chunk of frames in a cycle (a bug)")
+        return segment, count
+
+    def _emit(
+        self,
+        samples: SlotSamples,
+        starts: np.ndarray,
+        steady: np.ndarray,
+        segments: dict[int, np.ndarray],
+        counts: np.ndarray,
+        out: np.ndarray | None,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The features of every slot with frames: the ``steady`` ones' blocks read from ``samples``, the
+        others' ``segments``; ``counts`` ``(B,)`` their frames."""
+        frontend, hop = self.frontend, self.frontend.framing.hop
         batch = np.zeros(self.shape, np.float32) if out is None else out
-        if out is not None:
-            batch.fill(0.0)
-        frames = np.zeros(self.batch_size, np.int64)
-        if owners:
-            state = None if self._state is None else self._state[owners]
-            packed = pack(segments, counts, framing)
-            # A one-frame product takes BLAS's matrix-vector kernel, which rounds differently from the
-            # matrix-matrix kernel every other frame goes through: a frame's features would then depend on
-            # which frames share its computation. So no computation ends in a one-frame slab: such a cycle
-            # takes a one-frame zero segment more (its own state row), dropped after.
-            extended = packed.total_frames() % SLAB_FRAMES == 1
-            if extended:
-                packed = pack([*segments, np.zeros(framing.win, np.float32)], [*counts, 1], framing)
-                state = None if state is None else np.concatenate((state, frontend._new_state(1)))
-            features = frontend._features(packed, max(counts), state)  # one call, in the front end's layout
-            if extended:
-                features = features[:-1]
-                state = None if state is None else state[:-1]
-            if state is not None:
-                self._state[owners] = state
-            time_major = batch if frontend.time_axis == 0 else batch.transpose(0, 2, 1)
-            if frontend.time_axis == 1:
-                features = features.transpose(0, 2, 1)
-            for row, (slot, count) in enumerate(zip(owners, counts)):
-                time_major[slot, :count] = features[row, :count]
-                frames[slot] = count
-        return batch, frames
+        owners = np.flatnonzero(counts)
+        if not len(owners):
+            if out is not None:
+                batch.fill(0.0)
+            return batch, counts
+        # The flat signal: every owner's segment, in slot order, from a multiple of hop on (the layout of
+        # framing.pack, whose frames the slabs then take exactly as they take a packed batch's).
+        sizes = np.full(len(owners), self._segment, np.int64)
+        rows = np.searchsorted(owners, list(segments))  # the owners with a segment of their own
+        sizes[rows] = [len(segment) for segment in segments.values()]
+        hops = -(-sizes // hop)
+        first = np.cumsum(hops) - hops
+        used = int(hops.sum())
+        frames = self._total_frames(used)
+        flat, mel, gathered = self._scratch()
+        for row, segment in zip(rows.tolist(), segments.values()):
+            at = int(first[row]) * hop
+            flat[at : at + len(segment)] = segment
+            flat[at + len(segment) : at + int(hops[row]) * hop] = 0.0
+        if len(steady):
+            self._place_steady(flat, samples, starts, steady, first[np.searchsorted(owners, steady)])
+        frontend._log_mel_into(torch.from_numpy(flat[: used * hop]), mel[:frames])
+        # Each owner's frames, a window of mel from its first frame; zero past its count. Straight into the
+        # batch when every slot has frames and one has a whole chunk (a full cycle), else into scratch.
+        owned = counts[owners]
+        width = int(owned.max())
+        windows = mel.as_strided((frames, width, frontend.n_mels), (frontend.n_mels, frontend.n_mels, 1))
+        target = torch.from_numpy(batch)
+        time_major = target if frontend.time_axis == 0 else target.transpose(1, 2)  # (B, chunk_frames, n_mels)
+        direct = len(owners) == self.batch_size and width == self.chunk_frames
+        if direct:
+            features = time_major
+        else:
+            features = gathered[: len(owners) * width * frontend.n_mels].view(len(owners), width, frontend.n_mels)
+        torch.index_select(windows, 0, torch.from_numpy(first), out=features)
+        padding = np.arange(width) >= owned[:, None]  # (S, width)
+        if padding.any():
+            features.masked_fill_(torch.from_numpy(padding)[:, :, None], 0.0)
+        state = None if self._state is None else self._state[owners]
+        frontend._finish(features, owned, state)
+        if state is not None:
+            self._state[owners] = state
+        if not direct:
+            owners_index = torch.from_numpy(owners)
+            time_major[:, :width].index_copy_(0, owners_index, features)
+            if out is not None:
+                rest = np.ones(self.batch_size, bool)
+                rest[owners] = False
+                batch[rest] = 0.0
+                if width < self.chunk_frames:
+                    time_major[:, width:].index_fill_(0, owners_index, 0.0)
+        return batch, counts
+
+    def _place_steady(
+        self, flat: np.ndarray, samples: SlotSamples, starts: np.ndarray, slots: np.ndarray, first: np.ndarray
+    ) -> None:
+        """The steady ``slots``' segments into ``flat`` (the scratch), at hops ``first``, and their framers on."""
+        hop, carry = self.frontend.framing.hop, self._framers.carry
+        span = self._segment_hops * hop
+        spans = np.lib.stride_tricks.as_strided(  # row h: the samples from hop h on, one segment and its gap
+            flat, (len(flat) // hop - self._segment_hops, span), (flat.itemsize * hop, flat.itemsize)
+        )
+        # Blocks straight from the rings into the flat signal, a regular array of rows per run of steady
+        # slots that lie one after the other there (runs end at the other slots' segments).
+        flat_tensor = torch.from_numpy(flat)
+        cuts = [0, *(np.flatnonzero(np.diff(first) != self._segment_hops) + 1).tolist(), len(first)]
+        for lo, hi in zip(cuts[:-1], cuts[1:]):
+            rows = flat_tensor.as_strided((hi - lo, self._block), (span, 1), int(first[lo]) * hop + carry)
+            samples.read_into(slots[lo:hi], starts[slots[lo:hi]], rows)
+        self._framers.push_steady(slots, spans[:, : self._segment], first)
+        spans[first, self._segment :] = 0.0
+
+    def _total_frames(self, hops: int) -> int:
+        """Frames of a flat signal of ``hops`` hops (the last ones straddle no segment: never counted)."""
+        win, hop = self.frontend.framing.win, self.frontend.framing.hop
+        return (hops * hop - win) // hop + 1 if hops * hop >= win else 0
+
+    def _scratch(self) -> tuple[np.ndarray, torch.Tensor, torch.Tensor]:
+        """The flat signal, log-mel and gathered frames' scratch, allocated at the first cycle."""
+        if self._flat is None:
+            hop, n_mels = self.frontend.framing.hop, self.frontend.n_mels
+            hops = self.batch_size * self._segment_hops
+            self._flat = np.empty((hops + self._segment_hops) * hop, np.float32)  # and one span past the end
+            self._mel = torch.empty((hops + self.chunk_frames, n_mels), dtype=torch.float32)  # and one window
+            self._gathered = torch.empty(self.batch_size * self.chunk_frames * n_mels, dtype=torch.float32)
+        return self._flat, self._mel, self._gathered  # type: ignore[return-value]

@@ -207,6 +207,102 @@ def test_any_split_of_the_slots_computes_the_same_features_bit_for_bit(frontend)
     assert one_frame_slices > 0  # the case a one-frame product would round differently was met
 
 
+def test_a_ring_reads_many_blocks_at_once_as_it_reads_each():
+    """Blocks that lie whole in their ring and blocks that wrap around its end, into rows of any stride."""
+    rng = np.random.default_rng(5)
+    rings = SlotSamples(rng.standard_normal((5, 37)).astype(np.float32))
+    slots = np.array([4, 0, 2, 3, 1, 0])
+    for length in (1, 20, 37):
+        positions = rng.integers(0, 200, len(slots))
+        positions[0] = 37 - length  # the last block that lies whole
+        rows = torch.full((len(slots), length + 3), np.nan)
+        rings.read_into(slots, positions, rows[:, 2 : 2 + length])  # rows of stride length + 3
+        for row, (slot, position) in enumerate(zip(slots.tolist(), positions.tolist())):
+            np.testing.assert_array_equal(rows[row, 2 : 2 + length].numpy(), rings.read(slot, position, length))
+        assert rows[:, :2].isnan().all() and rows[:, 2 + length :].isnan().all()  # nothing written beside them
+    with pytest.raises(ValueError, match=r"memory must be a \(B, capacity\) float32 array with contiguous rows"):
+        SlotSamples(np.zeros((2, 8), np.float32)[:, ::2])
+    with pytest.raises(ValueError, match="out's rows hold 38 samples, more than a ring's capacity=37"):
+        rings.read_into(slots, np.zeros(len(slots), np.int64), torch.empty(len(slots), 38))
+
+
+def driver_like_cycles(seed: int, count: int, first_block: int, batch: int):
+    """Cycles as a driver plans them: mostly whole blocks; streams join (first block), sit cycles out, end
+    (a short last block) and, now and then, take a block of another length (after which their blocks no
+    longer end on a whole hop). Yields ``(slots, blocks, final, joins, whole)``, ``whole[i]``: slot
+    ``slots[i]`` pushes a whole block after whole ones."""
+    rng = np.random.default_rng(seed)
+    left = np.full(batch, -1)  # samples left of the slot's stream (-1: no stream)
+    aligned = np.zeros(batch, bool)  # every block of the stream so far was a whole one
+    for _ in range(count):
+        slots, blocks, final, joins, whole = [], [], [], [], []
+        for slot in range(batch):
+            if left[slot] < 0:
+                if rng.random() < 0.25:
+                    continue  # a free slot
+                left[slot], aligned[slot] = int(rng.integers(0, 6 * BLOCK)), True
+                joins.append(slot)
+                size = first_block
+            elif rng.random() < 0.15:
+                continue  # its next block has not arrived
+            elif rng.random() < 0.05:
+                size, aligned[slot] = int(rng.integers(1, BLOCK)), False
+            else:
+                size = BLOCK
+            # A last block leaves room for the frames that a centred framing's end adds (Whisper: up to 2).
+            last = left[slot] <= size
+            size = min(size, left[slot], BLOCK - 2 * HOP) if last else size
+            slots.append(slot)
+            blocks.append(rng.standard_normal(size).astype(np.float32))
+            final.append(last)
+            whole.append(aligned[slot] and size == BLOCK and slot not in joins and not last)
+            left[slot] = -1 if last else left[slot] - size
+        yield np.array(slots, np.int64), blocks, np.array(final, bool), np.array(joins, np.int64), np.array(whole)
+
+
+@pytest.mark.parametrize("frontend", [Phi4MMFrontend(), WhisperFrontend(floor="running")], ids=["phi4mm", "whisper"])
+def test_cycles_mixing_whole_blocks_with_joins_ends_skips_and_odd_blocks_equal_each_slot_alone(frontend):
+    """The slots in the middle of their stream take the batched path, the others their own; a cycle mixing
+    them computes each slot's frames exactly as a stage holding that slot alone does, leaves every other
+    value of the batch it writes into zero, and each stream's frames over its cycles are the front end's
+    features of its whole signal."""
+    batch = 6
+    first_block = FIRST_BLOCK - frontend.framing.pad
+    stage = SlotFeatures(frontend, batch, CHUNK_FRAMES)
+    alone = [SlotFeatures(frontend, 1, CHUNK_FRAMES) for _ in range(batch)]
+    rings = Rings(np.zeros((batch, CAPACITY), np.float32))
+    out = np.full(stage.shape, np.nan, np.float32)  # what an earlier cycle left there
+    signals, frames = [[] for _ in range(batch)], [[] for _ in range(batch)]
+    whole_blocks = full_cycles = 0
+    for slots, blocks, final, joins, whole in driver_like_cycles(7, 60, first_block, batch):
+        features, counts = stage.compute_cycle(rings.samples, rings.cycle(slots, blocks, final, joins), out)
+        assert features is out
+        whole_blocks += whole.sum()
+        full_cycles += len(slots) == batch and counts.max() == CHUNK_FRAMES
+        for slot in range(batch):
+            mine = slots == slot
+            if not mine.any():
+                assert counts[slot] == 0 and not features[slot].any()
+                continue
+            block = blocks[int(np.flatnonzero(mine)[0])]
+            expected, expected_counts = alone[slot].compute(
+                np.array([0]), [block], final[mine], np.array([0] if slot in joins else [], np.int64)
+            )
+            assert counts[slot] == expected_counts[0]
+            np.testing.assert_array_equal(features[slot], expected[0])
+            if slot in joins:
+                signals[slot], frames[slot] = [], []
+            signals[slot].append(block)
+            frames[slot].append(np.take(features[slot], range(counts[slot]), axis=frontend.time_axis))
+            if final[mine][0]:
+                whole_signal = np.concatenate(signals[slot])
+                offline = np.take(
+                    frontend(whole_signal), range(frontend.num_frames(len(whole_signal))), axis=frontend.time_axis
+                )
+                np.testing.assert_allclose(np.concatenate(frames[slot], axis=frontend.time_axis), offline, atol=1e-5)
+    assert whole_blocks > 100 and full_cycles > 0  # the batched path, and the batch written in place, were taken
+
+
 @pytest.mark.parametrize(
     ("frontend", "workers"), [(Phi4MMFrontend(), 1), (WhisperFrontend(), 3)], ids=["phi4mm-1", "whisper-3"]
 )
@@ -254,9 +350,9 @@ def test_the_processes_report_bad_input_and_their_own_failures():
         with pytest.raises(RuntimeError, match="no cycle is in flight"):
             process.result()
         first, later = np.zeros(FIRST_BLOCK, np.float32), np.zeros(BLOCK, np.float32)
-        # Slot 3 (the second process's) has no stream: its framer does not exist; the first process's slot 0 is fine.
+        # Slot 3 (the second process's slot 1) has no stream; the first process's slot 0 is fine.
         process.submit(rings.cycle(np.array([0, 3]), [first, later], np.array([False, False]), np.array([0])))
-        with pytest.raises(RuntimeError, match="the feature process failed: AttributeError"):
+        with pytest.raises(RuntimeError, match=r"the feature process failed: ValueError: .*without a stream.*: \[1\]"):
             process.result()
         # Both serve the next ones, in order.
         process.submit(rings.cycle(np.array([0]), [later], np.array([False]), np.array([], np.int64)))
