@@ -9,8 +9,9 @@ Each client streams a sample file (``samples/*.wav``, in turn) in messages of
 ``both``: every other client), at real time with ``--realtime`` (else as fast
 as the server takes them), starting one after another over ``--ramp-s``; the
 clients run as asyncio tasks in ``--processes`` processes. Without ``--url``
-the script starts the server (``python -m audiomask serve``, the shipped model,
-``--max-connections`` = the clients) on a free loopback port and stops it.
+the script starts the server (``python -m audiomask serve``, the shipped model
+or ``--model``, ``--max-connections`` = the clients) on a free loopback port
+and stops it.
 
 What it checks and measures:
 
@@ -23,7 +24,10 @@ What it checks and measures:
   first message after which the reference's text equals it. Partials whose text
   the reference never shows (float rounding of batched steps can differ) are
   counted as unmatched, not timed;
-- the final latency: the final result's arrival minus the end message's sending.
+- the final latency: the final result's arrival minus the end message's sending;
+- the started server's CPU seconds (user + system, all its threads) while the
+  clients ran, and per second of audio they sent: what a real-time stream
+  costs the server's host, the encoder steps included.
 
 The report (``--out``) records the command, date, versions and machine
 (:func:`audiomask.bench.environment.capture_environment`), the settings, the
@@ -75,6 +79,8 @@ def _arguments(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--chunk-ms", type=int, help="the server's chunk (default: the model's)")
     parser.add_argument("--left-chunks", type=int, help="the server's left chunks (default: the model's)")
     parser.add_argument("--device", default="cpu", help="the started server's device (default cpu)")
+    parser.add_argument("--model", help="the started server's model file (default: the shipped model)")
+    parser.add_argument("--frontend-workers", type=int, help="the started server's --frontend-workers")
     parser.add_argument("--token", help="the server's token")
     parser.add_argument("--timeout-s", type=float, default=300.0, help="bound on one client's exchange")
     parser.add_argument("--out", type=Path, help="write the JSON report here")
@@ -86,7 +92,11 @@ def _arguments(argv: list[str]) -> argparse.Namespace:
 
 
 def _references(
-    audio: dict[str, np.ndarray], chunk_ms: int | None, left_chunks: int | None, message_samples: int
+    audio: dict[str, np.ndarray],
+    model: str | None,
+    chunk_ms: int | None,
+    left_chunks: int | None,
+    message_samples: int,
 ) -> tuple[dict[str, list[str]], dict[str, str], int]:
     """Per file, the single-stream text after each message and the final text; and the chunk in ms."""
     import torch
@@ -96,7 +106,7 @@ def _references(
 
     torch.set_num_threads(1)
     partials, finals = {}, {}
-    with StreamingRecognizer(load_model(), "cpu", chunk_ms, left_chunks) as recognizer:
+    with StreamingRecognizer(load_model(model), "cpu", chunk_ms, left_chunks) as recognizer:
         for name, samples in audio.items():
             stream = recognizer.open_stream(name)
             texts = []
@@ -122,7 +132,14 @@ def _server(args: argparse.Namespace) -> Iterator[tuple[str, subprocess.Popen | 
     port = _free_port()
     command = [sys.executable, "-m", "audiomask", "serve", "--port", str(port), "--device", args.device]
     command += ["--max-connections", str(args.clients), "--idle-timeout-s", str(args.timeout_s)]
-    for flag, value in (("--chunk-ms", args.chunk_ms), ("--left-chunks", args.left_chunks), ("--token", args.token)):
+    options = {
+        "--model": args.model,
+        "--chunk-ms": args.chunk_ms,
+        "--left-chunks": args.left_chunks,
+        "--frontend-workers": args.frontend_workers,
+        "--token": args.token,
+    }
+    for flag, value in options.items():
         if value is not None:
             command += [flag, str(value)]
     log_path = Path(tempfile.gettempdir()) / f"bench_server_{port}.log"
@@ -225,7 +242,7 @@ def main(argv: list[str]) -> int:
 
     audio = {path.name: load(path)[0] for path in sorted((REPOSITORY / "samples").glob("*.wav"))}
     message_samples = args.message_ms * SAMPLE_RATE // MS_PER_S
-    references, expected, chunk_ms = _references(audio, args.chunk_ms, args.left_chunks, message_samples)
+    references, expected, chunk_ms = _references(audio, args.model, args.chunk_ms, args.left_chunks, message_samples)
     names = sorted(audio)
     load_average_1m = os.getloadavg()[0]
     with _server(args) as (url, server):
@@ -247,15 +264,17 @@ def main(argv: list[str]) -> int:
             for index in range(args.clients)
         ]
         started = time.perf_counter()
+        cpu_before_s = None if server is None else _cpu_s(server.pid)
         spawn = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(args.processes, mp_context=spawn) as pool:
             shares = [jobs[worker :: args.processes] for worker in range(args.processes)]
             outcomes = [outcome for share in pool.map(_run_clients, shares) for outcome in share]
         wall_s = time.perf_counter() - started
         health = _health(url.replace("ws", "http", 1))[1]
-        server_cpu_s = None if server is None else round(_cpu_s(server.pid), 2)
+        server_cpu_s = None if server is None else _cpu_s(server.pid) - cpu_before_s
 
     lost = [outcome for outcome in outcomes if "error" in outcome]
+    audio_s = sum(len(audio[job["name"]]) for job in jobs) / SAMPLE_RATE
     wrong = [o for o in outcomes if "error" not in o and o["text"] != expected[jobs[o["index"]]["name"]]]
     partial_latencies, unmatched, partial_count = [], 0, 0
     for outcome in outcomes:
@@ -270,8 +289,14 @@ def main(argv: list[str]) -> int:
         | {
             "url": args.url,
             "server_health": health,
-            "server_cpu_s": server_cpu_s,  # the started server's CPU time, its start-up included
+            # The started server's CPU seconds while the clients ran (its start-up left out), and per second
+            # of audio the clients sent: what one real-time stream costs the server's host.
+            "server_cpu_s": None if server_cpu_s is None else round(server_cpu_s, 2),
+            "audio_s": round(audio_s, 2),
+            "server_cpu_per_audio_s": None if server_cpu_s is None else round(server_cpu_s / audio_s, 5),
             "load_average_1m": load_average_1m,  # the machine's load before the run (other work shares the cores)
+            "model": args.model,
+            "frontend_workers": args.frontend_workers,
             "clients": args.clients,
             "processes": args.processes,
             "route": args.route,
@@ -292,7 +317,8 @@ def main(argv: list[str]) -> int:
             "final_latency_ms": _percentiles([o["latency_final_s"] for o in outcomes if "error" not in o]),
         }
     )
-    print(json.dumps({key: report[key] for key in ("correct", "lost", "wrong", "partial_latency_ms")}))
+    summary = ("correct", "lost", "wrong", "server_cpu_per_audio_s", "partial_latency_ms", "final_latency_ms")
+    print(json.dumps({key: report[key] for key in summary}))
     if args.out:
         write_result(args.out, report)
     return 0 if report["correct"] == args.clients else 1

@@ -27,7 +27,7 @@ from audiomask.serve.settings import (
 __all__ = ["SERVE_THREADS", "add_parser", "serve"]
 
 # torch intra-op threads of the server: as for `audiomask transcribe`, a chunk step's small matrices gain
-# nothing from more, and the front end's thread and the event loop need the other cores.
+# nothing from more, and the front end and the event loop need the other cores.
 SERVE_THREADS = TRANSCRIBE_THREADS
 RAY_MODULE = "audiomask.serve.ray_serve"
 
@@ -65,6 +65,13 @@ def add_parser(commands: argparse._SubParsersAction, device_help: str, model_hel
         default=DEFAULT_IDLE_TIMEOUT_S,
         help=f"close a connection that sends nothing for this long (default {DEFAULT_IDLE_TIMEOUT_S:g})",
     )
+    parser.add_argument(
+        "--frontend-workers",
+        type=int,
+        metavar="N",
+        help="compute the features in N processes of their own (0: a thread of the server; default: a thread "
+        "on the CPU, one process per four cores on CUDA)",
+    )
     parser.add_argument("--token", help="require 'Authorization: Bearer TOKEN' or '?token=TOKEN' (else HTTP 401)")
     parser.add_argument("--certfile", help="PEM certificate: serve wss:// and https:// (with --keyfile)")
     parser.add_argument("--keyfile", help="PEM private key of --certfile")
@@ -96,6 +103,7 @@ def serve(args: argparse.Namespace) -> int:
         max_connections=args.max_connections,
         max_message_bytes=args.max_message_bytes,
         idle_timeout_s=args.idle_timeout_s,
+        frontend_workers=args.frontend_workers,
         token=args.token,
         certfile=args.certfile,
         keyfile=args.keyfile,

@@ -2,22 +2,34 @@
 
 One :class:`~audiomask.asr.recognizer.StreamingRecognizer` serves every
 connection, so all connected streams share each encoder step. Its calls block
-(an encoder step runs inside them), so they never run on the event loop:
+(an encoder step runs inside them), so they never run on the event loop, and
+a client's audio costs the event loop no thread hop:
 
-- ``accept``, ``finish`` and ``open_stream`` run on a thread pool of
+- the event loop checks each message's samples and appends them to the
+  connection's :class:`~audiomask.serve.feeds.Feed`;
+- a *ticker* thread wakes when a feed completes a block of its stream's audio
+  (and at least :data:`TICKS_PER_CHUNK` times a chunk): it hands every due
+  feed, in one pass, to a *feeder* thread, which opens the streams of new
+  connections and ``accept``\\ s each feed's samples (one call per feed and
+  pass; the encoder steps that become due run inside), or calls ``poll()``
+  when nothing was due (the steps whose wait for stragglers is over). There
+  are :data:`FEEDERS` feeders, so that while one runs encoder steps for as
+  long as they keep coming due, the other goes on feeding;
+- after steps ran, the ticker reads every open stream's ``partial()`` (it
+  takes no lock, so it goes on while steps run) and hands the texts that
+  changed to the event loop in one callback, as a feeder does with the feeds
+  whose clients may send again; each connection sends its own;
+- ``finish`` and the end of an abandoned stream run on a thread pool of
   ``max_connections + 1`` threads: a connection has at most one such call
-  at a time (it reads its next message only after its previous samples were
-  accepted), so no call waits for a thread held by another connection;
-- a *ticker* thread wakes every quarter chunk (and at once after an
-  ``accept``): it calls the recognizer's ``poll()`` where it has one (the
-  cycles due now), and after any cycle ran it reads every open stream's
-  ``partial()`` and hands the texts that changed to the event loop, where each
-  connection sends its own.
+  at a time, and a ``finish`` waits for the steps its last chunks need, so
+  the ends of many streams are registered while a step runs and share the
+  next one.
 
 :class:`Engine` also counts connections against ``max_connections``, answers
-``/health`` (503 until the model is loaded and a first chunk step has run),
-and drains: on shutdown every connection in flight is finished and gets its
-final result before the server stops.
+``/health`` (503 until the model is loaded and a first chunk step has run,
+and once the recognizer has stopped after an error), and drains: on shutdown
+every connection in flight is finished and gets its final result before the
+server stops.
 """
 
 from __future__ import annotations
@@ -34,14 +46,18 @@ from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
-from audiomask.asr.recognizer import RecognizerStream, StreamingRecognizer
-from audiomask.constants import SAMPLE_RATE
+from audiomask.asr.planner import block_samples
+from audiomask.asr.recognizer import StreamingRecognizer
+from audiomask.constants import FRAME_MS, SAMPLE_RATE
+from audiomask.serve.feeds import Feed, Inbox
 from audiomask.serve.settings import ServeSettings
 
 __all__ = [
     "DRAIN_TIMEOUT_S",
+    "FEEDERS",
     "RETRY_AFTER_BUSY_S",
     "RETRY_AFTER_STARTING_S",
+    "SWEEP_PAUSE_FACTOR",
     "TICKS_PER_CHUNK",
     "Engine",
     "Listener",
@@ -51,7 +67,13 @@ __all__ = [
 ]
 
 MS_PER_S = 1000
-TICKS_PER_CHUNK = 4  # ticker wake-ups per chunk of audio: a partial waits at most a quarter chunk for a sweep
+TICKS_PER_CHUNK = 8  # ticker wake-ups per chunk of audio when nothing wakes it: polls and sweeps at least this often
+# Threads that feed the recognizer, one pass over the due feeds each: an accept (or poll) may find steps due
+# and run them, for as long as more come due, and meanwhile the other feeds the connections.
+FEEDERS = 2
+# After a sweep of every stream's partial() that took T seconds, the next waits SWEEP_PAUSE_FACTOR * T:
+# with thousands of streams the sweeps take at most 1 / (1 + SWEEP_PAUSE_FACTOR) of the ticker's time.
+SWEEP_PAUSE_FACTOR = 3
 WARMUP_CHUNKS = 2  # chunks of silence the first step runs on before the server says it is ready
 WARMUP_TIMEOUT_S = 600.0  # a first CUDA step compiles kernels and captures graphs: minutes on a cold machine
 DRAIN_TIMEOUT_S = 30.0  # seconds shutdown waits for the connections in flight to get their final results
@@ -68,22 +90,21 @@ class State(enum.Enum):
 
     LOADING = "loading"  # building the recognizer, or running its first step
     READY = "ready"
-    FAILED = "failed"  # the recognizer could not be built or its first step failed
+    FAILED = "failed"  # the recognizer could not be built, its first step failed, or it stopped after an error
     DRAINING = "draining"  # shutting down: new connections are refused, those in flight get their final results
 
 
 class Listener(Protocol):
-    """A connection as the engine sees it: its stream (``None`` before its first samples) and how to reach it."""
-
-    @property
-    def stream(self) -> RecognizerStream | None:
-        """The connection's stream, once its first samples came."""
+    """A connection as the engine sees it: how to reach it (every method is called on the event loop)."""
 
     def text_changed(self, text: str) -> None:
-        """The stream's text is now ``text`` (called on the event loop)."""
+        """The stream's text is now ``text``."""
+
+    def failed(self, error: BaseException) -> None:
+        """The stream cannot go on: the recognizer refused its samples or stopped (``error`` says why)."""
 
     def stop(self) -> None:
-        """Finish now: the server is stopping (called on the event loop)."""
+        """Finish now: the server is stopping."""
 
 
 @dataclass(frozen=True)
@@ -98,16 +119,23 @@ class Refusal:
 def build_recognizer(settings: ServeSettings) -> StreamingRecognizer:
     """The recognizer ``settings`` describe: its model (the shipped one by default) on its device.
 
-    One encoder slot per connection (``max_streams = max_connections``); streams
-    without audio for ``idle_timeout_s`` are ended, so that they hold nobody's
-    steps. Raises ``ValueError`` naming the option for a bad model file, device
-    or streaming setting.
+    One encoder slot per connection (``max_streams = max_connections``). The
+    front end runs in ``settings.frontend_workers`` processes (``0``: on a
+    thread of this process; ``None``: on a thread on the CPU, in the
+    recognizer's default number of processes on CUDA, where one thread would
+    share the interpreter lock with thousands of connections). The recognizer
+    has no idle timeout of its own: a connection idle for ``idle_timeout_s``
+    is closed and its stream ended by the session, which also spares every
+    call into the recognizer a scan of all open streams. Raises ``ValueError``
+    naming the option for a bad model file, device or streaming setting.
     """
     from audiomask.asr.checkpoint import load_model
     from audiomask.cli.common import pick_device
 
     device = pick_device(settings.device)
     model = load_model(settings.model)
+    workers = settings.frontend_workers
+    in_processes = str(device).startswith("cuda") if workers is None else workers > 0
     try:
         return StreamingRecognizer(
             model,
@@ -115,14 +143,15 @@ def build_recognizer(settings: ServeSettings) -> StreamingRecognizer:
             settings.chunk_ms,
             settings.left_chunks,
             max_streams=settings.max_connections,
-            idle_timeout_s=settings.idle_timeout_s,
+            frontend_process=in_processes,
+            frontend_workers=workers or None,
         )
     except ValueError as error:
-        raise ValueError(f"--chunk-ms/--left-chunks/--max-connections: {error}") from None
+        raise ValueError(f"--chunk-ms/--left-chunks/--max-connections/--frontend-workers: {error}") from None
 
 
 class Engine:
-    """The shared recognizer of a server, its thread pool and ticker, its connection count and health.
+    """The shared recognizer of a server, its ticker and thread pool, its connection count and health.
 
     Args:
         settings: the server's options.
@@ -131,7 +160,7 @@ class Engine:
             caller's to close.
 
     :meth:`start` and :meth:`stop` run on the event loop (an app's startup and
-    shutdown); so do :meth:`admit`, :meth:`attach` and :meth:`drain`.
+    shutdown); so do :meth:`admit`, :meth:`attach`, :meth:`detach` and :meth:`drain`.
     """
 
     def __init__(self, settings: ServeSettings, recognizer: StreamingRecognizer | None = None) -> None:
@@ -141,11 +170,14 @@ class Engine:
         self.state = State.LOADING
         self.error: str | None = None  # why the engine FAILED
         self.connections = 0  # handshakes admitted and not yet released
-        self._listeners: set[Listener] = set()
-        self._listeners_lock = threading.Lock()  # the ticker reads the set while the loop changes it
-        self._drained: asyncio.Event | None = None  # set whenever no listener is attached
+        self._feeds: dict[Feed, Listener] = {}  # the connections attached, by feed
+        self._feeds_lock = threading.Lock()  # the ticker reads the feeds while the loop changes them
+        self._inbox: Inbox | None = None  # made with the recognizer (its block sizes)
+        self._drained: asyncio.Event | None = None  # set whenever no connection is attached
         self._executor = ThreadPoolExecutor(settings.max_connections + 1, thread_name_prefix="audiomask-serve")
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._feed_pool = ThreadPoolExecutor(FEEDERS, thread_name_prefix="audiomask-serve-feed")
+        self._feeders = threading.BoundedSemaphore(FEEDERS)  # held by each pass in flight
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -172,6 +204,7 @@ class Engine:
         self._wake.set()
         for thread in self._threads:
             await asyncio.to_thread(thread.join, TICKER_JOIN_S)
+        self._feed_pool.shutdown(wait=False, cancel_futures=True)
         self._executor.shutdown(wait=False, cancel_futures=True)
         if self._owns_recognizer and self._recognizer is not None:
             self._recognizer.close()
@@ -180,8 +213,8 @@ class Engine:
         """Refuse new connections, finish those in flight; whether all were done within ``timeout_s``."""
         if self.state is not State.FAILED:
             self.state = State.DRAINING
-        with self._listeners_lock:
-            listeners = list(self._listeners)
+        with self._feeds_lock:
+            listeners = list(self._feeds.values())
         logger.info("draining %d connection(s)", len(listeners))
         for listener in listeners:
             listener.stop()
@@ -215,37 +248,45 @@ class Engine:
         """A connection :meth:`admit` counted has ended."""
         self.connections -= 1
 
-    def attach(self, listener: Listener) -> None:
-        """Send ``listener`` its stream's text changes, and stop it when the server drains."""
-        with self._listeners_lock:
-            self._listeners.add(listener)
+    def attach(self, listener: Listener, name: str) -> Feed:
+        """The feed of a new connection (its stream is named ``name``); ``listener`` hears of its stream's
+        text changes and failure, and is stopped when the server drains."""
+        if self._inbox is None:
+            raise RuntimeError("the recognizer is not built yet: attach connections once the engine is READY")
+        feed = self._inbox.open(name)
+        with self._feeds_lock:
+            self._feeds[feed] = listener
         if self._drained is not None:
             self._drained.clear()
         if self.state is State.DRAINING:
             listener.stop()
+        return feed
 
-    def detach(self, listener: Listener) -> None:
-        """The connection of ``listener`` has ended."""
-        with self._listeners_lock:
-            self._listeners.discard(listener)
-            empty = not self._listeners
+    async def detach(self, feed: Feed) -> None:
+        """The connection of ``feed`` has ended: its samples not fed are dropped, its stream ended and freed."""
+        feeding = feed.close()  # when the ticker is feeding the stream now, it ends it afterwards
+        stream = feed.stream
+        if not feeding and stream is not None and not stream.finished:
+            try:
+                await self.call(stream.input_finished)
+            except RuntimeError:  # the recognizer stopped, or the pool was shut down: nothing left to free
+                pass
+        with self._feeds_lock:
+            self._feeds.pop(feed, None)
+            empty = not self._feeds
         if empty and self._drained is not None:
             self._drained.set()
 
     @property
     def streams(self) -> int:
-        """Connections whose stream is open (they have sent samples)."""
-        with self._listeners_lock:
-            return sum(listener.stream is not None for listener in self._listeners)
+        """Connections whose stream is open (the ticker has fed them samples)."""
+        with self._feeds_lock:
+            return sum(feed.stream is not None for feed in self._feeds)
 
     async def call(self, function: Callable[..., Result], *args: Any) -> Result:
         """``function(*args)`` on the engine's thread pool: a recognizer call, off the event loop."""
         assert self._loop is not None, "Engine.start() has not run"
         return await self._loop.run_in_executor(self._executor, function, *args)
-
-    def nudge(self) -> None:
-        """Samples were accepted: cycles may have run, so the ticker sweeps the texts now."""
-        self._wake.set()
 
     def health(self) -> tuple[int, dict[str, object]]:
         """``(HTTP status, JSON body)`` of ``/health``: 200 when ready, 503 otherwise."""
@@ -284,10 +325,11 @@ class Engine:
             stream.accept(np.zeros(WARMUP_CHUNKS * recognizer.chunk_ms * SAMPLE_RATE // MS_PER_S, np.float32))
             stream.finish(timeout=WARMUP_TIMEOUT_S)
         except Exception as error:  # noqa: BLE001 - any failure is reported by /health and refused handshakes
-            self.error = f"{type(error).__name__}: {error}"
-            self.state = State.FAILED
-            logger.error("the recognizer could not start: %s", self.error)
+            self._fail(error)
             return
+        first_block, block = block_samples(recognizer.model.frontend, recognizer.chunk_ms // FRAME_MS)
+        # A client waits once two blocks wait in its feed: one being completed, one due.
+        self._inbox = Inbox(self._wake, first_block, block, max_buffered=first_block + block)
         if self.state is State.LOADING:
             self.state = State.READY
         logger.info(
@@ -299,48 +341,131 @@ class Engine:
         )
         self._spawn(self._tick, "audiomask-serve-ticker")
 
-    def _tick(self) -> None:
-        """Poll the recognizer every quarter chunk (or when nudged); after cycles ran, sweep the texts."""
-        recognizer = self.recognizer
-        poll = getattr(recognizer, "poll", None)
-        tick_s = recognizer.chunk_ms / MS_PER_S / TICKS_PER_CHUNK
-        swept: dict[Listener, str] = {}
-        cycles_seen = -1
-        while not self._stopping.is_set():
-            self._wake.wait(tick_s)
-            self._wake.clear()
-            try:
-                if poll is not None:
-                    poll()
-                cycles = recognizer.stats.count
-                if cycles != cycles_seen:
-                    cycles_seen = cycles
-                    swept = self._sweep(swept)
-            except Exception:  # a stopped recognizer fails each connection's own call instead
-                logger.exception("ticker")
-                return
+    def _fail(self, error: BaseException) -> None:
+        """The recognizer cannot serve: ``/health`` says why, and new connections are refused."""
+        self.error = f"{type(error).__name__}: {error}"
+        self.state = State.FAILED
+        logger.error("the recognizer cannot serve: %s", self.error)
 
-    def _sweep(self, swept: dict[Listener, str]) -> dict[Listener, str]:
-        """Hand each listener whose text changed since ``swept`` its new text; the texts now (ticker thread)."""
-        with self._listeners_lock:
-            listeners = list(self._listeners)
-        texts: dict[Listener, str] = {}
+    def _tick(self) -> None:
+        """Start a pass over the due feeds when a feeder is free; sweep the texts after steps ran (ticker thread).
+
+        The ticker itself never calls into the recognizer but for ``partial()`` (which takes no lock), so
+        its sweeps go on while encoder steps run.
+        """
+        recognizer, inbox = self.recognizer, self._inbox
+        assert inbox is not None
+        tick_s = recognizer.chunk_ms / MS_PER_S / TICKS_PER_CHUNK
+        texts: dict[Feed, str] = {}
+        cycles_swept = recognizer.stats.count
+        sweep_at = poll_at = 0.0  # time.monotonic() before which no sweep starts, and no pass only polls
+        timeout_s = tick_s
+        while not self._stopping.is_set():
+            self._wake.wait(timeout_s)
+            self._wake.clear()
+            timeout_s = tick_s
+            now = time.monotonic()
+            if self._feeders.acquire(blocking=False):
+                taken = inbox.take(recognizer.stats.count)
+                if taken or now >= poll_at:  # a pass without samples polls: at most once a tick
+                    poll_at = now + tick_s
+                    self._feed_pool.submit(self._pass, recognizer, inbox, taken)
+                else:
+                    self._feeders.release()
+            changed: list[tuple[Listener, str]] = []
+            cycles = recognizer.stats.count
+            if cycles != cycles_swept and now >= sweep_at:
+                cycles_swept = cycles
+                changed = self._sweep(texts)
+                sweep_at = now + SWEEP_PAUSE_FACTOR * (time.monotonic() - now)
+            elif cycles != cycles_swept:
+                timeout_s = min(tick_s, sweep_at - now)
+            if changed:
+                self._post([], changed)
+
+    def _pass(self, recognizer: StreamingRecognizer, inbox: Inbox, taken: list[tuple[Feed, np.ndarray]]) -> None:
+        """Feed ``taken``, or poll when it holds no samples, and report to the event loop (a feeder thread).
+
+        An error outside a stream's own ``accept`` means the recognizer stopped: every connection fails.
+        """
+        try:
+            if not self._feed(recognizer, taken):
+                recognizer.poll()
+            woken, orphans = inbox.fed(taken)
+            for stream in orphans:  # their connection ended while they were fed
+                self._executor.submit(stream.input_finished)
+            if woken:
+                self._post(woken, [])
+        except Exception as error:  # noqa: BLE001 - a stopped recognizer ends every connection
+            if not self._stopping.is_set():  # else the server is stopping and has closed the recognizer
+                self._fail(error)
+                self._fail_feeds(error)
+                self._stopping.set()
+        finally:
+            self._feeders.release()
+            self._wake.set()  # the ticker may start the next pass, and sweep what these steps produced
+
+    @staticmethod
+    def _feed(recognizer: StreamingRecognizer, taken: list[tuple[Feed, np.ndarray]]) -> int:
+        """Open the new streams and accept each feed's samples; how many ``accept`` calls ran (a feeder thread).
+
+        A feed whose stream refuses its samples keeps the error in ``feed.error``.
+        """
+        accepted = 0
+        for feed, samples in taken:
+            if not len(samples):
+                continue
+            try:
+                if feed.stream is None:
+                    feed.stream = recognizer.open_stream(feed.name)
+                feed.stream.accept(samples)
+            except Exception as error:  # noqa: BLE001 - the connection reports it to its client
+                feed.error = error
+            accepted += 1
+        return accepted
+
+    def _sweep(self, texts: dict[Feed, str]) -> list[tuple[Listener, str]]:
+        """The listeners whose stream's text differs from ``texts``, with their texts; ``texts`` is updated."""
+        with self._feeds_lock:
+            feeds = list(self._feeds.items())
         changed = []
-        for listener in listeners:
-            stream = listener.stream
+        now: dict[Feed, str] = {}
+        for feed, listener in feeds:
+            stream = feed.stream
             if stream is None:
                 continue
-            text = texts[listener] = stream.partial()
-            if swept.get(listener) != text:
+            text = now[feed] = stream.partial()
+            if texts.get(feed) != text:
                 changed.append((listener, text))
-        if changed and self._loop is not None:
-            try:
-                self._loop.call_soon_threadsafe(_deliver, changed)
-            except RuntimeError:  # the loop has closed: the server is gone
-                pass
-        return texts
+        texts.clear()
+        texts.update(now)
+        return changed
 
+    def _fail_feeds(self, error: BaseException) -> None:
+        """Every attached connection fails with ``error`` (the recognizer stopped)."""
+        failure = error if isinstance(error, RuntimeError) else RuntimeError(f"{type(error).__name__}: {error}")
+        with self._feeds_lock:
+            feeds = list(self._feeds)
+        for feed in feeds:
+            if feed.error is None:
+                feed.error = failure
+        self._post(feeds, [])
 
-def _deliver(changed: list[tuple[Listener, str]]) -> None:
-    for listener, text in changed:
-        listener.text_changed(text)
+    def _post(self, woken: list[Feed], changed: list[tuple[Listener, str]]) -> None:
+        """Hand the event loop a pass's outcome in one callback."""
+        if self._loop is None:
+            return
+        try:
+            self._loop.call_soon_threadsafe(self._deliver, woken, changed)
+        except RuntimeError:  # the loop has closed: the server is gone
+            pass
+
+    def _deliver(self, woken: list[Feed], changed: list[tuple[Listener, str]]) -> None:
+        """Wake the feeds the event loop waits on, tell failed connections, send the texts (event loop)."""
+        for feed in woken:
+            feed.wake()
+            listener = self._feeds.get(feed)
+            if feed.error is not None and listener is not None:
+                listener.failed(feed.error)
+        for listener, text in changed:
+            listener.text_changed(text)

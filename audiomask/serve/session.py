@@ -8,15 +8,21 @@ once for both:
 
 - the handshake: the token (HTTP 401) and the connection limit (HTTP 503 with
   ``Retry-After``) are checked before the connection is accepted;
-- backpressure: the next message is read only after the previous one's samples
-  were accepted by the recognizer, so a client that sends faster than real
-  time waits, and the server holds at most one message per connection
-  (uvicorn stops reading the socket until the app takes the message);
-- the stream is opened with the first samples (a connection that sends nothing
-  holds no encoder slot) and named after the client's address;
+- audio: each message's samples are checked (NaN, Inf and absurd values are
+  refused at once) and appended to the connection's
+  :class:`~audiomask.serve.feeds.Feed`, on the event loop; the engine's feeder
+  threads feed them to the stream a block at a time;
+- backpressure: a feed is not fed while two of its blocks wait in the
+  recognizer, and once more than two blocks of samples wait in the feed, the
+  next message is read only after a feeder has fed them, so a client that
+  sends faster than real time waits for the encoder steps (uvicorn stops
+  reading its socket and TCP slows it), and the server holds at most two
+  blocks and one message per connection;
+- the stream is opened with the first block of samples (a connection that
+  sends less holds no encoder slot) and named after the client's address;
 - the text is sent each time it changes (the engine's ticker sweeps it after
-  every cycle); the final result after the client's end message, or when the
-  server drains;
+  the encoder steps); the final result after the client's end message (every
+  sample is fed first), or when the server drains;
 - a client error (a message over ``--max-message-bytes``, a malformed message,
   NaN/Inf samples, no message for ``--idle-timeout-s``) gets the protocol's
   error message, then a close frame with a code that says which (and the
@@ -35,9 +41,9 @@ import numpy as np
 from starlette.responses import PlainTextResponse
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from audiomask.asr.recognizer import RecognizerStream
 from audiomask.errors import AudioError
 from audiomask.serve.engine import Engine, Refusal
+from audiomask.serve.feeds import Feed
 
 __all__ = [
     "CLOSE_INTERNAL_ERROR",
@@ -177,32 +183,60 @@ class _Session:
         self._websocket, self._engine, self._protocol = websocket, engine, protocol
         client = websocket.client
         self._name = f"{websocket.url.path} {client.host}:{client.port}" if client else websocket.url.path
-        self._stream: RecognizerStream | None = None
+        self._feed: Feed | None = None
         self._binary_messages = 0
         self._latest = self._sent = ""  # the text the ticker last reported, and the text last sent
         self._changed = asyncio.Event()
-        self._stopped = asyncio.Event()  # the server is draining
-
-    @property
-    def stream(self) -> RecognizerStream | None:
-        return self._stream
+        self._stopped = False  # the server is draining
+        self._error: BaseException | None = None  # why the stream cannot go on
+        self._task: asyncio.Task | None = None  # the task that reads the client's messages
+        self._receiving = False  # that task waits for the client's next message ...
+        self._receiving_since = 0.0  # ... since this time (the event loop's clock)
+        self._interrupted = False  # ... and was cancelled to stop waiting
+        self._idle = False  # ... because it waited --idle-timeout-s
+        self._idle_timer: asyncio.TimerHandle | None = None
 
     def text_changed(self, text: str) -> None:
         self._latest = text
         self._changed.set()
 
+    def failed(self, error: BaseException) -> None:
+        self._error = error
+        self._interrupt()
+
     def stop(self) -> None:
-        self._stopped.set()
+        self._stopped = True
+        self._interrupt()
+
+    def _watch_idle(self) -> None:
+        """Interrupt a wait for the client's message once it has lasted ``idle_timeout_s``; else check again
+        when it would have (one timer per connection, not one per message)."""
+        loop = asyncio.get_running_loop()
+        idle_s = self._engine.settings.idle_timeout_s
+        if self._receiving and loop.time() - self._receiving_since >= idle_s:
+            self._idle = True
+            self._interrupt()
+            return
+        since = self._receiving_since if self._receiving else loop.time()
+        self._idle_timer = loop.call_at(since + idle_s, self._watch_idle)
+
+    def _interrupt(self) -> None:
+        """Stop waiting for the client's next message (it may never come): the session has to move on."""
+        if self._receiving and not self._interrupted and self._task is not None:
+            self._interrupted = True
+            self._task.cancel()
 
     async def run(self) -> None:
         """Read until the end message (or a drain), then send the final result; errors end it early."""
-        self._engine.attach(self)
+        self._task = asyncio.current_task()
+        feed = self._feed = self._engine.attach(self, self._name)
         sender = asyncio.create_task(self._send_partials())
+        self._watch_idle()
         try:
             try:
                 await self._read_audio()
                 await _cancel(sender)
-                text = await self._finish()
+                text = await self._finish(feed)
             except ClientError as error:
                 await _cancel(sender)
                 await self._websocket.send_text(self._protocol.error(str(error)))
@@ -214,12 +248,13 @@ class _Session:
         except (_DisconnectedError, WebSocketDisconnect):
             pass
         finally:
+            if self._idle_timer is not None:
+                self._idle_timer.cancel()
             await _cancel(sender)
-            await self._end_stream()
-            self._engine.detach(self)
+            await self._engine.detach(feed)
 
     async def _read_audio(self) -> None:
-        """Feed the stream each message's samples, one message at a time, until the end message or a drain."""
+        """Queue each message's samples for the stream, until the end message or a drain."""
         while True:
             message = await self._next_message()
             if message is None:
@@ -234,23 +269,30 @@ class _Session:
                 await self._accept(event.samples)
 
     async def _next_message(self) -> dict | None:
-        """The client's next message; ``None`` when the server drains; :class:`ClientError` when idle too long."""
-        if self._stopped.is_set():
-            return None
-        receive = asyncio.ensure_future(self._websocket.receive())
-        stopped = asyncio.ensure_future(self._stopped.wait())
-        idle_s = self._engine.settings.idle_timeout_s
-        done, _ = await asyncio.wait({receive, stopped}, timeout=idle_s, return_when=asyncio.FIRST_COMPLETED)
-        stopped.cancel()
-        if receive in done:
-            message = receive.result()
-            if message["type"] == "websocket.disconnect":
-                raise _DisconnectedError
-            return message
-        receive.cancel()
-        if stopped in done:
-            return None
-        raise ClientError(f"no message for {idle_s:g} s (--idle-timeout-s): closing an idle connection", CLOSE_POLICY)
+        """The client's next message; ``None`` when the server drains; :class:`ClientError` when idle too
+        long or when the stream has failed."""
+        if not self._stopped and self._error is None:
+            self._receiving, self._receiving_since = True, asyncio.get_running_loop().time()
+            try:
+                message = await self._websocket.receive()
+            except asyncio.CancelledError:
+                # Cancelled by _interrupt, or by someone else as well (the server stopping): theirs goes on.
+                if not self._interrupted or self._task.uncancel() > 0:  # type: ignore[union-attr]
+                    raise
+            else:
+                if message["type"] == "websocket.disconnect":
+                    raise _DisconnectedError
+                return message
+            finally:
+                self._receiving = False
+        if self._idle:
+            idle_s = self._engine.settings.idle_timeout_s
+            raise ClientError(
+                f"no message for {idle_s:g} s (--idle-timeout-s): closing an idle connection", CLOSE_POLICY
+            )
+        if self._error is not None:
+            raise self._client_error(self._error)
+        return None
 
     def _event(self, message: dict) -> Samples | Reply | End:
         """The protocol's event of a WebSocket message, after the checks every route shares."""
@@ -275,40 +317,31 @@ class _Session:
         return self._protocol.read_bytes(data)
 
     async def _accept(self, samples: np.ndarray) -> None:
+        """Queue ``samples`` for the stream; waits while the feed is full."""
+        assert self._feed is not None
         try:
-            await self._engine.call(self._accept_now, samples)
-        except AudioError as error:
-            raise ClientError(f"{error}{self._protocol.bad_samples_hint}") from None
-        except ValueError as error:  # after the recognizer's idle timeout ended the stream
-            raise ClientError(str(error), CLOSE_POLICY) from None
-        except RuntimeError as error:  # the recognizer stopped after an error in an encoder step
-            raise ClientError(f"the server cannot continue this stream: {error}", CLOSE_INTERNAL_ERROR) from None
-        self._engine.nudge()
+            await self._feed.put(samples)
+        except Exception as error:  # noqa: BLE001 - each is the client's error or the server's, reported to it
+            raise self._client_error(error) from None
 
-    def _accept_now(self, samples: np.ndarray) -> None:
-        """Open the stream with its first samples, then accept them (a pool thread)."""
-        if self._stream is None:
-            self._stream = self._engine.recognizer.open_stream(self._name)
-        self._stream.accept(samples)
-
-    async def _finish(self) -> str:
+    async def _finish(self, feed: Feed) -> str:
         """The stream's final text (``""`` when no samples came); waits for the steps its last chunks need."""
-        if self._stream is None:
-            return ""
         try:
-            return await self._engine.call(self._stream.finish, None)
-        except RuntimeError as error:
-            raise ClientError(f"the server cannot finish this stream: {error}", CLOSE_INTERNAL_ERROR) from None
+            await feed.flush()
+            if feed.stream is None:
+                return ""
+            return await self._engine.call(feed.stream.finish, None)
+        except Exception as error:  # noqa: BLE001 - as in _accept
+            raise self._client_error(error, finishing=True) from None
 
-    async def _end_stream(self) -> None:
-        """End an unfinished stream (an error, a disconnect): its slot is freed and it holds nobody's steps."""
-        stream = self._stream
-        if stream is None or stream.finished:
-            return
-        try:
-            await self._engine.call(stream.input_finished)
-        except RuntimeError:  # the recognizer stopped, or the pool was shut down: nothing left to free
-            pass
+    def _client_error(self, error: BaseException, *, finishing: bool = False) -> ClientError:
+        """The error that ends the connection when the stream refused samples or cannot go on."""
+        if isinstance(error, AudioError):
+            return ClientError(f"{error}{self._protocol.bad_samples_hint}")
+        if isinstance(error, ValueError):  # a stream ended under it
+            return ClientError(str(error), CLOSE_POLICY)
+        doing = "finish" if finishing else "continue"
+        return ClientError(f"the server cannot {doing} this stream: {error}", CLOSE_INTERNAL_ERROR)
 
     async def _send_partials(self) -> None:
         """Send the text each time the ticker reports a change (the latest text when several came at once)."""

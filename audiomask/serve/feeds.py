@@ -1,0 +1,236 @@
+"""Each connection's samples on their way to the shared recognizer: buffered by the event loop, fed by one thread.
+
+The event loop never calls into the recognizer for a client's audio: it
+appends each message's samples to the connection's :class:`Feed` (a list
+append under a lock, no thread hop), and one of the engine's feeder threads,
+the only callers of ``accept`` in steady state, takes every feed that is due
+(:meth:`Inbox.take`), feeds each in one ``accept``, and reports back
+(:meth:`Inbox.fed`), in one pass.
+
+A feed is *due* once its samples complete the stream's next block: the
+recognizer encodes a stream's audio in blocks (a first block of
+``first_block`` samples, then ``block`` each, see
+:func:`~audiomask.asr.planner.block_samples`), so samples short of a block
+would wait in the recognizer anyway. Feeding them a block at a time costs no
+latency and calls ``accept`` once per chunk of audio, however small the
+client's messages. A feed is also due when its client waits (its buffer is
+full, or it has sent its end message) and when its connection ends.
+
+Backpressure: a feed is not fed while ``max_ahead`` of its blocks wait in
+the recognizer (fed, not encoded yet), and once more than ``max_buffered``
+samples wait in the feed, :meth:`Feed.put` waits until a pass has fed them.
+So a client that sends faster than real time is paced by the encoder steps,
+and a connection holds at most ``max_buffered`` samples plus one message
+here, and ``max_ahead`` blocks in the recognizer.
+
+>>> import asyncio, threading, numpy as np
+>>> async def demo():
+...     inbox = Inbox(threading.Event(), first_block=4, block=2, max_buffered=8)
+...     feed = inbox.open("caller-1")
+...     await feed.put(np.zeros(3, np.float32))  # short of the first block: not due
+...     first = inbox.take(cycles=0)
+...     await feed.put(np.ones(2, np.float32))   # 5 samples: the first block is complete
+...     second = inbox.take(cycles=0)
+...     return first, [(f.name, len(samples)) for f, samples in second]
+>>> asyncio.run(demo())
+([], [('caller-1', 5)])
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import numpy as np
+
+from audiomask.asr.recognizer import RecognizerStream
+from audiomask.checks import check_int
+from audiomask.features.frontend import as_samples
+
+__all__ = ["MAX_AHEAD_BLOCKS", "Feed", "Inbox"]
+
+MAX_AHEAD_BLOCKS = 2  # a stream's blocks fed and not encoded: the next one is ready when a cycle ends
+
+
+class Feed:
+    """One connection's samples not yet fed to its stream, and the stream once a pass opened it.
+
+    The event loop calls :meth:`put`, :meth:`flush` and :meth:`close`; the
+    pass feeding it sets :attr:`stream` and :attr:`error`. Everything both
+    sides touch is guarded by the inbox's lock.
+    """
+
+    def __init__(self, inbox: Inbox, name: str) -> None:
+        self.name = name
+        self.stream: RecognizerStream | None = None  # opened with the first samples fed
+        self.error: BaseException | None = None  # why the stream refused samples, or the recognizer stopped
+        self._inbox = inbox
+        self._pending: list[np.ndarray] = []  # (n,) float32 each, oldest first
+        self._pending_samples = 0
+        self._accepted = 0  # samples put so far: where the next ones start, for error messages
+        self._fed = 0  # samples handed to the stream
+        self._block_end = inbox.first_block  # samples fed at which the stream's next block is complete
+        self._blocks_fed = 0  # whole blocks fed
+        # Blocks the recognizer has encoded, at most: a stream with a block fed and not encoded is ready, so
+        # every cycle encodes one of its blocks; counted from the recognizer's cycles since the last pass.
+        self._blocks_encoded = 0
+        self._cycles_seen: int | None = None
+        self._busy = False  # a pass has taken samples and not yet fed them
+        self._waiting = False  # the event loop waits for a pass (put over the bound, or flush)
+        self._closed = False  # the connection has ended: nothing more is fed
+        self._room = asyncio.Event()  # set by the event loop once a pass has fed what waited
+
+    def __repr__(self) -> str:
+        return f"Feed({self.name!r}, pending={self._pending_samples}, fed={self._fed})"
+
+    async def put(self, samples: np.ndarray) -> None:
+        """Queue ``samples`` ``(n,)`` float32 for the stream; waits while more than ``max_buffered`` wait.
+
+        Samples that hold NaN, Inf or absurd values are refused whole, at
+        once, with :class:`~audiomask.errors.AudioError` naming the frame
+        counted from the stream's start. Raises :attr:`error` once the stream
+        has refused samples.
+        """
+        self._raise_error()
+        array = as_samples(f"samples of {self.name!r}", samples, source=f"stream {self.name!r}", offset=self._accepted)
+        self._accepted += len(array)
+        inbox = self._inbox
+        with inbox.lock:
+            self._pending.append(array)
+            self._pending_samples += len(array)
+            full = self._pending_samples > inbox.max_buffered
+            if full or self._fed + self._pending_samples >= self._block_end:
+                inbox.post(self)
+            if full:
+                self._wait_for_pass()
+        if full:
+            await self._room.wait()
+            self._raise_error()
+
+    async def flush(self) -> None:
+        """Feed every sample put so far (the client has ended its audio), and wait until the stream has them."""
+        inbox = self._inbox
+        while True:
+            self._raise_error()
+            with inbox.lock:
+                if not self._pending and not self._busy:
+                    return
+                inbox.post(self)
+                self._wait_for_pass()
+            await self._room.wait()
+
+    def close(self) -> bool:
+        """The connection has ended: drop the samples not fed; whether a pass is feeding the stream now.
+
+        When one is, it ends the stream once it has fed it (:meth:`Inbox.fed`); otherwise
+        the caller ends :attr:`stream`, if any.
+        """
+        with self._inbox.lock:
+            self._closed = True
+            self._pending.clear()
+            self._pending_samples = 0
+            return self._busy
+
+    def wake(self) -> None:
+        """A pass has fed what the event loop waited for, or the stream failed (called on the event loop)."""
+        self._room.set()
+
+    def _wait_for_pass(self) -> None:
+        """Called with the lock held: the event loop is about to wait for the next pass over this feed."""
+        self._waiting = True
+        self._room.clear()
+
+    def _ahead(self, cycles: int) -> int:
+        """Called with the lock held: blocks fed and not encoded yet (at least), after ``cycles`` cycles ran."""
+        since = 0 if self._cycles_seen is None else cycles - self._cycles_seen
+        self._cycles_seen = cycles
+        self._blocks_encoded = min(self._blocks_fed, self._blocks_encoded + since)
+        return self._blocks_fed - self._blocks_encoded
+
+    def _raise_error(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+
+class Inbox:
+    """The feeds of one recognizer, the set of those due, and the lock both threads share.
+
+    Args:
+        wake: set when a feed becomes due while none was: the engine's ticker starts a pass.
+        first_block, block: samples of a stream's first block and of each later one.
+        max_buffered: samples a feed holds before :meth:`Feed.put` waits; at least ``first_block``,
+            so that a full feed is always due.
+        max_ahead: blocks a stream may have been fed and not encoded yet; a due feed waits for the
+            recognizer beyond that, and so does its client once its feed is full.
+    """
+
+    def __init__(
+        self, wake: threading.Event, first_block: int, block: int, max_buffered: int, max_ahead: int = MAX_AHEAD_BLOCKS
+    ) -> None:
+        self.first_block = check_int("first_block", first_block, minimum=1)
+        self.block = check_int("block", block, minimum=1)
+        self.max_buffered = check_int("max_buffered", max_buffered, minimum=first_block)
+        self.max_ahead = check_int("max_ahead", max_ahead, minimum=1)
+        self.lock = threading.Lock()
+        self._wake = wake
+        self._due: dict[Feed, None] = {}  # in the order they became due
+
+    def open(self, name: str) -> Feed:
+        """A new connection's feed (event loop)."""
+        return Feed(self, name)
+
+    def post(self, feed: Feed) -> None:
+        """Called with the lock held: ``feed`` is due; wake the engine's ticker if no feed was."""
+        if not self._due:
+            self._wake.set()
+        self._due[feed] = None
+
+    def take(self, cycles: int) -> list[tuple[Feed, np.ndarray]]:
+        """Every due feed that is still open and not busy, with its samples ``(n,)`` float32 in one array.
+
+        Each is busy until :meth:`fed` hands it back (so a feed's samples are fed in order, whichever
+        thread feeds them); the samples may be empty (a flush with nothing left).
+        """
+        with self.lock:
+            due, self._due = self._due, {}
+            taken = []
+            for feed in due:
+                if feed._closed:
+                    continue
+                if feed._busy or feed._ahead(cycles) >= self.max_ahead:
+                    # A pass in flight feeds its earlier samples, or the recognizer has not encoded what it
+                    # was fed: these wait for the next pass.
+                    self._due[feed] = None
+                    continue
+                pieces, feed._pending, feed._pending_samples = feed._pending, [], 0
+                feed._busy = True
+                taken.append((feed, np.concatenate(pieces) if len(pieces) > 1 else _only(pieces)))
+            return taken
+
+    def fed(self, taken: list[tuple[Feed, np.ndarray]]) -> tuple[list[Feed], list[RecognizerStream]]:
+        """``taken`` has been fed: the feeds whose event loop side to wake, and the streams to end (their
+        connection closed while they were fed)."""
+        woken, orphans = [], []
+        with self.lock:
+            for feed, samples in taken:
+                feed._busy = False
+                feed._fed += len(samples)
+                while feed._block_end <= feed._fed:
+                    feed._block_end += self.block
+                    feed._blocks_fed += 1
+                if feed._pending and feed._fed + feed._pending_samples >= feed._block_end:
+                    self.post(feed)  # samples put during the pass complete the next block
+                if feed._waiting or feed.error is not None:
+                    feed._waiting = False
+                    woken.append(feed)
+                if feed._closed and feed.stream is not None and not feed.stream.finished:
+                    orphans.append(feed.stream)
+        return woken, orphans
+
+
+_EMPTY = np.zeros(0, np.float32)
+
+
+def _only(pieces: list[np.ndarray]) -> np.ndarray:
+    """The one array of ``pieces``, or an empty one."""
+    return pieces[0] if pieces else _EMPTY

@@ -1,0 +1,166 @@
+"""A connection's feed: due a block at a time, bounded, fed in order, ended when its connection ends."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import numpy as np
+import pytest
+
+from audiomask.errors import AudioError
+from audiomask.serve.feeds import Inbox
+
+FIRST_BLOCK, BLOCK, MAX_BUFFERED = 4, 2, 6
+CYCLES = 0  # the recognizer's cycles so far, as the tests' passes see them
+WAIT_S = 5.0  # bound on every wait for an event the test itself causes
+
+
+def _inbox() -> tuple[Inbox, threading.Event]:
+    wake = threading.Event()
+    return Inbox(wake, FIRST_BLOCK, BLOCK, MAX_BUFFERED), wake
+
+
+def _samples(*values: float) -> np.ndarray:
+    return np.asarray(values, np.float32)
+
+
+class _Stream:
+    """What :meth:`Inbox.fed` reads of a stream."""
+
+    finished = False
+
+
+def test_a_feed_is_due_when_its_samples_complete_the_next_block():
+    async def run():
+        inbox, wake = _inbox()
+        feed = inbox.open("caller")
+        await feed.put(_samples(1, 2, 3))
+        assert inbox.take(CYCLES) == [] and not wake.is_set()
+        await feed.put(_samples(4, 5))  # 5 samples: the first block (4) is complete
+        assert wake.is_set()
+        [(taken, samples)] = inbox.take(CYCLES)
+        assert taken is feed and samples.tolist() == [1, 2, 3, 4, 5]
+        inbox.fed([(feed, samples)])
+        await feed.put(_samples(6))  # 6 fed: the second block ends at 6
+        assert [samples.tolist() for _, samples in inbox.take(CYCLES)] == [[6]]
+
+    asyncio.run(run())
+
+
+def test_put_waits_over_the_bound_until_a_pass_has_fed_the_samples():
+    async def run():
+        inbox, _ = _inbox()
+        feed = inbox.open("fast sender")
+        put = asyncio.create_task(feed.put(np.zeros(MAX_BUFFERED + 1, np.float32)))
+        await asyncio.sleep(0.01)
+        assert not put.done()
+        taken = inbox.take(CYCLES)
+        woken, orphans = inbox.fed(taken)
+        assert woken == [feed] and orphans == []
+        feed.wake()  # what the engine does on the event loop
+        await asyncio.wait_for(put, WAIT_S)
+
+    asyncio.run(run())
+
+
+def test_a_feed_being_fed_is_not_taken_again_so_its_samples_stay_in_order():
+    async def run():
+        inbox, _ = _inbox()
+        feed = inbox.open("caller")
+        await feed.put(_samples(*range(5)))
+        first = inbox.take(CYCLES)
+        await feed.put(_samples(5, 6, 7, 8))  # due again while the first pass still feeds it
+        assert inbox.take(CYCLES) == []
+        inbox.fed(first)
+        assert [samples.tolist() for _, samples in inbox.take(CYCLES)] == [[5, 6, 7, 8]]
+
+    asyncio.run(run())
+
+
+def test_samples_put_during_a_pass_are_due_once_the_pass_counts_its_own():
+    async def run():
+        inbox, _ = _inbox()
+        feed = inbox.open("caller")
+        await feed.put(_samples(*range(5)))
+        first = inbox.take(CYCLES)
+        await feed.put(_samples(5, 6))  # 2 samples short of the first block by the count so far ...
+        inbox.fed(first)  # ... and past the second (ends at 6) with the pass's 5
+        assert [samples.tolist() for _, samples in inbox.take(CYCLES)] == [[5, 6]]
+
+    asyncio.run(run())
+
+
+def test_flush_feeds_what_is_short_of_a_block_and_waits_for_it():
+    async def run():
+        inbox, _ = _inbox()
+        feed = inbox.open("caller")
+        await feed.put(_samples(1, 2))
+        flush = asyncio.create_task(feed.flush())
+        await asyncio.sleep(0.01)
+        [(taken, samples)] = inbox.take(CYCLES)
+        assert samples.tolist() == [1, 2] and not flush.done()
+        inbox.fed([(taken, samples)])
+        feed.wake()
+        await asyncio.wait_for(flush, WAIT_S)
+
+    asyncio.run(run())
+
+
+def test_bad_samples_are_refused_at_once_naming_the_frame_from_the_stream_start():
+    async def run():
+        inbox, _ = _inbox()
+        feed = inbox.open("caller")
+        await feed.put(_samples(0, 0, 0))
+        with pytest.raises(AudioError, match=r"stream 'caller': non-finite sample \(nan\) at frame 4"):
+            await feed.put(_samples(0, np.nan))
+        assert [samples.tolist() for _, samples in inbox.take(CYCLES)] == []  # nothing of them was queued
+
+    asyncio.run(run())
+
+
+def test_a_stream_error_reaches_the_next_put():
+    async def run():
+        inbox, _ = _inbox()
+        feed = inbox.open("caller")
+        feed.error = RuntimeError("the recognizer stopped")
+        with pytest.raises(RuntimeError, match="stopped"):
+            await feed.put(_samples(1))
+
+    asyncio.run(run())
+
+
+def test_a_closed_feed_drops_its_samples_and_a_pass_feeding_it_ends_its_stream():
+    async def run():
+        inbox, _ = _inbox()
+        idle, busy = inbox.open("idle"), inbox.open("busy")
+        await idle.put(_samples(*range(5)))
+        assert idle.close() is False  # not being fed: the caller ends its stream
+        assert inbox.take(CYCLES) == []
+        await busy.put(_samples(*range(5)))
+        taken = inbox.take(CYCLES)
+        busy.stream = _Stream()
+        assert busy.close() is True  # being fed: the pass ends its stream
+        woken, orphans = inbox.fed(taken)
+        assert orphans == [busy.stream]
+
+    asyncio.run(run())
+
+
+def test_the_bound_holds_a_whole_first_block():
+    with pytest.raises(ValueError, match="max_buffered must be >= 4"):
+        Inbox(threading.Event(), FIRST_BLOCK, BLOCK, FIRST_BLOCK - 1)
+
+
+def test_a_feed_waits_while_the_recognizer_has_not_encoded_what_it_was_fed():
+    async def run():
+        inbox = Inbox(threading.Event(), FIRST_BLOCK, BLOCK, MAX_BUFFERED, max_ahead=2)
+        feed = inbox.open("fast sender")
+        for block in (np.zeros(FIRST_BLOCK, np.float32), np.zeros(BLOCK, np.float32)):
+            await feed.put(block)
+            inbox.fed(inbox.take(CYCLES))  # two blocks fed, no cycle ran
+        await feed.put(np.zeros(BLOCK, np.float32))
+        assert inbox.take(CYCLES) == []
+        assert [len(samples) for _, samples in inbox.take(CYCLES + 1)] == [BLOCK]  # one block encoded
+
+    asyncio.run(run())
