@@ -72,6 +72,11 @@ class RecognizerStream:
         return self._inner.name
 
     @property
+    def token_count(self) -> int:
+        """Greedy-CTC tokens decoded so far: :meth:`partial`'s text changes exactly when this grows (no lock)."""
+        return len(self._inner.ids)
+
+    @property
     def finished(self) -> bool:
         return self._inner.ended
 
@@ -315,6 +320,10 @@ class StreamingRecognizer:
         )
         self.max_streams = stream.batch_size
         self.chunk_ms = stream.chunk_frames * FRAME_MS
+        # Samples of a stream's first block and of each later one: a step takes nothing shorter from a stream
+        # that goes on, so a caller may hold samples back until they complete a block.
+        self.first_block_samples = self._driver.first_block_samples
+        self.block_samples = self._driver.block_samples
         self.left_chunks = stream.left_chunk
         self.max_wait_s = self.chunk_ms / MS_PER_S  # how long a ready chunk waits for the other streams
         self._lock = threading.Condition(threading.Lock())  # guards the bookkeeping; notified as streams move

@@ -46,9 +46,8 @@ from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
-from audiomask.asr.planner import block_samples
 from audiomask.asr.recognizer import StreamingRecognizer
-from audiomask.constants import FRAME_MS, SAMPLE_RATE
+from audiomask.constants import SAMPLE_RATE
 from audiomask.serve.feeds import Feed, Inbox
 from audiomask.serve.settings import ServeSettings
 
@@ -327,7 +326,7 @@ class Engine:
         except Exception as error:  # noqa: BLE001 - any failure is reported by /health and refused handshakes
             self._fail(error)
             return
-        first_block, block = block_samples(recognizer.model.frontend, recognizer.chunk_ms // FRAME_MS)
+        first_block, block = recognizer.first_block_samples, recognizer.block_samples
         # A client waits once two blocks wait in its feed: one being completed, one due.
         self._inbox = Inbox(self._wake, first_block, block, max_buffered=first_block + block)
         if self.state is State.LOADING:
@@ -356,7 +355,7 @@ class Engine:
         recognizer, inbox = self.recognizer, self._inbox
         assert inbox is not None
         tick_s = recognizer.chunk_ms / MS_PER_S / TICKS_PER_CHUNK
-        texts: dict[Feed, str] = {}
+        token_counts: dict[Feed, int] = {}
         cycles_swept = recognizer.stats.count
         sweep_at = poll_at = 0.0  # time.monotonic() before which no sweep starts, and no pass only polls
         timeout_s = tick_s
@@ -376,7 +375,7 @@ class Engine:
             cycles = recognizer.stats.count
             if cycles != cycles_swept and now >= sweep_at:
                 cycles_swept = cycles
-                changed = self._sweep(texts)
+                changed = self._sweep(token_counts)
                 sweep_at = now + SWEEP_PAUSE_FACTOR * (time.monotonic() - now)
             elif cycles != cycles_swept:
                 timeout_s = min(tick_s, sweep_at - now)
@@ -424,21 +423,21 @@ class Engine:
             accepted += 1
         return accepted
 
-    def _sweep(self, texts: dict[Feed, str]) -> list[tuple[Listener, str]]:
-        """The listeners whose stream's text differs from ``texts``, with their texts; ``texts`` is updated."""
+    def _sweep(self, counts: dict[Feed, int]) -> list[tuple[Listener, str]]:
+        """The listeners whose stream has decoded tokens since ``counts`` (updated), with their texts."""
         with self._feeds_lock:
             feeds = list(self._feeds.items())
         changed = []
-        now: dict[Feed, str] = {}
+        now: dict[Feed, int] = {}
         for feed, listener in feeds:
             stream = feed.stream
             if stream is None:
                 continue
-            text = now[feed] = stream.partial()
-            if texts.get(feed) != text:
-                changed.append((listener, text))
-        texts.clear()
-        texts.update(now)
+            tokens = now[feed] = stream.token_count
+            if counts.get(feed, 0) != tokens:
+                changed.append((listener, stream.partial()))
+        counts.clear()
+        counts.update(now)
         return changed
 
     def _fail_feeds(self, error: BaseException) -> None:
