@@ -343,6 +343,10 @@ class StreamingDriver:
         """The streams holding a slot now, by slot."""
         return self._planner.occupants()
 
+    def has_block(self, stream: DriverStream) -> bool:
+        """Whether a cycle now would advance ``stream``: its next block (or, ended, its rest) has arrived."""
+        return self._planner.has_block(stream)
+
     def waited_s(self) -> float | None:
         """Seconds the longest-waiting ready block has waited for a cycle; ``None``: no block is ready."""
         return self._planner.waited_s()
@@ -386,8 +390,9 @@ class StreamingDriver:
         *,
         max_wait_s: float | None = None,
         unlocked: Callable[[], AbstractContextManager[object]] | None = None,
+        until: Callable[[], bool] | None = None,
     ) -> int:
-        """Run every cycle that is due now; returns the number of cycles run.
+        """Run every cycle that is due now (or until ``until()``); returns the number of cycles run.
 
         Args:
             before_plan: called with the cycle's index before each cycle is
@@ -401,6 +406,10 @@ class StreamingDriver:
                 driver waits for features, runs the encoder step and waits for
                 the device, touching no bookkeeping there: it releases the
                 caller's lock (see the module docstring).
+            until: checked before each cycle is planned: once it holds, no
+                more are planned, and the cycles planned already finish (a
+                caller that needs its own stream moved does not carry cycles
+                that samples fed meanwhile make due).
         """
         start_wall = time.perf_counter()
         unlocked = contextlib.nullcontext if unlocked is None else unlocked
@@ -411,7 +420,7 @@ class StreamingDriver:
         serial = self._worker is None and self._process is None
         ahead: deque[PlannedCycle] = deque()
         cpu_mark = time.thread_time()
-        self._plan_ahead(ahead, depth, before_plan, max_wait_s)
+        self._plan_ahead(ahead, depth, before_plan, max_wait_s, until)
         in_flight: _InFlight | None = None
         while ahead:
             plan = ahead.popleft()
@@ -420,7 +429,7 @@ class StreamingDriver:
                 self._features_result(plan)
             self._planner.release(plan)
             wait_s = 0.0 if serial else time.perf_counter() - waited  # serial: that was the work
-            self._plan_ahead(ahead, depth, before_plan, max_wait_s)  # the front end computes N+1 (and N+2) ...
+            self._plan_ahead(ahead, depth, before_plan, max_wait_s, until)  # the front end: N+1 (and N+2) ...
             with unlocked():
                 record = self._encode(plan)  # ... while cycle N is encoded
                 if in_flight is not None:
@@ -455,9 +464,16 @@ class StreamingDriver:
         self.stats.wall_s += time.perf_counter() - start_wall
         return ran
 
-    def _plan_ahead(self, ahead: deque[PlannedCycle], depth: int, before_plan, max_wait_s: float | None = None) -> None:
-        """Plan cycles and hand them to the front end until ``depth`` are ahead or none is due yet."""
-        while len(ahead) < depth:
+    def _plan_ahead(
+        self,
+        ahead: deque[PlannedCycle],
+        depth: int,
+        before_plan,
+        max_wait_s: float | None = None,
+        until: Callable[[], bool] | None = None,
+    ) -> None:
+        """Plan cycles and hand them to the front end until ``depth`` are ahead, none is due yet, or ``until()``."""
+        while len(ahead) < depth and not (until is not None and until()):
             if before_plan is not None:
                 before_plan(self._cycles)
             plan = self._planner.plan(self._cycles, max_wait_s)

@@ -256,6 +256,16 @@ class CyclePlanner:
         """The streams holding a slot, by slot."""
         return [stream for stream in self._occupants if stream is not None]
 
+    def has_block(self, stream: DriverStream) -> bool:
+        """Whether ``stream`` has a block for a cycle now: its next block (or, ended, its rest) is in."""
+        if stream.done:
+            return False
+        if stream._planner is not self:  # waiting for a slot, or its last block planned
+            return stream in self.waiting and (stream.ended or stream._queued >= self.first_block)
+        slot = stream._slot
+        available = self._written[slot] - self._planned[slot]
+        return bool(self._ended[slot] or self._spilled[slot] or available >= self._need()[slot])
+
     def waited_s(self) -> float | None:
         """Seconds the longest-waiting ready slot has had its next block (or its end); ``None``: none is ready.
 

@@ -113,7 +113,7 @@ class RecognizerStream:
             recognizer._driver.feed(self._inner, array)
             self._accepted += len(array)
             recognizer._open[self._inner] = _clock()
-            recognizer._run()
+            recognizer._run(until=lambda: not recognizer._driver.has_block(self._inner))
 
     def outputs(self) -> ChunkQueue:
         """The stream's encoder output chunks as they are produced: iterate it (it waits for each, and ends
@@ -142,7 +142,7 @@ class RecognizerStream:
         with recognizer._lock:
             recognizer._enter()
             recognizer._end(self._inner)
-            recognizer._run()
+            recognizer._run(until=lambda: not recognizer._driver.has_block(self._inner))
 
     def finish(self, timeout: float | None = 0.0) -> str:
         """End the utterance: encode the rest and return the final text. Calling it again returns the same text.
@@ -180,7 +180,7 @@ class RecognizerStream:
                 if recognizer._running:  # another thread runs the steps; it wakes us after each
                     recognizer._lock.wait()
                     continue
-                if recognizer._run():
+                if recognizer._run(until=lambda: not recognizer._driver.has_block(self._inner)):
                     continue
                 wait_s = recognizer._wait_s(deadline)
                 if wait_s is not None and wait_s <= 0:
@@ -448,19 +448,24 @@ class StreamingRecognizer:
             self._driver.end(inner)
             self._open.pop(inner, None)
 
-    def _run(self) -> int:
-        """Run the encoder steps that are due, unless another thread is; the steps run.
+    def _run(self, until: Callable[[], bool] | None = None) -> int:
+        """Run the encoder steps that are due, unless another thread is, until ``until()``; the steps run.
 
         The lock is let go during each step (:meth:`_unlocked`); calls of
         other threads meanwhile queue their audio, which these steps carry.
+        A call stops once ``until()`` holds (its own stream has moved as far
+        as it can), so that a thread never carries other threads' steps for
+        longer than its own need: they run theirs, woken when it stops.
         """
         if self._running:
             return 0
         self._running = True
         ran = 0
         try:
-            while not self._closed:
-                count = self._drive(lambda: self._driver.advance(max_wait_s=self.max_wait_s, unlocked=self._unlocked))
+            while not self._closed and not (until is not None and until()):
+                count = self._drive(
+                    lambda: self._driver.advance(max_wait_s=self.max_wait_s, unlocked=self._unlocked, until=until)
+                )
                 if not count:
                     break
                 ran += count

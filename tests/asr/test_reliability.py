@@ -196,6 +196,41 @@ def test_finish_returns_while_another_thread_accepts_a_long_array(model, noise, 
     assert texts == [alone(model, short), False]  # the accept was still running when the finish returned
 
 
+def test_a_finishing_thread_does_not_carry_other_threads_steps_past_its_own(model, noise, alone, monkeypatch):
+    """A thread that runs steps stops once its own stream is done: while another thread keeps queueing audio
+    (which needs more steps), finish() runs its stream's steps and returns, leaving the rest to that thread."""
+    short = noise(2, 2 * CHUNK_SAMPLES)
+    with recognizer_of(model, max_streams=2) as recognizer:
+        steps_by_thread: dict[int, int] = {}
+        advance = recognizer._driver.advance
+
+        def counted(*args, **kwargs):
+            ran = advance(*args, **kwargs)
+            steps_by_thread[threading.get_ident()] = steps_by_thread.get(threading.get_ident(), 0) + ran
+            return ran
+
+        monkeypatch.setattr(recognizer._driver, "advance", counted)
+        stream = recognizer.open_stream("short")
+        stream.accept(short)
+        feeding = recognizer.open_stream("feeding")
+        queued = threading.Event()
+
+        def feed() -> None:  # 30 s of audio, a second at a time: each accept queues it, or runs its steps
+            for second in range(30):
+                feeding.accept(noise(1 + second, SECOND))
+                queued.set()
+            feeding.finish(timeout=None)
+
+        feeder = started(feed)
+        assert queued.wait(JOIN_S)
+        text = stream.finish(timeout=None)
+        finisher_steps = steps_by_thread.get(threading.get_ident(), 0)
+        feeder.join(JOIN_S)
+        assert not feeder.is_alive()
+    assert text == alone(model, short)
+    assert finisher_steps <= 4  # the short stream's own chunks (and its end), not the 30 s of the other one
+
+
 # ---- arguments ----
 
 
