@@ -5,8 +5,13 @@ serves ``streams`` streams opened in a random order by ``threads`` threads.
 Each thread keeps up to ``open_per_thread`` of its streams open at once and
 advances one of them, chosen at random, a step at a time (open, one
 ``accept``, ``input_finished``, ``finish``), so that opening, feeding and
-finishing of many streams interleave within and across threads. Each stream
-has a kind, drawn with a fixed seed (:data:`KINDS`):
+finishing of many streams interleave within and across threads. By default
+the threads keep at most ``max_streams`` streams open in all (or one each):
+a thread blocked in ``finish()`` of a stream that waits for a free slot
+while its own other streams hold slots would wait for itself, so more open
+streams than slots, several per thread, can stall until ``finish`` times out
+whatever the recognizer does. Each stream has a kind, drawn with a fixed
+seed (:data:`KINDS`):
 
 - ``normal``: the clip fed in random piece sizes at full speed, then ``finish``;
 - ``slow``: fed in small pieces with short sleeps between them, then ``finish``;
@@ -26,10 +31,13 @@ way must be a prefix of it.
 Recorded: streams per kind and what became of them, mismatches, errors (with
 examples), the wall time of every ``finish`` and its excess over the same
 clip's finish alone (a stream that waited for another stream's audio shows
-up there), and the memory: RSS, and on CUDA ``torch.cuda.memory_allocated``
-and the pinned host allocator's bytes, sampled about once a second and at
-the end; the growth is measured from the moment the first
-:data:`WARMUP_FRACTION` of the streams are done.
+up there; the slowest finishes are listed with their kind and when they
+came), and the memory: RSS, and on CUDA ``torch.cuda.memory_allocated`` and
+the pinned host allocator's bytes, sampled about once a second and at the
+end, beside the handles the threads hold and the handles still alive (more
+alive than held: something keeps dropped or finished streams); the growth
+is measured from the moment the first :data:`WARMUP_FRACTION` of the
+streams are done.
 
 :func:`run_churn` returns the report; :func:`main` is the command line
 (``scripts/soak_streams.py``), which exits 1 on any mismatch or error::
@@ -45,14 +53,15 @@ import gc
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+import weakref
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from audiomask.asr.checkpoint import load_model
-from audiomask.asr.recognizer import StreamingRecognizer
+from audiomask.asr.recognizer import RecognizerStream, StreamingRecognizer
 from audiomask.bench.environment import capture_environment, write_result
 from audiomask.bench.signals import speech_like
 from audiomask.bench.soak import rss_bytes
@@ -73,14 +82,15 @@ SLOW_PIECE_MS = (20.0, 100.0)  # audio per accept() of a slow stream
 SLOW_PAUSE_S = (0.005, 0.05)  # a slow stream's sleep after each piece: about twice real time
 DROP_FRACTION = (0.1, 0.9)  # of its clip a dropped stream is fed before its handle goes
 PARTIAL_PROBABILITY = 0.2  # after each piece, partial() is read with this probability
-OPEN_PER_THREAD = 4  # streams a thread keeps open at once
 WARMUP_FRACTION = 0.1  # of the streams done before the memory baseline is taken
 SAMPLE_INTERVAL_S = 1.0  # between memory samples
 FINISH_TIMEOUT_S = 60.0  # finish(timeout=...): a stream that cannot finish is an error, not a hang
 MAX_ERRORS = 50  # after this many errors no more streams are opened (the run is reported as aborted)
 REFERENCE_REPEATS = 3  # each clip's finish alone is timed this often; the fastest is its reference
 EXAMPLES_KEPT = 10  # error and mismatch examples in the report
-JOIN_POLL_S = 1.0  # how often the main thread checks on the workers and logs progress
+JOIN_POLL_S = 1.0  # how often the main thread checks on the workers
+LOG_EVERY_S = 10.0  # between progress lines
+PIECES_KEY, CHOICES_KEY = 0, 1  # seed keys: a stream's piece sizes and sleeps, a thread's choice of stream
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,7 +106,9 @@ def plan_streams(streams: int, seed: int = 0, kinds: Sequence[str] = KINDS) -> l
     """``streams`` plans, kinds drawn from ``kinds`` (weighted as in :data:`KIND_WEIGHTS`) and clips uniformly.
 
     >>> [(plan.kind, plan.clip) for plan in plan_streams(3, seed=1)]
-    [('normal', 6), ('never_fed_drop', 2), ('slow', 9)]
+    [('never_fed_finish', 9), ('input_finished', 11), ('normal', 2)]
+    >>> {plan.kind for plan in plan_streams(5, kinds=("slow",))}
+    {'slow'}
     """
     streams = check_int("streams", streams, minimum=1)
     unknown = sorted(set(kinds) - set(KINDS))
@@ -105,8 +117,8 @@ def plan_streams(streams: int, seed: int = 0, kinds: Sequence[str] = KINDS) -> l
     weights = np.array([KIND_WEIGHTS[KINDS.index(kind)] for kind in kinds])
     rng = np.random.default_rng(seed)
     drawn = rng.choice(len(kinds), size=streams, p=weights / weights.sum())
-    clips = rng.integers(0, CLIPS, size=streams)
-    return [StreamPlan(index, kinds[kind], int(clip)) for index, (kind, clip) in enumerate(zip(drawn, clips))]
+    clip_indices = rng.integers(0, CLIPS, size=streams)
+    return [StreamPlan(index, kinds[kind], int(clip)) for index, (kind, clip) in enumerate(zip(drawn, clip_indices))]
 
 
 def clips() -> list[np.ndarray]:
@@ -141,8 +153,10 @@ def reference_texts(audio: Sequence[np.ndarray], device: str, max_streams: int) 
 
 
 def memory_snapshot(device: torch.device) -> dict:
-    """RSS in bytes and, on CUDA, the device's allocated bytes and the pinned host allocator's bytes."""
-    snapshot = {"rss_bytes": rss_bytes()}
+    """RSS in bytes, the interpreter's allocated blocks (objects and other small allocations: a leak of Python
+    objects grows them, allocator fragmentation does not) and, on CUDA, the device's allocated bytes and the
+    pinned host allocator's bytes."""
+    snapshot = {"rss_bytes": rss_bytes(), "python_blocks": sys.getallocatedblocks()}
     if device.type == "cuda":
         snapshot["cuda_allocated_bytes"] = torch.cuda.memory_allocated(device)
         if hasattr(torch.cuda, "host_memory_stats"):  # torch >= 2.6
@@ -155,10 +169,11 @@ class _Outcome:
     """What one stream did: the call in progress, the partial texts read, the final text and its finish time."""
 
     plan: StreamPlan
-    call: str = "open_stream"
+    call: str = "open_stream"  # until the stream is open
     partials: list[str] = dataclasses.field(default_factory=list)
     text: str | None = None
     finish_s: float | None = None
+    finished_at: float | None = None  # time.perf_counter() when finish() was called
 
 
 def _script(
@@ -168,12 +183,15 @@ def _script(
     timeout_s: float,
     outcome: _Outcome,
     rng: np.random.Generator,
+    opened: Callable[[RecognizerStream], None],
 ) -> Iterator[float]:
     """Run ``plan`` a step at a time; each step yields the ``time.monotonic()`` at which the next may run.
 
-    The stream's handle lives in this generator's frame only: a dropped stream's handle goes when it returns.
+    The stream's handle lives in this generator's frame only (``opened(handle)`` may refer to it weakly): a
+    dropped stream's handle goes when the generator returns, unless something else still holds it.
     """
     stream = recognizer.open_stream(f"{plan.kind}-{plan.index}")
+    opened(stream)
     yield time.monotonic()
     if plan.kind in FED_KINDS:
         slow = plan.kind == "slow"
@@ -198,33 +216,58 @@ def _script(
     started = time.perf_counter()
     outcome.text = stream.finish(timeout=timeout_s)
     outcome.finish_s = time.perf_counter() - started
+    outcome.finished_at = started
 
 
 class _Tally:
     """The soak's counts, shared by the worker threads (every method takes the lock)."""
 
-    def __init__(self, plans: Sequence[StreamPlan], expected: Sequence[str], empty_text: str, max_errors: int) -> None:
-        self.expected, self.empty_text, self.max_errors = expected, empty_text, max_errors
-        self.kinds = {kind: dict.fromkeys(("planned", "finished", "dropped", "mismatches", "errors"), 0) for kind in KINDS}
+    def __init__(
+        self, plans: Sequence[StreamPlan], expected: Sequence[str], empty_text: str, max_errors: int, started: float
+    ) -> None:
+        self.expected, self.empty_text, self.max_errors, self.started = expected, empty_text, max_errors, started
+        self.kinds = {
+            kind: dict.fromkeys(("planned", "finished", "dropped", "mismatches", "errors"), 0) for kind in KINDS
+        }
         for plan in plans:
             self.kinds[plan.kind]["planned"] += 1
-        self.finish_s: list[tuple[int, float]] = []  # (clip, seconds) of every finish
+        # Seconds of each stream's finish (NaN: not finished), and its clip: arrays, so that the soak's own
+        # bookkeeping allocates no Python objects per stream (the interpreter's block count stays the recognizer's).
+        self.finish_s = np.full(len(plans), np.nan)
+        self.clips = np.array([plan.clip for plan in plans])
+        self.slowest: list[dict] = []  # the EXAMPLES_KEPT longest finishes, longest first
         self.errors: list[dict] = []
         self.mismatches: list[dict] = []
         self.error_count = self.mismatch_count = self.done = 0
-        self.abort = threading.Event()
-        self._lock = threading.Lock()
+        self.held = 0  # streams open whose scripts have neither completed nor failed
+        self.abort = threading.Event()  # set: no more streams are opened
+        self.abort_reason: str | None = None
+        self._lock = threading.RLock()  # failed() stops the run while holding it
+
+    def opened(self) -> None:
+        with self._lock:
+            self.held += 1
 
     def completed(self, outcome: _Outcome) -> None:
         plan = outcome.plan
         with self._lock:
             self.done += 1
+            self.held -= 1
             counts = self.kinds[plan.kind]
             if outcome.text is None:
                 counts["dropped"] += 1
                 return
             counts["finished"] += 1
-            self.finish_s.append((plan.clip, outcome.finish_s))
+            self.finish_s[plan.index] = outcome.finish_s
+            at_s = round(outcome.finished_at - self.started, 3)
+            slow = {
+                "stream": plan.index,
+                "kind": plan.kind,
+                "clip": plan.clip,
+                "at_s": at_s,
+                "finish_s": outcome.finish_s,
+            }
+            self.slowest = sorted([*self.slowest, slow], key=lambda finish: -finish["finish_s"])[:EXAMPLES_KEPT]
             expected = self.empty_text if plan.kind == "never_fed_finish" else self.expected[plan.clip]
             wrong = [p for p in outcome.partials if not expected.startswith(p)]
             if outcome.text != expected or wrong:
@@ -238,13 +281,32 @@ class _Tally:
         plan = outcome.plan
         with self._lock:
             self.done += 1
+            self.held -= outcome.call != "open_stream"
             self.kinds[plan.kind]["errors"] += 1
             self.error_count += 1
             if len(self.errors) < EXAMPLES_KEPT:
                 message = f"{type(error).__name__}: {error}"
                 self.errors.append({"stream": plan.index, "kind": plan.kind, "call": outcome.call, "error": message})
             if self.error_count >= self.max_errors:
+                self.stop(f"{self.error_count} errors (max_errors)")
+
+    def stop(self, reason: str) -> None:
+        """Open no more streams; the first reason given is the one reported."""
+        with self._lock:
+            if not self.abort.is_set():
+                self.abort_reason = reason
                 self.abort.set()
+
+    def report(self) -> dict:
+        """Per kind: streams planned, finished, dropped, with a wrong text, failed, and not run (after a stop)."""
+        with self._lock:
+            return {
+                kind: {
+                    **counts,
+                    "not_run": counts["planned"] - counts["finished"] - counts["dropped"] - counts["errors"],
+                }
+                for kind, counts in self.kinds.items()
+            }
 
 
 @dataclasses.dataclass
@@ -259,22 +321,32 @@ class _Run:
     open_per_thread: int
     finish_timeout_s: float
     seed: int
+    handles: weakref.WeakSet = dataclasses.field(default_factory=weakref.WeakSet)  # every handle still alive
 
     def next_plan(self) -> StreamPlan | None:
         with self.plans_lock:
             return next(self.plans, None)
 
     def script(self, plan: StreamPlan, outcome: _Outcome) -> Iterator[float]:
-        rng = np.random.default_rng([self.seed, STREAM_STREAM, plan.index])
-        return _script(plan, self.recognizer, self.audio[plan.clip], self.finish_timeout_s, outcome, rng)
+        rng = np.random.default_rng([self.seed, PIECES_KEY, plan.index])
+        clip = self.audio[plan.clip]
+        return _script(plan, self.recognizer, clip, self.finish_timeout_s, outcome, rng, self._opened)
 
+    def _opened(self, stream: RecognizerStream) -> None:
+        self.handles.add(stream)
+        self.tally.opened()
 
-STREAM_STREAM, THREAD_STREAM = 0, 1  # keys of the random streams of a stream's pieces and of a thread's choices
+    def snapshot(self) -> dict:
+        """Streams done, handles the workers hold and handles still alive (held, or kept by something else), and
+        :func:`memory_snapshot`."""
+        tally = self.tally
+        held = {"streams_done": tally.done, "handles_held": tally.held, "handles_alive": len(self.handles)}
+        return {**held, **memory_snapshot(self.recognizer.device)}
 
 
 def _worker(run: _Run, thread: int) -> None:
     """Open the next plans as room allows and advance a random ready stream of this thread, until none are left."""
-    rng = np.random.default_rng([run.seed, THREAD_STREAM, thread])
+    rng = np.random.default_rng([run.seed, CHOICES_KEY, thread])
     tally = run.tally
     active: list[list] = []  # [due time, script, outcome] per open stream
     while True:
@@ -309,17 +381,22 @@ def run_churn(
     seed: int = 0,
     *,
     kinds: Sequence[str] = KINDS,
-    open_per_thread: int = OPEN_PER_THREAD,
+    open_per_thread: int | None = None,
     finish_timeout_s: float = FINISH_TIMEOUT_S,
     max_errors: int = MAX_ERRORS,
     deadline_s: float | None = None,
 ) -> dict:
     """Run the soak (the module docstring); the report, JSON-ready.
 
+    ``open_per_thread``: streams each thread keeps open at once (default ``max_streams // threads``, at least 1).
+
     ``deadline_s``: seconds after which no more streams are opened and the workers are waited for no longer
     (``None``: no limit); a run cut short by it or by ``max_errors`` errors is reported ``aborted``.
     """
     threads = check_int("threads", threads, minimum=1)
+    max_streams = check_int("max_streams", max_streams, minimum=1)
+    if open_per_thread is None:
+        open_per_thread = max(1, max_streams // threads)
     open_per_thread = check_int("open_per_thread", open_per_thread, minimum=1)
     max_errors = check_int("max_errors", max_errors, minimum=1)
     if not finish_timeout_s > 0:
@@ -329,7 +406,8 @@ def run_churn(
     expected, empty_text, reference_finish_s = reference_texts(audio, device, max_streams)
     recognizer = _recognizer(device, max_streams)
     target = recognizer.device
-    tally = _Tally(plans, expected, empty_text, max_errors)
+    started = time.perf_counter()
+    tally = _Tally(plans, expected, empty_text, max_errors, started)
     warmup_streams = max(1, round(WARMUP_FRACTION * len(plans)))
     snapshots = {"start": memory_snapshot(target)}
     samples: list[dict] = []
@@ -343,36 +421,37 @@ def run_churn(
         )
         for index in range(threads)
     ]
-    started = time.perf_counter()
     for worker in workers:
         worker.start()
     next_sample = logged = 0.0
-    while any(worker.is_alive() for worker in workers):
+    while alive := [worker for worker in workers if worker.is_alive()]:
         elapsed = time.perf_counter() - started
         if deadline_s is not None and elapsed > deadline_s and not tally.abort.is_set():
-            tally.abort.set()
-            log(f"deadline of {deadline_s:g} s passed: no more streams are opened")
+            tally.stop(f"deadline of {deadline_s:g} s (deadline_s)")
         if elapsed >= next_sample:
-            samples.append({"elapsed_s": round(elapsed, 3), "streams_done": tally.done, **memory_snapshot(target)})
+            samples.append({"elapsed_s": round(elapsed, 3), **run.snapshot()})
             next_sample += SAMPLE_INTERVAL_S
         if "after_warmup" not in snapshots and tally.done >= warmup_streams:
-            snapshots["after_warmup"] = {"streams_done": tally.done, **memory_snapshot(target)}
-        if elapsed - logged >= 10 * JOIN_POLL_S:
+            snapshots["after_warmup"] = run.snapshot()
+        if elapsed - logged >= LOG_EVERY_S:
             logged = elapsed
-            log(f"{tally.done}/{len(plans)} streams done, {tally.error_count} errors, {tally.mismatch_count} mismatches")
-        next(worker for worker in workers if worker.is_alive()).join(min(JOIN_POLL_S, SAMPLE_INTERVAL_S))
+            log(
+                f"{tally.done}/{len(plans)} streams done, {tally.error_count} errors, {tally.mismatch_count} mismatches"
+            )
+        alive[0].join(min(JOIN_POLL_S, SAMPLE_INTERVAL_S))
         if deadline_s is not None and elapsed > deadline_s + finish_timeout_s:
             break  # workers still inside a call: reported as hung
     seconds = time.perf_counter() - started
     hung = sum(worker.is_alive() for worker in workers)
     gc.collect()  # handles dropped in reference cycles, if any, are gone before the last figure
-    snapshots["end"] = {"streams_done": tally.done, **memory_snapshot(target)}
+    snapshots["end"] = run.snapshot()
     snapshots.setdefault("after_warmup", snapshots["end"])
     stats = recognizer.stats
     if not hung:
         recognizer.close()
-    excess = [seconds_ - reference_finish_s[clip] for clip, seconds_ in tally.finish_s]
-    finish_wall = [seconds_ for _, seconds_ in tally.finish_s]
+    finished = ~np.isnan(tally.finish_s)
+    finish_wall = tally.finish_s[finished]
+    excess = finish_wall - np.asarray(reference_finish_s)[tally.clips[finished]]
     return {
         "device": str(target),
         "streams": len(plans),
@@ -390,28 +469,34 @@ def run_churn(
         "streams_per_s": tally.done / seconds,
         "cycles": stats.count,
         "stream_chunks": stats.chunks,
-        "aborted": tally.abort.is_set(),
+        "aborted": tally.abort_reason,
         "hung_threads": hung,
-        "kinds": tally.kinds,
+        "kinds": tally.report(),
         "finished": sum(counts["finished"] for counts in tally.kinds.values()),
         "mismatches": tally.mismatch_count,
         "errors": tally.error_count,
         "mismatch_examples": tally.mismatches,
         "error_examples": tally.errors,
-        "finish_s": percentiles(finish_wall) if finish_wall else None,
-        "finish_excess_s": percentiles(excess) if excess else None,
+        "finish_s": percentiles(finish_wall) if finished.any() else None,
+        "finish_excess_s": percentiles(excess) if finished.any() else None,
+        "slowest_finishes": tally.slowest,
         "reference_finish_s": percentiles(reference_finish_s),
         "warmup_streams": warmup_streams,
-        "memory": _memory_report(snapshots),
+        "memory": _memory_report(snapshots, samples),
         "samples": samples,
     }
 
 
-def _memory_report(snapshots: dict) -> dict:
-    """The snapshots, and for each figure its growth from after the warm-up to the end."""
+def _memory_report(snapshots: dict, samples: Sequence[dict]) -> dict:
+    """The snapshots, and for each figure its growth from after the warm-up to the end and to its highest sample."""
     warm, end = snapshots["after_warmup"], snapshots["end"]
-    growth = {key: end[key] - warm[key] for key in warm if key.endswith("_bytes")}
-    return {**snapshots, "growth_after_warmup_bytes": growth}
+    later = [sample for sample in samples if sample["streams_done"] >= warm["streams_done"]] + [end]
+    figures = [key for key in warm if key.endswith(("_bytes", "_blocks"))]
+    return {
+        **snapshots,
+        "growth_after_warmup": {key: end[key] - warm[key] for key in figures},
+        "max_growth_after_warmup": {key: max(s[key] for s in later) - warm[key] for key in figures},
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -420,7 +505,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--streams", type=int, default=10_000, help="streams to open (default 10000)")
     parser.add_argument("--threads", type=int, default=8, help="threads that open, feed and finish them (default 8)")
     parser.add_argument("--max-streams", type=int, default=64, help="the recognizer's encoder slots (default 64)")
-    parser.add_argument("--open-per-thread", type=int, default=OPEN_PER_THREAD, help="streams a thread keeps open")
+    parser.add_argument(
+        "--open-per-thread", type=int, default=None, help="streams a thread keeps open (default: max-streams / threads)"
+    )
     parser.add_argument("--kinds", default=",".join(KINDS), help=f"comma-separated subset of {','.join(KINDS)}")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     parser.add_argument("--seed", type=int, default=0)

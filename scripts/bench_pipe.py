@@ -1,0 +1,14 @@
+#!/usr/bin/env python3
+"""``audiomask transcribe -`` on a long pipe: see :mod:`audiomask.bench.pipe` (what it runs, what it checks).
+
+Usage: python scripts/bench_pipe.py --minutes 60 --out bench/results/pipe_cpu.json
+"""
+
+from __future__ import annotations
+
+import sys
+
+from audiomask.bench.pipe import main
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
