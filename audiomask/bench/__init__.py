@@ -10,6 +10,11 @@ Entry points (each ``main(argv)``, each writing one JSON report with its command
   (``scripts/bench_transfer.py``), reused by the latency benchmark.
 - :mod:`audiomask.bench.soak`: the streaming driver under streams that come
   and go for >= 100,000 chunks, every transfer checksummed (``scripts/soak.py``).
+- :mod:`audiomask.bench.churn`: the recognizer under thousands of streams
+  opened in random order across threads, some never fed, dropped or slow,
+  every finished text checked (``scripts/soak_streams.py``).
+- :mod:`audiomask.bench.pipe`: ``audiomask transcribe -`` on a long pipe, its
+  peak memory and first partial (``scripts/bench_pipe.py``).
 
 Their parts: :mod:`~audiomask.bench.models` (the encoders measured),
 :mod:`~audiomask.bench.overlap` (serial versus overlapped driver),
