@@ -36,13 +36,17 @@ def test_stream_text_equals_offline_greedy(model, noise, chunk_ms, left_chunks):
     with StreamingRecognizer(model, chunk_ms=chunk_ms, left_chunks=left_chunks) as recognizer:
         stream = recognizer.open_stream("s1")
         cuts = np.sort(np.random.default_rng(0).integers(0, len(samples), 9))
-        partials = []
+        partials, counts = [], []
         for piece in np.split(samples, cuts):
             stream.accept(piece)
             partials.append(stream.partial())
+            counts.append(stream.token_count)
         text = stream.finish()
         assert text == expected
         assert all(expected.startswith(p) for p in partials)  # greedy CTC partials only grow
+        # token_count grows exactly when the text does
+        steps = list(zip(partials, counts))
+        assert all((a != b) == (m != n) for (a, m), (b, n) in zip(steps, steps[1:])) and counts[-1] > 0
         assert stream.finish() == text  # idempotent
         assert recognizer.transcribe(samples) == expected
 
