@@ -43,27 +43,22 @@ import contextlib
 import json
 import multiprocessing
 import os
-import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
+from audiomask.bench.server_process import cpu_seconds, running_server, single_stream_references
+from audiomask.bench.server_process import health as server_health
 from audiomask.constants import SAMPLE_RATE
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 MS_PER_S = 1000
 PERCENTILES = (50, 90, 99, 100)
-READY_TIMEOUT_S = 120.0
-STOP_TIMEOUT_S = 30.0
 ROUTES = {"sherpa": "/", "wenet": "/wenet"}
 
 
@@ -91,93 +86,24 @@ def _arguments(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def _references(
-    audio: dict[str, np.ndarray],
-    model: str | None,
-    chunk_ms: int | None,
-    left_chunks: int | None,
-    message_samples: int,
-) -> tuple[dict[str, list[str]], dict[str, str], int]:
-    """Per file, the single-stream text after each message and the final text; and the chunk in ms."""
-    import torch
-
-    from audiomask.asr.checkpoint import load_model
-    from audiomask.asr.recognizer import StreamingRecognizer
-
-    torch.set_num_threads(1)
-    partials, finals = {}, {}
-    with StreamingRecognizer(load_model(model), "cpu", chunk_ms, left_chunks) as recognizer:
-        for name, samples in audio.items():
-            stream = recognizer.open_stream(name)
-            texts = []
-            for start in range(0, len(samples), message_samples):
-                stream.accept(samples[start : start + message_samples])
-                texts.append(stream.partial())
-            partials[name], finals[name] = texts, stream.finish()
-        return partials, finals, recognizer.chunk_ms
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @contextlib.contextmanager
 def _server(args: argparse.Namespace) -> Iterator[tuple[str, subprocess.Popen | None]]:
     """``(ws URL, None)`` of ``--url``, or ``(URL, process)`` of a server started here, stopped after."""
     if args.url:
         yield args.url.rstrip("/"), None
         return
-    port = _free_port()
-    command = [sys.executable, "-m", "audiomask", "serve", "--port", str(port), "--device", args.device]
-    command += ["--max-connections", str(args.clients), "--idle-timeout-s", str(args.timeout_s)]
     options = {
+        "--device": args.device,
+        "--max-connections": args.clients,
+        "--idle-timeout-s": args.timeout_s,
         "--model": args.model,
         "--chunk-ms": args.chunk_ms,
         "--left-chunks": args.left_chunks,
         "--frontend-workers": args.frontend_workers,
         "--token": args.token,
     }
-    for flag, value in options.items():
-        if value is not None:
-            command += [flag, str(value)]
-    log_path = Path(tempfile.gettempdir()) / f"bench_server_{port}.log"
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPOSITORY)
-    try:
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while _health(f"http://127.0.0.1:{port}")[0] != 200:
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"the server did not start:\n{log_path.read_text()}")
-            time.sleep(0.1)
-        yield f"ws://127.0.0.1:{port}", process
-    finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
-def _cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) process ``pid`` has used (Linux ``/proc``; 0 elsewhere)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
-
-
-def _health(url: str) -> tuple[int, dict]:
-    try:
-        with urllib.request.urlopen(f"{url}/health", timeout=5) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as error:
-        return error.code, {}
-    except OSError:
-        return 0, {}
+    with running_server(options) as served:
+        yield served.ws_url, served.process
 
 
 def _run_clients(jobs: list[dict]) -> list[dict]:
@@ -242,7 +168,9 @@ def main(argv: list[str]) -> int:
 
     audio = {path.name: load(path)[0] for path in sorted((REPOSITORY / "samples").glob("*.wav"))}
     message_samples = args.message_ms * SAMPLE_RATE // MS_PER_S
-    references, expected, chunk_ms = _references(audio, args.model, args.chunk_ms, args.left_chunks, message_samples)
+    references, expected, chunk_ms = single_stream_references(
+        audio, args.model, args.chunk_ms, args.left_chunks, message_samples
+    )
     names = sorted(audio)
     load_average_1m = os.getloadavg()[0]
     with _server(args) as (url, server):
@@ -264,14 +192,14 @@ def main(argv: list[str]) -> int:
             for index in range(args.clients)
         ]
         started = time.perf_counter()
-        cpu_before_s = None if server is None else _cpu_s(server.pid)
+        cpu_before_s = None if server is None else cpu_seconds(server.pid)
         spawn = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(args.processes, mp_context=spawn) as pool:
             shares = [jobs[worker :: args.processes] for worker in range(args.processes)]
             outcomes = [outcome for share in pool.map(_run_clients, shares) for outcome in share]
         wall_s = time.perf_counter() - started
-        health = _health(url.replace("ws", "http", 1))[1]
-        server_cpu_s = None if server is None else _cpu_s(server.pid) - cpu_before_s
+        health = server_health(url.replace("ws", "http", 1))[1]
+        server_cpu_s = None if server is None else cpu_seconds(server.pid) - cpu_before_s
 
     lost = [outcome for outcome in outcomes if "error" in outcome]
     audio_s = sum(len(audio[job["name"]]) for job in jobs) / SAMPLE_RATE

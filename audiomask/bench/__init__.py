@@ -15,6 +15,10 @@ Entry points (each ``main(argv)``, each writing one JSON report with its command
   every finished text checked (``scripts/soak_streams.py``).
 - :mod:`audiomask.bench.pipe`: ``audiomask transcribe -`` on a long pipe, its
   peak memory and first partial (``scripts/bench_pipe.py``).
+- :mod:`audiomask.bench.server_churn`: ``audiomask serve`` under thousands of
+  short connections of five kinds, its memory, threads and sockets before and
+  after (``scripts/soak_server.py``); the server subprocess that it and
+  ``scripts/bench_server.py`` start is :mod:`~audiomask.bench.server_process`.
 
 Their parts: :mod:`~audiomask.bench.models` (the encoders measured),
 :mod:`~audiomask.bench.overlap` (serial versus overlapped driver),

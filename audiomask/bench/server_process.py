@@ -1,0 +1,196 @@
+"""An ``audiomask serve`` subprocess for the server benchmarks: started on a free loopback port, read, stopped.
+
+- :func:`running_server` starts ``python -m audiomask serve`` with the options
+  given on a free port of 127.0.0.1, waits (bounded) until ``GET /health``
+  answers 200, yields a :class:`ServerProcess` and stops it afterwards
+  (SIGTERM, which finishes the connections in flight; SIGKILL past a bound);
+- :func:`health` reads any server's ``/health``;
+- :func:`cpu_seconds` and :func:`process_memory` read a process's CPU time and
+  memory from Linux ``/proc``;
+- :func:`single_stream_references` is what one recognizer alone makes of each
+  clip: the reference every text a server sends is compared with.
+
+>>> process_memory(-1) is None  # no such process
+True
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+__all__ = [
+    "LOOPBACK",
+    "READY_TIMEOUT_S",
+    "STOP_TIMEOUT_S",
+    "ServerProcess",
+    "cpu_seconds",
+    "health",
+    "process_memory",
+    "running_server",
+    "single_stream_references",
+]
+
+REPOSITORY = Path(__file__).resolve().parents[2]  # the checkout: the server runs from here
+LOOPBACK = "127.0.0.1"
+READY_TIMEOUT_S = 120.0  # model load and first step, on a busy machine (a cold GPU compiles kernels)
+STOP_TIMEOUT_S = 30.0  # SIGTERM finishes the connections in flight first
+HEALTH_TIMEOUT_S = 5.0  # one GET /health
+HEALTH_POLL_S = 0.1  # between GET /health while the server starts
+KIB = 1024  # /proc/PID/status counts memory in kB (kibibytes)
+
+
+@dataclass
+class ServerProcess:
+    """A running ``audiomask serve``: its URLs (``ws://`` and ``http://``, no trailing slash), process and log."""
+
+    ws_url: str
+    http_url: str
+    process: subprocess.Popen
+    log_path: Path
+
+    @property
+    def pid(self) -> int:
+        """The server's process id."""
+        return self.process.pid
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind((LOOPBACK, 0))
+        return probe.getsockname()[1]
+
+
+def health(http_url: str) -> tuple[int, dict]:
+    """``(HTTP status, JSON body)`` of ``GET http_url/health``; ``(0, {})`` when nothing answers."""
+    try:
+        with urllib.request.urlopen(f"{http_url}/health", timeout=HEALTH_TIMEOUT_S) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, {}
+    except OSError:
+        return 0, {}
+
+
+@contextlib.contextmanager
+def running_server(
+    options: Mapping[str, object | None], ready_timeout_s: float = READY_TIMEOUT_S
+) -> Iterator[ServerProcess]:
+    """``audiomask serve`` on a free loopback port with ``options`` (``{"--device": "cpu", ...}``; ``None``
+    values are left out), ready; stopped on exit. ``RuntimeError`` with the server's log when it exits or is
+    not ready within ``ready_timeout_s`` seconds."""
+    port = _free_port()
+    command = [sys.executable, "-m", "audiomask", "serve", "--host", LOOPBACK, "--port", str(port)]
+    for flag, value in options.items():
+        if value is not None:
+            command += [flag, str(value)]
+    log_path = Path(tempfile.gettempdir()) / f"audiomask_serve_{port}.log"
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPOSITORY)
+    served = ServerProcess(f"ws://{LOOPBACK}:{port}", f"http://{LOOPBACK}:{port}", process, log_path)
+    try:
+        deadline = time.monotonic() + ready_timeout_s
+        while health(served.http_url)[0] != 200:
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"audiomask serve did not start ({' '.join(command)}):\n{log_path.read_text()}")
+            time.sleep(HEALTH_POLL_S)
+        yield served
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU seconds (user + system, all threads) process ``pid`` has used (Linux ``/proc``; 0 elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
+def _children(pid: int) -> list[int]:
+    """The process ids of ``pid``'s children (every thread's), or none where ``/proc`` does not list them."""
+    children: list[int] = []
+    with contextlib.suppress(OSError):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError):
+                children += [int(child) for child in (task / "children").read_text().split()]
+    return children
+
+
+def process_memory(pid: int) -> dict[str, int] | None:
+    """Process ``pid``'s memory and handles from Linux ``/proc``; ``None`` when it cannot be read.
+
+    Keys: ``rss_bytes`` (``VmRSS``, resident now), ``hwm_bytes`` (``VmHWM``, the highest RSS so far),
+    ``threads``, ``fds`` (open file descriptors, sockets included), and ``children_rss_bytes``: the RSS of
+    its child processes together (front-end worker processes; 0 without any).
+    """
+    try:
+        fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+        fds = len(os.listdir(f"/proc/{pid}/fd"))
+    except (OSError, ValueError):
+        return None
+    children = [process_memory(child) for child in _children(pid)]
+    return {
+        "rss_bytes": int(fields["VmRSS"].split()[0]) * KIB,
+        "hwm_bytes": int(fields["VmHWM"].split()[0]) * KIB,
+        "threads": int(fields["Threads"]),
+        "fds": fds,
+        "children_rss_bytes": sum(child["rss_bytes"] + child["children_rss_bytes"] for child in children if child),
+    }
+
+
+def single_stream_references(
+    audio: Mapping[str, np.ndarray],
+    model: str | None,
+    chunk_ms: int | None,
+    left_chunks: int | None,
+    message_samples: int,
+) -> tuple[dict[str, list[str]], dict[str, str], int]:
+    """Each clip fed alone to one CPU :class:`~audiomask.asr.recognizer.StreamingRecognizer` of these settings.
+
+    Args:
+        audio: clip name -> ``(n,)`` float32 samples at 16 kHz.
+        model: a model file; ``None``: the shipped model.
+        chunk_ms, left_chunks: the server's streaming settings (``None``: the model's).
+        message_samples: samples per ``accept``, as a client's messages carry them.
+
+    Returns:
+        ``(partials, finals, chunk_ms)``: per clip the text after each message and the final text, and the
+        chunk in milliseconds.
+    """
+    import torch
+
+    from audiomask.asr.checkpoint import load_model
+    from audiomask.asr.recognizer import StreamingRecognizer
+
+    torch.set_num_threads(1)
+    partials, finals = {}, {}
+    with StreamingRecognizer(load_model(model), "cpu", chunk_ms, left_chunks) as recognizer:
+        for name, samples in audio.items():
+            stream = recognizer.open_stream(name)
+            texts = []
+            for start in range(0, len(samples), message_samples):
+                stream.accept(samples[start : start + message_samples])
+                texts.append(stream.partial())
+            partials[name], finals[name] = texts, stream.finish()
+        return partials, finals, recognizer.chunk_ms
