@@ -8,15 +8,17 @@ Each check either returns the value in its canonical type or raises
 from __future__ import annotations
 
 import operator
+import re
 from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["INT64_MAX", "INT64_MIN", "check_int", "check_lengths", "check_out"]
+__all__ = ["INT64_MAX", "INT64_MIN", "check_int", "check_lengths", "check_out", "pick_device"]
 
 _MAX_SHOWN = 8  # elements of an array quoted in an error message
 INT64_MAX = int(np.iinfo(np.int64).max)
 INT64_MIN = int(np.iinfo(np.int64).min)
+_DEVICE_NAME = re.compile(r"auto|cpu|cuda(:\d+)?")
 
 
 def _show(value: object) -> str:
@@ -122,3 +124,29 @@ def check_out(out: object, shape: Sequence[int], dtype: np.dtype | type = np.boo
     if not out.flags.c_contiguous or not out.flags.writeable:
         raise ValueError("out must be a writeable C-contiguous array")
     return out
+
+
+def pick_device(value: str, name: str = "device") -> str:
+    """A device option as given by a user: ``auto`` -> ``cuda`` where CUDA is available, else ``cpu``.
+
+    ``cpu``, ``cuda`` and ``cuda:N`` are returned as they are; ``cuda`` on a
+    machine without CUDA is an error (a command sized for a GPU would not
+    keep up on the CPU), as is any other value; ``name`` is the option's name
+    in the message. torch is imported only here, so the module stays numpy only.
+
+    >>> pick_device("cpu"), pick_device("auto") in ("cpu", "cuda")
+    ('cpu', True)
+    >>> pick_device("gpu", "--device")
+    Traceback (most recent call last):
+    ...
+    ValueError: --device must be auto, cpu, cuda or cuda:N, got 'gpu'
+    """
+    if not isinstance(value, str) or not _DEVICE_NAME.fullmatch(value):
+        raise ValueError(f"{name} must be auto, cpu, cuda or cuda:N, got {value!r}")
+    import torch
+
+    if value == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if value.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"{name} {value}: CUDA is not available on this machine (use {name} cpu or auto)")
+    return value

@@ -9,7 +9,6 @@ from typing import TextIO
 EXIT_OK, EXIT_BAD_FILE, EXIT_USAGE = 0, 1, 2
 SIGNAL_EXIT_BASE = 128  # the shell's status for a process ended by signal N is 128 + N
 HELP_WIDTH = 79  # characters per line of the help texts taken from the package docstring
-_DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
 # reST of the docstring, for plain help: :role:`~a.b.name` -> name, :role:`a.b` -> a.b, ``x`` -> x.
 _REST_MARKUP = re.compile(r":\w+:`~(?:[\w.]*\.)?([^`]+)`|:\w+:`([^`]+)`|``([^`]+)``")
 
@@ -43,16 +42,3 @@ def plain(text: str) -> str:
     """
     text = _REST_MARKUP.sub(lambda m: m[1] or m[2] or (f"'{m[3]}'" if " " in m[3] else m[3]), text)
     return "\n\n".join(textwrap.fill(" ".join(paragraph.split()), HELP_WIDTH) for paragraph in text.split("\n\n"))
-
-
-def pick_device(name: str) -> str:
-    """``auto`` -> CUDA when available, else CPU; ``cuda`` without CUDA is a user error (``ValueError``)."""
-    if not _DEVICE.fullmatch(name):
-        raise ValueError(f"--device must be auto, cpu, cuda or cuda:N, got {name!r}")
-    import torch
-
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"--device {name}: CUDA is not available on this machine (use --device cpu or auto)")
-    return name

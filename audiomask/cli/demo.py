@@ -10,7 +10,8 @@ from collections.abc import Sequence
 import numpy as np
 
 import audiomask
-from audiomask.cli.common import EXIT_BAD_FILE, EXIT_OK, pick_device, write_line
+from audiomask.checks import pick_device
+from audiomask.cli.common import EXIT_BAD_FILE, EXIT_OK, write_line
 from audiomask.constants import FRAMES_PER_SECOND
 from audiomask.masks import phi4mm, qwen3_asr
 
@@ -43,7 +44,7 @@ def demo(args: argparse.Namespace) -> int:
 
     from audiomask.transfer import PinnedRing, to_device
 
-    device = pick_device(args.device)
+    device = pick_device(args.device, "--device")
     where = torch.cuda.get_device_name(device) if device.startswith("cuda") else "host memory, no GPU"
     say(f"audiomask {audiomask.__version__} demo on {device} ({where})")
 

@@ -14,7 +14,8 @@ from typing import NamedTuple
 import numpy as np
 
 import audiomask
-from audiomask.cli.common import EXIT_OK, pick_device, write_line
+from audiomask.checks import pick_device
+from audiomask.cli.common import EXIT_OK, write_line
 from audiomask.cli.transcribe import TRANSCRIBE_THREADS
 from audiomask.constants import FRAME_MS
 
@@ -109,7 +110,7 @@ def _info_lines(args: argparse.Namespace) -> Iterator[str]:
 
     from audiomask.asr.checkpoint import model_info
 
-    device = pick_device(args.device)
+    device = pick_device(args.device, "--device")
     yield "versions"
     for name, version in (
         ("audiomask", audiomask.__version__),

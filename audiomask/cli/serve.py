@@ -14,21 +14,18 @@ import ssl
 import sys
 
 from audiomask.cli.common import EXIT_USAGE
-from audiomask.cli.transcribe import TRANSCRIBE_THREADS
 from audiomask.serve.settings import (
     DEFAULT_IDLE_TIMEOUT_S,
     DEFAULT_MAX_CONNECTIONS,
     DEFAULT_MAX_MESSAGE_BYTES,
     DEFAULT_PORT,
     LOOPBACK,
+    SERVE_THREADS,
     ServeSettings,
 )
 
-__all__ = ["SERVE_THREADS", "add_parser", "serve"]
+__all__ = ["add_parser", "serve"]
 
-# torch intra-op threads of the server: as for `audiomask transcribe`, a chunk step's small matrices gain
-# nothing from more, and the front end and the event loop need the other cores.
-SERVE_THREADS = TRANSCRIBE_THREADS
 RAY_MODULE = "audiomask.serve.ray_serve"
 
 

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import audiomask
-from audiomask.cli.common import EXIT_BAD_FILE, EXIT_OK, SIGNAL_EXIT_BASE, pick_device
+from audiomask.checks import pick_device
+from audiomask.cli.common import EXIT_BAD_FILE, EXIT_OK, SIGNAL_EXIT_BASE
 from audiomask.cli.output import Output, reason
 from audiomask.constants import SAMPLE_RATE
 
@@ -198,7 +199,7 @@ def transcribe(args: argparse.Namespace) -> int:
     """Run ``audiomask transcribe``; the exit status (0, or 1 when a file could not be transcribed)."""
     import torch
 
-    device = pick_device(args.device)
+    device = pick_device(args.device, "--device")
     torch.set_num_threads(_check_threads(args.threads))
     sources = _sources(args.files)
     failed = False

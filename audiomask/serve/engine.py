@@ -47,6 +47,7 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 
 from audiomask.asr.recognizer import StreamingRecognizer
+from audiomask.checks import pick_device
 from audiomask.constants import SAMPLE_RATE
 from audiomask.serve.feeds import Feed, Inbox
 from audiomask.serve.settings import ServeSettings
@@ -129,9 +130,8 @@ def build_recognizer(settings: ServeSettings) -> StreamingRecognizer:
     naming the option for a bad model file, device or streaming setting.
     """
     from audiomask.asr.checkpoint import load_model
-    from audiomask.cli.common import pick_device
 
-    device = pick_device(settings.device)
+    device = pick_device(settings.device, "--device")
     model = load_model(settings.model)
     workers = settings.frontend_workers
     in_processes = str(device).startswith("cuda") if workers is None else workers > 0

@@ -198,8 +198,8 @@ class Replica:
         import torch
         from ray import serve
 
-        from audiomask.cli.serve import SERVE_THREADS
         from audiomask.serve.app import create_app
+        from audiomask.serve.settings import SERVE_THREADS
 
         torch.set_num_threads(SERVE_THREADS)
         replica = serve.get_replica_context().replica_id.unique_id

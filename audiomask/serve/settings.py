@@ -28,6 +28,7 @@ __all__ = [
     "LOOPBACK",
     "MAX_PORT",
     "MIN_MESSAGE_BYTES",
+    "SERVE_THREADS",
     "ServeSettings",
 ]
 
@@ -41,6 +42,9 @@ FLOAT32_BYTES = 4
 DEFAULT_MAX_MESSAGE_BYTES = 2**20  # 1 MiB a frame: 16 s of float32 samples, sherpa-onnx's default limit
 MIN_MESSAGE_BYTES = FLOAT32_BYTES  # one sample
 DEFAULT_IDLE_TIMEOUT_S = 30.0  # seconds without a message before a connection is closed
+# torch intra-op threads of a server process (or Ray replica): a chunk step's small matrices gain nothing
+# from more, and the front end and the event loop need the other cores (as for `audiomask transcribe`).
+SERVE_THREADS = 1
 
 
 @dataclass(frozen=True)
