@@ -58,7 +58,7 @@ def direct_copy(t: torch.Tensor, device: object, *, method: str = "to", non_bloc
     if method == "cuda":
         # Safe here: the benchmark's unstaged baseline, measured against audiomask.transfer's ring; the
         # library never calls it, and the caller keeps ``t`` alive until the copy is waited for.
-        return t.cuda(torch.device(device), non_blocking=non_blocking)
+        return t.cuda(torch.device(device), non_blocking=non_blocking)  # safe: a baseline only (see above)
     if method == "copy_":
         return torch.empty(t.shape, dtype=t.dtype, device=device).copy_(t, non_blocking=non_blocking)
     raise ValueError(f"method must be one of {COPY_METHODS}, got {method!r}")
@@ -72,7 +72,7 @@ def pin_per_copy(t: torch.Tensor, device: object) -> torch.Tensor:
     fresh pinned buffer lives until the copy has read it), only slow.
     """
     # Safe: the fresh pinned buffer is referenced by the copy until it has been read; a benchmark baseline only.
-    return t.pin_memory().to(device, non_blocking=True)
+    return t.pin_memory().to(device, non_blocking=True)  # safe: see above
 
 
 class QueueFiller:
