@@ -83,6 +83,17 @@ for the device's results), so that other threads may feed, end, open and
 read streams while a long run of cycles goes on. Only one thread advances at
 a time.
 
+Lanes: given several streams of one encoder, the driver's slots are theirs,
+lane after lane, and a cycle plans and steps one lane's slots (lanes take
+turns). A cycle then costs the device one lane's step, so a lane whose
+streams are ready runs without the others (streams that start at different
+times), and with ``frontend_process`` every process owns a piece of every
+lane (:class:`~audiomask.features.process.FeatureProcess`'s ``lanes``): when
+all streams have a chunk at once, the first lane's features are ready after
+about ``1 / lanes`` of the front end's time, and its step runs while the
+next lanes' features are computed (without lanes the step waits for every
+stream's features). A stream's outputs are the same in any lane.
+
 Encoder outputs (:mod:`audiomask.asr.outputs`): a stream opened with
 ``outputs=True`` (or every stream, with ``keep_outputs``) gets its output
 tokens in :attr:`DriverStream.chunks`, a bounded per-stream queue, and one
@@ -133,12 +144,38 @@ __all__ = ["OUTPUT_PLACES", "RECENT_CYCLES", "CycleTiming", "DriverStream", "Run
 OUTPUT_PLACES = ("host", "device")  # where delivered embeddings live: pinned host memory, or the encoder's device
 
 
+# What every lane of a driver must share: its slots' steps and outputs are interchangeable.
+_LANE_ATTRIBUTES = ("device", "dtype", "feature_size", "time_dim", "chunk_frames", "tokens_per_chunk", "output_size")
+
+
+def _lanes(stream: object) -> tuple[EncoderStream, ...]:
+    """``stream`` (one :class:`EncoderStream` or several alike) as the driver's lanes."""
+    lanes = (stream,) if isinstance(stream, EncoderStream) else tuple(stream) if isinstance(stream, Sequence) else ()
+    if not lanes or not all(isinstance(lane, EncoderStream) for lane in lanes):
+        raise ValueError(
+            f"stream must be an EncoderStream (audiomask.streaming) or a non-empty sequence of them, got "
+            f"{type(stream).__name__}"
+        )
+    first = lanes[0]
+    for index, lane in enumerate(lanes[1:], 1):
+        if type(lane) is not type(first) or lane is first:
+            raise ValueError(f"stream[{index}] must be another {type(first).__name__}, got {lane!r}")
+        for name in _LANE_ATTRIBUTES:
+            if getattr(lane, name) != getattr(first, name):
+                raise ValueError(
+                    f"stream[{index}].{name} must equal stream[0]'s ({getattr(first, name)!r}): lanes step alike, "
+                    f"got {getattr(lane, name)!r}"
+                )
+    return lanes
+
+
 @dataclass
 class _InFlight:
     cycle: PlannedCycle
-    best: torch.Tensor  # (B, n) argmax ids (host tensor once the copy has landed)
-    embeddings: torch.Tensor | None  # (B, n, D) copy of the step's outputs, while some stream asks for them
-    valid: np.ndarray  # (B,) real tokens per slot
+    # Rows: the slots of the cycle's lane (all B without lanes), from its first slot on.
+    best: torch.Tensor  # (rows, n) argmax ids (host tensor once the copy has landed)
+    embeddings: torch.Tensor | None  # (rows, n, D) copy of the step's outputs, while some stream asks for them
+    valid: np.ndarray  # (rows,) real tokens per slot
     done: object  # CUDA event after the copy back, or None
     events: tuple[object, object] | None  # CUDA events around the step
     enqueue_s: float
@@ -153,7 +190,10 @@ class StreamingDriver:
         stream: the encoder stream whose slots the utterances take (any
             :class:`~audiomask.streaming.EncoderStream`, e.g. from
             :func:`~audiomask.streaming.open_stream`; its encoder in eval mode).
-            Its ``batch_size`` is the number of concurrent utterances.
+            Its ``batch_size`` is the number of concurrent utterances. Or
+            several streams of one encoder and chunking, the driver's *lanes*:
+            their slots are the driver's, lane after lane, and a cycle steps
+            one lane (see "Lanes" in the module docstring).
         head: the :class:`~audiomask.models.ctc.CTCHead` over the encoder outputs (on the stream's device).
         frontend: the front end (default: the stream's ``default_frontend()``); its mel bins and layout
             must be the stream's.
@@ -199,7 +239,7 @@ class StreamingDriver:
 
     def __init__(
         self,
-        stream: EncoderStream,
+        stream: EncoderStream | Sequence[EncoderStream],
         head: CTCHead,
         frontend: Frontend | None = None,
         *,
@@ -210,8 +250,8 @@ class StreamingDriver:
         frontend_workers: int | None = None,
         wait_clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if not isinstance(stream, EncoderStream):
-            raise ValueError(f"stream must be an EncoderStream (audiomask.streaming), got {type(stream).__name__}")
+        lanes = _lanes(stream)
+        stream = lanes[0]  # every lane's attributes are its
         if not isinstance(head, CTCHead):
             raise ValueError(f"head must be a CTCHead, got {type(head).__name__}")
         if head.proj.in_features != stream.output_size:
@@ -233,13 +273,17 @@ class StreamingDriver:
             if not frontend_process:
                 raise ValueError("frontend_workers needs frontend_process=True (it counts the front end's processes)")
             frontend_workers = check_int("frontend_workers", frontend_workers, minimum=1)
-            if frontend_workers > stream.batch_size:
+            narrowest = min(lane.batch_size for lane in lanes)
+            if frontend_workers > narrowest:
                 raise ValueError(
-                    f"frontend_workers must be at most the stream's batch_size ({stream.batch_size}): each "
-                    f"process owns slots, got {frontend_workers}"
+                    f"frontend_workers must be at most the batch_size of the stream (of its narrowest lane) "
+                    f"({narrowest}): each process owns slots of every lane, got {frontend_workers}"
                 )
-        self.stream, self.head = stream, head
-        self.batch_size, self.device, self.chunk_frames = stream.batch_size, stream.device, stream.chunk_frames
+        self.lanes, self.head = lanes, head
+        ends = np.cumsum([0, *(lane.batch_size for lane in lanes)]).tolist()
+        self.lane_bounds = list(zip(ends[:-1], ends[1:]))  # each lane's slots, [lo, hi)
+        self._next_lane = 0  # the lane the next plan tries first: lanes take turns
+        self.batch_size, self.device, self.chunk_frames = ends[-1], stream.device, stream.chunk_frames
         # Samples of a stream's first cycle, and of each later one.
         self.first_block_samples, self.block_samples = block_samples(self.frontend, self.chunk_frames)
         self.keep_outputs = bool(keep_outputs)
@@ -257,7 +301,12 @@ class StreamingDriver:
         self._slot_features: SlotFeatures | None = None  # ... or here (on the thread, or serial)
         if frontend_process:
             self._process = FeatureProcess(
-                self.frontend, self.batch_size, self.chunk_frames, capacity, workers=frontend_workers
+                self.frontend,
+                self.batch_size,
+                self.chunk_frames,
+                capacity,
+                workers=frontend_workers,
+                lanes=[hi - lo for lo, hi in self.lane_bounds],
             )
             rings = self._process.samples
         else:
@@ -472,11 +521,21 @@ class StreamingDriver:
         max_wait_s: float | None = None,
         until: Callable[[], bool] | None = None,
     ) -> None:
-        """Plan cycles and hand them to the front end until ``depth`` are ahead, none is due yet, or ``until()``."""
+        """Plan cycles and hand them to the front end until ``depth`` are ahead, none is due yet, or ``until()``.
+
+        With lanes, each plan tries the lanes in turn from the one after the last planned.
+        """
         while len(ahead) < depth and not (until is not None and until()):
             if before_plan is not None:
                 before_plan(self._cycles)
-            plan = self._planner.plan(self._cycles, max_wait_s)
+            plan = None
+            for turn in range(len(self.lanes)):
+                lane = (self._next_lane + turn) % len(self.lanes)
+                bounds = self.lane_bounds[lane] if len(self.lanes) > 1 else None
+                plan = self._planner.plan(self._cycles, max_wait_s, bounds)
+                if plan is not None:
+                    self._next_lane = lane + 1
+                    break
             if plan is None:
                 return
             self._cycles += 1
@@ -527,17 +586,20 @@ class StreamingDriver:
         """Stage the batch, reset starting slots, one chunk step, head and argmax; nothing waits for the device."""
         started, cpu_started = time.perf_counter(), time.thread_time()
         events = None
+        lo, hi = plan.lane or (0, self.batch_size)
+        stream = self.lanes[self.lane_bounds.index((lo, hi))] if plan.lane else self.lanes[0]
         context = torch.cuda.stream(self._compute) if self._compute is not None else contextlib.nullcontext()
         with context:
             if plan.joins.size:
-                self.stream.reset_slots(plan.joins)
+                stream.reset_slots(plan.joins - lo)
             if self._compute is not None:
                 events = self._step_events[plan.index % 2]
                 events[0].record()
             step_started = time.perf_counter()
             # A full cycle passes no mask: every slot steps (the free ones with no frames).
-            active = plan.blocks.active if plan.skipped else None
-            outputs, valid = self.stream.step(plan.features, plan.counts, plan.blocks.final, active)
+            active = plan.blocks.active[lo:hi] if plan.skipped else None
+            final = plan.blocks.final[lo:hi]
+            outputs, valid = stream.step(plan.features[lo:hi], plan.counts[lo:hi], final, active)
             embeddings = None
             if self._listening:  # enqueued before the argmax copy, so that its event covers both
                 embeddings = to_host(outputs)[0] if self.outputs_on == "host" else outputs.clone()
@@ -578,14 +640,15 @@ class StreamingDriver:
             self.stats.set_encode(record.cycle.index, record.encode_s)
         plan = record.cycle
         slots = plan.slots
+        rows = slots - (plan.lane[0] if plan.lane else 0)
         self._decoder.reset(plan.joins)  # new utterances in these rows
-        counts = record.valid[slots]
-        new_ids = self._decoder.push_best(record.best.cpu().numpy()[slots], counts, slots)
+        counts = record.valid[rows]
+        new_ids = self._decoder.push_best(record.best.cpu().numpy()[rows], counts, slots)
         streams, final = plan.streams, plan.blocks.final
-        for slot, ids, count in zip(slots.tolist(), new_ids, counts.tolist()):
+        for slot, row, ids, count in zip(slots.tolist(), rows.tolist(), new_ids, counts.tolist()):
             stream = streams[slot]
             if stream.chunks is not None and record.embeddings is not None and (count or final[slot]):
-                self._deliver(stream, record.embeddings[slot, :count], bool(final[slot]))
+                self._deliver(stream, record.embeddings[row, :count], bool(final[slot]))
             stream.ids.extend(ids)
             stream.tokens += count
         for slot in np.flatnonzero(final).tolist():

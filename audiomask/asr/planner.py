@@ -154,6 +154,7 @@ class PlannedCycle:
     joins: np.ndarray  # int64: the slots whose stream starts in this cycle
     audio_samples: int  # samples in the cycle's blocks
     skipped: int = 0  # occupied slots left out (not ready): 0 in a full cycle
+    lane: tuple[int, int] | None = None  # [lo, hi): the slots the cycle was planned over (None: all)
     pending: object = None  # the front end's Future, on a worker thread
     features: np.ndarray | None = None  # the stream's chunk_shape host batch
     counts: np.ndarray | None = None  # (B,) int64: frames per slot
@@ -274,17 +275,24 @@ class CyclePlanner:
         since = float(self._ready_since.min())
         return None if since == np.inf else self.clock() - since
 
-    def plan(self, index: int, max_wait_s: float | None = None) -> PlannedCycle | None:
+    def plan(
+        self, index: int, max_wait_s: float | None = None, lane: tuple[int, int] | None = None
+    ) -> PlannedCycle | None:
         """Cycle ``index``, or ``None`` when no cycle is due (see the module docstring).
 
         ``max_wait_s``: ``None``, full cycles only; else a cycle over the
         ready slots alone once one of them has waited ``max_wait_s`` seconds
         for the others or has ended (``0``: whenever some slot is ready).
+        ``lane``: ``(lo, hi)``, plan over slots ``[lo, hi)`` only, as if
+        they were all the slots (the others neither advance nor hold it back).
         """
         for slot in np.flatnonzero(self._spilled).tolist():
             self._refill(slot)
         self._admit()
         occupied = self._occupied
+        if lane is not None:
+            occupied = np.zeros_like(occupied)
+            occupied[lane[0] : lane[1]] = self._occupied[lane[0] : lane[1]]
         if not occupied.any():
             return None
         available, need = self._written - self._planned, self._need()
@@ -313,6 +321,7 @@ class CyclePlanner:
             np.flatnonzero(join),
             int(take.sum()),
             skipped,
+            lane,
         )
         # A slot whose next block is already there stays ready since when it was: it has not stopped waiting.
         still = ready & ~final & (self._written - self._planned >= self._need())

@@ -94,6 +94,9 @@ THROUGHPUT_RUNS = (
 )
 FULL_SIZE_MODELS = ("phi4mm_full", "qwen3_asr_0.6b")
 PIPELINE_MODELS = ("shipped", "phi4mm_full")  # the Phi-4MM models (the pipeline section's chunking is theirs)
+# In-phase streams' chunks all arrive at once: with lanes the first lane's step starts after a
+# quarter of the front end's time, and the later lanes' features are computed during the steps.
+DRIVER_LANES = 4
 STREAMS_AIM = 10_000  # the aim: concurrent real-time streams of each full-size encoder on one H200
 DRIVER_SHARE_AIM = 0.8  # the aim: the full-size Phi-4MM driver's capacity over its encoder step's
 
@@ -113,6 +116,7 @@ class RunSettings:
     probe: ProbePlan
     max_streams: int
     frontend_workers: int | None = None  # the throughput drivers' front-end processes (None: the driver chooses)
+    lanes: int = 1  # the throughput drivers' lanes (StreamingDriver over that many streams, a cycle a lane)
 
 
 FULL = RunSettings(
@@ -244,7 +248,12 @@ def throughput_section(settings: RunSettings, models: Models, budget: Budget) ->
         shares_left -= share
         chunking = dict(zip(("chunk_size", "left_chunk"), _streaming_chunking(model))) if model.is_phi4mm else {}
         probe, probe_settings = make_probe(
-            model, path, settings.probe, **chunking, frontend_workers=settings.frontend_workers
+            model,
+            path,
+            settings.probe,
+            **chunking,
+            frontend_workers=settings.frontend_workers,
+            lanes=settings.lanes,
         )
         log(f"  throughput {name}/{path}: budget {run_budget.seconds:.0f} s")
         start = min(start, settings.max_streams)
@@ -414,6 +423,12 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         "--frontend-workers", type=int, help="front-end processes of the throughput drivers (default: from the cores)"
     )
     parser.add_argument(
+        "--lanes",
+        type=int,
+        default=DRIVER_LANES,
+        help=f"lanes of the throughput drivers: a cycle steps one lane's streams (default: {DRIVER_LANES})",
+    )
+    parser.add_argument(
         "--pipeline-model", choices=PIPELINE_MODELS, default="shipped", help="the model of the pipeline section"
     )
     parser.add_argument("--plot", type=Path, metavar="JSON", help="only write the PNG plots of an existing report")
@@ -425,6 +440,8 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error(f"--max-streams must be >= 1, got {args.max_streams}")
     if args.frontend_workers is not None and args.frontend_workers < 1:
         parser.error(f"--frontend-workers must be >= 1, got {args.frontend_workers}")
+    if args.lanes < 1:
+        parser.error(f"--lanes must be >= 1, got {args.lanes}")
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     try:
@@ -460,6 +477,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         seconds=args.seconds or base.seconds,
         max_streams=args.max_streams or base.max_streams,
         frontend_workers=args.frontend_workers,
+        lanes=args.lanes,
     )
     report: dict = {
         "environment": capture_environment(sys.argv),  # the process's command line: the script or the CLI

@@ -29,6 +29,7 @@ from audiomask.asr.decoding import CharTokenizer
 from audiomask.asr.driver import StreamingDriver
 from audiomask.asr.model import ASRModel
 from audiomask.constants import FRAME_MS
+from audiomask.features.process import lane_bounds
 from audiomask.models import (
     Phi4MMAudioConfig,
     Phi4MMEncoder,
@@ -94,28 +95,35 @@ class BenchModel:
         left_chunk: int | None = None,
         *,
         cuda_graph: bool | None = None,
+        lanes: int = 1,
         **options: object,
     ) -> StreamingDriver:
         """A :class:`~audiomask.asr.driver.StreamingDriver` of ``batch_size`` slots over this model.
 
         Phi-4MM: ``chunk_size`` tokens per chunk, ``left_chunk`` chunks of left context (both required).
         Qwen3-ASR: both ``None`` (its 1 s chunks in 8 s windows). ``cuda_graph``: replay the Phi-4MM chunk
-        step as CUDA graphs (``None``: on CUDA); ``options`` go to the driver (``overlap``, ...).
+        step as CUDA graphs (``None``: on CUDA); ``lanes``: the slots split into that many streams
+        (:func:`~audiomask.features.process.lane_bounds`), a cycle a lane; ``options`` go to the driver
+        (``overlap``, ...).
         """
         encoder = self.asr.encoder
         if self.is_phi4mm:
             if chunk_size is None or left_chunk is None:
                 raise ValueError(f"chunk_size and left_chunk must be given for {self.name!r} (Phi-4MM)")
             chunk_ms = chunk_size * encoder.config.time_reduction * FRAME_MS
-            stream = open_stream(encoder, batch_size, chunk_ms=chunk_ms, left_chunks=left_chunk, cuda_graph=cuda_graph)
+            chunking = {"chunk_ms": chunk_ms, "left_chunks": left_chunk}
         else:
             if chunk_size is not None or left_chunk is not None:
                 raise ValueError(
                     f"chunk_size and left_chunk must be None for {self.name!r} (Qwen3-ASR streams fixed 1 s chunks), "
                     f"got {chunk_size!r} and {left_chunk!r}"
                 )
-            stream = open_stream(encoder, batch_size, cuda_graph=cuda_graph)
-        return StreamingDriver(stream, self.asr.head, self.asr.frontend, **options)
+            chunking = {}
+        streams = [
+            open_stream(encoder, hi - lo, **chunking, cuda_graph=cuda_graph)
+            for lo, hi in lane_bounds(batch_size, lanes)
+        ]
+        return StreamingDriver(streams, self.asr.head, self.asr.frontend, **options)
 
     def info(self) -> dict:
         """JSON-ready: name, source, dtype, parameter count and the encoder config."""

@@ -64,6 +64,7 @@ from audiomask.asr.driver import StreamingDriver
 from audiomask.bench.models import BenchModel
 from audiomask.bench.signals import shared_noise
 from audiomask.bench.timing import MS_PER_S, Budget, log, percentiles
+from audiomask.checks import check_int
 from audiomask.constants import FRAME_MS, SAMPLE_RATE
 from audiomask.features.process import available_cores
 from audiomask.streaming import Phi4MMStream, Qwen3ASRStream
@@ -213,7 +214,12 @@ def _driver_probe(
         began = time.perf_counter()
         workers = options.get("frontend_workers")
         shards = {} if workers is None else {"frontend_workers": min(workers, streams)}  # a process owns slots
-        driver = model.driver(streams, **chunking, cuda_graph=cuda_graph, overlap=True, **{**options, **shards})
+        lanes = min(options.get("lanes", 1), streams)
+        if workers is not None:
+            shards["frontend_workers"] = min(workers, streams // lanes)  # a process owns slots of every lane
+        driver = model.driver(
+            streams, **chunking, cuda_graph=cuda_graph, overlap=True, **{**options, **shards, "lanes": lanes}
+        )
         setup_s = time.perf_counter() - began
         frontend_processes = len(multiprocessing.active_children()) - children
         threads = torch.get_num_threads()
@@ -227,18 +233,30 @@ def _driver_probe(
             handles: list = []
             fed = np.zeros(streams, np.int64)  # samples fed to each stream so far
 
-            def step(index: int) -> ChunkCost:
-                handles.extend(driver.open() for _ in range(int((opening == index).sum())))
-                for stream, handle in enumerate(handles):
+            def feed_lane(lane: int) -> None:
+                lo, hi = driver.lane_bounds[lane]
+                for stream in range(lo, min(hi, len(handles))):  # slots are taken lowest first, in opening order
                     size = first if fed[stream] == 0 else later
                     begin = starts[stream] + fed[stream]
-                    driver.feed(handle, source[begin : begin + size])
+                    driver.feed(handles[stream], source[begin : begin + size])
                     fed[stream] += size
-                if driver.advance() != 1:
-                    raise RuntimeError(f"chunk {index}: the driver did not run exactly one cycle (a bug)")
-                cycle = driver.stats.cycles[-1]
+
+            def step(index: int) -> ChunkCost:
+                handles.extend(driver.open() for _ in range(int((opening == index).sum())))
+                # Each lane's chunk is fed just before its cycle is planned (the first lane's before any).
+                occupied = sum(lo < len(handles) for lo, _ in driver.lane_bounds)
+                unfed = iter(range(occupied))
+                first_cycle = driver.stats.count
+                ran = driver.advance(before_plan=lambda _: next((feed_lane(lane) for lane in unfed), None))
+                if ran != occupied:
+                    raise RuntimeError(
+                        f"chunk {index}: the driver ran {ran} cycles, not one a lane ({occupied}): a bug"
+                    )
+                cycles = driver.stats.since(first_cycle)
+                gpu_s = sum(cycle.encode_s for cycle in cycles)
+                waited_s = sum(cycle.wait_s for cycle in cycles)
                 # Without CUDA the step is computed on the main thread: that time is the "device's", not host work.
-                return ChunkCost(cycle.encode_s, cycle.cpu_s, cycle.wait_s + (0.0 if cuda else cycle.encode_s))
+                return ChunkCost(gpu_s, sum(cycle.cpu_s for cycle in cycles), waited_s + (0.0 if cuda else gpu_s))
 
             times = timed_chunks(step, warmup, timed, later / SAMPLE_RATE)
             times.frontend_processes, times.setup_s = frontend_processes, setup_s
@@ -310,6 +328,7 @@ def make_probe(
     left_chunk: int = 0,
     cuda_graph: bool | None = None,
     frontend_workers: int | None = None,
+    lanes: int = 1,
 ) -> tuple[Callable[[int], ProbeTimes], dict]:
     """``(probe, settings)``: ``probe(streams)`` times chunks of ``streams`` concurrent streams.
 
@@ -318,6 +337,8 @@ def make_probe(
     ``cuda_graph``: replay the Phi-4MM chunk step as CUDA graphs (``None``: the driver's default).
     ``frontend_workers``: the driver's front-end processes (``None``: the driver chooses from the
     cores), passed where the driver takes it; the settings record it.
+    ``lanes``: the driver's slots in that many lanes (at most the streams), one cycle a lane: the first
+    lane's step starts after about ``1 / lanes`` of the front end's time.
     """
     if path not in PATHS:
         raise ValueError(f"path must be one of {PATHS}, got {path!r}")
@@ -336,7 +357,8 @@ def make_probe(
         settings.update(chunk_ms=config.chunk_frames * FRAME_MS, window_ms=config.n_window_infer * FRAME_MS)
     if path == "driver":
         options, recorded = _frontend_options(frontend_workers)
-        settings.update(recorded)
+        options["lanes"] = check_int("lanes", lanes, minimum=1)
+        settings.update(recorded, lanes=lanes)
         settings["latency_until"] = "CTC argmax of the chunk on the host, decoded (features included)"
         return _driver_probe(model, chunking, plan, cuda_graph, options), settings
     if model.is_phi4mm:

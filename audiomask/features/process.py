@@ -49,6 +49,7 @@ import sys
 import time
 import weakref
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
@@ -69,6 +70,7 @@ __all__ = [
     "available_cores",
     "default_threads",
     "default_workers",
+    "lane_bounds",
 ]
 
 START_TIMEOUT_S = 120.0  # an interpreter and torch's import, on a loaded machine
@@ -87,6 +89,15 @@ _STOP, _DONE, _FAILED = b"", b"\x00", b"\x01"
 def available_cores() -> int:
     """The cores this process may run on (its CPU affinity; the machine's count where that is unknown)."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def lane_bounds(batch_size: int, lanes: int) -> list[tuple[int, int]]:
+    """``[lo, hi)`` of each of ``lanes`` contiguous lanes of ``batch_size`` slots, sizes differing by one at most.
+
+    >>> lane_bounds(10, 3)
+    [(0, 3), (3, 6), (6, 10)]
+    """
+    return [(lane * batch_size // lanes, (lane + 1) * batch_size // lanes) for lane in range(lanes)]
 
 
 def default_workers(batch_size: int, cores: int | None = None) -> int:
@@ -160,15 +171,19 @@ def _serve(
     chunk_frames: int,
     buffers: _Buffers,
     worker: int,
-    slots: tuple[int, int],
+    ranges: list[tuple[int, int]],
     threads: int,
 ) -> None:
-    """A process: compute its ``slots`` (``[lo, hi)``) of each cycle the pipe names until it says _STOP (or closes)."""
+    """A process: compute its slot ``ranges`` (each ``[lo, hi)``) of each cycle the pipe names until _STOP.
+
+    A range none of whose slots advances or joins is skipped when the process owns several (one per lane):
+    its rows keep their last features and their counts read 0.
+    """
     torch.set_num_threads(threads)
     shared = buffers.arrays()  # the caller's memory
-    lo, hi = slots
-    stage = SlotFeatures(frontend, hi - lo, chunk_frames)
-    samples = SlotSamples(shared.samples[lo:hi])
+    stages = [
+        (lo, hi, SlotFeatures(frontend, hi - lo, chunk_frames), SlotSamples(shared.samples[lo:hi])) for lo, hi in ranges
+    ]
     connection.send_bytes(_DONE)
     while True:
         try:
@@ -184,12 +199,16 @@ def _serve(
         buffer = message[0]
         started, cpu_started = time.perf_counter(), time.process_time()
         try:
-            cycle = SlotCycle.from_rows(shared.cycles[buffer, :, lo:hi])
-            _, counts = stage.compute_cycle(samples, cycle, shared.features[buffer, lo:hi])
+            for lo, hi, stage, samples in stages:
+                cycle = SlotCycle.from_rows(shared.cycles[buffer, :, lo:hi])
+                if len(stages) > 1 and not (cycle.active.any() or cycle.join.any()):
+                    shared.counts[buffer, lo:hi] = 0
+                    continue
+                _, counts = stage.compute_cycle(samples, cycle, shared.features[buffer, lo:hi])
+                shared.counts[buffer, lo:hi] = counts
         except Exception as error:  # noqa: BLE001 (any failure goes back to the caller, who raises it)
             connection.send_bytes(_FAILED + f"{type(error).__name__}: {error}".encode())
             continue
-        shared.counts[buffer, lo:hi] = counts
         shared.seconds[buffer, worker] = time.perf_counter() - started, time.process_time() - cpu_started
         connection.send_bytes(_DONE)
 
@@ -203,6 +222,8 @@ def _shutdown(processes: list[multiprocessing.process.BaseProcess], connections:
             except OSError:  # BrokenPipeError among them
                 pass
     for process in processes:
+        if process.pid is None:  # never started (an earlier one failed to)
+            continue
         process.join(timeout=5)
         if process.is_alive():
             process.terminate()
@@ -214,9 +235,13 @@ def _shutdown(processes: list[multiprocessing.process.BaseProcess], connections:
 class FeatureProcess:
     """:class:`~audiomask.features.slots.SlotFeatures` of ``batch_size`` slots in ``workers`` spawned processes.
 
-    Process ``w`` owns slots ``[bounds[w], bounds[w + 1])`` (contiguous, sizes
-    differing by one at most). The caller writes each slot's samples into
-    :attr:`samples` (its ring) and names each cycle's blocks there with a
+    The slots form ``lanes`` contiguous lanes (sizes differing by one at
+    most; a driver steps a lane's slots together), and process ``w`` owns the
+    ``w``-th of ``workers`` contiguous pieces of every lane
+    (:attr:`ranges` ``[w]``), so that a cycle over one lane's slots keeps
+    every process busy and takes about ``1 / lanes`` of a full cycle's time.
+    The caller writes each slot's samples into :attr:`samples` (its ring) and
+    names each cycle's blocks there with a
     :class:`~audiomask.features.slots.SlotCycle`.
 
     Args:
@@ -225,7 +250,9 @@ class FeatureProcess:
         chunk_frames: frames per slot per cycle at most.
         capacity: samples per slot's ring (a block is at most this long).
         threads: torch intra-op threads of each process (default :func:`default_threads`).
-        workers: processes, ``1 <= workers <= batch_size`` (default :func:`default_workers`).
+        workers: processes, ``1 <= workers <= batch_size // lanes`` (default :func:`default_workers`).
+        lanes: how many groups of slots cycles advance together (equal sizes, see :func:`lane_bounds`), or
+            each lane's size in slot order (summing to ``batch_size``).
 
     Raises :class:`RuntimeError` when a process does not start, fails on a
     cycle (with its error) or dies. Call :meth:`close` when done (also a
@@ -241,15 +268,33 @@ class FeatureProcess:
         capacity: int,
         threads: int | None = None,
         workers: int | None = None,
+        lanes: int | Sequence[int] = 1,
     ) -> None:
         batch_size = check_int("batch_size", batch_size, minimum=1)
-        workers = default_workers(batch_size) if workers is None else check_int("workers", workers, minimum=1)
-        if workers > batch_size:
-            raise ValueError(f"workers must be at most batch_size ({batch_size}): each owns slots, got {workers}")
+        if isinstance(lanes, Sequence):
+            sizes = [check_int("lanes", size, minimum=1) for size in lanes]
+            if sum(sizes) != batch_size:
+                raise ValueError(f"lanes must sum to batch_size ({batch_size}), got {sizes}")
+            ends = np.cumsum([0, *sizes]).tolist()
+            bounds = list(zip(ends[:-1], ends[1:]))
+        else:
+            bounds = lane_bounds(batch_size, check_int("lanes", lanes, minimum=1, maximum=batch_size))
+        narrowest = min(hi - lo for lo, hi in bounds)  # the fewest slots of a lane
+        workers = default_workers(narrowest) if workers is None else check_int("workers", workers, minimum=1)
+        if workers > narrowest:
+            raise ValueError(
+                f"workers must be at most the slots of a lane ({narrowest} = the narrowest lane's): each owns "
+                f"slots of every lane, got {workers}"
+            )
         threads = default_threads(workers) if threads is None else check_int("threads", threads, minimum=1)
         self.batch_size, self.chunk_frames, self.capacity = batch_size, chunk_frames, capacity
         self.workers, self.threads = workers, threads
-        self.bounds = [worker * batch_size // workers for worker in range(workers + 1)]
+        self.lanes = bounds  # each lane's [lo, hi)
+        # Each process's [lo, hi) ranges: its piece of every lane.
+        self.ranges = [
+            [(lo + worker * (hi - lo) // workers, lo + (worker + 1) * (hi - lo) // workers) for lo, hi in bounds]
+            for worker in range(workers)
+        ]
         # Shared with the processes (torch moves their memory's file descriptors to them); freed with the last
         # reference on either side, so features handed out stay readable after close().
         shape = SlotFeatures(frontend, batch_size, chunk_frames).shape
@@ -262,11 +307,10 @@ class FeatureProcess:
         children = []
         for worker in range(workers):
             connection, child = context.Pipe()
-            slots = (self.bounds[worker], self.bounds[worker + 1])
             self._processes.append(
                 context.Process(
                     target=_serve,
-                    args=(child, frontend, chunk_frames, buffers, worker, slots, threads),
+                    args=(child, frontend, chunk_frames, buffers, worker, self.ranges[worker], threads),
                     name=f"audiomask-features-{worker}",
                     daemon=True,
                 )

@@ -192,6 +192,38 @@ def test_streams_that_pause_equal_offline_whether_cycles_wait_for_them_or_not(
     assert stats.partial == sum(timing.skipped > 0 for timing in stats.cycles)
 
 
+@pytest.mark.parametrize("family", ["phi4mm", "qwen3_asr"])
+@pytest.mark.parametrize(
+    "options", [{}, {"frontend_process": True, "frontend_workers": 2}], ids=["thread", "processes"]
+)
+def test_lanes_give_each_stream_what_one_stream_of_all_the_slots_gives(
+    encoder, tiny_qwen3_asr, head, random_signals, joined_outputs, family, options
+):
+    """Lanes of 3, 2 and 2 slots: each cycle steps one lane, and every stream's outputs and ids equal those of
+    the same streams in one 7-slot stream (streams start at random cycles and reuse freed slots)."""
+    phi4mm = family == "phi4mm"
+    model = encoder if phi4mm else tiny_qwen3_asr()
+
+    def opened(batch_size: int):
+        return Phi4MMStream(model, batch_size, 2, 1) if phi4mm else open_stream(model, batch_size=batch_size)
+
+    batch = random_signals(13, 11, 400, 30000 if phi4mm else 60000)
+    starts = np.random.default_rng(13).integers(0, 5, len(batch)).tolist()
+    results, cycles = [], []
+    for stream in (opened(7), [opened(3), opened(2), opened(2)]):
+        driver = StreamingDriver(stream, head, keep_outputs=True, **options)
+        try:
+            results.append(driver.run(batch, starts))
+            cycles.append(driver.stats.count)
+        finally:
+            driver.close()
+    one, laned = results
+    assert cycles[1] > cycles[0]  # a cycle steps one lane
+    for alone, in_lane in zip(one, laned):
+        assert in_lane.done and in_lane.tokens == alone.tokens and in_lane.ids == alone.ids, alone.name
+        assert (joined_outputs(in_lane) - joined_outputs(alone)).abs().max().item() <= 1e-5, alone.name
+
+
 def test_bad_arguments(encoder, head, random_signals):
     stream = Phi4MMStream(encoder, chunk_size=2)
     with pytest.raises(ValueError, match="stream must be an EncoderStream"):
@@ -206,8 +238,14 @@ def test_bad_arguments(encoder, head, random_signals):
         StreamingDriver(stream, head, overlap=False, frontend_process=True)
     with pytest.raises(ValueError, match="frontend_workers needs frontend_process=True"):
         StreamingDriver(stream, head, frontend_workers=2)
-    with pytest.raises(ValueError, match=r"frontend_workers must be at most the stream's batch_size \(1\)"):
+    with pytest.raises(ValueError, match=r"frontend_workers must be at most the batch_size of the stream .* \(1\)"):
         StreamingDriver(stream, head, frontend_process=True, frontend_workers=2)
+    with pytest.raises(ValueError, match="a non-empty sequence of them, got list"):
+        StreamingDriver([], head)
+    with pytest.raises(ValueError, match=r"stream\[1\] must be another Phi4MMStream"):
+        StreamingDriver([stream, stream], head)
+    with pytest.raises(ValueError, match=r"stream\[1\].chunk_frames must equal stream\[0\]'s \(16\)"):
+        StreamingDriver([stream, Phi4MMStream(encoder, chunk_size=3)], head)
     with pytest.raises(ValueError, match="frontend_workers must be >= 1, got 0"):
         StreamingDriver(stream, head, frontend_process=True, frontend_workers=0)
     driver = StreamingDriver(stream, head)

@@ -304,18 +304,24 @@ def test_cycles_mixing_whole_blocks_with_joins_ends_skips_and_odd_blocks_equal_e
 
 
 @pytest.mark.parametrize(
-    ("frontend", "workers"), [(Phi4MMFrontend(), 1), (WhisperFrontend(), 3)], ids=["phi4mm-1", "whisper-3"]
+    ("frontend", "workers", "lanes"),
+    [(Phi4MMFrontend(), 1, 1), (WhisperFrontend(), 3, 1), (WhisperFrontend(), 2, 2)],
+    ids=["phi4mm-1", "whisper-3", "whisper-2-lanes-2"],
 )
-def test_the_processes_compute_what_the_stage_computes_here(frontend, workers):
-    """Per-slot framers and front-end state (Whisper's running floor), in either layout, in one process or
-    sharded over three (which do not divide the 4 slots)."""
+def test_the_processes_compute_what_the_stage_computes_here(frontend, workers, lanes):
+    """Per-slot framers and front-end state (Whisper's running floor), in either layout, in one process,
+    sharded over three (which do not divide the 4 slots), or two owning a piece of each of two lanes."""
     here = SlotFeatures(frontend, BATCH, CHUNK_FRAMES)
     first_block = FIRST_BLOCK - frontend.framing.pad  # a centred framing's first frame reads the reflection
     # As many torch threads there as here: the same reductions, so the same float32 rounding.
     with FeatureProcess(
-        frontend, BATCH, CHUNK_FRAMES, CAPACITY, threads=torch.get_num_threads(), workers=workers
+        frontend, BATCH, CHUNK_FRAMES, CAPACITY, threads=torch.get_num_threads(), workers=workers, lanes=lanes
     ) as process:
-        assert process.bounds == [0, 1, 2, 4] if workers == 3 else [0, 4]
+        assert process.ranges == {
+            1: [[(0, 4)]],
+            3: [[(0, 1)], [(1, 2)], [(2, 4)]],
+            2: [[(0, 1), (2, 3)], [(1, 2), (3, 4)]],
+        }[workers]
         rings = Rings(process.samples)
         expected = []
         for index, slots, blocks, final, joins in cycles(1, 12, first_block):
@@ -329,7 +335,9 @@ def test_the_processes_compute_what_the_stage_computes_here(frontend, workers):
                 wanted_features, wanted_counts = expected.pop(0)
                 assert result.counts.tolist() == wanted_counts.tolist()
                 assert result.seconds > 0 and result.cpu_s >= 0
-                np.testing.assert_array_equal(result.features, wanted_features)
+                # With lanes, a process's range without an advancing slot keeps its rows (nobody steps them).
+                rows = slice(None) if lanes == 1 else wanted_counts > 0
+                np.testing.assert_array_equal(result.features[rows], wanted_features[rows])
 
 
 def test_the_processes_report_bad_input_and_their_own_failures():
@@ -421,7 +429,13 @@ def test_worker_counts_follow_the_cores_and_are_checked():
         default_workers(256, cores=16) == 4 and default_workers(2, cores=64) == 2 and default_workers(8, cores=3) == 1
     )
     assert default_threads(4, cores=16) == min(4, torch.get_num_threads()) and default_threads(8, cores=2) == 1
-    with pytest.raises(ValueError, match=r"workers must be at most batch_size \(4\): each owns slots, got 5"):
+    with pytest.raises(ValueError, match=r"at most the slots of a lane \(4 = the narrowest lane's\): each owns slots of every lane, got 5"):
         FeatureProcess(Phi4MMFrontend(), BATCH, CHUNK_FRAMES, CAPACITY, workers=5)
+    with pytest.raises(ValueError, match=r"workers must be at most the slots of a lane \(1 = .*got 2"):
+        FeatureProcess(Phi4MMFrontend(), BATCH, CHUNK_FRAMES, CAPACITY, workers=2, lanes=[3, 1])
+    with pytest.raises(ValueError, match=r"lanes must sum to batch_size \(4\), got \[2, 1\]"):
+        FeatureProcess(Phi4MMFrontend(), BATCH, CHUNK_FRAMES, CAPACITY, lanes=[2, 1])
+    with pytest.raises(ValueError, match="lanes must be <= 4, got 5"):
+        FeatureProcess(Phi4MMFrontend(), BATCH, CHUNK_FRAMES, CAPACITY, lanes=5)
     with pytest.raises(ValueError, match="workers must be >= 1, got 0"):
         FeatureProcess(Phi4MMFrontend(), BATCH, CHUNK_FRAMES, CAPACITY, workers=0)
