@@ -83,10 +83,10 @@ PHI4MM_FULL_CHUNK_MS = 1280  # full-size Phi-4MM in the pipeline and throughput:
 PHI4MM_FULL_LEFT_CHUNKS = 4  # 5.12 s of left context (key/value cache: 80 tokens per stream and block)
 # (model, path, share of the throughput budget, first N tried): the driver's rows start front-end processes
 # per probe; the full-size rows start where they are known to pass, so that their time goes to their limits.
-FULL_SIZE_SEARCH_START = 1024
+FULL_SIZE_SEARCH_START = 8192  # every full-size row held >= 8,192 on the H200: probes below only spend its share
 SHIPPED_SEARCH_START = 512  # the small model held >= 4,096 through the driver: its probes from 1 up ate its share
 THROUGHPUT_RUNS = (
-    ("shipped", "driver", 0.1, SHIPPED_SEARCH_START),
+    ("shipped", "driver", 0.05, SHIPPED_SEARCH_START),
     ("phi4mm_full", "encoder_step", 0.15, FULL_SIZE_SEARCH_START),
     ("phi4mm_full", "driver", 0.3, FULL_SIZE_SEARCH_START),
     ("qwen3_asr_0.6b", "encoder_step", 0.15, FULL_SIZE_SEARCH_START),
@@ -94,9 +94,9 @@ THROUGHPUT_RUNS = (
 )
 FULL_SIZE_MODELS = ("phi4mm_full", "qwen3_asr_0.6b")
 PIPELINE_MODELS = ("shipped", "phi4mm_full")  # the Phi-4MM models (the pipeline section's chunking is theirs)
-# In-phase streams' chunks all arrive at once: with lanes the first lane's step starts after a
-# quarter of the front end's time, and the later lanes' features are computed during the steps.
-DRIVER_LANES = 4
+# In-phase streams' chunks all arrive at once: with lanes the first lane's step starts after
+# an eighth of the front end's time, and the later lanes' features are computed during the steps.
+DRIVER_LANES = 8
 STREAMS_AIM = 10_000  # the aim: concurrent real-time streams of each full-size encoder on one H200
 DRIVER_SHARE_AIM = 0.8  # the aim: the full-size Phi-4MM driver's capacity over its encoder step's
 
