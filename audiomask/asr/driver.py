@@ -5,111 +5,73 @@
 shapes) and advances every utterance that occupies a slot by one encoder
 chunk per *cycle*:
 
-1. **plan** (main thread, host bookkeeping only,
-   :class:`~audiomask.asr.planner.CyclePlanner`): admit waiting streams into
-   free slots; name each occupied slot's next block of samples in its ring (a
-   stream's first block is ``hop * (chunk_frames - 1) + win - pad`` samples,
-   later blocks ``chunk_frames * hop``, so every block but the last yields
+1. **plan** (main thread, :class:`~audiomask.asr.planner.CyclePlanner`):
+   admit waiting streams into free slots; name each occupied slot's next
+   block of samples in its ring, so that every block but the last yields
    exactly one encoder chunk of frames, whatever sizes the samples arrived
-   in). Samples go into the rings as they are fed; a plan is a few ``(B,)``
-   array operations, with no per-stream Python in the steady state.
+   in; a few ``(B,)`` array operations, no per-stream Python in the steady state.
 2. **features** (worker thread or processes): the frames of every slot's
-   block in ONE batched front-end call per process (by default the stream
-   family's front end,
-   :meth:`~audiomask.streaming.EncoderStream.default_frontend`), laid out as
-   the stream's ``chunk_shape`` host batch.
-3. **encode** (main thread): the batch is staged to the device with
-   :func:`audiomask.transfer.to_device` (the only host->device path); slots
-   whose stream starts this cycle are reset
-   (:meth:`~audiomask.streaming.EncoderStream.reset_slots`); one
-   chunk step runs for all ``B`` slots, then the CTC head and the per-frame
-   argmax. On CUDA the step runs on a compute stream between two CUDA events
-   and the small argmax result is copied back non-blocking.
-4. **collect** (main thread, one cycle later): read cycle N-1's argmax (its
-   event has long completed when cycle N has been enqueued), greedy-CTC decode
-   each active slot's real frames (:class:`~audiomask.asr.decoding.GreedyCTCDecoder`),
-   append text: array operations over the slots, then one list extension per
-   stream; and hand each stream that asked for its encoder outputs its
-   :class:`~audiomask.asr.outputs.EncoderChunk` (see below).
+   block in one batched front-end call per process, laid out as the
+   stream's ``chunk_shape`` host batch.
+3. **encode** (main thread): the batch staged with
+   :func:`audiomask.transfer.to_device` (the only host->device path), new
+   slots reset, one chunk step, the CTC head and the per-frame argmax; on
+   CUDA on a compute stream between two events, the argmax copied back
+   without blocking.
+4. **collect** (main thread, one cycle later, when the copy has long
+   landed): greedy-CTC decoding of each active slot's real frames
+   (:class:`~audiomask.asr.decoding.GreedyCTCDecoder`), and each stream that
+   asked for its encoder outputs gets its
+   :class:`~audiomask.asr.outputs.EncoderChunk`.
 
-Why a worker thread: the front end is the CPU's share (log-mel of every
-stream's block, one batched torch computation) and the encoder step is the
-device's share. They depend on each other only through the per-cycle batch:
-the features of cycle N+1 need only samples (host), never results of cycle N.
-So the main thread plans cycle N+1 and hands its features to a single worker
-thread, then encodes cycle N, and the host work of N+1 hides behind the GPU
-work of N. One worker (not a pool), or one process per fixed slice of the
-slots, keeps the front-end state of each slot
-(:class:`~audiomask.features.slots.SlotFeatures`) touched in cycle order; all
-slot resets are applied in cycle order by the stage that owns the state
-(framers: features; caches: encode; decoder rows: collect), so a slot freed
-in cycle N can be reused in cycle N+1.
+The features of cycle N+1 need only samples, never results of cycle N, so
+the main thread hands them to a worker and encodes cycle N meanwhile. One
+worker thread, or one process per fixed piece of the slots, touches each
+slot's front-end state (:class:`~audiomask.features.slots.SlotFeatures`) in
+cycle order, and every stage applies slot resets in cycle order, so a slot
+freed in cycle N can be reused in cycle N+1. A thread shares the interpreter
+lock with the main thread at every torch call; ``frontend_process=True``
+moves the front end into processes of their own
+(:class:`~audiomask.features.process.FeatureProcess`, bit for bit the same),
+``frontend_workers`` of them (default one per four cores), so that it scales
+with the host (figures: ``docs/design.md``, section 7).
 
-A thread shares the interpreter lock with the main thread, and the front end
-hands it over and takes it back at every torch call: with cycles of a few
-milliseconds the two threads slow each other down (on the H200 the front end
-ran 1.7-2.3x slower overlapped than alone). ``frontend_process=True`` moves
-the worker into processes of their own
-(:class:`~audiomask.features.process.FeatureProcess`: shared-memory buffers,
-the same computation bit for bit), for servers that keep a driver running:
-on the H200 that driver ran 2.7x faster than serial, within 3 % of
-max(front end, encoder step), where a thread gave 1.16x. One process carries
-a few thousand real-time streams; ``frontend_workers`` splits the slots over
-several (by default one per four of the cores this process may use), so
-that the front end scales with the host.
+Batching: a stream's row sees only its own caches, masks and token
+positions, so its outputs do not depend on which streams share the batch, up
+to float rounding of batched GEMMs. Which slots a cycle advances is the
+caller's policy (:meth:`StreamingDriver.advance`): by default a barrier (a
+cycle when every occupied slot has its next block or has ended: every step
+carries every stream); with ``max_wait_s`` a ready block waits at most that
+long for the stragglers, then a cycle runs over the ready slots alone, and a
+stream that has ended never waits. A slot left out is passed as inactive
+(:meth:`~audiomask.streaming.EncoderStream.step`'s ``active``): its caches,
+ring position and front-end state stay as they were (the step still
+computes its row: static shapes, CUDA graphs). Waiting streams take free
+slots in the order their first block (or their end) arrived.
 
-Batching: a stream's row of the batch sees only its own caches, masks and
-token positions (its start step is recorded per slot), so its outputs do not
-depend on which streams share the batch, up to float rounding of batched
-GEMMs. Which slots a cycle advances is the caller's policy
-(:meth:`StreamingDriver.advance`): by default a cycle is a barrier, it runs
-only when every occupied slot has its next block (or has ended), so every
-step carries every stream (the best throughput when all streams are fed
-alike); with ``max_wait_s`` a ready block waits at most that long for the
-stragglers, then a cycle runs over the ready slots alone (``0``: at once),
-and a stream that has ended never waits. The step still computes all ``B``
-slots (static shapes, CUDA graphs): leaving a slot out is for latency, not
-throughput. A slot left out is passed as inactive
-(:meth:`~audiomask.streaming.EncoderStream.step`'s ``active``), so its caches,
-ring position and front-end state stay as they were, and it goes on where it
-stopped. Waiting streams take free slots in the order their first block (or
-their end) arrived: one without audio holds back nobody.
+Lanes: given several streams of one encoder, the driver's slots are theirs,
+lane after lane, and a cycle plans and steps one lane (lanes take turns), so
+a cycle costs the device one lane's step. Every front-end process owns a
+piece of every lane: when all streams have a chunk at once, the first lane's
+features are ready after about ``1 / lanes`` of the front end's time and its
+step runs while the next lanes' features are computed.
 
 Locking: a caller that shares the driver between threads holds its own lock
 around every call and passes ``advance(unlocked=...)``, a context manager
-that releases that lock: the driver enters it around the parts that touch no
-bookkeeping (waiting for the front end's features, the encoder step, waiting
-for the device's results), so that other threads may feed, end, open and
-read streams while a long run of cycles goes on. Only one thread advances at
-a time.
-
-Lanes: given several streams of one encoder, the driver's slots are theirs,
-lane after lane, and a cycle plans and steps one lane's slots (lanes take
-turns). A cycle then costs the device one lane's step, so a lane whose
-streams are ready runs without the others (streams that start at different
-times), and with ``frontend_process`` every process owns a piece of every
-lane (:class:`~audiomask.features.process.FeatureProcess`'s ``lanes``): when
-all streams have a chunk at once, the first lane's features are ready after
-about ``1 / lanes`` of the front end's time, and its step runs while the
-next lanes' features are computed (without lanes the step waits for every
-stream's features). A stream's outputs are the same in any lane.
+that releases it while the driver touches no bookkeeping (waiting for
+features, the step, waiting for results). One thread advances at a time.
 
 Encoder outputs (:mod:`audiomask.asr.outputs`): a stream opened with
 ``outputs=True`` (or every stream, with ``keep_outputs``) gets its output
-tokens in :attr:`DriverStream.chunks`, a bounded per-stream queue, and one
-opened with ``on_output`` has them handed to that callable, chunk by chunk, in
-order, exactly once, the last flagged ``final``: what an LLM decoder over the
-audio embeddings consumes while the audio still arrives. Their copy to the
-host is enqueued behind the step, on the compute stream, and has landed when
-the cycle is collected, so the driver never waits for it; cycles run without
-it while no stream asks for outputs.
+tokens in :attr:`DriverStream.chunks`, a bounded queue, and one opened with
+``on_output`` has them handed to that callable, in order, exactly once, the
+last flagged ``final``: what an LLM decoder over the audio embeddings
+consumes while the audio still arrives. Their copy to the host is enqueued
+behind the step and never waited for; cycles skip it while nobody asks.
 
-Instrumentation (:mod:`audiomask.asr.stats`): one :class:`CycleTiming` per
-cycle (front-end time, host enqueue time, encode time — CUDA events on CUDA,
-``perf_counter`` on the CPU, wait time, and the CPU seconds of each stage),
-:meth:`RunStats.overlap`, ``(T_cpu + T_gpu - T_wall) / min(T_cpu, T_gpu)``,
-and :meth:`RunStats.cpu_per_audio_s`, what each stage costs the host per
-stream-second of audio.
+Instrumentation (:mod:`audiomask.asr.stats`): a :class:`CycleTiming` per
+cycle, :meth:`RunStats.overlap` and :meth:`RunStats.cpu_per_audio_s` (what
+each stage costs the host per stream-second of audio).
 """
 
 from __future__ import annotations
@@ -136,37 +98,12 @@ from audiomask.features.frontend import Frontend, as_samples
 from audiomask.features.process import MAX_IN_FLIGHT, FeatureProcess
 from audiomask.features.slots import SlotFeatures, SlotSamples
 from audiomask.models.ctc import CTCHead
-from audiomask.streaming import EncoderStream
+from audiomask.streaming import EncoderStream, as_lanes
 from audiomask.transfer import pinned_empty, to_host
 
 __all__ = ["OUTPUT_PLACES", "RECENT_CYCLES", "CycleTiming", "DriverStream", "RunStats", "StreamingDriver"]
 
 OUTPUT_PLACES = ("host", "device")  # where delivered embeddings live: pinned host memory, or the encoder's device
-
-
-# What every lane of a driver must share: its slots' steps and outputs are interchangeable.
-_LANE_ATTRIBUTES = ("device", "dtype", "feature_size", "time_dim", "chunk_frames", "tokens_per_chunk", "output_size")
-
-
-def _lanes(stream: object) -> tuple[EncoderStream, ...]:
-    """``stream`` (one :class:`EncoderStream` or several alike) as the driver's lanes."""
-    lanes = (stream,) if isinstance(stream, EncoderStream) else tuple(stream) if isinstance(stream, Sequence) else ()
-    if not lanes or not all(isinstance(lane, EncoderStream) for lane in lanes):
-        raise ValueError(
-            f"stream must be an EncoderStream (audiomask.streaming) or a non-empty sequence of them, got "
-            f"{type(stream).__name__}"
-        )
-    first = lanes[0]
-    for index, lane in enumerate(lanes[1:], 1):
-        if type(lane) is not type(first) or lane is first:
-            raise ValueError(f"stream[{index}] must be another {type(first).__name__}, got {lane!r}")
-        for name in _LANE_ATTRIBUTES:
-            if getattr(lane, name) != getattr(first, name):
-                raise ValueError(
-                    f"stream[{index}].{name} must equal stream[0]'s ({getattr(first, name)!r}): lanes step alike, "
-                    f"got {getattr(lane, name)!r}"
-                )
-    return lanes
 
 
 @dataclass
@@ -250,7 +187,7 @@ class StreamingDriver:
         frontend_workers: int | None = None,
         wait_clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        lanes = _lanes(stream)
+        lanes = as_lanes(stream)
         stream = lanes[0]  # every lane's attributes are its
         if not isinstance(head, CTCHead):
             raise ValueError(f"head must be a CTCHead, got {type(head).__name__}")

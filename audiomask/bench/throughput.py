@@ -7,10 +7,12 @@ duration (then no overlap across chunks is possible, so a chunk's features
 and its encoder step run one after the other). Two ways to run a probe:
 
 - ``driver``: :class:`~audiomask.asr.driver.StreamingDriver`, the whole
-  recognizer: every stream's samples fed, then one cycle (front end for all
+  recognizer: every stream's samples fed, then its cycles (front end for all
   ``N`` streams in a process of its own, sharded over ``frontend_workers``
   processes where the driver takes that argument; masks, transfer, encoder
-  step, CTC head, argmax back on the host, greedy decoding). Either family: a
+  step, CTC head, argmax back on the host, greedy decoding), its slots in
+  ``lanes`` lanes (a cycle a lane, each lane's chunk fed just before its
+  cycle; the chunk's latency runs until the last lane's text). Either family: a
   Qwen3-ASR driver conv-encodes each 1 s chunk and attends (and decodes) a
   window with its 8th chunk. The benchmark's process keeps torch threads for
   the cores the front-end processes leave it (at least one).

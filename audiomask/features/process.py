@@ -12,10 +12,11 @@ count, the kind of wait or the switch interval). A process has its own
 interpreter.
 
 :class:`FeatureProcess` splits the slots over ``workers`` spawned processes,
-each owning a fixed contiguous slice of them with a
-:class:`~audiomask.features.slots.SlotFeatures` of its own (framers and
-front-end state of its slots only), so the stage scales with the host's
-cores: one process gave ~2,900 real-time streams with one torch thread and
+each owning a fixed contiguous piece of every lane of them (a driver's
+lanes: groups of slots stepped together) with a
+:class:`~audiomask.features.slots.SlotFeatures` of its own per piece (framers
+and front-end state of its slots only), so the stage scales with the host's
+cores and a cycle over one lane keeps every process busy: one process gave ~2,900 real-time streams with one torch thread and
 ~7,000 with four on the H200 host, and the Python it runs per slot (for a
 stream's first and last blocks) runs on one core whatever its threads. Samples, cycles and features are
 shared memory (torch tensors shared with the processes): the driver writes

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from audiomask.streaming.families import default_frontend, open_stream
 from audiomask.streaming.phi4mm import Phi4MMStream
-from audiomask.streaming.protocol import EncoderStream
+from audiomask.streaming.protocol import EncoderStream, as_lanes
 from audiomask.streaming.qwen3_asr import Qwen3ASRStream
 
-__all__ = ["EncoderStream", "Phi4MMStream", "Qwen3ASRStream", "default_frontend", "open_stream"]
+__all__ = ["EncoderStream", "Phi4MMStream", "Qwen3ASRStream", "as_lanes", "default_frontend", "open_stream"]

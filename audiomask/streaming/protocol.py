@@ -27,13 +27,14 @@ Implementations: :class:`~audiomask.streaming.Phi4MMStream`,
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 
 from audiomask.features.frontend import Frontend
 
-__all__ = ["EncoderStream"]
+__all__ = ["LANE_ATTRIBUTES", "EncoderStream", "as_lanes"]
 
 
 class EncoderStream(ABC):
@@ -119,3 +120,33 @@ class EncoderStream(ABC):
     @abstractmethod
     def flush(self) -> torch.Tensor:
         """End every slot's utterance: the remaining outputs ``(B, n, D)``; then the stream starts afresh."""
+
+
+# What every lane of a driver must share: its slots' steps and outputs are interchangeable.
+LANE_ATTRIBUTES = ("device", "dtype", "feature_size", "time_dim", "chunk_frames", "tokens_per_chunk", "output_size")
+
+
+def as_lanes(stream: object) -> tuple[EncoderStream, ...]:
+    """``stream`` (one :class:`EncoderStream`, or a sequence of several of one encoder's) as a driver's lanes.
+
+    Lanes must agree on every attribute a step's batch depends on (:data:`LANE_ATTRIBUTES`), so that a
+    stream's outputs are the same in any of them; their ``batch_size`` may differ. Raises
+    :class:`ValueError` naming the first lane that differs.
+    """
+    lanes = (stream,) if isinstance(stream, EncoderStream) else tuple(stream) if isinstance(stream, Sequence) else ()
+    if not lanes or not all(isinstance(lane, EncoderStream) for lane in lanes):
+        raise ValueError(
+            f"stream must be an EncoderStream (audiomask.streaming) or a non-empty sequence of them, got "
+            f"{type(stream).__name__}"
+        )
+    first = lanes[0]
+    for index, lane in enumerate(lanes[1:], 1):
+        if type(lane) is not type(first) or lane is first:
+            raise ValueError(f"stream[{index}] must be another {type(first).__name__}, got {lane!r}")
+        for name in LANE_ATTRIBUTES:
+            if getattr(lane, name) != getattr(first, name):
+                raise ValueError(
+                    f"stream[{index}].{name} must equal stream[0]'s ({getattr(first, name)!r}): lanes step alike, "
+                    f"got {getattr(lane, name)!r}"
+                )
+    return lanes
