@@ -76,11 +76,15 @@ def _arguments(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--device", default="cpu", help="the started server's device (default cpu)")
     parser.add_argument("--model", help="the started server's model file (default: the shipped model)")
     parser.add_argument("--frontend-workers", type=int, help="the started server's --frontend-workers")
+    parser.add_argument("--max-wait-ms", type=int, help="the started server's --max-wait-ms")
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="each client streams its file this many times over (default 1)"
+    )
     parser.add_argument("--token", help="the server's token")
     parser.add_argument("--timeout-s", type=float, default=300.0, help="bound on one client's exchange")
     parser.add_argument("--out", type=Path, help="write the JSON report here")
     args = parser.parse_args(argv)
-    for name in ("clients", "processes", "message_ms"):
+    for name in ("clients", "processes", "message_ms", "repeat"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     return args
@@ -100,6 +104,7 @@ def _server(args: argparse.Namespace) -> Iterator[tuple[str, subprocess.Popen | 
         "--chunk-ms": args.chunk_ms,
         "--left-chunks": args.left_chunks,
         "--frontend-workers": args.frontend_workers,
+        "--max-wait-ms": args.max_wait_ms,
         "--token": args.token,
     }
     with running_server(options) as served:
@@ -129,6 +134,7 @@ def _run_clients(jobs: list[dict]) -> list[dict]:
             "text": result.text,
             "partials": result.partials,
             "sent_at": result.sent_at,
+            "final_at": result.final_at,
             "latency_final_s": result.final_at - result.done_at,
         }
 
@@ -161,12 +167,23 @@ def _partial_latencies(outcome: dict, reference: list[str]) -> tuple[list[float]
     return latencies, unmatched
 
 
+def _most_at_once(outcomes: list[dict]) -> int:
+    """The most clients streaming at the same time: from each one's first message to its final result."""
+    events = sorted(
+        (moment, step)
+        for outcome in outcomes
+        if "error" not in outcome and outcome["sent_at"]
+        for moment, step in ((outcome["sent_at"][0], 1), (outcome["final_at"], -1))
+    )
+    return int(np.cumsum([step for _, step in events]).max(initial=0))
+
+
 def main(argv: list[str]) -> int:
     args = _arguments(argv)
     from audiomask.audio import load
     from audiomask.bench.environment import capture_environment, write_result
 
-    audio = {path.name: load(path)[0] for path in sorted((REPOSITORY / "samples").glob("*.wav"))}
+    audio = {path.name: np.tile(load(path)[0], args.repeat) for path in sorted((REPOSITORY / "samples").glob("*.wav"))}
     message_samples = args.message_ms * SAMPLE_RATE // MS_PER_S
     references, expected, chunk_ms = single_stream_references(
         audio, args.model, args.chunk_ms, args.left_chunks, message_samples
@@ -231,6 +248,9 @@ def main(argv: list[str]) -> int:
             "realtime": args.realtime,
             "message_ms": args.message_ms,
             "ramp_s": args.ramp_s,
+            "repeat": args.repeat,
+            "max_wait_ms": args.max_wait_ms,
+            "most_clients_at_once": _most_at_once(outcomes),
             "chunk_ms": chunk_ms,
             "samples": {name: round(len(samples) / SAMPLE_RATE, 3) for name, samples in audio.items()},
             "wall_s": round(wall_s, 2),
@@ -245,7 +265,15 @@ def main(argv: list[str]) -> int:
             "final_latency_ms": _percentiles([o["latency_final_s"] for o in outcomes if "error" not in o]),
         }
     )
-    summary = ("correct", "lost", "wrong", "server_cpu_per_audio_s", "partial_latency_ms", "final_latency_ms")
+    summary = (
+        "most_clients_at_once",
+        "correct",
+        "lost",
+        "wrong",
+        "server_cpu_per_audio_s",
+        "partial_latency_ms",
+        "final_latency_ms",
+    )
     print(json.dumps({key: report[key] for key in summary}))
     if args.out:
         write_result(args.out, report)

@@ -254,10 +254,14 @@ class StreamingRecognizer:
             recognizer (:meth:`poll` included), so that it no longer holds a
             slot; its later ``accept`` raises ``ValueError``. ``None``
             (default): streams never time out.
+        max_wait_ms: how long a ready chunk waits for the other streams' before a step runs the ready
+            ones alone, milliseconds, ``0 <= max_wait_ms <= chunk_ms``; default: one chunk (``chunk_ms``).
+            Shorter waits cut latency for streams that arrive at different times, at the cost of more,
+            smaller steps (each still computes every slot).
 
     Scheduling: a chunk step runs when every stream in a slot has its next
     chunk (full batches: the best throughput), or once a ready chunk has
-    waited about one chunk (``chunk_ms``) for the others, or at once for a
+    waited ``max_wait_ms`` (one chunk by default) for the others, or at once for a
     stream that has ended: then it runs the streams that are ready, and the
     others go on where they stopped when their audio comes. Waiting streams
     take free slots as their first chunk arrives, whatever their order of
@@ -298,6 +302,7 @@ class StreamingRecognizer:
         outputs_on: str = "host",
         cuda_graph: bool | None = None,
         idle_timeout_s: float | None = None,
+        max_wait_ms: int | None = None,
     ) -> None:
         if not isinstance(model, ASRModel):
             raise ValueError(f"model must be an ASRModel, got {type(model).__name__}")
@@ -308,6 +313,10 @@ class StreamingRecognizer:
         model.encoder.to(self.device).eval()
         model.head.to(self.device).eval()
         stream = open_fitting(model, self.device, max_streams, chunk_ms, left_chunks, cuda_graph)
+        chunk = stream.chunk_frames * FRAME_MS
+        max_wait_ms = chunk if max_wait_ms is None else check_int("max_wait_ms", max_wait_ms, minimum=0)
+        if max_wait_ms > chunk:
+            raise ValueError(f"max_wait_ms must be at most chunk_ms ({chunk}), got {max_wait_ms}")
         self._driver = StreamingDriver(
             stream,
             model.head,
@@ -325,7 +334,7 @@ class StreamingRecognizer:
         self.first_block_samples = self._driver.first_block_samples
         self.block_samples = self._driver.block_samples
         self.left_chunks = stream.left_chunk
-        self.max_wait_s = self.chunk_ms / MS_PER_S  # how long a ready chunk waits for the other streams
+        self.max_wait_s = max_wait_ms / MS_PER_S  # how long a ready chunk waits for the other streams
         self._lock = threading.Condition(threading.Lock())  # guards the bookkeeping; notified as streams move
         self._running = False  # a thread is running encoder steps (it lets go of the lock during each)
         self._open: dict[DriverStream, float] = {}  # streams opened and not ended: when audio last came

@@ -69,6 +69,13 @@ def add_parser(commands: argparse._SubParsersAction, device_help: str, model_hel
         help="compute the features in N processes of their own (0: a thread of the server; default: a thread "
         "on the CPU, one process per four cores on CUDA)",
     )
+    parser.add_argument(
+        "--max-wait-ms",
+        type=int,
+        metavar="MS",
+        help="how long a ready chunk waits for the other connections' before a step runs without them "
+        "(default: one chunk; less: lower latency for clients out of step, more steps)",
+    )
     parser.add_argument("--token", help="require 'Authorization: Bearer TOKEN' or '?token=TOKEN' (else HTTP 401)")
     parser.add_argument("--certfile", help="PEM certificate: serve wss:// and https:// (with --keyfile)")
     parser.add_argument("--keyfile", help="PEM private key of --certfile")
@@ -101,6 +108,7 @@ def serve(args: argparse.Namespace) -> int:
         max_message_bytes=args.max_message_bytes,
         idle_timeout_s=args.idle_timeout_s,
         frontend_workers=args.frontend_workers,
+        max_wait_ms=args.max_wait_ms,
         token=args.token,
         certfile=args.certfile,
         keyfile=args.keyfile,

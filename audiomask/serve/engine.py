@@ -144,9 +144,12 @@ def build_recognizer(settings: ServeSettings) -> StreamingRecognizer:
             max_streams=settings.max_connections,
             frontend_process=in_processes,
             frontend_workers=workers or None,
+            max_wait_ms=settings.max_wait_ms,
         )
     except ValueError as error:
-        raise ValueError(f"--chunk-ms/--left-chunks/--max-connections/--frontend-workers: {error}") from None
+        raise ValueError(
+            f"--chunk-ms/--left-chunks/--max-connections/--frontend-workers/--max-wait-ms: {error}"
+        ) from None
 
 
 class Engine:

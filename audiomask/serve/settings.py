@@ -68,6 +68,8 @@ class ServeSettings:
             slots, at most ``max_connections``); ``0``: a thread of the server process; ``None``: a thread
             on the CPU, on CUDA the recognizer's default count of processes (one per four cores), since
             there a thread shares the interpreter lock with the connections.
+        max_wait_ms: how long a connection's ready chunk waits for the others' before a step runs the
+            ready ones (the recognizer's ``max_wait_ms``); ``None``: one chunk.
         token: when set, a client must send ``Authorization: Bearer TOKEN`` or ``?token=TOKEN``
             (otherwise HTTP 401 at the handshake).
         certfile, keyfile: a PEM certificate and its key: serve ``wss://`` / ``https://`` (both or neither).
@@ -83,6 +85,7 @@ class ServeSettings:
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
     frontend_workers: int | None = None
+    max_wait_ms: int | None = None
     token: str | None = None
     certfile: str | None = None
     keyfile: str | None = None
@@ -100,6 +103,8 @@ class ServeSettings:
         idle = self.idle_timeout_s
         if isinstance(idle, bool) or not isinstance(idle, (int, float)) or not (idle > 0 and math.isfinite(idle)):
             raise ValueError(f"--idle-timeout-s must be a positive number of seconds, got {idle!r}")
+        if self.max_wait_ms is not None:
+            check_int("--max-wait-ms", self.max_wait_ms, minimum=0)
         if self.frontend_workers is not None:
             check_int("--frontend-workers", self.frontend_workers, minimum=0)
             if self.frontend_workers > self.max_connections:

@@ -86,6 +86,27 @@ def test_cuda_graph_equals_eager_in_a_batch_of_64(models, random_signals, joined
         assert (joined_outputs(eager) - joined_outputs(graph)).abs().max().item() <= 1e-5, eager.name
 
 
+@pytest.mark.parametrize(
+    "frontend", [{}, {"frontend_process": True, "frontend_workers": 2}], ids=["thread", "processes"]
+)
+def test_lanes_of_cuda_graphs_equal_one_stream_of_all_the_slots(models, random_signals, joined_outputs, frontend):
+    """Three lanes, each replaying its own CUDA graphs, give every stream what one 8-slot graph stream gives."""
+    _, _, encoder, head = models
+    batch = random_signals(21, 14, 400, 30000)
+    starts = np.random.default_rng(21).integers(0, 6, len(batch)).tolist()
+    results = []
+    for sizes in ([8], [3, 3, 2]):
+        lanes = [Phi4MMStream(encoder, size, 2, 1, cuda_graph=True) for size in sizes]
+        driver = StreamingDriver(lanes, head, keep_outputs=True, **frontend)
+        try:
+            results.append(driver.run(batch, starts))
+        finally:
+            driver.close()
+    for alone, in_lane in zip(*results):
+        assert in_lane.tokens == alone.tokens and in_lane.ids == alone.ids, alone.name
+        assert (joined_outputs(in_lane) - joined_outputs(alone)).abs().max().item() <= 1e-5, alone.name
+
+
 def host_allocations() -> int:
     """cudaHostAlloc calls so far (torch's pinned-memory cache misses)."""
     stats = torch.cuda.host_memory_stats()

@@ -72,6 +72,35 @@ def test_a_fed_stream_gets_partials_while_another_in_the_batch_is_silent(model, 
         assert silent.finish() == alone(model, noise(2, 2 * CHUNK_SAMPLES))
 
 
+def test_max_wait_ms_sets_how_long_a_ready_chunk_waits_for_the_others(model, noise, alone, recognizer_clock):
+    clock = recognizer_clock
+    speech = noise(1, 3 * SECOND)
+    with pytest.raises(ValueError, match=rf"max_wait_ms must be at most chunk_ms \({CHUNK_MS}\), got {CHUNK_MS + 1}"):
+        recognizer_of(model, max_wait_ms=CHUNK_MS + 1)
+    with pytest.raises(ValueError, match="max_wait_ms must be >= 0, got -1"):
+        recognizer_of(model, max_wait_ms=-1)
+    with recognizer_of(model, max_streams=2, max_wait_ms=40) as recognizer:
+        assert recognizer.max_wait_s == 0.04
+        silent, talking = recognizer.open_stream("silent"), recognizer.open_stream("talking", outputs=True)
+        silent.accept(noise(2, 2 * CHUNK_SAMPLES))
+        talking.accept(speech[: 2 * CHUNK_SAMPLES])
+        delivered = len(talking.outputs())
+        talking.accept(speech[2 * CHUNK_SAMPLES :])
+        clock.now += 0.039
+        assert recognizer.poll() == 0 and len(talking.outputs()) == delivered  # still waiting ...
+        clock.now += 0.001
+        assert recognizer.poll() > 0 and len(talking.outputs()) > delivered  # ... 40 ms, not a chunk
+        assert talking.finish() == alone(model, speech)
+    with recognizer_of(model, max_streams=2, max_wait_ms=0) as recognizer:
+        silent, talking = recognizer.open_stream("silent"), recognizer.open_stream("talking", outputs=True)
+        silent.accept(noise(2, 2 * CHUNK_SAMPLES))
+        talking.accept(speech[: 2 * CHUNK_SAMPLES])
+        delivered = len(talking.outputs())
+        talking.accept(speech[2 * CHUNK_SAMPLES :])
+        assert len(talking.outputs()) > delivered  # 0: a ready chunk runs at once
+        assert talking.finish() == alone(model, speech)
+
+
 def test_dropped_streams_are_ended_and_freed(model, noise, alone):
     """Handles dropped unfinished (never fed, fed less than a chunk, holding a slot) end their streams: later
     transcriptions work, and none of the dropped streams stays in memory."""

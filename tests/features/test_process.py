@@ -317,11 +317,14 @@ def test_the_processes_compute_what_the_stage_computes_here(frontend, workers, l
     with FeatureProcess(
         frontend, BATCH, CHUNK_FRAMES, CAPACITY, threads=torch.get_num_threads(), workers=workers, lanes=lanes
     ) as process:
-        assert process.ranges == {
-            1: [[(0, 4)]],
-            3: [[(0, 1)], [(1, 2)], [(2, 4)]],
-            2: [[(0, 1), (2, 3)], [(1, 2), (3, 4)]],
-        }[workers]
+        assert (
+            process.ranges
+            == {
+                1: [[(0, 4)]],
+                3: [[(0, 1)], [(1, 2)], [(2, 4)]],
+                2: [[(0, 1), (2, 3)], [(1, 2), (3, 4)]],
+            }[workers]
+        )
         rings = Rings(process.samples)
         expected = []
         for index, slots, blocks, final, joins in cycles(1, 12, first_block):
@@ -429,7 +432,10 @@ def test_worker_counts_follow_the_cores_and_are_checked():
         default_workers(256, cores=16) == 4 and default_workers(2, cores=64) == 2 and default_workers(8, cores=3) == 1
     )
     assert default_threads(4, cores=16) == min(4, torch.get_num_threads()) and default_threads(8, cores=2) == 1
-    with pytest.raises(ValueError, match=r"at most the slots of a lane \(4 = the narrowest lane's\): each owns slots of every lane, got 5"):
+    with pytest.raises(
+        ValueError,
+        match=r"at most the slots of a lane \(4 = the narrowest lane's\): each owns slots of every lane, got 5",
+    ):
         FeatureProcess(Phi4MMFrontend(), BATCH, CHUNK_FRAMES, CAPACITY, workers=5)
     with pytest.raises(ValueError, match=r"workers must be at most the slots of a lane \(1 = .*got 2"):
         FeatureProcess(Phi4MMFrontend(), BATCH, CHUNK_FRAMES, CAPACITY, workers=2, lanes=[3, 1])

@@ -127,6 +127,7 @@ def test_a_front_end_in_a_process_of_its_own_gives_the_texts_of_audiomask_transc
         (["--certfile", "missing.pem", "--keyfile", "missing.pem"], "cannot be used for TLS"),
         (["--replicas", "2"], "--replicas and --gpus-per-replica go with --ray"),
         (["--frontend-workers", "-1"], "--frontend-workers must be >= 0, got -1"),
+        (["--max-wait-ms", "-5"], "--max-wait-ms must be >= 0, got -5"),
         (
             ["--max-connections", "4", "--frontend-workers", "8"],
             "--frontend-workers must be at most --max-connections (4)",
