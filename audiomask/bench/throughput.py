@@ -52,7 +52,6 @@ names from them what stops a row; :func:`memory_per_stream` and
 from __future__ import annotations
 
 import gc
-import inspect
 import multiprocessing
 import time
 from collections.abc import Callable, Sequence
@@ -62,7 +61,6 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from audiomask.asr.driver import StreamingDriver
 from audiomask.bench.models import BenchModel
 from audiomask.bench.signals import shared_noise
 from audiomask.bench.timing import MS_PER_S, Budget, log, percentiles
@@ -96,8 +94,6 @@ GPU_COMPUTE, GPU_MEMORY, HOST_FRONTEND, HOST_LOOP = "gpu compute", "gpu memory",
 RESOURCES = (GPU_COMPUTE, GPU_MEMORY, HOST_FRONTEND, HOST_LOOP)
 TIME_BUDGET = "time budget"  # the search stopped for time before a probe settled the row
 COST_FIELDS = ("gpu_ms_per_cycle", "frontend_ms_per_cycle", "host_ms_per_cycle")  # a probe's mean costs per cycle
-# Whether the driver shards its front end over processes (StreamingDriver(..., frontend_workers=N)).
-DRIVER_SHARDS_FRONTEND = "frontend_workers" in inspect.signature(StreamingDriver).parameters
 
 
 @dataclass(frozen=True)
@@ -214,11 +210,9 @@ def _driver_probe(
     def probe(streams: int) -> ProbeTimes:
         children = len(multiprocessing.active_children())
         began = time.perf_counter()
-        workers = options.get("frontend_workers")
-        shards = {} if workers is None else {"frontend_workers": min(workers, streams)}  # a process owns slots
         lanes = min(options.get("lanes", 1), streams)
-        if workers is not None:
-            shards["frontend_workers"] = min(workers, streams // lanes)  # a process owns slots of every lane
+        workers = options.get("frontend_workers")
+        shards = {} if workers is None else {"frontend_workers": min(workers, streams // lanes)}  # slots of each lane
         driver = model.driver(
             streams, **chunking, cuda_graph=cuda_graph, overlap=True, **{**options, **shards, "lanes": lanes}
         )
@@ -313,14 +307,6 @@ def _qwen3_step_probe(model: BenchModel, plan: ProbePlan) -> Callable[[int], Pro
     return probe
 
 
-def _frontend_options(frontend_workers: int | None) -> tuple[dict, dict]:
-    """``(driver options, settings to record)``: the front end in processes, sharded where the driver can."""
-    if not DRIVER_SHARDS_FRONTEND:
-        return {"frontend_process": True}, {"frontend_process": True, "frontend_sharded": False}
-    recorded = {"frontend_process": True, "frontend_sharded": True, "frontend_workers": frontend_workers}
-    return {"frontend_process": True, "frontend_workers": frontend_workers}, recorded
-
-
 def make_probe(
     model: BenchModel,
     path: str,
@@ -358,9 +344,9 @@ def make_probe(
         chunking, cuda_graph = {}, None
         settings.update(chunk_ms=config.chunk_frames * FRAME_MS, window_ms=config.n_window_infer * FRAME_MS)
     if path == "driver":
-        options, recorded = _frontend_options(frontend_workers)
-        options["lanes"] = check_int("lanes", lanes, minimum=1)
-        settings.update(recorded, lanes=lanes)
+        lanes = check_int("lanes", lanes, minimum=1)
+        options = {"frontend_process": True, "frontend_workers": frontend_workers, "lanes": lanes}
+        settings.update(frontend_process=True, frontend_sharded=True, frontend_workers=frontend_workers, lanes=lanes)
         settings["latency_until"] = "CTC argmax of the chunk on the host, decoded (features included)"
         return _driver_probe(model, chunking, plan, cuda_graph, options), settings
     if model.is_phi4mm:

@@ -20,8 +20,8 @@ from audiomask.asr.driver import CycleTiming, RunStats
 from audiomask.bench import overlap
 from audiomask.bench import transfer as transfer_bench
 from audiomask.bench.device_masks import hs_mask_torch
+from audiomask.bench.latency import DRIVER_LANES
 from audiomask.bench.throughput import (
-    DRIVER_SHARDS_FRONTEND,
     RESOURCES,
     TIME_BUDGET,
     ProbePlan,
@@ -141,8 +141,8 @@ def test_quick_throughput_runs(quick_report: tuple[dict, str]) -> None:
         assert measured and all(probe["gpu_ms_per_cycle"] > 0 for probe in measured)
         assert run["cycle_costs"]["streams"] in {probe["streams"] for probe in measured}
         if run["path"] == "driver":  # the front end in processes of its own, sharded where the driver can
-            assert run["frontend_process"] is True and run["frontend_sharded"] is DRIVER_SHARDS_FRONTEND
-            assert ("frontend_workers" in run) is DRIVER_SHARDS_FRONTEND
+            assert run["frontend_process"] is True and run["frontend_sharded"] is True
+            assert "frontend_workers" in run and run["lanes"] == DRIVER_LANES
             assert all(probe["frontend_processes"] >= 1 and probe["frontend_ms_per_cycle"] > 0 for probe in measured)
         else:  # host features in: no front end
             assert all(probe["frontend_processes"] == 0 == probe["frontend_ms_per_cycle"] for probe in measured)
