@@ -1,7 +1,6 @@
 """Measurement harness of the transfer benchmark and the GPU tests.
 
-It holds the copy strategies that :mod:`audiomask.transfer` replaces, kept as
-baselines and negative controls, a calibrated GPU queue filler (the "busy
+It holds a calibrated GPU queue filler (the "busy
 stream" of the measurements), a feed that keeps a stream's queue at a known
 depth, a host workload that keeps the host as busy as a streaming server's,
 and the in-place mask builder used to fill ring slots.
@@ -20,16 +19,12 @@ import torch
 from audiomask.transfer import resolve_device
 
 __all__ = [
-    "COPY_METHODS",
     "HostWorkload",
     "QueueFeed",
     "QueueFiller",
-    "direct_copy",
     "mask_builder",
-    "pin_per_copy",
 ]
 
-COPY_METHODS = ("to", "cuda", "copy_")
 _CALIBRATION_CYCLES = 20_000_000  # ~10 ms of torch.cuda._sleep at H200 clocks: long enough to time well
 _CALIBRATION_ROUNDS = 2  # the first round also warms the clocks up; the last one counts
 # Phi-4MM-like in-place mask: 8 feature frames per token, chunks of 16 tokens, 4 chunks of left context.
@@ -37,42 +32,6 @@ _TIME_REDUCTION = 8
 _CHUNK_SIZE = 16
 _LEFT_CHUNK = 4
 _HOST_WORK_ELEMENTS = 1 << 18  # float32 operands of the host workload: 1 MiB each, enough for intra-op threads
-
-
-def direct_copy(t: torch.Tensor, device: object, *, method: str = "to", non_blocking: bool = True) -> torch.Tensor:
-    """Copy ``t`` as it is (no staging) to ``device``: the copy that stalls when ``t`` is pageable or not dense.
-
-    ``method`` picks the spelling: ``"to"`` (``Tensor.to``), ``"cuda"``
-    (``Tensor.cuda``) or ``"copy_"`` (``empty(...).copy_(t)``). The device is
-    taken as given (``"meta"`` included), not resolved.
-
-    Not routed through :mod:`audiomask.transfer` on purpose: this is the
-    unstaged copy the benchmark measures against the ring (the negative
-    control that stalls behind a busy queue). The library never calls it.
-
-    >>> direct_copy(torch.ones(2), "meta", method="copy_").device
-    device(type='meta')
-    """
-    if method == "to":
-        return t.to(device, non_blocking=non_blocking)
-    if method == "cuda":
-        # Safe here: the benchmark's unstaged baseline, measured against audiomask.transfer's ring; the
-        # library never calls it, and the caller keeps ``t`` alive until the copy is waited for.
-        return t.cuda(torch.device(device), non_blocking=non_blocking)  # safe: a baseline only (see above)
-    if method == "copy_":
-        return torch.empty(t.shape, dtype=t.dtype, device=device).copy_(t, non_blocking=non_blocking)
-    raise ValueError(f"method must be one of {COPY_METHODS}, got {method!r}")
-
-
-def pin_per_copy(t: torch.Tensor, device: object) -> torch.Tensor:
-    """Pin a fresh copy of ``t`` and copy it ``non_blocking``: the vLLM approach (host cost 0.1-6 ms).
-
-    A baseline the benchmark compares the ring with, so it does its own copy
-    rather than going through :mod:`audiomask.transfer`; safe as a copy (the
-    fresh pinned buffer lives until the copy has read it), only slow.
-    """
-    # Safe: the fresh pinned buffer is referenced by the copy until it has been read; a benchmark baseline only.
-    return t.pin_memory().to(device, non_blocking=True)  # safe: see above
 
 
 class QueueFiller:

@@ -2,8 +2,9 @@
 
 Strategies, for payloads of 16 KiB .. 64 MiB:
 
-- ``pageable``: a non-blocking ``Tensor.to`` from pageable memory (``harness.direct_copy``): the
-  negative control, which waits for the GPU queue from ~1-4 MiB
+- ``pageable``: a non-blocking ``Tensor.to`` from pageable memory
+  (``audiomask.transfer.baselines.direct_copy``): the negative control, which
+  waits for the GPU queue from ~1-4 MiB
 - ``pin_per_copy``: pin a fresh copy, then a non-blocking ``Tensor.to`` (the vLLM approach)
 - ``ring``: ``audiomask.to_device`` (staging memcpy into a pinned ring slot + event-guarded submit)
 - ``ring_in_place``: a Phi-4MM mask built by ``hs_mask(out=)`` straight into a ring slot, then
@@ -69,11 +70,12 @@ from audiomask.bench.copy_timing import (
 )
 from audiomask.bench.device_masks import hs_mask_torch
 from audiomask.bench.environment import capture_environment, write_result
-from audiomask.bench.harness import HostWorkload, QueueFeed, QueueFiller, direct_copy, pin_per_copy
+from audiomask.bench.harness import HostWorkload, QueueFeed, QueueFiller
 from audiomask.bench.timing import percentiles
 from audiomask.bench.transfer_verdicts import FLOORS, JUDGED_CONDITIONS, STEADY_MIN_QUEUE_MS, verdicts
 from audiomask.masks.phi4mm import TIME_REDUCTION, hs_mask
 from audiomask.transfer import KiB, MiB, PinnedRing, default_ring, parallel_copy_bytes, stage_copy, to_device
+from audiomask.transfer.baselines import direct_copy, pin_per_copy
 
 __all__ = [
     "CONDITIONS",

@@ -21,7 +21,6 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from audiomask.bench.harness import direct_copy
 from audiomask.transfer import (
     VIEW_ALIGN_BYTES,
     CopyVerdict,
@@ -38,6 +37,7 @@ from audiomask.transfer import (
     to_device,
 )
 from audiomask.transfer import staging as staging_module
+from audiomask.transfer.baselines import direct_copy
 from audiomask.transfer.ring import DEFAULT_CONSUMER_COPY_BYTES, SMALL_SLOT_BYTES
 
 # --------------------------------------------------------------------------- is_dense

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from audiomask.bench.harness import COPY_METHODS, QueueFiller, direct_copy, mask_builder, pin_per_copy
+from audiomask.bench.harness import QueueFiller, mask_builder
 from audiomask.transfer import (
     VIEW_ALIGN_BYTES,
     KiB,
@@ -24,6 +24,7 @@ from audiomask.transfer import (
     to_device,
     to_host,
 )
+from audiomask.transfer.baselines import COPY_METHODS, direct_copy, pin_per_copy
 
 pytestmark = pytest.mark.gpu
 
