@@ -34,7 +34,7 @@ lock with the main thread at every torch call; ``frontend_process=True``
 moves the front end into processes of their own
 (:class:`~audiomask.features.process.FeatureProcess`, bit for bit the same),
 ``frontend_workers`` of them (default one per four cores), so that it scales
-with the host (figures: ``docs/design.md``, section 7).
+with the host.
 
 Batching: a stream's row sees only its own caches, masks and token
 positions, so its outputs do not depend on which streams share the batch, up
@@ -69,9 +69,8 @@ last flagged ``final``: what an LLM decoder over the audio embeddings
 consumes while the audio still arrives. Their copy to the host is enqueued
 behind the step and never waited for; cycles skip it while nobody asks.
 
-Instrumentation (:mod:`audiomask.asr.stats`): a :class:`CycleTiming` per
-cycle, :meth:`RunStats.overlap` and :meth:`RunStats.cpu_per_audio_s` (what
-each stage costs the host per stream-second of audio).
+Instrumentation (:mod:`audiomask.asr.stats`): a :class:`CycleTiming` per cycle, :meth:`RunStats.overlap`
+and :meth:`RunStats.cpu_per_audio_s` (each stage's host cost per stream-second of audio).
 """
 
 from __future__ import annotations
@@ -219,6 +218,7 @@ class StreamingDriver:
         self.lanes, self.head = lanes, head
         ends = np.cumsum([0, *(lane.batch_size for lane in lanes)]).tolist()
         self.lane_bounds = list(zip(ends[:-1], ends[1:]))  # each lane's slots, [lo, hi)
+        self._lane_at = dict(zip(self.lane_bounds, lanes))  # a planned cycle's lane, by its bounds
         self._next_lane = 0  # the lane the next plan tries first: lanes take turns
         self.batch_size, self.device, self.chunk_frames = ends[-1], stream.device, stream.chunk_frames
         # Samples of a stream's first cycle, and of each later one.
@@ -524,7 +524,7 @@ class StreamingDriver:
         started, cpu_started = time.perf_counter(), time.thread_time()
         events = None
         lo, hi = plan.lane or (0, self.batch_size)
-        stream = self.lanes[self.lane_bounds.index((lo, hi))] if plan.lane else self.lanes[0]
+        stream = self._lane_at[lo, hi]
         context = torch.cuda.stream(self._compute) if self._compute is not None else contextlib.nullcontext()
         with context:
             if plan.joins.size:

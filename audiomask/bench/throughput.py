@@ -229,8 +229,8 @@ def _driver_probe(
             handles: list = []
             fed = np.zeros(streams, np.int64)  # samples fed to each stream so far
 
-            def feed_lane(lane: int) -> None:
-                lo, hi = driver.lane_bounds[lane]
+            def feed_lane(lane: int | None) -> None:
+                lo, hi = (0, 0) if lane is None else driver.lane_bounds[lane]  # None: every lane is fed
                 for stream in range(lo, min(hi, len(handles))):  # slots are taken lowest first, in opening order
                     size = first if fed[stream] == 0 else later
                     begin = starts[stream] + fed[stream]
@@ -243,7 +243,7 @@ def _driver_probe(
                 occupied = sum(lo < len(handles) for lo, _ in driver.lane_bounds)
                 unfed = iter(range(occupied))
                 first_cycle = driver.stats.count
-                ran = driver.advance(before_plan=lambda _: next((feed_lane(lane) for lane in unfed), None))
+                ran = driver.advance(before_plan=lambda _: feed_lane(next(unfed, None)))
                 if ran != occupied:
                     raise RuntimeError(
                         f"chunk {index}: the driver ran {ran} cycles, not one a lane ({occupied}): a bug"
