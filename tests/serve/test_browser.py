@@ -58,6 +58,9 @@ MAX_EDITS_PER_CHAR = 1 / 20
 # LEAD_SILENCE_S: measured 0.986 through the browser's resampler, 0.999 through the page's. Audio
 # resampled 1% off the rate gives 0.2; a 100 ms frame dropped during the speech, 0.83 or less.
 MIN_CORRELATION = 0.95
+# Chromium's fake capture device can drop audio when the machine is loaded (a correlation near 0.65
+# then): the page is run again, and one of the runs must send the file whole.
+CAPTURE_ATTEMPTS = 2
 DEVTOOLS_TIMEOUT_S = 30.0  # Chromium's start, until its DevTools endpoint answers
 PAGE_TIMEOUT_S = 60.0  # beyond the audio's duration: the page's start, the server's last steps
 POLL_S = 0.1  # seconds between two reads of the page's state
@@ -213,14 +216,17 @@ def test_page_shows_the_text_of_audiomask_transcribe(served, played_files, recog
     duration_s = len(samples) / SAMPLE_RATE
     url = page_url(served, autostart=1, stop_after_s=duration_s, token=served.token, resampler=resampler)
 
-    with chromium(played, tmp_path) as devtools_url:
-        run = run_page(devtools_url, url, duration_s + PAGE_TIMEOUT_S)
-
-    page = run.page
-    assert page["state"] == "done", f"{page}\n{(tmp_path / 'chromium.log').read_text(errors='replace')[-3000:]}"
-    # The page sent the played file, as much of it as asked for, and shows exactly the text of what it sent.
-    assert len(run.sent) == len(samples)
-    assert correlation(run.sent, samples, round(LEAD_SILENCE_S * SAMPLE_RATE)) >= MIN_CORRELATION
+    for _ in range(CAPTURE_ATTEMPTS):
+        with chromium(played, tmp_path) as devtools_url:
+            run = run_page(devtools_url, url, duration_s + PAGE_TIMEOUT_S)
+        page = run.page
+        assert page["state"] == "done", f"{page}\n{(tmp_path / 'chromium.log').read_text(errors='replace')[-3000:]}"
+        # The page sent the played file, as much of it as asked for, and shows exactly the text of what it sent.
+        assert len(run.sent) == len(samples)
+        similarity = correlation(run.sent, samples, round(LEAD_SILENCE_S * SAMPLE_RATE))
+        if similarity >= MIN_CORRELATION:
+            break
+    assert similarity >= MIN_CORRELATION, f"{CAPTURE_ATTEMPTS} captures, the last correlating {similarity:.3f}"
     # The server decodes it in a batch of up to 16 slots, the reference alone: batched products round
     # differently, which can flip a near-tie of greedy CTC (seen: "ornges" once in ~10 runs), never more.
     assert edit_distance(recognizer.transcribe(run.sent), page["text"]) <= 1, (page["text"], run.sent.size)
