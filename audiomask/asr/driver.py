@@ -49,25 +49,22 @@ ring position and front-end state stay as they were (the step still
 computes its row: static shapes, CUDA graphs). Waiting streams take free
 slots in the order their first block (or their end) arrived.
 
-Lanes: given several streams of one encoder, the driver's slots are theirs,
-lane after lane, and a cycle plans and steps one lane (lanes take turns), so
-a cycle costs the device one lane's step. Every front-end process owns a
-piece of every lane: when all streams have a chunk at once, the first lane's
-features are ready after about ``1 / lanes`` of the front end's time and its
-step runs while the next lanes' features are computed.
+Lanes: given several streams of one encoder, the driver's slots are theirs, lane after lane, and a
+cycle plans and steps one lane (lanes take turns), so a cycle costs the device one lane's step. Every
+front-end process owns a piece of every lane: when all streams have a chunk at once, the first lane's
+features are ready after about ``1 / lanes`` of the front end's time and its step runs while the next
+lanes' features are computed.
 
-Locking: a caller that shares the driver between threads holds its own lock
-around every call and passes ``advance(unlocked=...)``, a context manager
-that releases it while the driver touches no bookkeeping (waiting for
-features, the step, waiting for results). One thread advances at a time.
+Locking: a caller that shares the driver between threads holds its own lock around every call and
+passes ``advance(unlocked=...)``, a context manager that releases it while the driver touches no
+bookkeeping (waiting for features, the step, waiting for results). One thread advances at a time.
 
-Encoder outputs (:mod:`audiomask.asr.outputs`): a stream opened with
-``outputs=True`` (or every stream, with ``keep_outputs``) gets its output
-tokens in :attr:`DriverStream.chunks`, a bounded queue, and one opened with
-``on_output`` has them handed to that callable, in order, exactly once, the
-last flagged ``final``: what an LLM decoder over the audio embeddings
-consumes while the audio still arrives. Their copy to the host is enqueued
-behind the step and never waited for; cycles skip it while nobody asks.
+Encoder outputs (:mod:`audiomask.asr.outputs`): a stream opened with ``outputs=True`` (or every
+stream, with ``keep_outputs``) gets its output tokens in :attr:`DriverStream.chunks`, a bounded
+queue, and one opened with ``on_output`` has them handed to that callable, in order, exactly once,
+the last flagged ``final``: what an LLM decoder over the audio embeddings consumes while the audio
+still arrives. Their copy to the host is enqueued behind the step and never waited for; cycles skip
+it while nobody asks.
 
 Instrumentation (:mod:`audiomask.asr.stats`): a :class:`CycleTiming` per cycle, :meth:`RunStats.overlap`
 and :meth:`RunStats.cpu_per_audio_s` (each stage's host cost per stream-second of audio).
@@ -298,14 +295,17 @@ class StreamingDriver:
         self._planner.open(stream)
         return stream
 
-    def feed(self, stream: DriverStream, samples: object) -> None:
-        """Queue 16 kHz float samples for ``stream`` (any number, empty allowed); nothing is computed here."""
+    def feed(self, stream: DriverStream, samples: object, *, checked: bool = False) -> None:
+        """Queue 16 kHz float samples for ``stream`` (any number, empty allowed); nothing is computed here.
+
+        ``checked``: ``samples`` came from :func:`~audiomask.features.frontend.as_samples` (not checked again).
+        """
         started = time.thread_time()
         if stream.ended:
             raise ValueError(f"accept after finish: stream {stream.name!r} has ended")
         if stream.chunks is not None and stream.chunks.error is not None:
             raise stream.chunks.error
-        samples = as_samples("samples", samples)
+        samples = samples if checked else as_samples("samples", samples)
         if len(samples):
             self._planner.feed(stream, samples)
         self.stats.feed_cpu_s += time.thread_time() - started

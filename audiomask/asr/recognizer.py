@@ -110,7 +110,7 @@ class RecognizerStream:
         with recognizer._lock:
             recognizer._enter()
             self._check_open()
-            recognizer._driver.feed(self._inner, array)
+            recognizer._driver.feed(self._inner, array, checked=True)
             self._accepted += len(array)
             recognizer._open[self._inner] = _clock()
             recognizer._run(until=lambda: not recognizer._driver.has_block(self._inner))
