@@ -70,6 +70,13 @@ def add_parser(commands: argparse._SubParsersAction, device_help: str, model_hel
         "on the CPU, one process per four cores on CUDA)",
     )
     parser.add_argument(
+        "--ws-workers",
+        type=int,
+        metavar="N",
+        help="serve the WebSocket connections in N processes that hand their audio to the recognizer in this "
+        "one (0: this process serves them; default: 0 on the CPU, one per four cores on CUDA)",
+    )
+    parser.add_argument(
         "--max-wait-ms",
         type=int,
         metavar="MS",
@@ -108,6 +115,7 @@ def serve(args: argparse.Namespace) -> int:
         max_message_bytes=args.max_message_bytes,
         idle_timeout_s=args.idle_timeout_s,
         frontend_workers=args.frontend_workers,
+        ws_workers=args.ws_workers,
         max_wait_ms=args.max_wait_ms,
         token=args.token,
         certfile=args.certfile,
@@ -115,6 +123,8 @@ def serve(args: argparse.Namespace) -> int:
     )
     _check_tls(settings.certfile, settings.keyfile)
     if args.ray:
+        if settings.ws_workers:
+            raise ValueError("--ws-workers goes without --ray: each Ray replica serves its own connections")
         return _serve_on_ray(settings, args.replicas, args.gpus_per_replica)
     if args.replicas != 1 or args.gpus_per_replica:
         raise ValueError("--replicas and --gpus-per-replica go with --ray")
@@ -136,16 +146,21 @@ def _serve_here(settings: ServeSettings) -> int:
     try:
         from audiomask.serve.engine import build_recognizer
         from audiomask.serve.server import run
+        from audiomask.serve.workers import resolve_ws_workers, run_with_workers
     except ImportError as error:  # fastapi, uvicorn: the optional extra
         raise ValueError(f"audiomask serve needs the serve extra: pip install 'audiomask[serve]' ({error})") from None
 
     torch.set_num_threads(SERVE_THREADS)
     recognizer = build_recognizer(settings)
+    workers = resolve_ws_workers(settings, str(recognizer.device))
     print(
         f"audiomask serve: {settings.describe_routes()}; {recognizer.device}, {recognizer.chunk_ms} ms chunks, "
-        f"up to {settings.max_connections} connections",
+        f"up to {settings.max_connections} connections"
+        + (f", {workers} WebSocket worker processes" if workers else ""),
         file=sys.stderr,
         flush=True,
     )
     with recognizer:
+        if workers:
+            return run_with_workers(settings, recognizer, workers)
         return run(settings, recognizer)

@@ -27,6 +27,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from audiomask.asr.recognizer import StreamingRecognizer
 from audiomask.serve.engine import Engine
+from audiomask.serve.remote import RemoteEngine
 from audiomask.serve.session import serve_connection
 from audiomask.serve.settings import ServeSettings
 from audiomask.serve.sherpa import SherpaProtocol
@@ -48,7 +49,9 @@ def _page() -> str | None:
         return None
 
 
-def create_app(settings: ServeSettings, recognizer: StreamingRecognizer | None = None) -> FastAPI:
+def create_app(
+    settings: ServeSettings, recognizer: StreamingRecognizer | None = None, *, engine: RemoteEngine | None = None
+) -> FastAPI:
     """The server's app: the routes of the module docstring over one :class:`~audiomask.serve.engine.Engine`.
 
     Args:
@@ -56,31 +59,35 @@ def create_app(settings: ServeSettings, recognizer: StreamingRecognizer | None =
         recognizer: the recognizer to serve (the caller closes it); ``None``: built from
             ``settings`` when the app starts (:func:`~audiomask.serve.engine.build_recognizer`),
             one encoder slot per connection, and closed when it stops.
+        engine: a WebSocket worker's :class:`~audiomask.serve.remote.RemoteEngine`, in place of an
+            engine of this process (``recognizer`` is then ``None``).
     """
-    engine = Engine(settings, recognizer)
+    if engine is not None and recognizer is not None:
+        raise ValueError("create_app: give a recognizer or a remote engine, not both")
+    backend: Engine | RemoteEngine = Engine(settings, recognizer) if engine is None else engine
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        await engine.start()
+        await backend.start()
         try:
             yield
         finally:
-            await engine.stop()
+            await backend.stop()
 
     app = FastAPI(title="audiomask serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.engine = engine
+    app.state.engine = backend
 
     @app.websocket(SHERPA_ROUTE)
     async def sherpa(websocket: WebSocket) -> None:
-        await serve_connection(websocket, engine, SherpaProtocol())
+        await serve_connection(websocket, backend, SherpaProtocol())
 
     @app.websocket(WENET_ROUTE)
     async def wenet(websocket: WebSocket) -> None:
-        await serve_connection(websocket, engine, WeNetProtocol())
+        await serve_connection(websocket, backend, WeNetProtocol())
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        status, body = engine.health()
+        status, body = backend.health()
         return JSONResponse(body, status)
 
     @app.get(SHERPA_ROUTE)

@@ -64,6 +64,8 @@ __all__ = [
     "Refusal",
     "State",
     "build_recognizer",
+    "busy_refusal",
+    "state_refusal",
 ]
 
 MS_PER_S = 1000
@@ -114,6 +116,25 @@ class Refusal:
     status: int
     message: str
     retry_after_s: int | None = None
+
+
+def state_refusal(state: State, error: str | None) -> Refusal | None:
+    """Why a handshake is refused while the engine is in ``state`` (``error``: why it FAILED); ``None`` when READY."""
+    if state is State.LOADING:
+        return Refusal(503, "the model is loading: retry shortly", RETRY_AFTER_STARTING_S)
+    if state is State.DRAINING:
+        return Refusal(503, "the server is shutting down: retry on another replica", RETRY_AFTER_STARTING_S)
+    if state is State.FAILED:
+        return Refusal(503, f"the server cannot recognize speech: {error}")
+    return None
+
+
+def busy_refusal(connections: int, settings: ServeSettings) -> Refusal | None:
+    """HTTP 503 with ``Retry-After`` when ``connections`` already fill ``settings.max_connections``."""
+    limit = settings.max_connections
+    if connections >= limit:
+        return Refusal(503, f"server busy: all {limit} connections (--max-connections) are in use", RETRY_AFTER_BUSY_S)
+    return None
 
 
 def build_recognizer(settings: ServeSettings) -> StreamingRecognizer:
@@ -211,8 +232,10 @@ class Engine:
         if self._owns_recognizer and self._recognizer is not None:
             self._recognizer.close()
 
-    async def drain(self, timeout_s: float = DRAIN_TIMEOUT_S) -> bool:
-        """Refuse new connections, finish those in flight; whether all were done within ``timeout_s``."""
+    def begin_drain(self) -> None:
+        """Refuse new connections from now on, and tell every connection in flight to finish (once)."""
+        if self.state is State.DRAINING:
+            return
         if self.state is not State.FAILED:
             self.state = State.DRAINING
         with self._feeds_lock:
@@ -220,6 +243,10 @@ class Engine:
         logger.info("draining %d connection(s)", len(listeners))
         for listener in listeners:
             listener.stop()
+
+    async def drain(self, timeout_s: float = DRAIN_TIMEOUT_S) -> bool:
+        """Refuse new connections, finish those in flight; whether all were done within ``timeout_s``."""
+        self.begin_drain()
         if self._drained is None:
             return True
         try:
@@ -232,19 +259,10 @@ class Engine:
 
     def admit(self) -> Refusal | None:
         """Count a new connection, or say why it is refused (the count is unchanged then)."""
-        if self.state is State.LOADING:
-            return Refusal(503, "the model is loading: retry shortly", RETRY_AFTER_STARTING_S)
-        if self.state is State.DRAINING:
-            return Refusal(503, "the server is shutting down: retry on another replica", RETRY_AFTER_STARTING_S)
-        if self.state is State.FAILED:
-            return Refusal(503, f"the server cannot recognize speech: {self.error}")
-        limit = self.settings.max_connections
-        if self.connections >= limit:
-            return Refusal(
-                503, f"server busy: all {limit} connections (--max-connections) are in use", RETRY_AFTER_BUSY_S
-            )
-        self.connections += 1
-        return None
+        refusal = state_refusal(self.state, self.error) or busy_refusal(self.connections, self.settings)
+        if refusal is None:
+            self.connections += 1
+        return refusal
 
     def release(self) -> None:
         """A connection :meth:`admit` counted has ended."""
@@ -278,6 +296,23 @@ class Engine:
             empty = not self._feeds
         if empty and self._drained is not None:
             self._drained.set()
+
+    async def finish(self, feed: Feed) -> str:
+        """Feed every sample put to ``feed`` and finish its stream: the final text (``""`` when none came).
+
+        Waits for the encoder steps the stream's last chunks need; raises the stream's error.
+        """
+        await feed.flush()
+        if feed.stream is None:
+            return ""
+        return await self.call(feed.stream.finish, None)
+
+    @property
+    def feed_limits(self) -> tuple[int, int, int] | None:
+        """``(first_block, block, max_buffered)`` of the feeds, samples: a stream's first block, each later
+        one, and what a feed holds before its client waits (``None`` until the recognizer is ready)."""
+        inbox = self._inbox
+        return None if inbox is None else (inbox.first_block, inbox.block, inbox.max_buffered)
 
     @property
     def streams(self) -> int:

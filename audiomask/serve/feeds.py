@@ -93,19 +93,42 @@ class Feed:
         """
         self._raise_error()
         array = as_samples(f"samples of {self.name!r}", samples, source=f"stream {self.name!r}", offset=self._accepted)
-        self._accepted += len(array)
+        if self.offer(array):
+            await self.room()
+
+    def offer(self, samples: np.ndarray) -> bool:
+        """Queue ``samples`` ``(n,)`` float32, already checked, without waiting; whether the feed is now full.
+
+        A caller told it is full sends no more until :meth:`room` returns.
+        """
+        self._accepted += len(samples)
         inbox = self._inbox
         with inbox.lock:
-            self._pending.append(array)
-            self._pending_samples += len(array)
+            self._pending.append(samples)
+            self._pending_samples += len(samples)
             full = self._pending_samples > inbox.max_buffered
             if full or self._fed + self._pending_samples >= self._block_end:
                 inbox.post(self)
             if full:
                 self._wait_for_pass()
-        if full:
-            await self._room.wait()
-            self._raise_error()
+        return full
+
+    @property
+    def holding(self) -> bool:
+        """Whether the feed was full and no pass has taken its samples since (:meth:`room` waits for one)."""
+        with self._inbox.lock:
+            return self._waiting
+
+    @property
+    def taken(self) -> int:
+        """Samples offered so far that a pass has taken (fed, or being fed)."""
+        with self._inbox.lock:
+            return self._accepted - self._pending_samples
+
+    async def room(self) -> None:
+        """Return once a pass has fed what a full feed held; raises :attr:`error` when the stream failed."""
+        await self._room.wait()
+        self._raise_error()
 
     async def flush(self) -> None:
         """Feed every sample put so far (the client has ended its audio), and wait until the stream has them."""

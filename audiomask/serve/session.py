@@ -36,14 +36,15 @@ import asyncio
 import hmac
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 from starlette.responses import PlainTextResponse
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from audiomask.errors import AudioError
-from audiomask.serve.engine import Engine, Refusal
-from audiomask.serve.feeds import Feed
+from audiomask.serve.engine import Listener, Refusal
+from audiomask.serve.settings import ServeSettings
 
 __all__ = [
     "CLOSE_INTERNAL_ERROR",
@@ -57,6 +58,8 @@ __all__ = [
     "ClientError",
     "ClientProtocol",
     "End",
+    "AudioFeed",
+    "Backend",
     "Reply",
     "Samples",
     "serve_connection",
@@ -134,6 +137,36 @@ class ClientProtocol(ABC):
         """The message that tells the client what it did wrong."""
 
 
+class AudioFeed(Protocol):
+    """Where a connection's samples go: :class:`~audiomask.serve.feeds.Feed` (the recognizer in this process)
+    or :class:`~audiomask.serve.remote.RemoteFeed` (in the main process, from a WebSocket worker)."""
+
+    async def put(self, samples: np.ndarray) -> None:
+        """Queue ``samples`` ``(n,)`` float32 for the stream (checked here); waits while the feed is full."""
+
+
+class Backend(Protocol):
+    """What a connection needs of the recognizer's side: :class:`~audiomask.serve.engine.Engine` (the
+    recognizer in this process) or :class:`~audiomask.serve.remote.RemoteEngine` (in the main process)."""
+
+    settings: ServeSettings
+
+    def admit(self) -> Refusal | None:
+        """Count a new connection, or say why it is refused."""
+
+    def release(self) -> None:
+        """A connection :meth:`admit` counted has ended."""
+
+    def attach(self, listener: Listener, name: str) -> AudioFeed:
+        """The feed of a new connection, whose stream's text changes and failure ``listener`` hears of."""
+
+    async def detach(self, feed: AudioFeed) -> None:
+        """The connection of ``feed`` has ended: drop what was not fed, end and free its stream."""
+
+    async def finish(self, feed: AudioFeed) -> str:
+        """Feed the rest of ``feed``'s samples and finish its stream: the final text."""
+
+
 def _close_reason(message: str) -> str:
     """``message`` cut to what a close frame's reason holds (UTF-8, at a character boundary)."""
     encoded = message.encode()
@@ -156,7 +189,7 @@ def _token_refusal(websocket: WebSocket, token: str | None) -> Refusal | None:
     return None
 
 
-async def serve_connection(websocket: WebSocket, engine: Engine, protocol: ClientProtocol) -> None:
+async def serve_connection(websocket: WebSocket, engine: Backend, protocol: ClientProtocol) -> None:
     """Serve one WebSocket handshake on ``protocol``: refuse it (HTTP 401 / 503) or run its session to the end."""
     refusal = _token_refusal(websocket, engine.settings.token) or engine.admit()
     if refusal is not None:
@@ -179,11 +212,11 @@ class _DisconnectedError(Exception):
 class _Session:
     """A connection after its handshake: the engine's :class:`~audiomask.serve.engine.Listener`."""
 
-    def __init__(self, websocket: WebSocket, engine: Engine, protocol: ClientProtocol) -> None:
+    def __init__(self, websocket: WebSocket, engine: Backend, protocol: ClientProtocol) -> None:
         self._websocket, self._engine, self._protocol = websocket, engine, protocol
         client = websocket.client
         self._name = f"{websocket.url.path} {client.host}:{client.port}" if client else websocket.url.path
-        self._feed: Feed | None = None
+        self._feed: AudioFeed | None = None
         self._binary_messages = 0
         self._latest = self._sent = ""  # the text the ticker last reported, and the text last sent
         self._changed = asyncio.Event()
@@ -324,13 +357,10 @@ class _Session:
         except Exception as error:  # noqa: BLE001 - each is the client's error or the server's, reported to it
             raise self._client_error(error) from None
 
-    async def _finish(self, feed: Feed) -> str:
+    async def _finish(self, feed: AudioFeed) -> str:
         """The stream's final text (``""`` when no samples came); waits for the steps its last chunks need."""
         try:
-            await feed.flush()
-            if feed.stream is None:
-                return ""
-            return await self._engine.call(feed.stream.finish, None)
+            return await self._engine.finish(feed)
         except Exception as error:  # noqa: BLE001 - as in _accept
             raise self._client_error(error, finishing=True) from None
 

@@ -27,6 +27,7 @@ __all__ = [
     "DEFAULT_PORT",
     "LOOPBACK",
     "MAX_PORT",
+    "MAX_WS_WORKERS",
     "MIN_MESSAGE_BYTES",
     "SERVE_THREADS",
     "ServeSettings",
@@ -45,6 +46,7 @@ DEFAULT_IDLE_TIMEOUT_S = 30.0  # seconds without a message before a connection i
 # torch intra-op threads of a server process (or Ray replica): a chunk step's small matrices gain nothing
 # from more, and the front end and the event loop need the other cores (as for `audiomask transcribe`).
 SERVE_THREADS = 1
+MAX_WS_WORKERS = 256  # WebSocket worker processes: a bound on a typo, far above any host's cores
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,9 @@ class ServeSettings:
             slots, at most ``max_connections``); ``0``: a thread of the server process; ``None``: a thread
             on the CPU, on CUDA the recognizer's default count of processes (one per four cores), since
             there a thread shares the interpreter lock with the connections.
+        ws_workers: processes that serve the WebSocket connections, handing their samples to the
+            recognizer in the main process; ``0``: the main process serves them itself; ``None``: ``0`` on
+            the CPU, one per four cores on CUDA (:func:`~audiomask.serve.workers.resolve_ws_workers`).
         max_wait_ms: how long a connection's ready chunk waits for the others' before a step runs the
             ready ones (the recognizer's ``max_wait_ms``); ``None``: one chunk.
         token: when set, a client must send ``Authorization: Bearer TOKEN`` or ``?token=TOKEN``
@@ -85,6 +90,7 @@ class ServeSettings:
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
     frontend_workers: int | None = None
+    ws_workers: int | None = None
     max_wait_ms: int | None = None
     token: str | None = None
     certfile: str | None = None
@@ -112,6 +118,8 @@ class ServeSettings:
                     f"--frontend-workers must be at most --max-connections ({self.max_connections}): each "
                     f"process owns a share of the connections' slots, got {self.frontend_workers}"
                 )
+        if self.ws_workers is not None:
+            check_int("--ws-workers", self.ws_workers, minimum=0, maximum=MAX_WS_WORKERS)
         if self.token is not None and (
             not isinstance(self.token, str) or not self.token or self.token != self.token.strip()
         ):

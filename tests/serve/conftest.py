@@ -6,7 +6,8 @@
   when the test ends (SIGTERM, a bounded wait, then SIGKILL).
 - ``server_url`` (module scope): one server with the default options; yields its ``http://`` URL.
 - ``served`` (session scope): the server most tests share, with a token and small limits
-  (:data:`SHARED_ARGS`); clients pass ``served.token``.
+  (:data:`SHARED_ARGS`); clients pass ``served.token``. Twice: without and with WebSocket workers
+  (:data:`WS_WORKERS`), so that every test of it holds for both.
 - ``sample_audio`` / ``expected_texts`` (session scope): each ``samples/*.wav`` as 16 kHz float32
   (:func:`audiomask.audio.load`), and the text ``audiomask transcribe`` prints for it.
 - ``exchange`` (a coroutine function): connect with the ``websockets`` client, send messages, read
@@ -65,6 +66,9 @@ SHARED_ARGS = (
     "--idle-timeout-s",
     str(SHARED_IDLE_TIMEOUT_S),
 )
+# The tests that share a server run twice: connections served by the recognizer's process (0), and by
+# WebSocket worker processes that hand the audio to it (2).
+WS_WORKERS = (0, 2)
 
 
 @dataclass
@@ -169,10 +173,12 @@ def server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield served.url
 
 
-@pytest.fixture(scope="session")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    """The server most tests share: ``SHARED_ARGS`` (token, 16 connections, 64 KiB messages, 3 s idle)."""
-    with _running_server(tmp_path_factory.mktemp("serve"), *SHARED_ARGS) as server:
+@pytest.fixture(scope="session", params=WS_WORKERS, ids=lambda workers: f"ws-workers-{workers}")
+def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """The server most tests share: ``SHARED_ARGS`` (token, 16 connections, 64 KiB messages, 3 s idle), with
+    the connections served by the recognizer's process, then by two WebSocket worker processes."""
+    args = (*SHARED_ARGS, "--ws-workers", str(request.param))
+    with _running_server(tmp_path_factory.mktemp("serve"), *args) as server:
         yield server
 
 

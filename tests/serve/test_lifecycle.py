@@ -128,6 +128,8 @@ def test_a_front_end_in_a_process_of_its_own_gives_the_texts_of_audiomask_transc
         (["--replicas", "2"], "--replicas and --gpus-per-replica go with --ray"),
         (["--frontend-workers", "-1"], "--frontend-workers must be >= 0, got -1"),
         (["--max-wait-ms", "-5"], "--max-wait-ms must be >= 0, got -5"),
+        (["--ws-workers", "-1"], "--ws-workers must be >= 0, got -1"),
+        (["--ws-workers", "2", "--ray"], "--ws-workers goes without --ray"),
         (
             ["--max-connections", "4", "--frontend-workers", "8"],
             "--frontend-workers must be at most --max-connections (4)",
