@@ -17,7 +17,10 @@ What it checks and measures:
 
 - every final text equals the text the same model gives the file alone (a
   single-stream :class:`~audiomask.asr.recognizer.StreamingRecognizer` with
-  the server's chunk settings); a client that got no final result is *lost*;
+  the server's chunk settings, on the CPU in float32; with
+  ``--reference-on-device``, on the server's device in its dtype with as many
+  slots as clients: the server's kernels, so its texts for random weights);
+  a client that got no final result is *lost*;
 - the latency of each partial result: its arrival time minus the time the
   client sent the message holding the last sample of the chunk that produced
   it. Which chunk produced a text is read off the single-stream reference: the
@@ -27,7 +30,8 @@ What it checks and measures:
 - the final latency: the final result's arrival minus the end message's sending;
 - the started server's CPU seconds (user + system, all its threads) while the
   clients ran, and per second of audio they sent: what a real-time stream
-  costs the server's host, the encoder steps included.
+  costs the server's host, the encoder steps included; the same for all the
+  server's processes (its WebSocket workers and front-end processes too).
 
 The report (``--out``) records the command, date, versions and machine
 (:func:`audiomask.bench.environment.capture_environment`), the settings, the
@@ -52,7 +56,7 @@ from pathlib import Path
 
 import numpy as np
 
-from audiomask.bench.server_process import cpu_seconds, running_server, single_stream_references
+from audiomask.bench.server_process import cpu_seconds, running_server, single_stream_references, tree_cpu_seconds
 from audiomask.bench.server_process import health as server_health
 from audiomask.constants import SAMPLE_RATE
 
@@ -60,6 +64,7 @@ REPOSITORY = Path(__file__).resolve().parents[1]
 MS_PER_S = 1000
 PERCENTILES = (50, 90, 99, 100)
 ROUTES = {"sherpa": "/", "wenet": "/wenet"}
+RANDOM_MODELS = ("phi4mm_full", "qwen3_asr_0.6b")  # audiomask.bench.models names --model may give
 
 
 def _arguments(argv: list[str]) -> argparse.Namespace:
@@ -74,7 +79,19 @@ def _arguments(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--chunk-ms", type=int, help="the server's chunk (default: the model's)")
     parser.add_argument("--left-chunks", type=int, help="the server's left chunks (default: the model's)")
     parser.add_argument("--device", default="cpu", help="the started server's device (default cpu)")
-    parser.add_argument("--model", help="the started server's model file (default: the shipped model)")
+    parser.add_argument(
+        "--model",
+        help="the started server's model: a file, or a random model of the latency benchmark "
+        f"({', '.join(RANDOM_MODELS)}: saved to a temporary file first); default: the shipped model",
+    )
+    parser.add_argument("--dtype", default="float32", help="the started server's --dtype (default float32)")
+    parser.add_argument("--ws-workers", type=int, help="the started server's --ws-workers")
+    parser.add_argument(
+        "--reference-on-device",
+        action="store_true",
+        help="compute the reference texts on the server's --device in its --dtype with its slots (the same "
+        "kernels: for random weights) instead of one CPU stream in float32",
+    )
     parser.add_argument("--frontend-workers", type=int, help="the started server's --frontend-workers")
     parser.add_argument("--max-wait-ms", type=int, help="the started server's --max-wait-ms")
     parser.add_argument(
@@ -104,6 +121,8 @@ def _server(args: argparse.Namespace) -> Iterator[tuple[str, subprocess.Popen | 
         "--chunk-ms": args.chunk_ms,
         "--left-chunks": args.left_chunks,
         "--frontend-workers": args.frontend_workers,
+        "--ws-workers": args.ws_workers,
+        "--dtype": args.dtype,
         "--max-wait-ms": args.max_wait_ms,
         "--token": args.token,
     }
@@ -181,13 +200,43 @@ def _most_at_once(outcomes: list[dict]) -> int:
 def main(argv: list[str]) -> int:
     args = _arguments(argv)
     from audiomask.audio import load
-    from audiomask.bench.environment import capture_environment, write_result
 
     audio = {path.name: np.tile(load(path)[0], args.repeat) for path in sorted((REPOSITORY / "samples").glob("*.wav"))}
     message_samples = args.message_ms * SAMPLE_RATE // MS_PER_S
-    references, expected, chunk_ms = single_stream_references(
-        audio, args.model, args.chunk_ms, args.left_chunks, message_samples
-    )
+    with contextlib.ExitStack() as stack:
+        if args.model in RANDOM_MODELS:
+            args.model_name, args.model = args.model, _save_random_model(args.model, args.dtype, stack)
+        on_device = {"device": args.device, "dtype": args.dtype, "max_streams": args.clients}
+        references, expected, chunk_ms = single_stream_references(
+            audio,
+            args.model,
+            args.chunk_ms,
+            args.left_chunks,
+            message_samples,
+            **(on_device if args.reference_on_device else {}),
+        )
+        return _measure(args, audio, message_samples, references, expected, chunk_ms, argv)
+
+
+def _save_random_model(name: str, dtype: str, stack: contextlib.ExitStack) -> str:
+    """A file of the latency benchmark's random model ``name``, stored in ``dtype``, removed with ``stack``."""
+    import tempfile
+
+    import torch
+
+    from audiomask.asr.checkpoint import save_model
+    from audiomask.bench.models import build_model
+
+    directory = stack.enter_context(tempfile.TemporaryDirectory(prefix="audiomask-bench-model-"))
+    path = os.path.join(directory, f"{name}.safetensors")
+    save_model(build_model(name, torch.device("cpu")).asr, path, dtype=getattr(torch, dtype))
+    return path
+
+
+def _measure(args, audio, message_samples, references, expected, chunk_ms, argv) -> int:
+    """Run the clients against the server and write the report; the exit status."""
+    from audiomask.bench.environment import capture_environment, write_result
+
     names = sorted(audio)
     load_average_1m = os.getloadavg()[0]
     with _server(args) as (url, server):
@@ -210,6 +259,7 @@ def main(argv: list[str]) -> int:
         ]
         started = time.perf_counter()
         cpu_before_s = None if server is None else cpu_seconds(server.pid)
+        tree_before_s = None if server is None else tree_cpu_seconds(server.pid)
         spawn = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(args.processes, mp_context=spawn) as pool:
             shares = [jobs[worker :: args.processes] for worker in range(args.processes)]
@@ -217,6 +267,7 @@ def main(argv: list[str]) -> int:
         wall_s = time.perf_counter() - started
         health = server_health(url.replace("ws", "http", 1))[1]
         server_cpu_s = None if server is None else cpu_seconds(server.pid) - cpu_before_s
+        tree_cpu_s = None if server is None else tree_cpu_seconds(server.pid) - tree_before_s
 
     lost = [outcome for outcome in outcomes if "error" in outcome]
     audio_s = sum(len(audio[job["name"]]) for job in jobs) / SAMPLE_RATE
@@ -239,9 +290,15 @@ def main(argv: list[str]) -> int:
             "server_cpu_s": None if server_cpu_s is None else round(server_cpu_s, 2),
             "audio_s": round(audio_s, 2),
             "server_cpu_per_audio_s": None if server_cpu_s is None else round(server_cpu_s / audio_s, 5),
+            # The same with every process of the server: WebSocket workers and front-end processes.
+            "server_processes_cpu_s": None if tree_cpu_s is None else round(tree_cpu_s, 2),
+            "server_processes_cpu_per_audio_s": None if tree_cpu_s is None else round(tree_cpu_s / audio_s, 5),
             "load_average_1m": load_average_1m,  # the machine's load before the run (other work shares the cores)
-            "model": args.model,
+            "model": getattr(args, "model_name", args.model),
+            "dtype": args.dtype,
+            "reference_on_device": args.reference_on_device,
             "frontend_workers": args.frontend_workers,
+            "ws_workers": args.ws_workers,
             "clients": args.clients,
             "processes": args.processes,
             "route": args.route,
@@ -271,6 +328,7 @@ def main(argv: list[str]) -> int:
         "lost",
         "wrong",
         "server_cpu_per_audio_s",
+        "server_processes_cpu_per_audio_s",
         "partial_latency_ms",
         "final_latency_ms",
     )

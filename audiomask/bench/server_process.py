@@ -39,6 +39,7 @@ __all__ = [
     "STOP_TIMEOUT_S",
     "ServerProcess",
     "cpu_seconds",
+    "tree_cpu_seconds",
     "health",
     "process_memory",
     "running_server",
@@ -127,6 +128,11 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
 
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds of process ``pid`` and of every process below it (front-end and WebSocket workers)."""
+    return cpu_seconds(pid) + sum(tree_cpu_seconds(child) for child in _children(pid))
+
+
 def _children(pid: int) -> list[int]:
     """The process ids of ``pid``'s children (every thread's), or none where ``/proc`` does not list them."""
     children: list[int] = []
@@ -165,14 +171,22 @@ def single_stream_references(
     chunk_ms: int | None,
     left_chunks: int | None,
     message_samples: int,
+    *,
+    device: str = "cpu",
+    dtype: str = "float32",
+    max_streams: int = 1,
 ) -> tuple[dict[str, list[str]], dict[str, str], int]:
-    """Each clip fed alone to one CPU :class:`~audiomask.asr.recognizer.StreamingRecognizer` of these settings.
+    """Each clip fed alone to one :class:`~audiomask.asr.recognizer.StreamingRecognizer` of these settings.
 
     Args:
         audio: clip name -> ``(n,)`` float32 samples at 16 kHz.
         model: a model file; ``None``: the shipped model.
         chunk_ms, left_chunks: the server's streaming settings (``None``: the model's).
         message_samples: samples per ``accept``, as a client's messages carry them.
+        device, dtype, max_streams: where the recognizer runs (default one CPU stream in float32).
+            A server's own device, dtype and slot count give its kernels, and so its texts bit for
+            bit (a stream's outputs do not depend on the other slots): the reference for random
+            weights, whose near-ties a CPU float32 reference would break differently.
 
     Returns:
         ``(partials, finals, chunk_ms)``: per clip the text after each message and the final text, and the
@@ -185,7 +199,8 @@ def single_stream_references(
 
     torch.set_num_threads(1)
     partials, finals = {}, {}
-    with StreamingRecognizer(load_model(model), "cpu", chunk_ms, left_chunks) as recognizer:
+    weights = load_model(model, dtype=getattr(torch, dtype))
+    with StreamingRecognizer(weights, device, chunk_ms, left_chunks, max_streams=max_streams) as recognizer:
         for name, samples in audio.items():
             stream = recognizer.open_stream(name)
             texts = []

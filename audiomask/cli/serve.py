@@ -15,10 +15,12 @@ import sys
 
 from audiomask.cli.common import EXIT_USAGE
 from audiomask.serve.settings import (
+    DEFAULT_DTYPE,
     DEFAULT_IDLE_TIMEOUT_S,
     DEFAULT_MAX_CONNECTIONS,
     DEFAULT_MAX_MESSAGE_BYTES,
     DEFAULT_PORT,
+    DTYPES,
     LOOPBACK,
     SERVE_THREADS,
     ServeSettings,
@@ -42,6 +44,12 @@ def add_parser(commands: argparse._SubParsersAction, device_help: str, model_hel
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"TCP port (default {DEFAULT_PORT})")
     parser.add_argument("--model", help=model_help)
     parser.add_argument("--device", default="auto", help=device_help)
+    parser.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        default=DEFAULT_DTYPE,
+        help=f"the model's precision (default {DEFAULT_DTYPE}; bfloat16 for large encoders on a GPU)",
+    )
     parser.add_argument("--chunk-ms", type=int, help="audio per encoder chunk (default: the model's)")
     parser.add_argument("--left-chunks", type=int, help="chunks of left context (default: the model's)")
     parser.add_argument(
@@ -109,6 +117,7 @@ def serve(args: argparse.Namespace) -> int:
         port=args.port,
         model=args.model,
         device=args.device,
+        dtype=args.dtype,
         chunk_ms=args.chunk_ms,
         left_chunks=args.left_chunks,
         max_connections=args.max_connections,

@@ -138,7 +138,7 @@ def busy_refusal(connections: int, settings: ServeSettings) -> Refusal | None:
 
 
 def build_recognizer(settings: ServeSettings) -> StreamingRecognizer:
-    """The recognizer ``settings`` describe: its model (the shipped one by default) on its device.
+    """The recognizer ``settings`` describe: its model (the shipped one by default) on its device, in its dtype.
 
     One encoder slot per connection (``max_streams = max_connections``). The
     front end runs in ``settings.frontend_workers`` processes (``0``: on a
@@ -150,10 +150,12 @@ def build_recognizer(settings: ServeSettings) -> StreamingRecognizer:
     call into the recognizer a scan of all open streams. Raises ``ValueError``
     naming the option for a bad model file, device or streaming setting.
     """
+    import torch
+
     from audiomask.asr.checkpoint import load_model
 
     device = pick_device(settings.device, "--device")
-    model = load_model(settings.model)
+    model = load_model(settings.model, dtype=getattr(torch, settings.dtype))
     workers = settings.frontend_workers
     in_processes = str(device).startswith("cuda") if workers is None else workers > 0
     try:

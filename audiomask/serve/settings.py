@@ -21,10 +21,12 @@ from dataclasses import dataclass
 from audiomask.checks import check_int
 
 __all__ = [
+    "DEFAULT_DTYPE",
     "DEFAULT_IDLE_TIMEOUT_S",
     "DEFAULT_MAX_CONNECTIONS",
     "DEFAULT_MAX_MESSAGE_BYTES",
     "DEFAULT_PORT",
+    "DTYPES",
     "LOOPBACK",
     "MAX_PORT",
     "MAX_WS_WORKERS",
@@ -46,6 +48,8 @@ DEFAULT_IDLE_TIMEOUT_S = 30.0  # seconds without a message before a connection i
 # torch intra-op threads of a server process (or Ray replica): a chunk step's small matrices gain nothing
 # from more, and the front end and the event loop need the other cores (as for `audiomask transcribe`).
 SERVE_THREADS = 1
+DTYPES = ("float32", "bfloat16", "float16")  # what --dtype takes: torch dtype names
+DEFAULT_DTYPE = "float32"  # the shipped model is trained and measured in float32
 MAX_WS_WORKERS = 256  # WebSocket worker processes: a bound on a typo, far above any host's cores
 
 
@@ -59,6 +63,8 @@ class ServeSettings:
         model: a model file (:func:`audiomask.asr.checkpoint.save_model`); ``None``: the shipped model.
         device: ``auto`` (CUDA where available), ``cpu``, ``cuda`` or ``cuda:N``; resolved when the
             recognizer is built (so settings made on a machine without a GPU may name one).
+        dtype: the model's weights and activations: ``float32`` (default), ``bfloat16`` or ``float16``
+            (:data:`DTYPES`; half precision for large encoders on a GPU).
         chunk_ms: milliseconds of audio per encoder chunk; ``None``: the model's.
         left_chunks: chunks of left context; ``None``: the model's.
         max_connections: WebSocket connections served at once; each is one encoder slot of the shared
@@ -84,6 +90,7 @@ class ServeSettings:
     port: int = DEFAULT_PORT
     model: str | None = None
     device: str = "auto"
+    dtype: str = DEFAULT_DTYPE
     chunk_ms: int | None = None
     left_chunks: int | None = None
     max_connections: int = DEFAULT_MAX_CONNECTIONS
@@ -100,6 +107,8 @@ class ServeSettings:
         if not isinstance(self.host, str) or not self.host:
             raise ValueError(f"--host must be an address such as {LOOPBACK}, got {self.host!r}")
         check_int("--port", self.port, minimum=0, maximum=MAX_PORT)
+        if self.dtype not in DTYPES:
+            raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.chunk_ms is not None:
             check_int("--chunk-ms", self.chunk_ms, minimum=1)
         if self.left_chunks is not None:
