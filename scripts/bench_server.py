@@ -47,6 +47,7 @@ import contextlib
 import json
 import multiprocessing
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -261,9 +262,12 @@ def _measure(args, audio, message_samples, references, expected, chunk_ms, argv)
         cpu_before_s = None if server is None else cpu_seconds(server.pid)
         tree_before_s = None if server is None else tree_cpu_seconds(server.pid)
         spawn = multiprocessing.get_context("spawn")
+        clients_before = resource.getrusage(resource.RUSAGE_CHILDREN)
         with ProcessPoolExecutor(args.processes, mp_context=spawn) as pool:
             shares = [jobs[worker :: args.processes] for worker in range(args.processes)]
             outcomes = [outcome for share in pool.map(_run_clients, shares) for outcome in share]
+        clients_after = resource.getrusage(resource.RUSAGE_CHILDREN)  # the pool's processes have been reaped
+        clients_cpu_s = sum(getattr(clients_after, f) - getattr(clients_before, f) for f in ("ru_utime", "ru_stime"))
         wall_s = time.perf_counter() - started
         health = server_health(url.replace("ws", "http", 1))[1]
         server_cpu_s = None if server is None else cpu_seconds(server.pid) - cpu_before_s
@@ -293,7 +297,9 @@ def _measure(args, audio, message_samples, references, expected, chunk_ms, argv)
             # The same with every process of the server: WebSocket workers and front-end processes.
             "server_processes_cpu_s": None if tree_cpu_s is None else round(tree_cpu_s, 2),
             "server_processes_cpu_per_audio_s": None if tree_cpu_s is None else round(tree_cpu_s / audio_s, 5),
-            "load_average_1m": load_average_1m,  # the machine's load before the run (other work shares the cores)
+            "load_average_1m": load_average_1m,
+            # The client processes' CPU seconds (on the same host: what they take, the server cannot use).
+            "clients_cpu_s": round(clients_cpu_s, 2),  # the machine's load before the run (other work shares the cores)
             "model": getattr(args, "model_name", args.model),
             "dtype": args.dtype,
             "reference_on_device": args.reference_on_device,
