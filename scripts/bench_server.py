@@ -321,7 +321,10 @@ def _measure(args, audio, message_samples, references, expected, chunk_ms, argv)
             "lost": len(lost),
             "wrong": len(wrong),
             "errors": sorted({outcome["error"] for outcome in lost})[:10],
-            "wrong_texts": [{"file": jobs[o["index"]]["name"], "text": o["text"]} for o in wrong][:10],
+            "wrong_texts": [
+                {"file": jobs[o["index"]]["name"], "text": o["text"], "expected": expected[jobs[o["index"]]["name"]]}
+                for o in wrong
+            ][:10],
             "partials": partial_count,
             "partials_unmatched": unmatched,
             "partial_latency_ms": _percentiles(partial_latencies),

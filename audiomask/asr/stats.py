@@ -16,11 +16,14 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+import numpy as np
+
 __all__ = ["RECENT_CYCLES", "STAGES", "CycleTiming", "RunStats"]
 
 RECENT_CYCLES = 4096  # per-cycle timings kept: a server running for days keeps totals, not every cycle
 # The stages whose CPU time is counted: RunStats' total of each is named f"{stage}_cpu_s".
 STAGES = ("frontend", "feed", "host", "enqueue")
+MS_PER_S = 1000
 
 
 @dataclass
@@ -106,6 +109,30 @@ class RunStats:
                 self.gpu_s += encode_s - timing.encode_s
                 timing.encode_s = encode_s
                 return
+
+    def recent(self, last: int) -> dict[str, float]:
+        """The last ``last`` cycles in milliseconds: p50 and p99 of the front end's, the enqueue's and the
+        step's time and of the wait for them, and the mean streams a cycle advanced (``{}`` before any).
+
+        >>> RunStats([CycleTiming(0, 4, 0.002, 0.001, 0.010, 0.0)]).recent(8)["encode_ms_p99"]
+        10.0
+        """
+        timings = list(self.cycles)[-last:]
+        if not timings:
+            return {}
+        summary: dict[str, float] = {
+            "cycles": len(timings),
+            "streams_mean": round(float(np.mean([t.streams for t in timings])), 1),
+        }
+        for name, seconds in (
+            ("frontend", [t.cpu_s for t in timings]),
+            ("enqueue", [t.enqueue_s for t in timings]),
+            ("encode", [t.encode_s for t in timings]),
+            ("wait", [t.wait_s for t in timings]),
+        ):
+            p50, p99 = np.percentile(np.asarray(seconds) * MS_PER_S, (50, 99))
+            summary |= {f"{name}_ms_p50": round(float(p50), 2), f"{name}_ms_p99": round(float(p99), 2)}
+        return summary
 
     def since(self, cycle: int) -> list[CycleTiming]:
         """The kept timings of cycle ``cycle`` and later."""

@@ -81,6 +81,7 @@ WARMUP_TIMEOUT_S = 600.0  # a first CUDA step compiles kernels and captures grap
 DRAIN_TIMEOUT_S = 30.0  # seconds shutdown waits for the connections in flight to get their final results
 RETRY_AFTER_BUSY_S = 5  # Retry-After (seconds) of a handshake refused because every connection is taken
 RETRY_AFTER_STARTING_S = 1  # ... because the model is still loading, or the server is stopping
+HEALTH_CYCLES = 256  # /health summarises the timings of this many recent encoder steps
 TICKER_JOIN_S = 5.0  # seconds stop() waits for the ticker thread's last sweep
 
 logger = logging.getLogger("audiomask.serve")
@@ -341,6 +342,7 @@ class Engine:
                 "device": str(recognizer.device),
                 "chunk_ms": recognizer.chunk_ms,
                 "cycles": recognizer.stats.count,
+                "recent_cycles": recognizer.stats.recent(HEALTH_CYCLES),
             }
         if self.error is not None:
             body["error"] = self.error
