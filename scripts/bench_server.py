@@ -65,6 +65,7 @@ REPOSITORY = Path(__file__).resolve().parents[1]
 MS_PER_S = 1000
 PERCENTILES = (50, 90, 99, 100)
 ROUTES = {"sherpa": "/", "wenet": "/wenet"}
+CLIENT_START_S = 3.0  # seconds the client processes get to start before the first client connects
 RANDOM_MODELS = ("phi4mm_full", "qwen3_asr_0.6b")  # audiomask.bench.models names --model may give
 
 
@@ -131,8 +132,9 @@ def _server(args: argparse.Namespace) -> Iterator[tuple[str, subprocess.Popen | 
         yield served.ws_url, served.process
 
 
-def _run_clients(jobs: list[dict]) -> list[dict]:
-    """Run ``jobs`` (one client each) as asyncio tasks in this process; their outcomes, JSON-ready."""
+def _run_clients(audio: dict[str, np.ndarray], jobs: list[dict]) -> list[dict]:
+    """Run ``jobs`` (one client each, streaming ``audio[job["name"]]``) as asyncio tasks in this process; their
+    outcomes, JSON-ready. Each client process gets the clips once, not once per client."""
     from audiomask.serve.client import stream_audio
 
     async def client(job: dict) -> dict:
@@ -140,7 +142,7 @@ def _run_clients(jobs: list[dict]) -> list[dict]:
         try:
             result = await stream_audio(
                 job["url"],
-                np.asarray(job["samples"], np.float32),
+                audio[job["name"]],
                 protocol=job["protocol"],
                 message_samples=job["message_samples"],
                 realtime=job["realtime"],
@@ -242,14 +244,13 @@ def _measure(args, audio, message_samples, references, expected, chunk_ms, argv)
     load_average_1m = os.getloadavg()[0]
     with _server(args) as (url, server):
         protocols = ["sherpa", "wenet"] if args.route == "both" else [args.route]
-        begin = time.time() + 1.0  # the client processes start first
+        begin = time.time() + CLIENT_START_S  # the client processes start first
         jobs = [
             {
                 "index": index,
                 "name": names[index % len(names)],
                 "protocol": protocols[index % len(protocols)],
                 "url": url + ROUTES[protocols[index % len(protocols)]],
-                "samples": audio[names[index % len(names)]].tolist(),
                 "message_samples": message_samples,
                 "realtime": args.realtime,
                 "token": args.token,
@@ -265,7 +266,8 @@ def _measure(args, audio, message_samples, references, expected, chunk_ms, argv)
         clients_before = resource.getrusage(resource.RUSAGE_CHILDREN)
         with ProcessPoolExecutor(args.processes, mp_context=spawn) as pool:
             shares = [jobs[worker :: args.processes] for worker in range(args.processes)]
-            outcomes = [outcome for share in pool.map(_run_clients, shares) for outcome in share]
+            done = pool.map(_run_clients, [audio] * len(shares), shares)
+            outcomes = [outcome for share in done for outcome in share]
         clients_after = resource.getrusage(resource.RUSAGE_CHILDREN)  # the pool's processes have been reaped
         clients_cpu_s = sum(getattr(clients_after, f) - getattr(clients_before, f) for f in ("ru_utime", "ru_stime"))
         wall_s = time.perf_counter() - started
