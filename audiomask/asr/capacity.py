@@ -22,6 +22,7 @@ from audiomask.asr.planner import slot_host_bytes
 from audiomask.checks import check_int
 from audiomask.constants import FRAME_MS
 from audiomask.features.frontend import Frontend
+from audiomask.features.process import lane_bounds
 from audiomask.streaming import EncoderStream, open_stream
 
 __all__ = ["MAX_CHUNK_MS", "MAX_CONTEXT_MS", "free_bytes", "open_fitting", "state_bytes"]
@@ -44,8 +45,12 @@ def open_fitting(
     chunk_ms: int | None,
     left_chunks: int | None,
     cuda_graph: bool | None,
-) -> EncoderStream:
-    """The encoder's stream of ``max_streams`` slots, once its context and its memory are known to fit.
+    lanes: int = 1,
+) -> list[EncoderStream]:
+    """The encoder's streams of ``max_streams`` slots in all, once their context and memory are known to fit.
+
+    ``lanes`` streams (a driver's lanes), their slots differing by one at most
+    (:func:`~audiomask.features.process.lane_bounds`); one stream by default.
 
     ``chunk_ms`` is at most :data:`MAX_CHUNK_MS`; the context is checked on a
     one-slot stream of that chunk and the config's left context (small,
@@ -79,8 +84,8 @@ def open_fitting(
     if device.type == "cpu":  # one memory
         places = [(device, per_slot[0] + per_slot[1], shared[0] + shared[1])]
     for place, slot_bytes, shared_bytes in places:
-        _check_fits(place, max_streams, slot_bytes, shared_bytes, chunk, left)
-    return stream_of(max_streams, left_chunks)
+        _check_fits(place, max_streams, slot_bytes, lanes * shared_bytes, chunk, left)  # each lane has its own
+    return [stream_of(hi - lo, left_chunks) for lo, hi in lane_bounds(max_streams, lanes)]
 
 
 def _check_fits(

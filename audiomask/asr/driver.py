@@ -33,8 +33,7 @@ freed in cycle N can be reused in cycle N+1. A thread shares the interpreter
 lock with the main thread at every torch call; ``frontend_process=True``
 moves the front end into processes of their own
 (:class:`~audiomask.features.process.FeatureProcess`, bit for bit the same),
-``frontend_workers`` of them (default one per four cores), so that it scales
-with the host.
+``frontend_workers`` of them (default one per four cores): it scales with the host.
 
 Batching: a stream's row sees only its own caches, masks and token
 positions, so its outputs do not depend on which streams share the batch, up
@@ -53,7 +52,7 @@ Lanes: given several streams of one encoder, the driver's slots are theirs, lane
 cycle plans and steps one lane (lanes take turns), so a cycle costs the device one lane's step. Every
 front-end process owns a piece of every lane: when all streams have a chunk at once, the first lane's
 features are ready after about ``1 / lanes`` of the front end's time and its step runs while the next
-lanes' features are computed.
+lanes' features are computed. A joining stream takes the lane of its phase (see :mod:`~.planner`).
 
 Locking: a caller that shares the driver between threads holds its own lock around every call and
 passes ``advance(unlocked=...)``, a context manager that releases it while the driver touches no
@@ -250,8 +249,9 @@ class StreamingDriver:
                 self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="audiomask-features")
         self.frontend_workers = self._process.workers if self._process is not None else 0
         self._samples = SlotSamples(rings)
+        phases = self.lane_bounds if len(lanes) > 1 else None
         self._planner = CyclePlanner(
-            self.batch_size, self.first_block_samples, self.block_samples, self._samples, wait_clock
+            self.batch_size, self.first_block_samples, self.block_samples, self._samples, wait_clock, phases
         )
         cuda = self.device.type == "cuda"
         self._compute = torch.cuda.Stream(self.device) if cuda else None

@@ -26,6 +26,13 @@ operations whatever the number of slots:
   computed.
 - :meth:`~CyclePlanner.release` frees a cycle's blocks once its features are.
 
+With lanes (the driver's slots split into groups that step apart), a stream
+joins the lane of its *phase*: the moment its first block arrived, within
+the period of one block of audio, picks one of the lanes evenly (the nearest
+lane with a free slot when that one is full). Live streams keep their phase,
+as their blocks come once a period, so each lane's streams are ready at
+about the same time and a lane's cycle carries them all.
+
 Per-stream Python runs only where a stream joins or leaves a slot, and for
 streams fed more than their ring holds (a whole file at once): the steady
 state of live streams takes none.
@@ -42,6 +49,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from audiomask.asr.outputs import ChunkQueue
+from audiomask.constants import SAMPLE_RATE
 from audiomask.features.frontend import Frontend
 from audiomask.features.process import MAX_IN_FLIGHT
 from audiomask.features.slots import SlotCycle, SlotSamples
@@ -121,6 +129,7 @@ class DriverStream:
         self._slot: int | None = None  # the slot it holds, or last held
         self._planner: CyclePlanner | None = None  # while it holds a slot
         self._joinable = False  # its first block (or its end) has arrived: it may take a slot
+        self._joinable_at = 0.0  # when it did (the planner's clock): its phase
         self._fed_before = 0  # samples handed to the front end, counted when it left its slot
 
     def __repr__(self) -> str:
@@ -171,6 +180,8 @@ class CyclePlanner:
         block: samples of each later block (its last may be shorter).
         samples: the slots' rings, :func:`ring_capacity` samples each at least.
         clock: seconds, monotonic: how long a ready block has waited (:meth:`plan`'s ``max_wait_s``).
+        lanes: the driver's lanes, ``[lo, hi)`` slots each, that a joining stream picks by its phase
+            (see the module docstring); ``None``: the lowest free slot.
     """
 
     def __init__(
@@ -180,6 +191,7 @@ class CyclePlanner:
         block: int,
         samples: SlotSamples,
         clock: Callable[[], float] = time.monotonic,
+        lanes: list[tuple[int, int]] | None = None,
     ) -> None:
         if samples.capacity < ring_capacity(first_block, block) or len(samples.memory) != batch_size:
             raise ValueError(
@@ -188,6 +200,8 @@ class CyclePlanner:
             )
         self.batch_size, self.first_block, self.block, self.samples = batch_size, first_block, block, samples
         self.clock = clock
+        self.lanes = lanes
+        self.period_s = block / SAMPLE_RATE  # a live stream's blocks come once a period
         self.waiting: dict[DriverStream, None] = {}  # opened, no slot yet, in order of opening
         self._joinable: deque[DriverStream] = deque()  # waiting ones that may take a slot, in order of arrival
         self._occupants: list[DriverStream | None] = [None] * batch_size
@@ -341,15 +355,43 @@ class CyclePlanner:
     def _may_join(self, stream: DriverStream) -> None:
         """``stream``, waiting, has its first block or has ended: queue it for the next free slot."""
         if not stream._joinable:
-            stream._joinable = True
+            stream._joinable, stream._joinable_at = True, self.clock()
             self._joinable.append(stream)
 
     def _admit(self) -> None:
         """Waiting streams that may join into free slots, in the order their first block (or end) arrived."""
         if not self._joinable:
             return
-        for slot in np.flatnonzero(~self._occupied)[: len(self._joinable)].tolist():
+        if self.lanes is None:
+            free = np.flatnonzero(~self._occupied)[: len(self._joinable)].tolist()
+            self._seat([(slot, self._joinable.popleft()) for slot in free])
+            return
+        while self._joinable and not self._occupied.all():
             candidate = self._joinable.popleft()
+            self._seat([(self.lane_slot(candidate._joinable_at), candidate)])
+
+    def lane_slot(self, at: float) -> int:
+        """A free slot of the lane of phase ``at`` (the planner's clock, seconds), else of the nearest lane with one.
+
+        >>> planner = CyclePlanner(4, 1600, 1600, SlotSamples(np.zeros((4, 8000), np.float32)),
+        ...                        lanes=[(0, 2), (2, 4)])  # blocks of 100 ms: phases 0-50 ms, 50-100 ms
+        >>> planner.lane_slot(3.02), planner.lane_slot(3.07)
+        (0, 2)
+        """
+        assert self.lanes is not None
+        count = len(self.lanes)
+        preferred = int(at % self.period_s / self.period_s * count) % count
+        for distance in range(count):
+            for lane in dict.fromkeys(((preferred + distance) % count, (preferred - distance) % count)):
+                lo, hi = self.lanes[lane]
+                free = np.flatnonzero(~self._occupied[lo:hi])
+                if free.size:
+                    return lo + int(free[0])
+        raise ValueError("lane_slot: every slot is occupied")
+
+    def _seat(self, seats: list[tuple[int, DriverStream]]) -> None:
+        """Give each ``(slot, stream)``'s stream its slot."""
+        for slot, candidate in seats:
             del self.waiting[candidate]
             self._occupants[slot], candidate._slot, candidate._planner = candidate, slot, self
             self._occupied[slot], self._ended[slot] = True, candidate.ended

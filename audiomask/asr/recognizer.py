@@ -255,9 +255,14 @@ class StreamingRecognizer:
             slot; its later ``accept`` raises ``ValueError``. ``None``
             (default): streams never time out.
         max_wait_ms: how long a ready chunk waits for the other streams' before a step runs the ready
-            ones alone, milliseconds, ``0 <= max_wait_ms <= chunk_ms``; default: one chunk (``chunk_ms``).
-            Shorter waits cut latency for streams that arrive at different times, at the cost of more,
-            smaller steps (each still computes every slot).
+            ones alone, milliseconds, ``0 <= max_wait_ms <= chunk_ms``; default: one chunk divided among
+            the lanes (``chunk_ms // lanes``). Shorter waits cut latency for streams that arrive at
+            different times, at the cost of more, smaller steps (each still computes every slot of its lane).
+        lanes: split the slots into this many lanes, each stepped on its own (see
+            :class:`~audiomask.asr.driver.StreamingDriver`); a stream takes a slot in the lane of its
+            phase, the moment within a chunk when its chunks arrive, so the streams of a lane are ready
+            together and a step computes one lane's slots, not all. For servers whose clients start at any
+            moment (default 1: one step for all).
 
     Scheduling: a chunk step runs when every stream in a slot has its next
     chunk (full batches: the best throughput), or once a ready chunk has
@@ -303,6 +308,7 @@ class StreamingRecognizer:
         cuda_graph: bool | None = None,
         idle_timeout_s: float | None = None,
         max_wait_ms: int | None = None,
+        lanes: int = 1,
     ) -> None:
         if not isinstance(model, ASRModel):
             raise ValueError(f"model must be an ASRModel, got {type(model).__name__}")
@@ -312,13 +318,17 @@ class StreamingRecognizer:
         max_streams = check_int("max_streams", max_streams, minimum=1)
         model.encoder.to(self.device).eval()
         model.head.to(self.device).eval()
-        stream = open_fitting(model, self.device, max_streams, chunk_ms, left_chunks, cuda_graph)
+        lanes = check_int("lanes", lanes, minimum=1, maximum=max_streams)
+        streams = open_fitting(model, self.device, max_streams, chunk_ms, left_chunks, cuda_graph, lanes)
+        stream = streams[0]
         chunk = stream.chunk_frames * FRAME_MS
-        max_wait_ms = chunk if max_wait_ms is None else check_int("max_wait_ms", max_wait_ms, minimum=0)
+        if max_wait_ms is None:
+            max_wait_ms = chunk // lanes
+        max_wait_ms = check_int("max_wait_ms", max_wait_ms, minimum=0)
         if max_wait_ms > chunk:
             raise ValueError(f"max_wait_ms must be at most chunk_ms ({chunk}), got {max_wait_ms}")
         self._driver = StreamingDriver(
-            stream,
+            streams,
             model.head,
             model.frontend,
             outputs_on=outputs_on,
@@ -327,7 +337,8 @@ class StreamingRecognizer:
             frontend_workers=frontend_workers,
             wait_clock=lambda: _clock(),
         )
-        self.max_streams = stream.batch_size
+        self.max_streams = self._driver.batch_size
+        self.lanes = lanes
         self.chunk_ms = stream.chunk_frames * FRAME_MS
         # Samples of a stream's first block and of each later one: a step takes nothing shorter from a stream
         # that goes on, so a caller may hold samples back until they complete a block.

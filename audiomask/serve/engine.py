@@ -169,10 +169,11 @@ def build_recognizer(settings: ServeSettings) -> StreamingRecognizer:
             frontend_process=in_processes,
             frontend_workers=workers or None,
             max_wait_ms=settings.max_wait_ms,
+            lanes=settings.lanes_on(str(device)),
         )
     except ValueError as error:
         raise ValueError(
-            f"--chunk-ms/--left-chunks/--max-connections/--frontend-workers/--max-wait-ms: {error}"
+            f"--chunk-ms/--left-chunks/--max-connections/--frontend-workers/--max-wait-ms/--lanes: {error}"
         ) from None
 
 

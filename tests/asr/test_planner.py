@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from audiomask.asr.planner import CyclePlanner, DriverStream, ring_capacity
+from audiomask.constants import SAMPLE_RATE
 from audiomask.features.slots import SlotSamples
 
 FIRST, BLOCK = 7, 5  # samples of a stream's first block and of the later ones
@@ -148,3 +149,24 @@ def test_a_dropped_stream_waiting_for_a_slot_leaves_at_once():
     planner.drop(holder)  # in a slot: ended, its samples still run, then it leaves
     cycle = planner.plan(1, max_wait_s=None)
     assert cycle.streams[0] is holder and cycle.blocks.final[0] and not holder.done
+
+
+def test_with_lanes_a_stream_joins_the_lane_of_its_phase_or_the_nearest_with_room(fake_clock):
+    period_s = BLOCK / SAMPLE_RATE  # a live stream's blocks come once a period
+    rings = SlotSamples(np.zeros((6, ring_capacity(FIRST, BLOCK)), np.float32))
+    lanes = [(0, 2), (2, 4), (4, 6)]  # phases [0, 1/3), [1/3, 2/3), [2/3, 1) of the period
+    planner = CyclePlanner(6, FIRST, BLOCK, rings, fake_clock, lanes)
+    arrivals = [("a", 0.5), ("b", 0.1), ("c", 0.55), ("d", 0.6), ("e", 0.9), ("f", 0.4)]
+    slots = {}
+    for name, phase in arrivals:
+        fake_clock.now = 7 * period_s + phase * period_s  # whole periods later: the same phase
+        stream = DriverStream(name)
+        planner.open(stream)
+        planner.feed(stream, np.ones(FIRST, np.float32))
+        planner.plan(len(slots), max_wait_s=0.0, lane=lanes[0])  # any plan admits the streams that may join
+        slots[name] = stream._slot
+    lane_of = {name: next(i for i, (lo, hi) in enumerate(lanes) if lo <= slot < hi) for name, slot in slots.items()}
+    # a and c take the middle lane; d finds it full and takes the nearest lane with room (the last, before
+    # the first: both are one away, the later phase first); f, middle again, finds the first lane.
+    assert lane_of == {"a": 1, "b": 0, "c": 1, "d": 2, "e": 2, "f": 0}
+    assert sorted(slots.values()) == list(range(6))

@@ -52,7 +52,14 @@ def test_stream_text_equals_offline_greedy(model, noise, chunk_ms, left_chunks):
 
 
 @pytest.mark.parametrize(
-    "frontend", [{}, {"frontend_process": True, "frontend_workers": 2}], ids=["thread", "two-processes"]
+    "frontend",
+    [
+        {},
+        {"frontend_process": True, "frontend_workers": 2},
+        {"lanes": 3},
+        {"lanes": 3, "frontend_process": True, "frontend_workers": 1},
+    ],
+    ids=["thread", "two-processes", "three-lanes", "three-lanes-one-process"],
 )
 def test_many_streams_interleaved(model, noise, frontend):
     signals = [noise(s, n) for s, n in zip(range(5), (9000, 17000, 4000, 12000, 600))]
@@ -67,6 +74,7 @@ def test_many_streams_interleaved(model, noise, frontend):
             stream.input_finished()
         texts = [first, *(stream.finish() for stream in streams[1:])]
         assert recognizer.stats.cycles  # instrumentation recorded
+        assert recognizer.max_wait_s * 1000 == 160 // recognizer.lanes  # by default a chunk among the lanes
     assert texts == [offline_text(model, s, 2, 2) for s in signals]
 
 
@@ -94,6 +102,10 @@ def test_errors(model, noise):
         StreamingRecognizer(model)  # the tiny config's chunk_size is full attention
     with pytest.raises(ValueError, match="model"):
         StreamingRecognizer(object(), chunk_ms=80)
+    with pytest.raises(ValueError, match="lanes must be <= 2"):
+        StreamingRecognizer(model, chunk_ms=80, max_streams=2, lanes=3)  # a lane of no slot
+    with pytest.raises(ValueError, match="lanes must be >= 1"):
+        StreamingRecognizer(model, chunk_ms=80, lanes=0)
     with pytest.raises(ValueError, match="vocab_size"):
         ASRModel(model.encoder, CTCHead(16, 3), model.tokenizer)
 
