@@ -31,7 +31,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
 import torch
@@ -384,6 +384,60 @@ class StreamingRecognizer:
             inner = self._driver.open(name, outputs=outputs, on_output=on_output, max_pending=max_pending)
             self._open[inner] = _clock()
             return RecognizerStream(self, inner)
+
+    def accept_many(
+        self, pairs: Iterable[tuple[RecognizerStream, np.ndarray]], *, checked: bool = False
+    ) -> list[Exception | None]:
+        """:meth:`RecognizerStream.accept` for several streams at once: one lock, one run of the steps due.
+
+        ``pairs``: ``(stream, samples)``, samples as ``accept`` takes them; with
+        ``checked``, ``(n,)`` float32 arrays the caller has checked already
+        (:func:`~audiomask.features.frontend.as_samples`), not checked again.
+        A server feeding thousands of streams a block each saves a lock and a
+        look at every slot per stream. The steps that become due run inside,
+        until these streams have moved as far as they can. Returns, per pair, ``None`` or the error
+        that refused its samples whole (as ``accept`` would raise it: a stream
+        that has ended, bad samples); the other pairs' samples are queued
+        whatever one's error. A stopped or closed recognizer raises ``RuntimeError``.
+        """
+        self._check_usable()
+        errors: list[Exception | None] = []
+        arrays: list[np.ndarray | None] = []
+        pairs = list(pairs)
+        for stream, samples in pairs:
+            try:
+                stream._check_open()
+                source = f"stream {stream.name!r}"
+                checked_samples = (
+                    samples
+                    if checked
+                    else as_samples(f"samples for {source}", samples, source=source, offset=stream._accepted)
+                )
+            except ValueError as error:  # AudioError included
+                errors.append(error)
+                arrays.append(None)
+            else:
+                errors.append(None)
+                arrays.append(checked_samples)
+        with self._lock:
+            self._enter()
+            now = _clock()
+            fed: list[DriverStream] = []
+            for index, ((stream, _), array) in enumerate(zip(pairs, arrays)):
+                if array is None:
+                    continue
+                try:
+                    stream._check_open()  # it may have ended since
+                except ValueError as error:
+                    errors[index] = error
+                    continue
+                self._driver.feed(stream._inner, array, checked=True)
+                stream._accepted += len(array)
+                self._open[stream._inner] = now
+                fed.append(stream._inner)
+            # As accept: the steps run until these streams have moved as far as they can, no longer.
+            self._run(until=lambda: not any(map(self._driver.has_block, fed)))
+        return errors
 
     def transcribe(self, path_or_samples: str | os.PathLike | object, timeout: float | None = 0.0) -> str:
         """The text of a whole audio file (any rate, resampled to 16 kHz) or of 16 kHz float samples.

@@ -85,18 +85,11 @@ def add_parser(commands: argparse._SubParsersAction, device_help: str, model_hel
         "one (0: this process serves them; default: 0 on the CPU, one per four cores on CUDA)",
     )
     parser.add_argument(
-        "--lanes",
-        type=int,
-        metavar="N",
-        help="step the encoder slots in N lanes, each connection in the lane of its phase (default: 1 on the "
-        "CPU, on CUDA one per 128 connections, at most 8)",
-    )
-    parser.add_argument(
         "--max-wait-ms",
         type=int,
         metavar="MS",
         help="how long a ready chunk waits for the other connections' before a step runs without them "
-        "(default: one chunk divided among the lanes; less: lower latency for clients out of step, more steps)",
+        "(default: one chunk; less: lower latency for clients out of step, more steps)",
     )
     parser.add_argument("--token", help="require 'Authorization: Bearer TOKEN' or '?token=TOKEN' (else HTTP 401)")
     parser.add_argument("--certfile", help="PEM certificate: serve wss:// and https:// (with --keyfile)")
@@ -132,7 +125,6 @@ def serve(args: argparse.Namespace) -> int:
         idle_timeout_s=args.idle_timeout_s,
         frontend_workers=args.frontend_workers,
         ws_workers=args.ws_workers,
-        lanes=args.lanes,
         max_wait_ms=args.max_wait_ms,
         token=args.token,
         certfile=args.certfile,

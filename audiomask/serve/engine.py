@@ -169,11 +169,10 @@ def build_recognizer(settings: ServeSettings) -> StreamingRecognizer:
             frontend_process=in_processes,
             frontend_workers=workers or None,
             max_wait_ms=settings.max_wait_ms,
-            lanes=settings.lanes_on(str(device)),
         )
     except ValueError as error:
         raise ValueError(
-            f"--chunk-ms/--left-chunks/--max-connections/--frontend-workers/--max-wait-ms/--lanes: {error}"
+            f"--chunk-ms/--left-chunks/--max-connections/--frontend-workers/--max-wait-ms: {error}"
         ) from None
 
 
@@ -449,22 +448,27 @@ class Engine:
 
     @staticmethod
     def _feed(recognizer: StreamingRecognizer, taken: list[tuple[Feed, np.ndarray]]) -> int:
-        """Open the new streams and accept each feed's samples; how many ``accept`` calls ran (a feeder thread).
+        """Open the new streams and accept every feed's samples in one call; how many feeds had samples (a feeder
+        thread). The samples were checked when they were put (:meth:`Feed.put`, or in a WebSocket worker).
 
         A feed whose stream refuses its samples keeps the error in ``feed.error``.
         """
-        accepted = 0
+        fed: list[tuple[Feed, np.ndarray]] = []
         for feed, samples in taken:
             if not len(samples):
                 continue
-            try:
-                if feed.stream is None:
+            if feed.stream is None:
+                try:
                     feed.stream = recognizer.open_stream(feed.name)
-                feed.stream.accept(samples)
-            except Exception as error:  # noqa: BLE001 - the connection reports it to its client
+                except Exception as error:  # noqa: BLE001 - the connection reports it to its client
+                    feed.error = error
+                    continue
+            fed.append((feed, samples))
+        errors = recognizer.accept_many([(feed.stream, samples) for feed, samples in fed], checked=True)
+        for (feed, _), error in zip(fed, errors):
+            if error is not None:
                 feed.error = error
-            accepted += 1
-        return accepted
+        return len(fed)
 
     def _sweep(self, counts: dict[Feed, int]) -> list[tuple[Listener, str]]:
         """The listeners whose stream has decoded tokens since ``counts`` (updated), with their texts."""

@@ -29,11 +29,9 @@ __all__ = [
     "DTYPES",
     "LOOPBACK",
     "MAX_PORT",
-    "MAX_DEFAULT_LANES",
     "MAX_WS_WORKERS",
     "MIN_MESSAGE_BYTES",
     "SERVE_THREADS",
-    "SLOTS_PER_LANE",
     "ServeSettings",
 ]
 
@@ -52,10 +50,6 @@ DEFAULT_IDLE_TIMEOUT_S = 30.0  # seconds without a message before a connection i
 SERVE_THREADS = 1
 DTYPES = ("float32", "bfloat16", "float16")  # what --dtype takes: torch dtype names
 DEFAULT_DTYPE = "float32"  # the shipped model is trained and measured in float32
-# On CUDA, by default, a lane per SLOTS_PER_LANE connections, at most MAX_DEFAULT_LANES: a step of one
-# lane costs the GPU about 1 / lanes of a step of all slots, and each lane needs streams enough to fill it.
-SLOTS_PER_LANE = 128
-MAX_DEFAULT_LANES = 8
 MAX_WS_WORKERS = 256  # WebSocket worker processes: a bound on a typo, far above any host's cores
 
 
@@ -85,12 +79,8 @@ class ServeSettings:
         ws_workers: processes that serve the WebSocket connections, handing their samples to the
             recognizer in the main process; ``0``: the main process serves them itself; ``None``: ``0`` on
             the CPU, one per four cores on CUDA (:func:`~audiomask.serve.workers.resolve_ws_workers`).
-        lanes: split the encoder slots into this many lanes stepped apart, a connection joining the lane
-            of its phase (:class:`~audiomask.asr.recognizer.StreamingRecognizer`'s ``lanes``): a step
-            computes one lane, not every slot; ``None``: one on the CPU, on CUDA one per
-            :data:`SLOTS_PER_LANE` connections, at most :data:`MAX_DEFAULT_LANES` (:meth:`lanes_on`).
         max_wait_ms: how long a connection's ready chunk waits for the others' before a step runs the
-            ready ones (the recognizer's ``max_wait_ms``); ``None``: one chunk divided among the lanes.
+            ready ones (the recognizer's ``max_wait_ms``); ``None``: one chunk.
         token: when set, a client must send ``Authorization: Bearer TOKEN`` or ``?token=TOKEN``
             (otherwise HTTP 401 at the handshake).
         certfile, keyfile: a PEM certificate and its key: serve ``wss://`` / ``https://`` (both or neither).
@@ -108,7 +98,6 @@ class ServeSettings:
     idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
     frontend_workers: int | None = None
     ws_workers: int | None = None
-    lanes: int | None = None
     max_wait_ms: int | None = None
     token: str | None = None
     certfile: str | None = None
@@ -138,8 +127,6 @@ class ServeSettings:
                     f"--frontend-workers must be at most --max-connections ({self.max_connections}): each "
                     f"process owns a share of the connections' slots, got {self.frontend_workers}"
                 )
-        if self.lanes is not None:
-            check_int("--lanes", self.lanes, minimum=1, maximum=self.max_connections)
         if self.ws_workers is not None:
             check_int("--ws-workers", self.ws_workers, minimum=0, maximum=MAX_WS_WORKERS)
         if self.token is not None and (
@@ -151,18 +138,6 @@ class ServeSettings:
                 f"--certfile and --keyfile go together (wss needs both), got certfile={self.certfile!r}, "
                 f"keyfile={self.keyfile!r}"
             )
-
-    def lanes_on(self, device: str) -> int:
-        """The lanes of the recognizer on ``device``: :attr:`lanes`, or its default there.
-
-        >>> ServeSettings(max_connections=2000).lanes_on("cuda:0"), ServeSettings(max_connections=64).lanes_on("cpu")
-        (8, 1)
-        """
-        if self.lanes is not None:
-            return self.lanes
-        if not device.startswith("cuda"):
-            return 1
-        return max(1, min(MAX_DEFAULT_LANES, self.max_connections // SLOTS_PER_LANE))
 
     @property
     def secure(self) -> bool:

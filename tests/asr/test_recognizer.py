@@ -10,6 +10,7 @@ import torch
 from audiomask.asr.decoding import greedy_decode
 from audiomask.asr.model import ASRModel
 from audiomask.asr.recognizer import StreamingRecognizer
+from audiomask.errors import AudioError
 from audiomask.features import Phi4MMFrontend, WhisperFrontend
 from audiomask.models.ctc import CTCHead
 
@@ -134,3 +135,20 @@ def test_qwen3_asr_model_text_equals_offline_greedy(tiny_asr_model, noise):
         for stream in streams:
             stream.input_finished()
         assert [stream.finish() for stream in streams] == expected
+
+
+def test_accept_many_queues_every_stream_and_reports_each_refusal(model, noise):
+    signals = [noise(seed, 9000) for seed in range(3)]
+    with StreamingRecognizer(model, chunk_ms=160, left_chunks=2, max_streams=3) as recognizer:
+        streams = [recognizer.open_stream(f"u{i}") for i in range(3)]
+        ended = recognizer.open_stream("ended")
+        ended.finish()
+        for position in range(0, 9000, 1500):
+            pieces = [samples[position : position + 1500] for samples in signals]
+            bad = np.full(4, np.nan, np.float32)
+            errors = recognizer.accept_many([*zip(streams, pieces), (ended, pieces[0]), (streams[0], bad)])
+            assert errors[:3] == [None, None, None]
+            assert isinstance(errors[3], ValueError) and "ended" in str(errors[3])
+            assert isinstance(errors[4], AudioError) and "u0" in str(errors[4])  # refused whole, nothing queued
+        texts = [stream.finish() for stream in streams]
+    assert texts == [offline_text(model, samples, 2, 2) for samples in signals]

@@ -67,7 +67,7 @@ SHARED_ARGS = (
     str(SHARED_IDLE_TIMEOUT_S),
 )
 # The tests that share a server run twice: connections served by the recognizer's process (0), and by
-# WebSocket worker processes that hand the audio to it (2), with as many encoder lanes.
+# WebSocket worker processes that hand the audio to it (2).
 WS_WORKERS = (0, 2)
 
 
@@ -176,9 +176,8 @@ def server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 @pytest.fixture(scope="session", params=WS_WORKERS, ids=lambda workers: f"ws-workers-{workers}")
 def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     """The server most tests share: ``SHARED_ARGS`` (token, 16 connections, 64 KiB messages, 3 s idle), with
-    the connections served by the recognizer's process, then by two WebSocket worker processes (and the
-    encoder slots in two lanes)."""
-    args = (*SHARED_ARGS, "--ws-workers", str(request.param), "--lanes", str(max(1, request.param)))
+    the connections served by the recognizer's process, then by two WebSocket worker processes."""
+    args = (*SHARED_ARGS, "--ws-workers", str(request.param))
     with _running_server(tmp_path_factory.mktemp("serve"), *args) as server:
         yield server
 

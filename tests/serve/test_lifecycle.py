@@ -129,8 +129,6 @@ def test_a_front_end_in_a_process_of_its_own_gives_the_texts_of_audiomask_transc
         (["--frontend-workers", "-1"], "--frontend-workers must be >= 0, got -1"),
         (["--max-wait-ms", "-5"], "--max-wait-ms must be >= 0, got -5"),
         (["--ws-workers", "-1"], "--ws-workers must be >= 0, got -1"),
-        (["--lanes", "0"], "--lanes must be >= 1, got 0"),
-        (["--max-connections", "4", "--lanes", "5"], "--lanes must be <= 4, got 5"),
         (["--ws-workers", "2", "--ray"], "--ws-workers goes without --ray"),
         (
             ["--max-connections", "4", "--frontend-workers", "8"],
