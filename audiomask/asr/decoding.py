@@ -113,15 +113,26 @@ class GreedyCTCDecoder:
         return self.push_best(logits.argmax(dim=-1).cpu().numpy(), lengths, np.arange(self.batch_size))
 
     def push_best(self, best: np.ndarray, lengths: np.ndarray, streams: np.ndarray) -> list[list[int]]:
-        """Decode the next chunk of some streams from their best ids: the new token ids of each.
+        """:meth:`push_best_at` without the frames: the new token ids of each stream.
+
+        >>> GreedyCTCDecoder(3).push_best(np.array([[2, 2, 0], [1, 0, 1]]), np.array([3, 3]), np.array([2, 0]))
+        [[2], [1, 1]]
+        """
+        return self.push_best_at(best, lengths, streams)[0]
+
+    def push_best_at(
+        self, best: np.ndarray, lengths: np.ndarray, streams: np.ndarray
+    ) -> tuple[list[list[int]], list[list[int]]]:
+        """Decode the next chunk of some streams from their best ids: the new token ids of each, and the
+        frame of the chunk (0-based) where each was emitted (its first frame: greedy CTC's token time).
 
         ``best`` ``(S, n)`` int: each frame's best token id (the argmax of its
         scores) for the streams ``streams`` ``(S,)`` (indices, distinct);
         ``lengths`` ``(S,)``: their real frames. All rows at once: a driver
         calls this on every chunk step, on the thread that launches the steps.
 
-        >>> GreedyCTCDecoder(3).push_best(np.array([[2, 2, 0], [1, 0, 1]]), np.array([3, 3]), np.array([2, 0]))
-        [[2], [1, 1]]
+        >>> GreedyCTCDecoder(3).push_best_at(np.array([[2, 2, 0], [1, 0, 1]]), np.array([3, 3]), np.array([2, 0]))
+        ([[2], [1, 1]], [[0], [0, 2]])
         """
         frames = best.shape[1]
         before = np.concatenate((self._previous[streams, None], best[:, :-1]), axis=1)
@@ -129,8 +140,10 @@ class GreedyCTCDecoder:
         spoke = lengths > 0
         self._previous[streams[spoke]] = best[spoke, lengths[spoke] - 1]
         ids = best[emitted].tolist()  # row-major: each stream's ids in order, stream after stream
+        at = np.nonzero(emitted)[1].tolist()  # ... and the frame of each
         ends = np.cumsum(emitted.sum(axis=1)).tolist()
-        return [ids[start:end] for start, end in zip([0, *ends[:-1]], ends)]
+        pieces = list(zip([0, *ends[:-1]], ends))
+        return [ids[start:end] for start, end in pieces], [at[start:end] for start, end in pieces]
 
 
 def greedy_decode(logits: torch.Tensor, lengths: object = None, blank: int = BLANK_ID) -> list[list[int]]:

@@ -144,8 +144,7 @@ class StreamingDriver:
         frontend_workers: with ``frontend_process``, how many processes share the slots (each owns a
             fixed contiguous slice; the features are the same bit for bit whatever the count); default
             :func:`~audiomask.features.process.default_workers`: one per four cores this process may run
-            on, at most ``batch_size``. The attribute ``frontend_workers`` holds the count (0 without
-            processes).
+            on, at most ``batch_size``; the attribute ``frontend_workers`` holds it (0 without processes).
         wait_clock: seconds, monotonic: times how long ready blocks wait (``advance(max_wait_s=...)``).
 
     >>> import numpy as np
@@ -580,13 +579,14 @@ class StreamingDriver:
         rows = slots - (plan.lane[0] if plan.lane else 0)
         self._decoder.reset(plan.joins)  # new utterances in these rows
         counts = record.valid[rows]
-        new_ids = self._decoder.push_best(record.best.cpu().numpy()[rows], counts, slots)
+        new_ids, new_at = self._decoder.push_best_at(record.best.cpu().numpy()[rows], counts, slots)
         streams, final = plan.streams, plan.blocks.final
-        for slot, row, ids, count in zip(slots.tolist(), rows.tolist(), new_ids, counts.tolist()):
+        for slot, row, ids, at, count in zip(slots.tolist(), rows.tolist(), new_ids, new_at, counts.tolist()):
             stream = streams[slot]
             if stream.chunks is not None and record.embeddings is not None and (count or final[slot]):
                 self._deliver(stream, record.embeddings[row, :count], bool(final[slot]))
             stream.ids.extend(ids)
+            stream.id_tokens.extend(stream.tokens + frame for frame in at)
             stream.tokens += count
         for slot in np.flatnonzero(final).tolist():
             streams[slot].done = True

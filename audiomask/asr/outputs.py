@@ -119,8 +119,11 @@ class TokenClock:
 
     def times_ms(self, start: int, count: int) -> np.ndarray:
         """``(count,)`` float64: the start, in ms, of tokens ``start .. start + count - 1``."""
-        index = np.arange(start, start + count)
-        chunk, place = np.divmod(index, self.tokens_per_chunk)
+        return self.at_ms(np.arange(start, start + count))
+
+    def at_ms(self, tokens: np.ndarray) -> np.ndarray:
+        """``(n,)`` float64: the start, in ms, of output tokens ``tokens`` ``(n,)`` (indices from the stream's start)."""
+        chunk, place = np.divmod(np.asarray(tokens, np.int64), self.tokens_per_chunk)
         return (chunk * self.chunk_ms + place * self.token_ms).astype(np.float64)
 
 

@@ -120,6 +120,7 @@ class DriverStream:
     def __init__(self, name: str, chunks: ChunkQueue | None = None) -> None:
         self.name = name
         self.ids: list[int] = []  # greedy CTC token ids so far
+        self.id_tokens: list[int] = []  # the encoder output token at which each of ids was emitted
         self.tokens = 0  # encoder output tokens so far
         self.chunks = chunks
         self.ended = False  # no more samples will come

@@ -32,6 +32,7 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -46,11 +47,27 @@ from audiomask.constants import FRAME_MS
 from audiomask.features.frontend import as_samples
 from audiomask.transfer import resolve_device
 
-__all__ = ["MAX_WAIT_S", "RecognizerStream", "StreamingRecognizer"]
+__all__ = ["MAX_WAIT_S", "RecognizerStream", "StreamingRecognizer", "Transcript"]
 
 _clock = time.monotonic  # seconds; the idle timeout's and the cycles' clock (tests replace it)
 
 MAX_WAIT_S = threading.TIMEOUT_MAX  # seconds: the longest wait a lock takes (about 292 years on Linux)
+
+
+@dataclass(frozen=True)
+class Transcript:
+    """A stream's text and its tokens, each with the time it starts.
+
+    ``tokens``: the text's tokens in order (the tokenizer's pieces: characters
+    for :class:`~audiomask.asr.decoding.CharTokenizer`); ``times_s``: where
+    each starts, seconds from the stream's start: the start of the encoder
+    output token at which greedy CTC emitted it (a token's first frame, so a
+    resolution of one output token: 40 ms for the shipped model).
+    """
+
+    text: str = ""
+    tokens: tuple[str, ...] = ()
+    times_s: tuple[float, ...] = ()
 
 
 class RecognizerStream:
@@ -131,6 +148,21 @@ class RecognizerStream:
         :meth:`StreamingRecognizer.close` or an error.
         """
         return self._recognizer.model.tokenizer.decode(list(self._inner.ids))
+
+    def transcript(self) -> Transcript:
+        """:meth:`partial`'s text with its tokens and their start times (see :class:`Transcript`); no lock.
+
+        For ``samples/hello_world.wav`` and the shipped model:
+        ``Transcript(text='hello world this is ...', tokens=('h', 'e', 'l', ...), times_s=(0.04, 0.12, ...))``.
+        """
+        inner = self._inner
+        at = list(inner.id_tokens)  # extended after ids: its length counts the tokens whose time is known
+        ids = inner.ids[: len(at)]
+        tokenizer = self._recognizer.model.tokenizer
+        times = self._recognizer._driver.clock.at_ms(np.asarray(at, np.int64)) / MS_PER_S
+        return Transcript(
+            tokenizer.decode(ids), tuple(tokenizer.decode([i]) for i in ids), tuple(round(float(t), 3) for t in times)
+        )
 
     def input_finished(self) -> None:
         """No more samples will come (sherpa-onnx's name); runs what is due, returns at once.
@@ -261,8 +293,11 @@ class StreamingRecognizer:
         lanes: split the slots into this many lanes, each stepped on its own (see
             :class:`~audiomask.asr.driver.StreamingDriver`); a stream takes a slot in the lane of its
             phase, the moment within a chunk when its chunks arrive, so the streams of a lane are ready
-            together and a step computes one lane's slots, not all. For servers whose clients start at any
-            moment (default 1: one step for all).
+            together and a step computes one lane's slots, not all (default 1: one step for all). It
+            pays where a step's cost grows with its slots (a large encoder); a small encoder's step is
+            bound by its kernel launches, and lanes then cost more device time (measured on an H200
+            with the shipped model: ``docs/benchmarks.md``). Each lane's first step compiles its
+            kernels and captures its CUDA graphs.
 
     Scheduling: a chunk step runs when every stream in a slot has its next
     chunk (full batches: the best throughput), or once a ready chunk has

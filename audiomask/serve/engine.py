@@ -46,7 +46,7 @@ from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
-from audiomask.asr.recognizer import StreamingRecognizer
+from audiomask.asr.recognizer import StreamingRecognizer, Transcript
 from audiomask.checks import pick_device
 from audiomask.constants import SAMPLE_RATE
 from audiomask.serve.feeds import Feed, Inbox
@@ -100,8 +100,8 @@ class State(enum.Enum):
 class Listener(Protocol):
     """A connection as the engine sees it: how to reach it (every method is called on the event loop)."""
 
-    def text_changed(self, text: str) -> None:
-        """The stream's text is now ``text``."""
+    def text_changed(self, transcript: Transcript) -> None:
+        """The stream's text (with its tokens and their times) is now ``transcript``."""
 
     def failed(self, error: BaseException) -> None:
         """The stream cannot go on: the recognizer refused its samples or stopped (``error`` says why)."""
@@ -300,15 +300,16 @@ class Engine:
         if empty and self._drained is not None:
             self._drained.set()
 
-    async def finish(self, feed: Feed) -> str:
-        """Feed every sample put to ``feed`` and finish its stream: the final text (``""`` when none came).
+    async def finish(self, feed: Feed) -> Transcript:
+        """Feed every sample put to ``feed`` and finish its stream: the final transcript (empty when none came).
 
         Waits for the encoder steps the stream's last chunks need; raises the stream's error.
         """
         await feed.flush()
         if feed.stream is None:
-            return ""
-        return await self.call(feed.stream.finish, None)
+            return Transcript()
+        await self.call(feed.stream.finish, None)
+        return feed.stream.transcript()
 
     @property
     def feed_limits(self) -> tuple[int, int, int] | None:
@@ -413,7 +414,7 @@ class Engine:
                     self._feed_pool.submit(self._pass, recognizer, inbox, taken)
                 else:
                     self._feeders.release()
-            changed: list[tuple[Listener, str]] = []
+            changed: list[tuple[Listener, Transcript]] = []
             cycles = recognizer.stats.count
             if cycles != cycles_swept and now >= sweep_at:
                 cycles_swept = cycles
@@ -470,8 +471,8 @@ class Engine:
                 feed.error = error
         return len(fed)
 
-    def _sweep(self, counts: dict[Feed, int]) -> list[tuple[Listener, str]]:
-        """The listeners whose stream has decoded tokens since ``counts`` (updated), with their texts."""
+    def _sweep(self, counts: dict[Feed, int]) -> list[tuple[Listener, Transcript]]:
+        """The listeners whose stream has decoded tokens since ``counts`` (updated), with their transcripts."""
         with self._feeds_lock:
             feeds = list(self._feeds.items())
         changed = []
@@ -482,7 +483,7 @@ class Engine:
                 continue
             tokens = now[feed] = stream.token_count
             if counts.get(feed, 0) != tokens:
-                changed.append((listener, stream.partial()))
+                changed.append((listener, stream.transcript()))
         counts.clear()
         counts.update(now)
         return changed
@@ -497,7 +498,7 @@ class Engine:
                 feed.error = failure
         self._post(feeds, [])
 
-    def _post(self, woken: list[Feed], changed: list[tuple[Listener, str]]) -> None:
+    def _post(self, woken: list[Feed], changed: list[tuple[Listener, Transcript]]) -> None:
         """Hand the event loop a pass's outcome in one callback."""
         if self._loop is None:
             return
@@ -506,12 +507,12 @@ class Engine:
         except RuntimeError:  # the loop has closed: the server is gone
             pass
 
-    def _deliver(self, woken: list[Feed], changed: list[tuple[Listener, str]]) -> None:
+    def _deliver(self, woken: list[Feed], changed: list[tuple[Listener, Transcript]]) -> None:
         """Wake the feeds the event loop waits on, tell failed connections, send the texts (event loop)."""
         for feed in woken:
             feed.wake()
             listener = self._feeds.get(feed)
             if feed.error is not None and listener is not None:
                 listener.failed(feed.error)
-        for listener, text in changed:
-            listener.text_changed(text)
+        for listener, transcript in changed:
+            listener.text_changed(transcript)

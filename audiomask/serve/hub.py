@@ -29,6 +29,7 @@ import logging
 from collections.abc import Coroutine
 from typing import Any
 
+from audiomask.asr.recognizer import Transcript
 from audiomask.serve import wire
 from audiomask.serve.engine import Engine, State
 from audiomask.serve.feeds import Feed
@@ -44,8 +45,8 @@ class _RemoteListener:
     def __init__(self, link: wire.Link, cid: int) -> None:
         self._link, self._cid = link, cid
 
-    def text_changed(self, text: str) -> None:
-        self._link.send((wire.TEXT, self._cid, text))
+    def text_changed(self, transcript: Transcript) -> None:
+        self._link.send((wire.TEXT, self._cid, transcript))
 
     def failed(self, error: BaseException) -> None:
         self._link.send((wire.FAILED, self._cid, *wire.error_to_wire(error)))
@@ -175,8 +176,8 @@ class WorkerHub:
 
     async def _finish(self, link: wire.Link, cid: int, feed: Feed) -> None:
         try:
-            text = await self.engine.finish(feed)
+            transcript = await self.engine.finish(feed)
         except Exception as error:  # noqa: BLE001 - the worker's session reports it to its client
             link.send((wire.FINAL, cid, None, *wire.error_to_wire(error)))
         else:
-            link.send((wire.FINAL, cid, text))
+            link.send((wire.FINAL, cid, transcript))

@@ -32,6 +32,7 @@ from multiprocessing.sharedctypes import SynchronizedArray
 
 import numpy as np
 
+from audiomask.asr.recognizer import Transcript
 from audiomask.features.frontend import as_samples
 from audiomask.serve import wire
 from audiomask.serve.engine import Listener, Refusal, State, busy_refusal, state_refusal
@@ -57,7 +58,7 @@ class RemoteFeed:
         self._block_end = engine.first_block  # samples sent at which the stream's next block is complete
         self._resume = asyncio.Event()  # clear while the client waits for a pass in the main process
         self._resume.set()
-        self.final: asyncio.Future[str] | None = None  # the final text, once the end was sent
+        self.final: asyncio.Future[Transcript] | None = None  # the final transcript, once the end was sent
 
     async def put(self, samples: np.ndarray) -> None:
         """Check ``samples`` ``(n,)`` float32 and queue them; waits while more than the feed holds wait unfed.
@@ -188,8 +189,8 @@ class RemoteEngine:
         if self._feeds.pop(feed.cid, None) is not None:
             self.send((wire.CLOSE, feed.cid))
 
-    async def finish(self, feed: RemoteFeed) -> str:
-        """Send the rest of ``feed``'s samples and its end: the final text, once every step it needs has run."""
+    async def finish(self, feed: RemoteFeed) -> Transcript:
+        """Send the rest of ``feed``'s samples and its end: the final transcript, once every step it needs has run."""
         feed.raise_error()
         feed.send_pending()
         feed.final = asyncio.get_running_loop().create_future()
@@ -246,10 +247,10 @@ class RemoteEngine:
             feed.fail(error)
             listener.failed(error)
         elif kind == wire.FINAL and feed.final is not None and not feed.final.done():
-            text, *error = rest
-            if text is None:
+            transcript, *error = rest
+            if transcript is None:
                 feed.final.set_exception(wire.error_from_wire(*error))
             else:
-                feed.final.set_result(text)
+                feed.final.set_result(transcript)
         elif kind == wire.STOP:
             listener.stop()

@@ -42,6 +42,7 @@ import numpy as np
 from starlette.responses import PlainTextResponse
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from audiomask.asr.recognizer import Transcript
 from audiomask.errors import AudioError
 from audiomask.serve.engine import Listener, Refusal
 from audiomask.serve.settings import ServeSettings
@@ -125,11 +126,11 @@ class ClientProtocol(ABC):
         """The event of a binary message; :class:`ClientError` when it is not audio of the route's format."""
 
     @abstractmethod
-    def partial(self, text: str) -> str:
-        """The message that reports the stream's text so far."""
+    def partial(self, transcript: Transcript) -> str:
+        """The message that reports the stream's text so far (its tokens and their times where it has room)."""
 
     @abstractmethod
-    def final(self, text: str) -> tuple[str, ...]:
+    def final(self, transcript: Transcript) -> tuple[str, ...]:
         """The messages that end the connection with the stream's final text."""
 
     @abstractmethod
@@ -163,8 +164,8 @@ class Backend(Protocol):
     async def detach(self, feed: AudioFeed) -> None:
         """The connection of ``feed`` has ended: drop what was not fed, end and free its stream."""
 
-    async def finish(self, feed: AudioFeed) -> str:
-        """Feed the rest of ``feed``'s samples and finish its stream: the final text."""
+    async def finish(self, feed: AudioFeed) -> Transcript:
+        """Feed the rest of ``feed``'s samples and finish its stream: the final transcript."""
 
 
 def _close_reason(message: str) -> str:
@@ -218,7 +219,8 @@ class _Session:
         self._name = f"{websocket.url.path} {client.host}:{client.port}" if client else websocket.url.path
         self._feed: AudioFeed | None = None
         self._binary_messages = 0
-        self._latest = self._sent = ""  # the text the ticker last reported, and the text last sent
+        self._latest = Transcript()  # what the ticker last reported
+        self._sent = ""  # the text last sent
         self._changed = asyncio.Event()
         self._stopped = False  # the server is draining
         self._error: BaseException | None = None  # why the stream cannot go on
@@ -229,8 +231,8 @@ class _Session:
         self._idle = False  # ... because it waited --idle-timeout-s
         self._idle_timer: asyncio.TimerHandle | None = None
 
-    def text_changed(self, text: str) -> None:
-        self._latest = text
+    def text_changed(self, transcript: Transcript) -> None:
+        self._latest = transcript
         self._changed.set()
 
     def failed(self, error: BaseException) -> None:
@@ -269,13 +271,13 @@ class _Session:
             try:
                 await self._read_audio()
                 await _cancel(sender)
-                text = await self._finish(feed)
+                transcript = await self._finish(feed)
             except ClientError as error:
                 await _cancel(sender)
                 await self._websocket.send_text(self._protocol.error(str(error)))
                 await self._websocket.close(error.code, _close_reason(str(error)))
                 return
-            for message in self._protocol.final(text):
+            for message in self._protocol.final(transcript):
                 await self._websocket.send_text(message)
             await self._websocket.close(CLOSE_NORMAL)
         except (_DisconnectedError, WebSocketDisconnect):
@@ -357,8 +359,8 @@ class _Session:
         except Exception as error:  # noqa: BLE001 - each is the client's error or the server's, reported to it
             raise self._client_error(error) from None
 
-    async def _finish(self, feed: AudioFeed) -> str:
-        """The stream's final text (``""`` when no samples came); waits for the steps its last chunks need."""
+    async def _finish(self, feed: AudioFeed) -> Transcript:
+        """The stream's final transcript (empty when no samples came); waits for the steps its last chunks need."""
         try:
             return await self._engine.finish(feed)
         except Exception as error:  # noqa: BLE001 - as in _accept
@@ -379,9 +381,10 @@ class _Session:
             while True:
                 await self._changed.wait()
                 self._changed.clear()
-                if self._latest != self._sent:
-                    self._sent = self._latest
-                    await self._websocket.send_text(self._protocol.partial(self._sent))
+                latest = self._latest
+                if latest.text != self._sent:
+                    self._sent = latest.text
+                    await self._websocket.send_text(self._protocol.partial(latest))
         except WebSocketDisconnect:
             pass
 

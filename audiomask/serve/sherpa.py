@@ -10,9 +10,9 @@ closes with code 1000:
 >>> protocol = SherpaProtocol()
 >>> protocol.read_text("Done")
 END
->>> protocol.partial("hello wo")
-'{"text": "hello wo", "segment": 0, "is_final": false, "is_eof": false, "tokens": ["h", "e", "l", "l", "o", " ", "w", "o"], "timestamps": [], "start_time": 0.0}'
->>> protocol.final("hi")[1]
+>>> protocol.partial(Transcript("hi", ("h", "i"), (0.28, 0.36)))
+'{"text": "hi", "segment": 0, "is_final": false, "is_eof": false, "tokens": ["h", "i"], "timestamps": [0.28, 0.36], "start_time": 0.0}'
+>>> protocol.final(Transcript("hi", ("h", "i"), (0.28, 0.36)))[1]
 'Done!'
 >>> protocol.read_bytes(b"\\x00\\x00")
 Traceback (most recent call last):
@@ -21,10 +21,11 @@ audiomask.serve.session.ClientError: a binary message of 2 bytes is not a whole 
 an odd number of 16-bit values looks like int16 PCM; this route takes little-endian float32 samples in [-1, 1] at 16 kHz \
 (int16 PCM goes to /wenet)
 
-``tokens`` are the characters of the text (the models' tokens are
-characters); ``timestamps`` are empty (the recognizer reports no token
-times); ``segment`` is always 0 (no endpointing: one connection, one
-utterance). A client error gets ``{"error": MESSAGE}``, then a close frame
+``tokens`` are the text's tokens (characters, for the shipped model) and
+``timestamps`` when each starts, seconds from the stream's start (where
+greedy CTC emitted it: :class:`~audiomask.asr.recognizer.Transcript`);
+``segment`` is always 0 and ``start_time`` 0.0 (no endpointing: one
+connection, one utterance). A client error gets ``{"error": MESSAGE}``, then a close frame
 whose code says which error.
 """
 
@@ -34,6 +35,7 @@ import json
 
 import numpy as np
 
+from audiomask.asr.recognizer import Transcript
 from audiomask.serve.session import CLOSE_UNSUPPORTED, END, ClientError, ClientProtocol, End, Reply, Samples
 
 __all__ = ["DONE", "DONE_REPLY", "FLOAT32_LE", "SherpaProtocol"]
@@ -70,26 +72,26 @@ class SherpaProtocol(ClientProtocol):
             )
         return Samples(np.frombuffer(data, FLOAT32_LE))
 
-    def partial(self, text: str) -> str:
-        return _result(text, final=False)
+    def partial(self, transcript: Transcript) -> str:
+        return _result(transcript, final=False)
 
-    def final(self, text: str) -> tuple[str, ...]:
-        return _result(text, final=True), DONE_REPLY
+    def final(self, transcript: Transcript) -> tuple[str, ...]:
+        return _result(transcript, final=True), DONE_REPLY
 
     def error(self, message: str) -> str:
         return json.dumps({"error": message})
 
 
-def _result(text: str, *, final: bool) -> str:
-    """sherpa-onnx's result JSON (``OnlineRecognizerResult.AsJsonString``) for ``text``."""
+def _result(transcript: Transcript, *, final: bool) -> str:
+    """sherpa-onnx's result JSON (``OnlineRecognizerResult.AsJsonString``) for ``transcript``."""
     return json.dumps(
         {
-            "text": text,
+            "text": transcript.text,
             "segment": 0,
             "is_final": final,
             "is_eof": final,
-            "tokens": list(text),
-            "timestamps": [],
+            "tokens": list(transcript.tokens),
+            "timestamps": list(transcript.times_s),
             "start_time": 0.0,
         }
     )

@@ -13,7 +13,7 @@ closes with code 1000. ``nbest`` is a JSON *string* of ``[{"sentence": ...}]``
 >>> protocol = WeNetProtocol()
 >>> protocol.read_text('{"signal": "start", "nbest": 1, "continuous_decoding": false}').messages
 ('{"status": "ok", "type": "server_ready"}',)
->>> protocol.partial("hello")
+>>> protocol.partial(Transcript("hello"))
 '{"status": "ok", "type": "partial_result", "nbest": "[{\\\\"sentence\\\\": \\\\"hello\\\\"}]"}'
 >>> protocol.read_bytes(b"\\x00\\x40").samples   # int16 16384 = 0.5 of full scale
 array([0.5], dtype=float32)
@@ -25,6 +25,7 @@ import json
 
 import numpy as np
 
+from audiomask.asr.recognizer import Transcript
 from audiomask.serve.session import END, ClientError, ClientProtocol, End, Reply, Samples
 
 __all__ = ["INT16_FULL_SCALE", "INT16_LE", "WeNetProtocol"]
@@ -81,11 +82,11 @@ class WeNetProtocol(ClientProtocol):
             )
         return Samples(np.frombuffer(data, INT16_LE).astype(np.float32) / np.float32(INT16_FULL_SCALE))
 
-    def partial(self, text: str) -> str:
-        return _result("partial_result", text)
+    def partial(self, transcript: Transcript) -> str:
+        return _result("partial_result", transcript.text)
 
-    def final(self, text: str) -> tuple[str, ...]:
-        return _result("final_result", text), json.dumps({"status": "ok", "type": "speech_end"})
+    def final(self, transcript: Transcript) -> tuple[str, ...]:
+        return _result("final_result", transcript.text), json.dumps({"status": "ok", "type": "speech_end"})
 
     def error(self, message: str) -> str:
         return json.dumps({"status": "failed", "message": message})

@@ -21,11 +21,12 @@ Recognizer -> worker:
 
 - ``(HELLO, first_block, block, max_buffered)``: the feeds' sizes in samples (once the recognizer is ready);
 - ``(HEALTH, status, body)``: ``/health``'s answer (every :data:`HEALTH_PERIOD_S` and when it changes);
-- ``(TEXT, cid, text)``: the stream's text changed;
+- ``(TEXT, cid, transcript)``: the stream's text changed (a :class:`~audiomask.asr.recognizer.Transcript`);
 - ``(RESUME, cid, taken)``: answers ``WAIT`` once a pass has taken the feed's samples: ``taken`` samples
   of the connection's have been taken so far;
 - ``(FAILED, cid, kind, message)``: the stream cannot go on (``kind``: :data:`ERROR_KINDS`);
-- ``(FINAL, cid, text)`` or ``(FINAL, cid, None, kind, message)``: the final text, or why there is none;
+- ``(FINAL, cid, transcript)`` or ``(FINAL, cid, None, kind, message)``: the final transcript, or why
+  there is none;
 - ``(STOP, cid)``: the server is draining: finish the connection now;
 - ``(DRAIN,)``: stop accepting connections; ``(EXIT,)``: shut down.
 

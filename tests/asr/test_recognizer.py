@@ -7,7 +7,7 @@ import pytest
 import soundfile as sf
 import torch
 
-from audiomask.asr.decoding import greedy_decode
+from audiomask.asr.decoding import GreedyCTCDecoder, greedy_decode
 from audiomask.asr.model import ASRModel
 from audiomask.asr.recognizer import StreamingRecognizer
 from audiomask.errors import AudioError
@@ -16,6 +16,13 @@ from audiomask.models.ctc import CTCHead
 
 
 def offline_text(model: ASRModel, samples: np.ndarray, chunk_size: int, left_chunk: int) -> str:
+    return model.tokenizer.decode(offline_tokens(model, samples, chunk_size, left_chunk)[0])
+
+
+def offline_tokens(
+    model: ASRModel, samples: np.ndarray, chunk_size: int, left_chunk: int
+) -> tuple[list[int], list[int]]:
+    """Greedy CTC over the whole utterance's chunk-masked forward: the token ids and the output frame of each."""
     features = torch.from_numpy(Phi4MMFrontend()(samples))
     with torch.no_grad():
         outputs, lengths = model.encoder(
@@ -25,8 +32,9 @@ def offline_text(model: ASRModel, samples: np.ndarray, chunk_size: int, left_chu
             left_chunk=left_chunk,
             mask_mode="hard",
         )
-        ids = greedy_decode(model.head(outputs), lengths.numpy())[0]
-    return model.tokenizer.decode(ids)
+        best = model.head(outputs).argmax(dim=-1).numpy()
+    ids, frames = GreedyCTCDecoder(1).push_best_at(best, lengths.numpy(), np.zeros(1, np.int64))
+    return ids[0], frames[0]
 
 
 @pytest.mark.parametrize(("chunk_ms", "left_chunks"), [(80, 0), (160, 1), (320, 4)])
@@ -152,3 +160,20 @@ def test_accept_many_queues_every_stream_and_reports_each_refusal(model, noise):
             assert isinstance(errors[4], AudioError) and "u0" in str(errors[4])  # refused whole, nothing queued
         texts = [stream.finish() for stream in streams]
     assert texts == [offline_text(model, samples, 2, 2) for samples in signals]
+
+
+def test_transcript_times_are_where_offline_greedy_ctc_emits_each_token(model, noise):
+    samples = noise(4, 16000)
+    with StreamingRecognizer(model, chunk_ms=160, left_chunks=2) as recognizer:
+        stream = recognizer.open_stream("timed")
+        for start in range(0, len(samples), 1234):
+            stream.accept(samples[start : start + 1234])
+            snapshot = stream.transcript()
+            assert snapshot.text == stream.partial() == "".join(snapshot.tokens)
+        text = stream.finish()
+        transcript = stream.transcript()
+    ids, frames = offline_tokens(model, samples, 2, 2)
+    token_s = 160 / 2 / 1000  # chunk_ms / tokens per chunk of the tiny model (time_reduction 8)
+    assert transcript.text == text == model.tokenizer.decode(ids) and len(ids) > 3
+    assert transcript.tokens == tuple(model.tokenizer.decode([i]) for i in ids)
+    assert transcript.times_s == pytest.approx([frame * token_s for frame in frames])

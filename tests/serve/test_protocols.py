@@ -12,11 +12,22 @@ import json
 import numpy as np
 import pytest
 
+from audiomask.asr.checkpoint import load_model
+from audiomask.asr.recognizer import StreamingRecognizer, Transcript
 from audiomask.serve.client import stream_audio
 
 SHERPA_CLIENT_MESSAGE_SAMPLES = 8000  # sherpa-onnx's file client's default --samples-per-message
 SHERPA_RESULT_KEYS = {"text", "segment", "is_final", "is_eof", "tokens", "timestamps", "start_time"}
 INT16_FULL_SCALE = 32768
+
+
+def single_stream_transcript(samples: np.ndarray) -> Transcript:
+    """The shipped model's transcript of ``samples`` streamed alone, as ``audiomask transcribe`` streams it."""
+    with StreamingRecognizer(load_model()) as recognizer:
+        stream = recognizer.open_stream()
+        stream.accept(samples)
+        stream.finish()
+        return stream.transcript()
 
 
 def _assert_grows(texts: list[str], final: str) -> None:
@@ -60,6 +71,13 @@ def test_sherpa_messages_are_those_of_its_online_protocol(served, sample_audio, 
     assert final["is_final"] and final["is_eof"]
     assert final["text"] == expected_texts["hello_world.wav"]
     assert final["tokens"] == list(final["text"])
+    # Each token's start: where the recognizer alone emits it (its transcript), in order, inside the audio.
+    assert final["timestamps"] == list(single_stream_transcript(sample_audio["hello_world.wav"]).times_s)
+    assert final["timestamps"] == sorted(final["timestamps"])
+    assert final["timestamps"][0] >= 0 and final["timestamps"][-1] < len(sample_audio["hello_world.wav"]) / 16000
+    for message in partials:
+        assert message["tokens"] == list(message["text"])
+        assert message["timestamps"] == final["timestamps"][: len(message["tokens"])]
     assert partials and not any(message["is_final"] or message["is_eof"] for message in partials)
     assert {message["segment"] for message in results} == {0}
     _assert_grows([message["text"] for message in partials], final["text"])
