@@ -81,6 +81,9 @@ class RecognizerStream:
     def __init__(self, recognizer: StreamingRecognizer, inner: DriverStream) -> None:
         self._recognizer, self._inner = recognizer, inner
         self._accepted = 0  # samples accepted so far: where the next ones start, for error messages
+        self._tokens: list[str] = []  # transcript(): each decoded token's piece and start (s), as far as known
+        self._times: list[float] = []
+        self._transcript_lock = threading.Lock()
         # No reference to this handle, nor a strong one to the recognizer: either may be collected first.
         weakref.finalize(self, _handle_collected, weakref.ref(recognizer), inner).atexit = False
 
@@ -156,13 +159,17 @@ class RecognizerStream:
         ``Transcript(text='hello world this is ...', tokens=('h', 'e', 'l', ...), times_s=(0.04, 0.12, ...))``.
         """
         inner = self._inner
-        at = list(inner.id_tokens)  # extended after ids: its length counts the tokens whose time is known
-        ids = inner.ids[: len(at)]
+        known = len(inner.id_tokens)  # extended after ids: the tokens whose time is known
+        ids = inner.ids[:known]
         tokenizer = self._recognizer.model.tokenizer
-        times = self._recognizer._driver.clock.at_ms(np.asarray(at, np.int64)) / MS_PER_S
-        return Transcript(
-            tokenizer.decode(ids), tuple(tokenizer.decode([i]) for i in ids), tuple(round(float(t), 3) for t in times)
-        )
+        with self._transcript_lock:  # the tokens decoded before are kept: a server reads this after every step
+            tokens, times = self._tokens, self._times
+            if len(tokens) < known:
+                new = ids[len(tokens) :]
+                at = np.asarray(inner.id_tokens[len(tokens) : known], np.int64)
+                tokens += [tokenizer.decode([i]) for i in new]
+                times += [round(float(t), 3) for t in self._recognizer._driver.clock.at_ms(at) / MS_PER_S]
+            return Transcript(tokenizer.decode(ids), tuple(tokens[:known]), tuple(times[:known]))
 
     def input_finished(self) -> None:
         """No more samples will come (sherpa-onnx's name); runs what is due, returns at once.
