@@ -7,13 +7,14 @@ Each check either returns the value in its canonical type or raises
 
 from __future__ import annotations
 
+import math
 import operator
 import re
 from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["INT64_MAX", "INT64_MIN", "check_int", "check_lengths", "check_out", "pick_device"]
+__all__ = ["INT64_MAX", "INT64_MIN", "check_int", "check_lengths", "check_out", "check_seconds", "pick_device"]
 
 _MAX_SHOWN = 8  # elements of an array quoted in an error message
 INT64_MAX = int(np.iinfo(np.int64).max)
@@ -150,3 +151,25 @@ def pick_device(value: str, name: str = "device") -> str:
     if value.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"{name} {value}: CUDA is not available on this machine (use {name} cpu or auto)")
     return value
+
+
+def check_seconds(name: str, value: object, *, minimum: float, maximum: float, positive: bool = False) -> float | None:
+    """``value`` as seconds: ``None``, or a real number in ``[minimum, maximum]`` (above ``minimum`` if ``positive``).
+
+    >>> check_seconds("timeout", 2, minimum=0.0, maximum=60.0)
+    2.0
+    >>> check_seconds("timeout", float("nan"), minimum=0.0, maximum=60.0)
+    Traceback (most recent call last):
+    ...
+    ValueError: timeout must be None or a number of seconds in [0.0, 60.0], got nan
+    """
+    if value is None:
+        return None
+    low = f"({minimum}" if positive else f"[{minimum}"
+    message = f"{name} must be None or a number of seconds in {low}, {maximum}], got {value!r}"
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise ValueError(message)
+    seconds = float(value)
+    if not (minimum <= seconds <= maximum) or (positive and seconds == minimum) or math.isnan(seconds):
+        raise ValueError(message)
+    return seconds

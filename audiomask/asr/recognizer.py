@@ -25,49 +25,32 @@ last flagged ``final``): the audio embeddings an LLM decoder consumes.
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import threading
 import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from audiomask.asr.capacity import MS_PER_S, open_fitting
+from audiomask.asr.decoding import Transcript
 from audiomask.asr.driver import DriverStream, RunStats, StreamingDriver
 from audiomask.asr.model import ASRModel
 from audiomask.asr.outputs import DEFAULT_MAX_PENDING, ChunkQueue, EncoderChunk
 from audiomask.audio import load
-from audiomask.checks import check_int
+from audiomask.checks import check_int, check_seconds
 from audiomask.constants import FRAME_MS
 from audiomask.features.frontend import as_samples
-from audiomask.transfer import resolve_device
+from audiomask.transfer import require_device
 
-__all__ = ["MAX_WAIT_S", "RecognizerStream", "StreamingRecognizer", "Transcript"]
+__all__ = ["MAX_WAIT_S", "RecognizerStream", "StreamingRecognizer"]
 
 _clock = time.monotonic  # seconds; the idle timeout's and the cycles' clock (tests replace it)
 
 MAX_WAIT_S = threading.TIMEOUT_MAX  # seconds: the longest wait a lock takes (about 292 years on Linux)
-
-
-@dataclass(frozen=True)
-class Transcript:
-    """A stream's text and its tokens, each with the time it starts.
-
-    ``tokens``: the text's tokens in order (the tokenizer's pieces: characters
-    for :class:`~audiomask.asr.decoding.CharTokenizer`); ``times_s``: where
-    each starts, seconds from the stream's start: the start of the encoder
-    output token at which greedy CTC emitted it (a token's first frame, so a
-    resolution of one output token: 40 ms for the shipped model).
-    """
-
-    text: str = ""
-    tokens: tuple[str, ...] = ()
-    times_s: tuple[float, ...] = ()
 
 
 class RecognizerStream:
@@ -123,17 +106,25 @@ class RecognizerStream:
         """
         recognizer = self._recognizer
         recognizer._check_usable()
-        self._check_open()
-        array = as_samples(
-            f"samples for stream {self.name!r}", samples, source=f"stream {self.name!r}", offset=self._accepted
-        )
+        array = self._checked(samples)
         with recognizer._lock:
             recognizer._enter()
-            self._check_open()
-            recognizer._driver.feed(self._inner, array, checked=True)
-            self._accepted += len(array)
-            recognizer._open[self._inner] = _clock()
+            self._queue(array)
             recognizer._run(until=lambda: not recognizer._driver.has_block(self._inner))
+
+    def _checked(self, samples: object) -> np.ndarray:
+        """``samples`` as ``accept`` takes them, checked; ``ValueError`` (or ``AudioError``) when refused."""
+        self._check_open()
+        source = f"stream {self.name!r}"
+        return as_samples(f"samples for {source}", samples, source=source, offset=self._accepted)
+
+    def _queue(self, array: np.ndarray) -> None:
+        """With the recognizer's lock held: hand checked samples to the driver (``ValueError`` once ended)."""
+        recognizer = self._recognizer
+        self._check_open()
+        recognizer._driver.feed(self._inner, array, checked=True)
+        self._accepted += len(array)
+        recognizer._open[self._inner] = _clock()
 
     def outputs(self) -> ChunkQueue:
         """The stream's encoder output chunks as they are produced: iterate it (it waits for each, and ends
@@ -206,7 +197,7 @@ class RecognizerStream:
             ValueError: ``timeout`` is not ``None`` or a number of seconds in
                 ``[0, MAX_WAIT_S]``.
         """
-        timeout = _check_seconds("timeout", timeout, minimum=0.0)
+        timeout = check_seconds("timeout", timeout, minimum=0.0, maximum=MAX_WAIT_S)
         recognizer = self._recognizer
         with recognizer._lock:
             if self._inner.done:
@@ -246,11 +237,8 @@ class RecognizerStream:
 
 
 def _handle_collected(recognizer: weakref.ref[StreamingRecognizer], inner: DriverStream) -> None:
-    """A stream's handle is gone: its end waits for the recognizer's next call.
-
-    A finalizer runs wherever the collector does, possibly inside a call
-    that holds the recognizer's lock, so it only queues the stream.
-    """
+    """A stream's handle is gone: its end waits for the recognizer's next call (a finalizer runs wherever the
+    collector does, possibly inside a call that holds the recognizer's lock, so it only queues the stream)."""
     owner = recognizer()
     if owner is not None and not inner.ended:
         owner._collected.append(inner)
@@ -261,9 +249,8 @@ class StreamingRecognizer:
 
     Args:
         model: an :class:`ASRModel`; its encoder and head are moved to ``device``.
-        device: ``"cpu"``, ``"cuda"``, ``"cuda:N"``. A CUDA device on a machine
-            without CUDA raises ``ValueError`` (no silent fallback to the CPU:
-            a server sized for a GPU would not keep up on the CPU).
+        device: ``"cpu"``, ``"cuda"``, ``"cuda:N"``. A CUDA device on a machine without CUDA raises
+            ``ValueError`` (no silent fallback: a server sized for a GPU would not keep up on the CPU).
         chunk_ms: milliseconds of audio per encoder chunk, at most
             :data:`~audiomask.asr.capacity.MAX_CHUNK_MS` (a minute); default: the encoder's. Phi-4MM: a multiple
             of one token, ``10 * time_reduction`` ms (80 for the released model); default: the config's chunk.
@@ -287,24 +274,19 @@ class StreamingRecognizer:
         cuda_graph: replay the encoder's chunk step as CUDA graphs (default: on CUDA, for the families
             that have them: Phi-4MM); their memory is taken once, at the first step, so later steps never
             allocate for the encoder.
-        idle_timeout_s: a stream that has not sent audio for this many seconds
-            (``0 < idle_timeout_s <= MAX_WAIT_S``) is ended (as by
-            :meth:`RecognizerStream.input_finished`) at the next call into the
-            recognizer (:meth:`poll` included), so that it no longer holds a
-            slot; its later ``accept`` raises ``ValueError``. ``None``
-            (default): streams never time out.
+        idle_timeout_s: a stream that has not sent audio for this many seconds (``0 < idle_timeout_s <=
+            MAX_WAIT_S``) is ended (as by :meth:`RecognizerStream.input_finished`) at the next call into the
+            recognizer (:meth:`poll` included): it holds no slot, and its later ``accept`` raises
+            ``ValueError``. ``None`` (default): streams never time out.
         max_wait_ms: how long a ready chunk waits for the other streams' before a step runs the ready
             ones alone, milliseconds, ``0 <= max_wait_ms <= chunk_ms``; default: one chunk divided among
             the lanes (``chunk_ms // lanes``). Shorter waits cut latency for streams that arrive at
             different times, at the cost of more, smaller steps (each still computes every slot of its lane).
-        lanes: split the slots into this many lanes, each stepped on its own (see
-            :class:`~audiomask.asr.driver.StreamingDriver`); a stream takes a slot in the lane of its
-            phase, the moment within a chunk when its chunks arrive, so the streams of a lane are ready
-            together and a step computes one lane's slots, not all (default 1: one step for all). It
-            pays where a step's cost grows with its slots (a large encoder); a small encoder's step is
-            bound by its kernel launches, and lanes then cost more device time (measured on an H200
-            with the shipped model: ``docs/benchmarks.md``). Each lane's first step compiles its
-            kernels and captures its CUDA graphs.
+        lanes: step the slots in this many lanes (:class:`~audiomask.asr.driver.StreamingDriver`), a
+            stream in the lane of its phase (when within a chunk its chunks arrive): a step computes one
+            lane of streams ready together (default 1). It pays where a step's cost grows with its slots;
+            a small encoder's step is bound by kernel launches, and lanes then cost more device time
+            (``docs/benchmarks.md``). Each lane's first step compiles and captures its own CUDA graphs.
 
     Scheduling: a chunk step runs when every stream in a slot has its next
     chunk (full batches: the best throughput), or once a ready chunk has
@@ -355,8 +337,10 @@ class StreamingRecognizer:
         if not isinstance(model, ASRModel):
             raise ValueError(f"model must be an ASRModel, got {type(model).__name__}")
         self.model = model
-        self.device = _check_device(device)
-        self.idle_timeout_s = _check_seconds("idle_timeout_s", idle_timeout_s, minimum=0.0, positive=True)
+        self.device = require_device(device)
+        self.idle_timeout_s = check_seconds(
+            "idle_timeout_s", idle_timeout_s, minimum=0.0, maximum=MAX_WAIT_S, positive=True
+        )
         max_streams = check_int("max_streams", max_streams, minimum=1)
         model.encoder.to(self.device).eval()
         model.head.to(self.device).eval()
@@ -430,54 +414,33 @@ class StreamingRecognizer:
     def accept_many(
         self, pairs: Iterable[tuple[RecognizerStream, np.ndarray]], *, checked: bool = False
     ) -> list[Exception | None]:
-        """:meth:`RecognizerStream.accept` for several streams at once: one lock, one run of the steps due.
+        """:meth:`RecognizerStream.accept` for several streams: one lock and one run of the due steps for all.
 
-        ``pairs``: ``(stream, samples)``, samples as ``accept`` takes them; with
-        ``checked``, ``(n,)`` float32 arrays the caller has checked already
-        (:func:`~audiomask.features.frontend.as_samples`), not checked again.
-        A server feeding thousands of streams a block each saves a lock and a
-        look at every slot per stream. The steps that become due run inside,
-        until these streams have moved as far as they can. Returns, per pair, ``None`` or the error
-        that refused its samples whole (as ``accept`` would raise it: a stream
-        that has ended, bad samples); the other pairs' samples are queued
-        whatever one's error. A stopped or closed recognizer raises ``RuntimeError``.
+        ``pairs``: ``(stream, samples)``; with ``checked``, ``(n,)`` float32 arrays the caller has checked
+        (:func:`~audiomask.features.frontend.as_samples`). The steps run until these streams have moved as
+        far as they can. Returns, per pair, ``None`` or the error that refused its samples whole (as
+        ``accept`` raises it); the others are queued whatever one's error.
         """
         self._check_usable()
-        errors: list[Exception | None] = []
-        arrays: list[np.ndarray | None] = []
         pairs = list(pairs)
-        for stream, samples in pairs:
+        errors: list[Exception | None] = [None] * len(pairs)
+        arrays: list[np.ndarray | None] = [None] * len(pairs)
+        for index, (stream, samples) in enumerate(pairs):
             try:
-                stream._check_open()
-                source = f"stream {stream.name!r}"
-                checked_samples = (
-                    samples
-                    if checked
-                    else as_samples(f"samples for {source}", samples, source=source, offset=stream._accepted)
-                )
+                arrays[index] = samples if checked else stream._checked(samples)
             except ValueError as error:  # AudioError included
-                errors.append(error)
-                arrays.append(None)
-            else:
-                errors.append(None)
-                arrays.append(checked_samples)
+                errors[index] = error
         with self._lock:
             self._enter()
-            now = _clock()
             fed: list[DriverStream] = []
             for index, ((stream, _), array) in enumerate(zip(pairs, arrays)):
-                if array is None:
-                    continue
-                try:
-                    stream._check_open()  # it may have ended since
-                except ValueError as error:
-                    errors[index] = error
-                    continue
-                self._driver.feed(stream._inner, array, checked=True)
-                stream._accepted += len(array)
-                self._open[stream._inner] = now
-                fed.append(stream._inner)
-            # As accept: the steps run until these streams have moved as far as they can, no longer.
+                if array is not None:
+                    try:
+                        stream._queue(array)
+                    except ValueError as error:  # it has ended since
+                        errors[index] = error
+                    else:
+                        fed.append(stream._inner)
             self._run(until=lambda: not any(map(self._driver.has_block, fed)))
         return errors
 
@@ -488,7 +451,7 @@ class StreamingRecognizer:
         as :meth:`RecognizerStream.finish`'s, when every slot is held by
         streams that have not ended.
         """
-        timeout = _check_seconds("timeout", timeout, minimum=0.0)
+        timeout = check_seconds("timeout", timeout, minimum=0.0, maximum=MAX_WAIT_S)
         if isinstance(path_or_samples, (str, os.PathLike)):
             samples, _ = load(path_or_samples)
         else:
@@ -500,11 +463,10 @@ class StreamingRecognizer:
     def poll(self) -> int:
         """Run the encoder steps that are due now; returns how many ran (0 while another thread runs them).
 
-        Due: full steps, steps over the ready streams whose chunk has waited
-        :attr:`max_wait_s` for the others, the rest of ended streams; and
-        idle timeouts. A server calls this every few milliseconds from a
-        ticker thread, so that partials advance even when no other call comes
-        in. ``RuntimeError`` after :meth:`close` or an error.
+        Due: full steps, steps over the ready streams whose chunk has waited :attr:`max_wait_s` for the
+        others, the rest of ended streams; and idle timeouts. A server calls this every few milliseconds
+        from a ticker thread, so that partials advance even when no other call comes in. ``RuntimeError``
+        after :meth:`close` or an error.
         """
         with self._lock:
             self._enter()
@@ -636,37 +598,3 @@ class StreamingRecognizer:
 
 
 _MIN_WAIT_S = 0.001  # seconds: a timeout that expires now is checked after this short wait
-
-
-def _check_seconds(name: str, value: object, *, minimum: float, positive: bool = False) -> float | None:
-    """``value`` as seconds: ``None``, or a real number in ``[minimum, MAX_WAIT_S]`` (above 0 if ``positive``).
-
-    >>> _check_seconds("timeout", 2, minimum=0.0)
-    2.0
-    >>> _check_seconds("timeout", float("nan"), minimum=0.0)
-    Traceback (most recent call last):
-    ...
-    ValueError: timeout must be None or a number of seconds in [0.0, 9223372036.0], got nan
-    """
-    if value is None:
-        return None
-    low = f"({minimum}" if positive else f"[{minimum}"
-    message = f"{name} must be None or a number of seconds in {low}, {MAX_WAIT_S}], got {value!r}"
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise ValueError(message)
-    seconds = float(value)
-    if not (minimum <= seconds <= MAX_WAIT_S) or (positive and seconds == minimum) or math.isnan(seconds):
-        raise ValueError(message)
-    return seconds
-
-
-def _check_device(device: object) -> torch.device:
-    """``device`` as a torch device; ``ValueError`` when it is not a CPU or CUDA device this machine has."""
-    target = resolve_device(device)  # names a malformed device or a missing CUDA index; CPU without CUDA
-    # Every form resolve_device accepts but "cpu" names CUDA; torch.device(int) itself raises on a CPU-only build.
-    if target.type == "cpu" and str(device).split(":")[0] != "cpu":
-        raise ValueError(
-            f"device={device!r}, but CUDA is not available on this machine (torch.cuda.is_available() is False); "
-            "pass device='cpu'"
-        )
-    return target

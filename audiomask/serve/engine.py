@@ -46,7 +46,8 @@ from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
-from audiomask.asr.recognizer import StreamingRecognizer, Transcript
+from audiomask.asr.decoding import Transcript
+from audiomask.asr.recognizer import StreamingRecognizer
 from audiomask.checks import pick_device
 from audiomask.constants import SAMPLE_RATE
 from audiomask.serve.feeds import Feed, Inbox

@@ -29,7 +29,7 @@ import logging
 from collections.abc import Coroutine
 from typing import Any
 
-from audiomask.asr.recognizer import Transcript
+from audiomask.asr.decoding import Transcript
 from audiomask.serve import wire
 from audiomask.serve.engine import Engine, State
 from audiomask.serve.feeds import Feed

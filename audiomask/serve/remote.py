@@ -32,7 +32,7 @@ from multiprocessing.sharedctypes import SynchronizedArray
 
 import numpy as np
 
-from audiomask.asr.recognizer import Transcript
+from audiomask.asr.decoding import Transcript
 from audiomask.features.frontend import as_samples
 from audiomask.serve import wire
 from audiomask.serve.engine import Listener, Refusal, State, busy_refusal, state_refusal

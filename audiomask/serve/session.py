@@ -42,7 +42,7 @@ import numpy as np
 from starlette.responses import PlainTextResponse
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from audiomask.asr.recognizer import Transcript
+from audiomask.asr.decoding import Transcript
 from audiomask.errors import AudioError
 from audiomask.serve.engine import Listener, Refusal
 from audiomask.serve.settings import ServeSettings

@@ -35,7 +35,7 @@ import json
 
 import numpy as np
 
-from audiomask.asr.recognizer import Transcript
+from audiomask.asr.decoding import Transcript
 from audiomask.serve.session import CLOSE_UNSUPPORTED, END, ClientError, ClientProtocol, End, Reply, Samples
 
 __all__ = ["DONE", "DONE_REPLY", "FLOAT32_LE", "SherpaProtocol"]

@@ -25,7 +25,7 @@ import json
 
 import numpy as np
 
-from audiomask.asr.recognizer import Transcript
+from audiomask.asr.decoding import Transcript
 from audiomask.serve.session import END, ClientError, ClientProtocol, End, Reply, Samples
 
 __all__ = ["INT16_FULL_SCALE", "INT16_LE", "WeNetProtocol"]

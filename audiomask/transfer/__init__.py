@@ -21,7 +21,7 @@ Without CUDA everything works and returns CPU tensors.
 
 from __future__ import annotations
 
-from audiomask.transfer._resolve import resolve_device, torch_dtype_of
+from audiomask.transfer._resolve import require_device, resolve_device, torch_dtype_of
 from audiomask.transfer.dense import is_dense
 from audiomask.transfer.ring import (
     DEFAULT_CONSUMER_COPY_BYTES,
@@ -74,6 +74,7 @@ __all__ = [
     "is_dense",
     "parallel_copy_bytes",
     "pinned_empty",
+    "require_device",
     "resolve_device",
     "stage_copy",
     "sync_check",

@@ -22,6 +22,7 @@ __all__ = [
     "check_shape",
     "check_stream",
     "numpy_dtype",
+    "require_device",
     "resolve_device",
     "torch_dtype_of",
 ]
@@ -180,3 +181,21 @@ def check_out_tensor(out: object, shape: Sequence[int], dtype: torch.dtype, devi
     if not is_dense(out):
         raise ValueError(f"out must be dense (no expanded or strided view), got strides {out.stride()}")
     return out
+
+
+def require_device(device: object) -> torch.device:
+    """:func:`resolve_device`, except that a CUDA device on a machine without CUDA is a ``ValueError``.
+
+    For callers sized for a GPU, where a silent fallback to the CPU would not keep up.
+
+    >>> require_device("cpu")
+    device(type='cpu')
+    """
+    target = resolve_device(device)  # names a malformed device or a missing CUDA index; CPU without CUDA
+    # Every form resolve_device accepts but "cpu" names CUDA; torch.device(int) itself raises on a CPU-only build.
+    if target.type == "cpu" and str(device).split(":")[0] != "cpu":
+        raise ValueError(
+            f"device={device!r}, but CUDA is not available on this machine (torch.cuda.is_available() is False); "
+            "pass device='cpu'"
+        )
+    return target
