@@ -66,6 +66,7 @@ class RecognizerStream:
         self._accepted = 0  # samples accepted so far: where the next ones start, for error messages
         self._tokens: list[str] = []  # transcript(): each decoded token's piece and start (s), as far as known
         self._times: list[float] = []
+        self._text = ""
         self._transcript_lock = threading.Lock()
         # No reference to this handle, nor a strong one to the recognizer: either may be collected first.
         weakref.finalize(self, _handle_collected, weakref.ref(recognizer), inner).atexit = False
@@ -144,23 +145,22 @@ class RecognizerStream:
         return self._recognizer.model.tokenizer.decode(list(self._inner.ids))
 
     def transcript(self) -> Transcript:
-        """:meth:`partial`'s text with its tokens and their start times (see :class:`Transcript`); no lock.
+        """:meth:`partial`'s text, its tokens and their start times (:class:`Transcript`); no recognizer lock.
 
         For ``samples/hello_world.wav`` and the shipped model:
         ``Transcript(text='hello world this is ...', tokens=('h', 'e', 'l', ...), times_s=(0.04, 0.12, ...))``.
         """
-        inner = self._inner
+        inner, tokenizer = self._inner, self._recognizer.model.tokenizer
         known = len(inner.id_tokens)  # extended after ids: the tokens whose time is known
-        ids = inner.ids[:known]
-        tokenizer = self._recognizer.model.tokenizer
-        with self._transcript_lock:  # the tokens decoded before are kept: a server reads this after every step
+        with self._transcript_lock:  # decoded tokens are kept: a server reads this after every step
             tokens, times = self._tokens, self._times
             if len(tokens) < known:
-                new = ids[len(tokens) :]
                 at = np.asarray(inner.id_tokens[len(tokens) : known], np.int64)
-                tokens += [tokenizer.decode([i]) for i in new]
+                pieces = [tokenizer.decode([i]) for i in inner.ids[len(tokens) : known]]
                 times += [round(float(t), 3) for t in self._recognizer._driver.clock.at_ms(at) / MS_PER_S]
-            return Transcript(tokenizer.decode(ids), tuple(tokens[:known]), tuple(times[:known]))
+                tokens += pieces
+                self._text += "".join(pieces)  # a character tokenizer's text is its tokens joined
+            return Transcript(self._text, tuple(tokens), tuple(times))
 
     def input_finished(self) -> None:
         """No more samples will come (sherpa-onnx's name); runs what is due, returns at once.
