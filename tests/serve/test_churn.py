@@ -4,7 +4,8 @@ Kinds (:mod:`audiomask.bench.server_churn`): a clip and ``Done`` on ``/``, a
 clip on ``/wenet``, a close at once, a TCP drop after audio, a text frame that
 is not ``Done``. Afterwards ``/health`` reports no connection and no stream,
 every final is the clip's single-stream text, and the server holds no more open
-file descriptors than before. Its RSS is measured by ``scripts/soak_server.py``
+file descriptors than before; with WebSocket workers as well (the main
+process's descriptors: the workers' sockets are theirs). Its RSS is measured by ``scripts/soak_server.py``
 over 10,000 connections (``bench/results/server_churn_cpu.json``), not bounded
 here: over a thousand connections its allocator moves it by tens of MiB either
 way on a loaded machine, as much as a small leak would.
@@ -13,6 +14,8 @@ way on a loaded machine, as much as a small leak would.
 from __future__ import annotations
 
 import time
+
+import pytest
 
 from audiomask.bench.server_churn import KINDS, MESSAGE_SAMPLES, churn_clips, run_churn
 from audiomask.bench.server_process import process_memory, single_stream_references
@@ -34,8 +37,9 @@ def _fds_down_to(pid: int, limit: int) -> int:
     return fds
 
 
-def test_connection_churn_frees_every_connection(start_server):
-    served = start_server("--device", "cpu", "--max-connections", str(MAX_CONNECTIONS))
+@pytest.mark.parametrize("ws_workers", [0, 2], ids=["one-process", "2-ws-workers"])
+def test_connection_churn_frees_every_connection(start_server, ws_workers):
+    served = start_server("--device", "cpu", "--max-connections", str(MAX_CONNECTIONS), "--ws-workers", str(ws_workers))
     audio = churn_clips()
     expected = single_stream_references(audio, None, None, None, MESSAGE_SAMPLES)[1]
     assert all(expected.values()), expected  # every clip holds words: a final that loses them is caught
