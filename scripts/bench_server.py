@@ -19,7 +19,8 @@ What it checks and measures:
   single-stream :class:`~audiomask.asr.recognizer.StreamingRecognizer` with
   the server's chunk settings, on the CPU in float32; with
   ``--reference-on-device``, on the server's device in its dtype with as many
-  slots as clients: the server's kernels, so its texts for random weights);
+  slots as clients: the server's kernels, for random weights, whose near
+  ties may still flip between one stream's steps and the server's);
   a client that got no final result is *lost*;
 - the latency of each partial result: its arrival time minus the time the
   client sent the message holding the last sample of the chunk that produced
@@ -91,7 +92,7 @@ def _arguments(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--reference-on-device",
         action="store_true",
-        help="compute the reference texts on the server's --device in its --dtype with its slots (the same "
+        help="compute the reference texts on the server's --device in its --dtype with its slots (its "
         "kernels: for random weights) instead of one CPU stream in float32",
     )
     parser.add_argument("--frontend-workers", type=int, help="the started server's --frontend-workers")

@@ -184,9 +184,9 @@ def single_stream_references(
         chunk_ms, left_chunks: the server's streaming settings (``None``: the model's).
         message_samples: samples per ``accept``, as a client's messages carry them.
         device, dtype, max_streams: where the recognizer runs (default one CPU stream in float32).
-            A server's own device, dtype and slot count give its kernels, and so its texts bit for
-            bit (a stream's outputs do not depend on the other slots): the reference for random
-            weights, whose near-ties a CPU float32 reference would break differently.
+            A server's own device, dtype and slot count give the reference its kernels; random
+            weights' near ties may still flip between its steps of one stream and the server's
+            steps over many (measured with full-size Phi-4MM: ``docs/benchmarks.md``).
 
     Returns:
         ``(partials, finals, chunk_ms)``: per clip the text after each message and the final text, and the
