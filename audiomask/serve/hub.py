@@ -134,11 +134,7 @@ class WorkerHub:
         self._workers.append(worker)
         self._greet_and_tell()
         try:
-            while True:
-                for message in await wire.read_frame(reader):
-                    self._dispatch(worker, message)
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
+            await wire.dispatch_frames(reader, lambda message: self._dispatch(worker, message))
         finally:
             self._workers.remove(worker)
             if worker.feeds and self.engine.state is not State.DRAINING:
@@ -160,8 +156,10 @@ class WorkerHub:
                 worker.link.send((wire.RESUME, cid, feed.taken))
         elif kind == wire.OPEN:
             worker.feeds[cid] = self.engine.attach(_RemoteListener(worker.link, cid), message[2])
-        elif kind == wire.END:
+        elif kind == wire.END and cid in worker.feeds:
             self._spawn(self._finish(worker.link, cid, worker.feeds[cid]))
+        elif kind == wire.END:  # its stream was never opened here: the session must not wait for ever
+            worker.link.send((wire.FINAL, cid, None, "runtime", "the recognizer's process has no such stream"))
         elif kind == wire.CLOSE:
             feed = worker.feeds.pop(cid, None)
             if feed is not None:

@@ -202,12 +202,8 @@ class RemoteEngine:
         return self._status, self._body | {"connections": sum(self._connections.get_obj())}
 
     async def _read(self, reader: asyncio.StreamReader) -> None:
-        try:
-            while True:
-                for message in await wire.read_frame(reader):
-                    self._dispatch(message)
-        except (asyncio.IncompleteReadError, ConnectionError):
-            self._main_process_gone()
+        await wire.dispatch_frames(reader, self._dispatch)
+        self._main_process_gone()
 
     def _main_process_gone(self) -> None:
         """The recognizer's process has gone: every connection fails, the worker stops."""

@@ -42,8 +42,10 @@ Recognizer -> worker:
 from __future__ import annotations
 
 import asyncio
+import logging
 import pickle
 import struct
+from collections.abc import Callable
 
 from audiomask.errors import AudioError
 
@@ -65,6 +67,7 @@ __all__ = [
     "TEXT",
     "WAIT",
     "Link",
+    "dispatch_frames",
     "encode",
     "error_from_wire",
     "error_to_wire",
@@ -88,6 +91,8 @@ LENGTH = struct.Struct(">I")  # a frame's length prefix
 # How an error crosses the link: the exception types the connection's session tells apart.
 ERROR_KINDS = {"audio": AudioError, "value": ValueError, "runtime": RuntimeError}
 
+logger = logging.getLogger("audiomask.serve")
+
 
 def encode(messages: list[tuple]) -> bytes:
     """One frame holding ``messages``."""
@@ -99,6 +104,24 @@ async def read_frame(reader: asyncio.StreamReader) -> list[tuple]:
     """The messages of the next frame; :class:`asyncio.IncompleteReadError` once the other side has gone."""
     (length,) = LENGTH.unpack(await reader.readexactly(LENGTH.size))
     return pickle.loads(await reader.readexactly(length))
+
+
+async def dispatch_frames(reader: asyncio.StreamReader, dispatch: Callable[[tuple], None]) -> None:
+    """``dispatch`` each message of every frame, in order, until the other side has gone (then return).
+
+    A message whose ``dispatch`` raises is logged and skipped: one connection's trouble does not end the
+    link that the others share.
+    """
+    while True:
+        try:
+            messages = await read_frame(reader)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            return
+        for message in messages:
+            try:
+                dispatch(message)
+            except Exception:
+                logger.exception("audiomask serve: a %r message could not be handled", message[0])
 
 
 def error_to_wire(error: BaseException) -> tuple[str, str]:
