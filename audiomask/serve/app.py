@@ -5,8 +5,9 @@ Routes:
 - WebSocket ``/``: sherpa-onnx's online protocol (:mod:`audiomask.serve.sherpa`), float32 samples;
 - WebSocket ``/wenet``: WeNet's protocol (:mod:`audiomask.serve.wenet`), int16 PCM;
 - ``GET /health``: 200 and ``{"status": "ready", "connections", "max_connections", "streams",
-  "device", "chunk_ms", "cycles"}`` (``cycles``: encoder steps run so far) once the model is loaded and a first chunk step has run; 503 with
-  ``"status"`` ``loading``, ``failed`` (and ``"error"``) or ``draining`` otherwise;
+  "device", "chunk_ms", "max_wait_ms", "cycles", "recent_cycles"}`` (``cycles``: encoder steps run
+  so far) once the model is loaded and a first chunk step has run; 503 with ``"status"``
+  ``loading``, ``failed`` (and ``"error"``) or ``draining`` otherwise;
 - ``GET /``: the browser page (``audiomask/serve/static/index.html``; 404 where it is missing).
 
 The app is plain FastAPI, so the same object runs under uvicorn

@@ -80,7 +80,7 @@ class ServeSettings:
             recognizer in the main process; ``0``: the main process serves them itself; ``None``: ``0`` on
             the CPU, one per four cores on CUDA (:func:`~audiomask.serve.workers.resolve_ws_workers`).
         max_wait_ms: how long a connection's ready chunk waits for the others' before a step runs the
-            ready ones (the recognizer's ``max_wait_ms``); ``None``: one chunk.
+            ready ones (the recognizer's ``max_wait_ms``); ``None``: one chunk on the CPU, an eighth of one on CUDA.
         token: when set, a client must send ``Authorization: Bearer TOKEN`` or ``?token=TOKEN``
             (otherwise HTTP 401 at the handshake).
         certfile, keyfile: a PEM certificate and its key: serve ``wss://`` / ``https://`` (both or neither).

@@ -24,6 +24,7 @@ def test_health_reports_the_ready_server_and_the_page_is_served(served):
     assert status == 200
     assert health["status"] == "ready"
     assert health["max_connections"] == 16 and health["device"] == "cpu" and health["chunk_ms"] > 0
+    assert health["max_wait_ms"] == health["chunk_ms"]  # on the CPU a ready chunk waits one chunk by default
     page = files("audiomask.serve").joinpath("static", "index.html")
     try:
         with urllib.request.urlopen(served.url + "/", timeout=5) as response:
