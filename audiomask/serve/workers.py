@@ -30,10 +30,16 @@ import socket
 import sys
 import tempfile
 from multiprocessing.sharedctypes import SynchronizedArray
+from types import FrameType
+
+import uvicorn
 
 from audiomask.asr.recognizer import StreamingRecognizer
+from audiomask.serve.app import create_app
 from audiomask.serve.engine import Engine
 from audiomask.serve.hub import WorkerHub
+from audiomask.serve.remote import RemoteEngine
+from audiomask.serve.server import uvicorn_config
 from audiomask.serve.settings import ServeSettings
 
 __all__ = ["CORES_PER_WS_WORKER", "resolve_ws_workers", "run_with_workers"]
@@ -168,34 +174,29 @@ def _join(processes: list[multiprocessing.process.BaseProcess]) -> None:
             process.join()
 
 
+class _WorkerServer(uvicorn.Server):
+    """uvicorn in a worker: signals are the main process's, which says when to stop listening and to exit."""
+
+    def __init__(self, config: uvicorn.Config, engine: RemoteEngine) -> None:
+        super().__init__(config)
+        engine.on_drain, engine.on_exit = self.stop_listening, self.exit_now
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        """Ignored: Ctrl-C and SIGTERM reach the whole process group, and only the main process acts on them."""
+
+    def stop_listening(self) -> None:
+        for server_socket in getattr(self, "servers", []):
+            server_socket.close()
+
+    def exit_now(self) -> None:
+        self.should_exit = True
+
+
 def _worker_main(
     settings: ServeSettings, listener: socket.socket, hub_path: str, connections: SynchronizedArray, index: int
 ) -> None:
     """A WebSocket worker: the app on uvicorn over ``listener``, its engine the main process (spawned process)."""
-    # Ctrl-C reaches the whole process group: only the main process acts on it.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # until uvicorn installs its handlers, which _WorkerServer ignores
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    import uvicorn
-
-    from audiomask.serve.app import create_app
-    from audiomask.serve.remote import RemoteEngine
-    from audiomask.serve.server import uvicorn_config
-
     engine = RemoteEngine(settings, hub_path, connections, index)
-    app = create_app(settings, engine=engine)
-
-    class WorkerServer(uvicorn.Server):
-        def handle_exit(self, sig: int, frame: object) -> None:
-            """Signals are the main process's: it says when to stop listening and when to exit."""
-
-    server = WorkerServer(uvicorn_config(app, settings))
-
-    def stop_listening() -> None:
-        for server_socket in getattr(server, "servers", []):
-            server_socket.close()
-
-    def exit_now() -> None:
-        server.should_exit = True
-
-    engine.on_drain, engine.on_exit = stop_listening, exit_now
-    server.run(sockets=[listener])
+    _WorkerServer(uvicorn_config(create_app(settings, engine=engine), settings), engine).run(sockets=[listener])
