@@ -64,9 +64,8 @@ class RecognizerStream:
     def __init__(self, recognizer: StreamingRecognizer, inner: DriverStream) -> None:
         self._recognizer, self._inner = recognizer, inner
         self._accepted = 0  # samples accepted so far: where the next ones start, for error messages
-        self._tokens: list[str] = []  # transcript(): each decoded token's piece and start (s), as far as known
-        self._times: list[float] = []
-        self._text = ""
+        # transcript(): each decoded token's piece and start (s) as far as known, and their text.
+        self._tokens, self._times, self._text = [], [], ""
         self._transcript_lock = threading.Lock()
         # No reference to this handle, nor a strong one to the recognizer: either may be collected first.
         weakref.finalize(self, _handle_collected, weakref.ref(recognizer), inner).atexit = False
@@ -90,19 +89,16 @@ class RecognizerStream:
     def accept(self, samples: object) -> None:
         """Append 16 kHz mono float samples in [-1, 1] (any count); runs the chunks that are due.
 
-        A chunk runs as soon as every stream in the batch has its next one,
-        or once it has waited about one chunk (``chunk_ms``) for them: a
-        stream that stops sending holds the others back no longer than that
-        (the wait ends at the next call into the recognizer, or at
-        :meth:`StreamingRecognizer.poll`). The samples are checked before the
-        recognizer's lock is taken, and the lock is let go during every
+        A chunk runs as soon as every stream in the batch has its next one, or once it has waited
+        ``max_wait_ms`` for them: a stream that stops sending holds the others back no longer than that
+        (the wait ends at the next call into the recognizer, or at :meth:`StreamingRecognizer.poll`). The
+        samples are checked before the recognizer's lock is taken, and the lock is let go during every
         encoder step, so a long array holds back no other thread's calls.
 
-        Refused, whole, with nothing queued (the stream goes on with what it
-        had): samples that are not 1-D floats (``ValueError``), or that hold
-        NaN, Inf or values beyond ``+-2^31`` (:class:`~audiomask.AudioError`
-        naming the stream and the sample's position). After :meth:`finish`,
-        :meth:`input_finished` or the idle timeout: ``ValueError``; after
+        Refused, whole, with nothing queued (the stream goes on with what it had): samples that are not
+        1-D floats (``ValueError``), or that hold NaN, Inf or values beyond ``+-2^31``
+        (:class:`~audiomask.AudioError` naming the stream and the sample's position). After
+        :meth:`finish`, :meth:`input_finished` or the idle timeout: ``ValueError``; after
         :meth:`StreamingRecognizer.close`: ``RuntimeError``.
         """
         recognizer = self._recognizer
@@ -128,9 +124,8 @@ class RecognizerStream:
         recognizer._open[self._inner] = _clock()
 
     def outputs(self) -> ChunkQueue:
-        """The stream's encoder output chunks as they are produced: iterate it (it waits for each, and ends
-        after the final one), or ``get(timeout)``; from any thread. The stream must be opened with ``outputs=True``.
-        """
+        """The stream's encoder output chunks as they are produced: iterate it (it waits for each, and ends after
+        the final one), or ``get(timeout)``; from any thread. The stream must be opened with ``outputs=True``."""
         if self._inner.chunks is None or self._inner.chunks.max_pending == 0:
             raise ValueError(f"stream {self.name!r} was opened without outputs=True: it queues no encoder outputs")
         return self._inner.chunks
