@@ -121,6 +121,11 @@ class TokenClock:
         """``(count,)`` float64: the start, in ms, of tokens ``start .. start + count - 1``."""
         return self.at_ms(np.arange(start, start + count))
 
+    def start_s(self, token: int) -> float:
+        """Where output token ``token`` starts, seconds (:meth:`at_ms` of one, without numpy: a server asks often)."""
+        chunk, place = divmod(token, self.tokens_per_chunk)
+        return (chunk * self.chunk_ms + place * self.token_ms) / 1000
+
     def at_ms(self, tokens: np.ndarray) -> np.ndarray:
         """``(n,)`` float64: the start, in ms, of output tokens ``tokens`` ``(n,)`` (indices from the stream's start)."""
         chunk, place = np.divmod(np.asarray(tokens, np.int64), self.tokens_per_chunk)

@@ -80,6 +80,11 @@ class RecognizerStream:
         return len(self._inner.ids)
 
     @property
+    def decoded_s(self) -> float:
+        """Seconds of the stream's audio decoded so far: where its next encoder output token starts (no lock)."""
+        return self._recognizer._driver.clock.start_s(self._inner.tokens)
+
+    @property
     def finished(self) -> bool:
         return self._inner.ended
 

@@ -16,9 +16,11 @@ import sys
 from audiomask.cli.common import EXIT_USAGE
 from audiomask.serve.settings import (
     DEFAULT_DTYPE,
+    DEFAULT_ENDPOINT_SILENCE_S,
     DEFAULT_IDLE_TIMEOUT_S,
     DEFAULT_MAX_CONNECTIONS,
     DEFAULT_MAX_MESSAGE_BYTES,
+    DEFAULT_MAX_SEGMENT_S,
     DEFAULT_PORT,
     DTYPES,
     LOOPBACK,
@@ -92,6 +94,21 @@ def add_parser(commands: argparse._SubParsersAction, device_help: str, model_hel
         "(default: one chunk on the CPU, an eighth of one on CUDA; less: lower latency for clients out of step, "
         "more steps)",
     )
+    parser.add_argument(
+        "--endpoint-silence-s",
+        type=float,
+        default=DEFAULT_ENDPOINT_SILENCE_S,
+        metavar="S",
+        help="on the sherpa-onnx route, silence after some text that ends a segment (its result final, the next "
+        f"one's text afresh); 0: one segment per connection (default {DEFAULT_ENDPOINT_SILENCE_S:g})",
+    )
+    parser.add_argument(
+        "--max-segment-s",
+        type=float,
+        default=DEFAULT_MAX_SEGMENT_S,
+        metavar="S",
+        help=f"on the sherpa-onnx route, the longest segment (default {DEFAULT_MAX_SEGMENT_S:g})",
+    )
     parser.add_argument("--token", help="require 'Authorization: Bearer TOKEN' or '?token=TOKEN' (else HTTP 401)")
     parser.add_argument("--certfile", help="PEM certificate: serve wss:// and https:// (with --keyfile)")
     parser.add_argument("--keyfile", help="PEM private key of --certfile")
@@ -127,6 +144,8 @@ def serve(args: argparse.Namespace) -> int:
         frontend_workers=args.frontend_workers,
         ws_workers=args.ws_workers,
         max_wait_ms=args.max_wait_ms,
+        endpoint_silence_s=args.endpoint_silence_s,
+        max_segment_s=args.max_segment_s,
         token=args.token,
         certfile=args.certfile,
         keyfile=args.keyfile,

@@ -51,14 +51,17 @@ class StreamResult:
     """What a server sent for one stream.
 
     Attributes:
-        text: the final text.
-        partials: ``(arrival time, text)`` of each partial result, in order.
+        text: the final text: every segment's, joined (the text of the whole stream).
+        partials: ``(arrival time, text)`` of each result before the final one, in order; the text is the
+            stream's so far (the segments ended before it, then its own).
+        segments: the text of each segment that ended before the final result (sherpa-onnx's endpoints).
         sent_at: the time each binary message had been handed to the socket.
         done_at: when the end message was sent; ``final_at``: when the final result arrived.
     """
 
     text: str = ""
     partials: list[tuple[float, str]] = field(default_factory=list)
+    segments: list[str] = field(default_factory=list)
     sent_at: list[float] = field(default_factory=list)
     done_at: float = 0.0
     final_at: float = 0.0
@@ -73,14 +76,16 @@ def _encode(samples: np.ndarray, protocol: str) -> bytes:
 
 
 def _parse(message: str | bytes, protocol: str) -> tuple[str, str | None]:
-    """``(kind, text)`` of a server message: kind ``partial``, ``final``, ``end`` or ``other``."""
+    """``(kind, text)`` of a server message: kind ``partial``, ``segment`` (a segment ended), ``final``, ``end``
+    or ``other``."""
     if protocol == "sherpa":
         if message == SHERPA_DONE_REPLY:
             return "end", None
         result = json.loads(message)
         if "error" in result:
             raise ServerError(result["error"])
-        return ("final" if result["is_final"] else "partial"), result["text"]
+        kind = "final" if result["is_eof"] else "segment" if result["is_final"] else "partial"
+        return kind, result["text"]
     result = json.loads(message)
     if result.get("status") == "failed":
         raise ServerError(result["message"])
@@ -94,10 +99,13 @@ async def _receive(connection: ClientConnection, protocol: str, result: StreamRe
     try:
         async for message in connection:
             kind, text = _parse(message, protocol)
-            if kind == "partial":
-                result.partials.append((time.perf_counter(), text))
+            before = "".join(result.segments)
+            if kind in ("partial", "segment"):
+                result.partials.append((time.perf_counter(), before + text))
+            if kind == "segment":
+                result.segments.append(text)
             elif kind == "final":
-                result.text, result.final_at = text, time.perf_counter()
+                result.text, result.final_at = before + text, time.perf_counter()
             elif kind == "end":
                 return
     except ConnectionClosed:  # closed with an error code: said below

@@ -15,8 +15,10 @@ a client's audio costs the event loop no thread hop:
   when nothing was due (the steps whose wait for stragglers is over). There
   are :data:`FEEDERS` feeders, so that while one runs encoder steps for as
   long as they keep coming due, the other goes on feeding;
-- after steps ran, the ticker reads every open stream's ``partial()`` (it
-  takes no lock, so it goes on while steps run) and hands the texts that
+- after steps ran, the ticker reads the ``transcript()`` of every open
+  stream whose tokens grew (it takes no lock, so it goes on while steps run),
+  splits it into segments at endpoints where the connection's route wants them
+  (:mod:`audiomask.serve.segments`), and hands the connections whose segments
   changed to the event loop in one callback, as a feeder does with the feeds
   whose clients may send again; each connection sends its own;
 - ``finish`` and the end of an abandoned stream run on a thread pool of
@@ -51,6 +53,7 @@ from audiomask.asr.recognizer import StreamingRecognizer
 from audiomask.checks import pick_device
 from audiomask.constants import SAMPLE_RATE
 from audiomask.serve.feeds import Feed, Inbox
+from audiomask.serve.segments import Segment, Segmenter
 from audiomask.serve.settings import ServeSettings
 
 __all__ = [
@@ -106,8 +109,8 @@ class State(enum.Enum):
 class Listener(Protocol):
     """A connection as the engine sees it: how to reach it (every method is called on the event loop)."""
 
-    def text_changed(self, transcript: Transcript) -> None:
-        """The stream's text (with its tokens and their times) is now ``transcript``."""
+    def results(self, segments: list[Segment]) -> None:
+        """What changed in the stream's segments, in order: those that ended, then the current one's text."""
 
     def failed(self, error: BaseException) -> None:
         """The stream cannot go on: the recognizer refused its samples or stopped (``error`` says why)."""
@@ -219,6 +222,7 @@ class Engine:
         self.error: str | None = None  # why the engine FAILED
         self.connections = 0  # handshakes admitted and not yet released
         self._feeds: dict[Feed, Listener] = {}  # the connections attached, by feed
+        self._segmenters: dict[Feed, Segmenter] = {}  # ... and their streams' segments
         self._feeds_lock = threading.Lock()  # the ticker reads the feeds while the loop changes them
         self._inbox: Inbox | None = None  # made with the recognizer (its block sizes)
         self._drained: asyncio.Event | None = None  # set whenever no connection is attached
@@ -293,14 +297,17 @@ class Engine:
         """A connection :meth:`admit` counted has ended."""
         self.connections -= 1
 
-    def attach(self, listener: Listener, name: str) -> Feed:
+    def attach(self, listener: Listener, name: str, *, endpoints: bool = False) -> Feed:
         """The feed of a new connection (its stream is named ``name``); ``listener`` hears of its stream's
-        text changes and failure, and is stopped when the server drains."""
+        results and failure, and is stopped when the server drains. ``endpoints``: split the stream into
+        segments by the settings' endpoint rules (:mod:`audiomask.serve.segments`); else one segment."""
         if self._inbox is None:
             raise RuntimeError("the recognizer is not built yet: attach connections once the engine is READY")
         feed = self._inbox.open(name)
+        segmenter = Segmenter(*(self.settings.endpoints if endpoints else (None, None)))
         with self._feeds_lock:
             self._feeds[feed] = listener
+            self._segmenters[feed] = segmenter
         if self._drained is not None:
             self._drained.clear()
         if self.state is State.DRAINING:
@@ -318,20 +325,25 @@ class Engine:
                 pass
         with self._feeds_lock:
             self._feeds.pop(feed, None)
+            self._segmenters.pop(feed, None)
             empty = not self._feeds
         if empty and self._drained is not None:
             self._drained.set()
 
-    async def finish(self, feed: Feed) -> Transcript:
-        """Feed every sample put to ``feed`` and finish its stream: the final transcript (empty when none came).
+    async def finish(self, feed: Feed) -> list[Segment]:
+        """Feed every sample put to ``feed`` and finish its stream: the segments not yet reported, the last one
+        final (its text empty when no samples came).
 
         Waits for the encoder steps the stream's last chunks need; raises the stream's error.
         """
         await feed.flush()
-        if feed.stream is None:
-            return Transcript()
-        await self.call(feed.stream.finish, None)
-        return feed.stream.transcript()
+        transcript = Transcript()
+        if feed.stream is not None:
+            await self.call(feed.stream.finish, None)
+            transcript = feed.stream.transcript()
+        with self._feeds_lock:
+            segmenter = self._segmenters[feed]
+        return segmenter.finish(transcript)
 
     @property
     def feed_limits(self) -> tuple[int, int, int] | None:
@@ -437,7 +449,7 @@ class Engine:
                     self._feed_pool.submit(self._pass, recognizer, inbox, taken)
                 else:
                     self._feeders.release()
-            changed: list[tuple[Listener, Transcript]] = []
+            changed: list[tuple[Listener, Segmenter]] = []
             cycles = recognizer.stats.count
             if cycles != cycles_swept and now >= sweep_at:
                 cycles_swept = cycles
@@ -494,19 +506,23 @@ class Engine:
                 feed.error = error
         return len(fed)
 
-    def _sweep(self, counts: dict[Feed, int]) -> list[tuple[Listener, Transcript]]:
-        """The listeners whose stream has decoded tokens since ``counts`` (updated), with their transcripts."""
+    def _sweep(self, counts: dict[Feed, int]) -> list[tuple[Listener, Segmenter]]:
+        """The listeners whose stream's segments changed (tokens decoded since ``counts``, which is updated, or an
+        endpoint), with their segmenters."""
         with self._feeds_lock:
-            feeds = list(self._feeds.items())
+            feeds = [(feed, listener, self._segmenters[feed]) for feed, listener in self._feeds.items()]
         changed = []
         now: dict[Feed, int] = {}
-        for feed, listener in feeds:
+        for feed, listener, segmenter in feeds:
             stream = feed.stream
             if stream is None:
                 continue
             tokens = now[feed] = stream.token_count
-            if counts.get(feed, 0) != tokens:
-                changed.append((listener, stream.transcript()))
+            transcript = stream.transcript() if counts.get(feed, 0) != tokens else None
+            if (transcript is not None or segmenter.silence_s is not None) and segmenter.update(
+                transcript, stream.decoded_s
+            ):
+                changed.append((listener, segmenter))
         counts.clear()
         counts.update(now)
         return changed
@@ -521,7 +537,7 @@ class Engine:
                 feed.error = failure
         self._post(feeds, [])
 
-    def _post(self, woken: list[Feed], changed: list[tuple[Listener, Transcript]]) -> None:
+    def _post(self, woken: list[Feed], changed: list[tuple[Listener, Segmenter]]) -> None:
         """Hand the event loop a pass's outcome in one callback."""
         if self._loop is None:
             return
@@ -530,12 +546,14 @@ class Engine:
         except RuntimeError:  # the loop has closed: the server is gone
             pass
 
-    def _deliver(self, woken: list[Feed], changed: list[tuple[Listener, Transcript]]) -> None:
-        """Wake the feeds the event loop waits on, tell failed connections, send the texts (event loop)."""
+    def _deliver(self, woken: list[Feed], changed: list[tuple[Listener, Segmenter]]) -> None:
+        """Wake the feeds the event loop waits on, tell failed connections, hand over the results (event loop)."""
         for feed in woken:
             feed.wake()
             listener = self._feeds.get(feed)
             if feed.error is not None and listener is not None:
                 listener.failed(feed.error)
-        for listener, transcript in changed:
-            listener.text_changed(transcript)
+        for listener, segmenter in changed:
+            segments = segmenter.take()  # each once: a finish may have taken them already
+            if segments:
+                listener.results(segments)

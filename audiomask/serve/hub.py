@@ -11,7 +11,7 @@ talks to the client:
   feed without a check or a wait; the worker counts what it sent against
   what passes have taken, and when that is more than the feed holds it asks
   ``WAIT``, answered by ``RESUME`` once a pass has taken the samples;
-- the engine's listener of the connection sends ``TEXT``, ``FAILED`` and
+- the engine's listener of the connection sends ``RESULTS``, ``FAILED`` and
   ``STOP`` to the worker; ``END`` finishes the stream and answers ``FINAL``;
 - ``CLOSE``, or the worker's socket closing, ends and frees the streams.
 
@@ -29,10 +29,10 @@ import logging
 from collections.abc import Coroutine
 from typing import Any
 
-from audiomask.asr.decoding import Transcript
 from audiomask.serve import wire
 from audiomask.serve.engine import Engine, State
 from audiomask.serve.feeds import Feed
+from audiomask.serve.segments import Segment
 
 __all__ = ["WorkerHub"]
 
@@ -45,8 +45,8 @@ class _RemoteListener:
     def __init__(self, link: wire.Link, cid: int) -> None:
         self._link, self._cid = link, cid
 
-    def text_changed(self, transcript: Transcript) -> None:
-        self._link.send((wire.TEXT, self._cid, transcript))
+    def results(self, segments: list[Segment]) -> None:
+        self._link.send((wire.RESULTS, self._cid, segments))
 
     def failed(self, error: BaseException) -> None:
         self._link.send((wire.FAILED, self._cid, *wire.error_to_wire(error)))
@@ -155,7 +155,8 @@ class WorkerHub:
             elif feed is not None:
                 worker.link.send((wire.RESUME, cid, feed.taken))
         elif kind == wire.OPEN:
-            worker.feeds[cid] = self.engine.attach(_RemoteListener(worker.link, cid), message[2])
+            listener = _RemoteListener(worker.link, cid)
+            worker.feeds[cid] = self.engine.attach(listener, message[2], endpoints=message[3])
         elif kind == wire.END and cid in worker.feeds:
             self._spawn(self._finish(worker.link, cid, worker.feeds[cid]))
         elif kind == wire.END:  # its stream was never opened here: the session must not wait for ever
@@ -174,8 +175,8 @@ class WorkerHub:
 
     async def _finish(self, link: wire.Link, cid: int, feed: Feed) -> None:
         try:
-            transcript = await self.engine.finish(feed)
+            segments = await self.engine.finish(feed)
         except Exception as error:  # noqa: BLE001 - the worker's session reports it to its client
             link.send((wire.FINAL, cid, None, *wire.error_to_wire(error)))
         else:
-            link.send((wire.FINAL, cid, transcript))
+            link.send((wire.FINAL, cid, segments))

@@ -32,10 +32,10 @@ from multiprocessing.sharedctypes import SynchronizedArray
 
 import numpy as np
 
-from audiomask.asr.decoding import Transcript
 from audiomask.features.frontend import as_samples
 from audiomask.serve import wire
 from audiomask.serve.engine import Listener, Refusal, State, busy_refusal, state_refusal
+from audiomask.serve.segments import Segment
 from audiomask.serve.settings import ServeSettings
 
 __all__ = ["RemoteEngine", "RemoteFeed"]
@@ -58,7 +58,7 @@ class RemoteFeed:
         self._block_end = engine.first_block  # samples sent at which the stream's next block is complete
         self._resume = asyncio.Event()  # clear while the client waits for a pass in the main process
         self._resume.set()
-        self.final: asyncio.Future[Transcript] | None = None  # the final transcript, once the end was sent
+        self.final: asyncio.Future[list[Segment]] | None = None  # the last segments, once the end was sent
 
     async def put(self, samples: np.ndarray) -> None:
         """Check ``samples`` ``(n,)`` float32 and queue them; waits while more than the feed holds wait unfed.
@@ -173,13 +173,14 @@ class RemoteEngine:
         with self._connections.get_lock():
             self._connections[self._index] -= 1
 
-    def attach(self, listener: Listener, name: str) -> RemoteFeed:
-        """The feed of a new connection; ``listener`` hears of its stream's text changes and failure."""
+    def attach(self, listener: Listener, name: str, *, endpoints: bool = False) -> RemoteFeed:
+        """The feed of a new connection; ``listener`` hears of its stream's results and failure; ``endpoints``:
+        split the stream into segments."""
         if not self.first_block:
             raise RuntimeError("the recognizer is not ready yet: attach connections once /health says ready")
         feed = RemoteFeed(self, next(self._cids), name)
         self._feeds[feed.cid] = (feed, listener)
-        self.send((wire.OPEN, feed.cid, name))
+        self.send((wire.OPEN, feed.cid, name, endpoints))
         if self._state is State.DRAINING:
             listener.stop()
         return feed
@@ -189,8 +190,9 @@ class RemoteEngine:
         if self._feeds.pop(feed.cid, None) is not None:
             self.send((wire.CLOSE, feed.cid))
 
-    async def finish(self, feed: RemoteFeed) -> Transcript:
-        """Send the rest of ``feed``'s samples and its end: the final transcript, once every step it needs has run."""
+    async def finish(self, feed: RemoteFeed) -> list[Segment]:
+        """Send the rest of ``feed``'s samples and its end: the segments not reported yet, the last final, once
+        every step it needs has run."""
         feed.raise_error()
         feed.send_pending()
         feed.final = asyncio.get_running_loop().create_future()
@@ -234,8 +236,8 @@ class RemoteEngine:
 
     @staticmethod
     def _dispatch_to_connection(kind: str, feed: RemoteFeed, listener: Listener, rest: tuple) -> None:
-        if kind == wire.TEXT:
-            listener.text_changed(rest[0])
+        if kind == wire.RESULTS:
+            listener.results(rest[0])
         elif kind == wire.RESUME:
             feed.resume(rest[0])
         elif kind == wire.FAILED:
@@ -243,10 +245,10 @@ class RemoteEngine:
             feed.fail(error)
             listener.failed(error)
         elif kind == wire.FINAL and feed.final is not None and not feed.final.done():
-            transcript, *error = rest
-            if transcript is None:
+            segments, *error = rest
+            if segments is None:
                 feed.final.set_exception(wire.error_from_wire(*error))
             else:
-                feed.final.set_result(transcript)
+                feed.final.set_result(segments)
         elif kind == wire.STOP:
             listener.stop()

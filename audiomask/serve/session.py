@@ -21,8 +21,10 @@ once for both:
 - the stream is opened with the first block of samples (a connection that
   sends less holds no encoder slot) and named after the client's address;
 - the text is sent each time it changes (the engine's ticker sweeps it after
-  the encoder steps); the final result after the client's end message (every
-  sample is fed first), or when the server drains;
+  the encoder steps), each segment's last result once it ends at an endpoint
+  (routes that want them); the final result after the client's end message
+  (every sample is fed first, and every segment ended before is sent), or
+  when the server drains;
 - a client error (a message over ``--max-message-bytes``, a malformed message,
   NaN/Inf samples, no message for ``--idle-timeout-s``) gets the protocol's
   error message, then a close frame with a code that says which (and the
@@ -35,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 from abc import ABC, abstractmethod
+from collections import deque
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -42,9 +45,9 @@ import numpy as np
 from starlette.responses import PlainTextResponse
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from audiomask.asr.decoding import Transcript
 from audiomask.errors import AudioError
 from audiomask.serve.engine import Listener, Refusal
+from audiomask.serve.segments import Segment
 from audiomask.serve.settings import ServeSettings
 
 __all__ = [
@@ -116,6 +119,8 @@ class ClientProtocol(ABC):
     sample_format: str
     #: What to tell a client whose samples hold NaN, Inf or absurd values.
     bad_samples_hint: str = ""
+    #: Whether the route splits a stream into segments at endpoints (:mod:`audiomask.serve.segments`).
+    endpoints: bool = False
 
     @abstractmethod
     def read_text(self, text: str) -> Samples | Reply | End:
@@ -126,12 +131,12 @@ class ClientProtocol(ABC):
         """The event of a binary message; :class:`ClientError` when it is not audio of the route's format."""
 
     @abstractmethod
-    def partial(self, transcript: Transcript) -> str:
-        """The message that reports the stream's text so far (its tokens and their times where it has room)."""
+    def result(self, segment: Segment) -> str:
+        """The message that reports a segment: its text so far, or in full once it has ended (``final``)."""
 
     @abstractmethod
-    def final(self, transcript: Transcript) -> tuple[str, ...]:
-        """The messages that end the connection with the stream's final text."""
+    def final(self, segment: Segment) -> tuple[str, ...]:
+        """The messages that end the connection with its last segment."""
 
     @abstractmethod
     def error(self, message: str) -> str:
@@ -158,14 +163,16 @@ class Backend(Protocol):
     def release(self) -> None:
         """A connection :meth:`admit` counted has ended."""
 
-    def attach(self, listener: Listener, name: str) -> AudioFeed:
-        """The feed of a new connection, whose stream's text changes and failure ``listener`` hears of."""
+    def attach(self, listener: Listener, name: str, *, endpoints: bool = False) -> AudioFeed:
+        """The feed of a new connection, whose stream's results and failure ``listener`` hears of; ``endpoints``:
+        split the stream into segments."""
 
     async def detach(self, feed: AudioFeed) -> None:
         """The connection of ``feed`` has ended: drop what was not fed, end and free its stream."""
 
-    async def finish(self, feed: AudioFeed) -> Transcript:
-        """Feed the rest of ``feed``'s samples and finish its stream: the final transcript."""
+    async def finish(self, feed: AudioFeed) -> list[Segment]:
+        """Feed the rest of ``feed``'s samples and finish its stream: the segments not yet reported, the last
+        one final."""
 
 
 def _close_reason(message: str) -> str:
@@ -219,8 +226,10 @@ class _Session:
         self._name = f"{websocket.url.path} {client.host}:{client.port}" if client else websocket.url.path
         self._feed: AudioFeed | None = None
         self._binary_messages = 0
-        self._latest = Transcript()  # what the ticker last reported
-        self._sent = ""  # the text last sent
+        self._ended: deque[Segment] = deque()  # segments ended and not sent yet, in order
+        self._current: Segment | None = None  # the current segment, as last reported
+        self._sent: tuple[int, str] = (-1, "")  # the segment and text last sent
+        self._audio_ended = False  # the client's audio has ended: results go out with the final one
         self._changed = asyncio.Event()
         self._stopped = False  # the server is draining
         self._error: BaseException | None = None  # why the stream cannot go on
@@ -231,8 +240,13 @@ class _Session:
         self._idle = False  # ... because it waited --idle-timeout-s
         self._idle_timer: asyncio.TimerHandle | None = None
 
-    def text_changed(self, transcript: Transcript) -> None:
-        self._latest = transcript
+    def results(self, segments: list[Segment]) -> None:
+        for segment in segments:
+            if segment.final:
+                self._ended.append(segment)
+                self._current = None
+            else:
+                self._current = segment
         self._changed.set()
 
     def failed(self, error: BaseException) -> None:
@@ -264,20 +278,24 @@ class _Session:
     async def run(self) -> None:
         """Read until the end message (or a drain), then send the final result; errors end it early."""
         self._task = asyncio.current_task()
-        feed = self._feed = self._engine.attach(self, self._name)
-        sender = asyncio.create_task(self._send_partials())
+        feed = self._feed = self._engine.attach(self, self._name, endpoints=self._protocol.endpoints)
+        sender = asyncio.create_task(self._send_results())
         self._watch_idle()
         try:
             try:
                 await self._read_audio()
-                await _cancel(sender)
-                transcript = await self._finish(feed)
+                self._audio_ended = True  # the sender sends what it holds and returns
+                self._changed.set()
+                await asyncio.gather(sender, return_exceptions=True)
+                *ended, last = await self._finish(feed)
             except ClientError as error:
                 await _cancel(sender)
                 await self._websocket.send_text(self._protocol.error(str(error)))
                 await self._websocket.close(error.code, _close_reason(str(error)))
                 return
-            for message in self._protocol.final(transcript):
+            self._ended.extend(ended)  # after the segments reported while the stream finished
+            await self._send_ended()
+            for message in self._protocol.final(last):
                 await self._websocket.send_text(message)
             await self._websocket.close(CLOSE_NORMAL)
         except (_DisconnectedError, WebSocketDisconnect):
@@ -359,8 +377,9 @@ class _Session:
         except Exception as error:  # noqa: BLE001 - each is the client's error or the server's, reported to it
             raise self._client_error(error) from None
 
-    async def _finish(self, feed: AudioFeed) -> Transcript:
-        """The stream's final transcript (empty when no samples came); waits for the steps its last chunks need."""
+    async def _finish(self, feed: AudioFeed) -> list[Segment]:
+        """The stream's segments not yet reported, the last final (its text empty when no samples came); waits
+        for the steps its last chunks need."""
         try:
             return await self._engine.finish(feed)
         except Exception as error:  # noqa: BLE001 - as in _accept
@@ -375,18 +394,25 @@ class _Session:
         doing = "finish" if finishing else "continue"
         return ClientError(f"the server cannot {doing} this stream: {error}", CLOSE_INTERNAL_ERROR)
 
-    async def _send_partials(self) -> None:
-        """Send the text each time the ticker reports a change (the latest text when several came at once)."""
+    async def _send_results(self) -> None:
+        """Send the results as the engine reports them: each ended segment, then the current one's text when it
+        changed (the latest when several came at once); returns once the client's audio has ended."""
         try:
-            while True:
+            while not self._audio_ended:
                 await self._changed.wait()
                 self._changed.clear()
-                latest = self._latest
-                if latest.text != self._sent:
-                    self._sent = latest.text
-                    await self._websocket.send_text(self._protocol.partial(latest))
+                await self._send_ended()
+                current = self._current
+                if current is not None and (current.index, current.transcript.text) != self._sent:
+                    self._sent = (current.index, current.transcript.text)
+                    await self._websocket.send_text(self._protocol.result(current))
         except WebSocketDisconnect:
             pass
+
+    async def _send_ended(self) -> None:
+        """Send the ended segments not sent yet, in order."""
+        while self._ended:
+            await self._websocket.send_text(self._protocol.result(self._ended.popleft()))
 
 
 async def _cancel(task: asyncio.Task) -> None:

@@ -22,9 +22,11 @@ from audiomask.checks import check_int
 
 __all__ = [
     "DEFAULT_DTYPE",
+    "DEFAULT_ENDPOINT_SILENCE_S",
     "DEFAULT_IDLE_TIMEOUT_S",
     "DEFAULT_MAX_CONNECTIONS",
     "DEFAULT_MAX_MESSAGE_BYTES",
+    "DEFAULT_MAX_SEGMENT_S",
     "DEFAULT_PORT",
     "DTYPES",
     "LOOPBACK",
@@ -48,6 +50,9 @@ DEFAULT_IDLE_TIMEOUT_S = 30.0  # seconds without a message before a connection i
 # torch intra-op threads of a server process (or Ray replica): a chunk step's small matrices gain nothing
 # from more, and the front end and the event loop need the other cores (as for `audiomask transcribe`).
 SERVE_THREADS = 1
+# Endpoints on the sherpa-onnx route (audiomask.serve.segments), sherpa-onnx's defaults (Kaldi's rules 2 and 3).
+DEFAULT_ENDPOINT_SILENCE_S = 1.2  # seconds of trailing silence after some text that end a segment
+DEFAULT_MAX_SEGMENT_S = 20.0  # seconds a segment lasts at the most
 DTYPES = ("float32", "bfloat16", "float16")  # what --dtype takes: torch dtype names
 DEFAULT_DTYPE = "float32"  # the shipped model is trained and measured in float32
 MAX_WS_WORKERS = 256  # WebSocket worker processes: a bound on a typo, far above any host's cores
@@ -81,6 +86,10 @@ class ServeSettings:
             the CPU, one per four cores on CUDA (:func:`~audiomask.serve.workers.resolve_ws_workers`).
         max_wait_ms: how long a connection's ready chunk waits for the others' before a step runs the
             ready ones (the recognizer's ``max_wait_ms``); ``None``: one chunk on the CPU, an eighth of one on CUDA.
+        endpoint_silence_s: on the sherpa-onnx route, seconds of silence after some text that end a
+            segment (an endpoint: its result is final, and the next segment's text starts afresh); ``0``:
+            no endpoints, one segment per connection (see :mod:`audiomask.serve.segments`).
+        max_segment_s: on the sherpa-onnx route, seconds a segment lasts at the most.
         token: when set, a client must send ``Authorization: Bearer TOKEN`` or ``?token=TOKEN``
             (otherwise HTTP 401 at the handshake).
         certfile, keyfile: a PEM certificate and its key: serve ``wss://`` / ``https://`` (both or neither).
@@ -99,6 +108,8 @@ class ServeSettings:
     frontend_workers: int | None = None
     ws_workers: int | None = None
     max_wait_ms: int | None = None
+    endpoint_silence_s: float = DEFAULT_ENDPOINT_SILENCE_S
+    max_segment_s: float = DEFAULT_MAX_SEGMENT_S
     token: str | None = None
     certfile: str | None = None
     keyfile: str | None = None
@@ -127,6 +138,8 @@ class ServeSettings:
                     f"--frontend-workers must be at most --max-connections ({self.max_connections}): each "
                     f"process owns a share of the connections' slots, got {self.frontend_workers}"
                 )
+        _check_seconds("--endpoint-silence-s", self.endpoint_silence_s, zero=True)
+        _check_seconds("--max-segment-s", self.max_segment_s, zero=False)
         if self.ws_workers is not None:
             check_int("--ws-workers", self.ws_workers, minimum=0, maximum=MAX_WS_WORKERS)
         if self.token is not None and (
@@ -138,6 +151,13 @@ class ServeSettings:
                 f"--certfile and --keyfile go together (wss needs both), got certfile={self.certfile!r}, "
                 f"keyfile={self.keyfile!r}"
             )
+
+    @property
+    def endpoints(self) -> tuple[float | None, float | None]:
+        """``(silence_s, max_segment_s)`` of the sherpa-onnx route's endpoints; ``(None, None)``: none."""
+        if not self.endpoint_silence_s:
+            return None, None
+        return float(self.endpoint_silence_s), float(self.max_segment_s)
 
     @property
     def secure(self) -> bool:
@@ -152,3 +172,11 @@ class ServeSettings:
         """
         address = f"{'wss' if self.secure else 'ws'}://{self.host}:{self.port}"
         return f"{address}/ (sherpa-onnx, float32 samples), {address}/wenet (WeNet, int16 PCM)"
+
+
+def _check_seconds(name: str, value: object, *, zero: bool) -> None:
+    """``ValueError`` naming the option unless ``value`` is a finite number of seconds, > 0 (or ``0`` if ``zero``)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name} must be a number of seconds, got {value!r}")
+    if value == 0 and not zero:
+        raise ValueError(f"{name} must be more than 0 seconds, got {value!r}")

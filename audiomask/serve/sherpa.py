@@ -7,13 +7,15 @@ message each time the text changes, then, after ``Done``, the final result
 with ``is_final`` and ``is_eof`` true, then the text message ``Done!``, and
 closes with code 1000:
 
+>>> from audiomask.asr.decoding import Transcript
+>>> from audiomask.serve.segments import Segment
 >>> protocol = SherpaProtocol()
 >>> protocol.read_text("Done")
 END
->>> protocol.partial(Transcript("hi", ("h", "i"), (0.28, 0.36)))
+>>> protocol.result(Segment(0, Transcript("hi", ("h", "i"), (0.28, 0.36)), start_s=0.0, final=False))
 '{"text": "hi", "segment": 0, "is_final": false, "is_eof": false, "tokens": ["h", "i"], "timestamps": [0.28, 0.36], "start_time": 0.0}'
->>> protocol.final(Transcript("hi", ("h", "i"), (0.28, 0.36)))[1]
-'Done!'
+>>> protocol.final(Segment(1, Transcript("yo", ("y", "o"), (0.1, 0.2)), start_s=2.4, final=True))
+('{"text": "yo", "segment": 1, "is_final": true, "is_eof": true, "tokens": ["y", "o"], "timestamps": [0.1, 0.2], "start_time": 2.4}', 'Done!')
 >>> protocol.read_bytes(b"\\x00\\x00")
 Traceback (most recent call last):
 ...
@@ -21,11 +23,13 @@ audiomask.serve.session.ClientError: a binary message of 2 bytes is not a whole 
 an odd number of 16-bit values looks like int16 PCM; this route takes little-endian float32 samples in [-1, 1] at 16 kHz \
 (int16 PCM goes to /wenet)
 
-``tokens`` are the text's tokens (characters, for the shipped model) and
-``timestamps`` when each starts, seconds from the stream's start (where
-greedy CTC emitted it: :class:`~audiomask.asr.recognizer.Transcript`);
-``segment`` is always 0 and ``start_time`` 0.0 (no endpointing: one
-connection, one utterance). A client error gets ``{"error": MESSAGE}``, then a close frame
+Endpoints split a connection's speech into segments (sherpa-onnx's rules,
+:mod:`audiomask.serve.segments`): a segment's last result has ``is_final``
+true (``is_eof`` false), and the next segment's ``text`` starts afresh, its
+``segment`` one more and ``start_time`` where it starts (seconds from the
+stream's start). ``tokens`` are the segment's tokens (characters, for the
+shipped model) and ``timestamps`` when each starts, seconds from
+``start_time`` (where greedy CTC emitted it: :class:`~audiomask.asr.decoding.Transcript`). A client error gets ``{"error": MESSAGE}``, then a close frame
 whose code says which error.
 """
 
@@ -35,7 +39,7 @@ import json
 
 import numpy as np
 
-from audiomask.asr.decoding import Transcript
+from audiomask.serve.segments import Segment
 from audiomask.serve.session import CLOSE_UNSUPPORTED, END, ClientError, ClientProtocol, End, Reply, Samples
 
 __all__ = ["DONE", "DONE_REPLY", "FLOAT32_LE", "SherpaProtocol"]
@@ -52,6 +56,7 @@ class SherpaProtocol(ClientProtocol):
 
     sample_format = SAMPLE_FORMAT
     bad_samples_hint = f"; this route takes {SAMPLE_FORMAT}: int16 PCM read as float32 gives such values"
+    endpoints = True
 
     def read_text(self, text: str) -> Samples | Reply | End:
         if text == DONE:
@@ -72,26 +77,27 @@ class SherpaProtocol(ClientProtocol):
             )
         return Samples(np.frombuffer(data, FLOAT32_LE))
 
-    def partial(self, transcript: Transcript) -> str:
-        return _result(transcript, final=False)
+    def result(self, segment: Segment) -> str:
+        return _result(segment, eof=False)
 
-    def final(self, transcript: Transcript) -> tuple[str, ...]:
-        return _result(transcript, final=True), DONE_REPLY
+    def final(self, segment: Segment) -> tuple[str, ...]:
+        return _result(segment, eof=True), DONE_REPLY
 
     def error(self, message: str) -> str:
         return json.dumps({"error": message})
 
 
-def _result(transcript: Transcript, *, final: bool) -> str:
-    """sherpa-onnx's result JSON (``OnlineRecognizerResult.AsJsonString``) for ``transcript``."""
+def _result(segment: Segment, *, eof: bool) -> str:
+    """sherpa-onnx's result JSON (``OnlineRecognizerResult.AsJsonString``) for ``segment``."""
+    transcript = segment.transcript
     return json.dumps(
         {
             "text": transcript.text,
-            "segment": 0,
-            "is_final": final,
-            "is_eof": final,
+            "segment": segment.index,
+            "is_final": segment.final or eof,
+            "is_eof": eof,
             "tokens": list(transcript.tokens),
             "timestamps": list(transcript.times_s),
-            "start_time": 0.0,
+            "start_time": segment.start_s,
         }
     )

@@ -10,10 +10,12 @@ closes with code 1000. ``nbest`` is a JSON *string* of ``[{"sentence": ...}]``
 (greedy decoding: one hypothesis whatever ``nbest`` asks). Errors are
 ``{"status": "failed", "message": ...}``, then a close frame.
 
+>>> from audiomask.asr.decoding import Transcript
+>>> from audiomask.serve.segments import Segment
 >>> protocol = WeNetProtocol()
 >>> protocol.read_text('{"signal": "start", "nbest": 1, "continuous_decoding": false}').messages
 ('{"status": "ok", "type": "server_ready"}',)
->>> protocol.partial(Transcript("hello"))
+>>> protocol.result(Segment(0, Transcript("hello"), start_s=0.0, final=False))
 '{"status": "ok", "type": "partial_result", "nbest": "[{\\\\"sentence\\\\": \\\\"hello\\\\"}]"}'
 >>> protocol.read_bytes(b"\\x00\\x40").samples   # int16 16384 = 0.5 of full scale
 array([0.5], dtype=float32)
@@ -25,7 +27,7 @@ import json
 
 import numpy as np
 
-from audiomask.asr.decoding import Transcript
+from audiomask.serve.segments import Segment
 from audiomask.serve.session import END, ClientError, ClientProtocol, End, Reply, Samples
 
 __all__ = ["INT16_FULL_SCALE", "INT16_LE", "WeNetProtocol"]
@@ -82,11 +84,11 @@ class WeNetProtocol(ClientProtocol):
             )
         return Samples(np.frombuffer(data, INT16_LE).astype(np.float32) / np.float32(INT16_FULL_SCALE))
 
-    def partial(self, transcript: Transcript) -> str:
-        return _result("partial_result", transcript.text)
+    def result(self, segment: Segment) -> str:
+        return _result("final_result" if segment.final else "partial_result", segment.transcript.text)
 
-    def final(self, transcript: Transcript) -> tuple[str, ...]:
-        return _result("final_result", transcript.text), json.dumps({"status": "ok", "type": "speech_end"})
+    def final(self, segment: Segment) -> tuple[str, ...]:
+        return _result("final_result", segment.transcript.text), json.dumps({"status": "ok", "type": "speech_end"})
 
     def error(self, message: str) -> str:
         return json.dumps({"status": "failed", "message": message})

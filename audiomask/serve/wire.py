@@ -10,7 +10,8 @@ frames a pass, not one system call each.
 
 Worker -> recognizer (``cid``: the worker's number for the connection):
 
-- ``(OPEN, cid, name)``: a connection attached; its stream is opened with its first samples;
+- ``(OPEN, cid, name, endpoints)``: a connection attached (``endpoints``: its route splits the stream into
+  segments); its stream is opened with its first samples;
 - ``(AUDIO, cid, samples)``: ``(n,)`` float32 samples, already checked, in whole blocks of the stream;
 - ``(END, cid)``: the client ended its audio: feed the rest, finish, answer ``FINAL``;
 - ``(WAIT, cid)``: the worker holds the client's messages until ``RESUME`` (it has sent more than the
@@ -21,22 +22,22 @@ Recognizer -> worker:
 
 - ``(HELLO, first_block, block, max_buffered)``: the feeds' sizes in samples (once the recognizer is ready);
 - ``(HEALTH, status, body)``: ``/health``'s answer (every :data:`HEALTH_PERIOD_S` and when it changes);
-- ``(TEXT, cid, transcript)``: the stream's text changed (a :class:`~audiomask.asr.recognizer.Transcript`);
+- ``(RESULTS, cid, segments)``: what changed in the stream's segments (:class:`~audiomask.serve.segments.Segment`);
 - ``(RESUME, cid, taken)``: answers ``WAIT`` once a pass has taken the feed's samples: ``taken`` samples
   of the connection's have been taken so far;
 - ``(FAILED, cid, kind, message)``: the stream cannot go on (``kind``: :data:`ERROR_KINDS`);
-- ``(FINAL, cid, transcript)`` or ``(FINAL, cid, None, kind, message)``: the final transcript, or why
-  there is none;
+- ``(FINAL, cid, segments)`` or ``(FINAL, cid, None, kind, message)``: the segments not reported yet, the
+  last final, or why there are none;
 - ``(STOP, cid)``: the server is draining: finish the connection now;
 - ``(DRAIN,)``: stop accepting connections; ``(EXIT,)``: shut down.
 
 >>> import asyncio
 >>> async def demo():
 ...     reader = asyncio.StreamReader()
-...     reader.feed_data(encode([(TEXT, 7, "hello")]) + encode([(END, 7)]))
+...     reader.feed_data(encode([(AUDIO, 7, "samples")]) + encode([(END, 7)]))
 ...     return await read_frame(reader), await read_frame(reader)
 >>> asyncio.run(demo())
-([('text', 7, 'hello')], [('end', 7)])
+([('audio', 7, 'samples')], [('end', 7)])
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ __all__ = [
     "OPEN",
     "RESUME",
     "STOP",
-    "TEXT",
+    "RESULTS",
     "WAIT",
     "Link",
     "dispatch_frames",
@@ -75,10 +76,10 @@ __all__ = [
 ]
 
 OPEN, AUDIO, WAIT, END, CLOSE = "open", "audio", "wait", "end", "close"
-HELLO, HEALTH, TEXT, RESUME, FAILED, FINAL, STOP, DRAIN, EXIT = (
+HELLO, HEALTH, RESULTS, RESUME, FAILED, FINAL, STOP, DRAIN, EXIT = (
     "hello",
     "health",
-    "text",
+    "results",
     "resume",
     "failed",
     "final",

@@ -106,3 +106,31 @@ def test_no_audio_gives_an_empty_final_result(served, exchange):
     result = asyncio.run(exchange(served.ws_url + "/", ["Done"], token=served.token))
     assert [json.loads(result.replies[0])["text"], result.replies[1]] == ["", "Done!"]
     assert result.close_code == 1000
+
+
+def test_a_pause_ends_a_segment_on_the_sherpa_route_and_the_segments_make_up_the_stream(served, sample_audio, exchange):
+    first, second = sample_audio["hello_world.wav"], sample_audio["numbers.wav"]
+    pause = np.zeros(2 * 16000, np.float32)  # 2 s: past the 1.2 s of silence that end a segment
+    samples = np.concatenate([first, pause, second])
+    messages = [samples[start : start + 1600].astype("<f4").tobytes() for start in range(0, len(samples), 1600)]
+    result = asyncio.run(exchange(served.ws_url + "/", [*messages, "Done"], token=served.token))
+
+    *results, done = result.replies
+    assert done == "Done!" and result.close_code == 1000
+    results = [json.loads(reply) for reply in results]
+    ended = [r for r in results if r["is_final"] and not r["is_eof"]]
+    last = results[-1]
+    assert [r["segment"] for r in ended] == [0] and last["segment"] == 1 and last["is_eof"]
+    whole = single_stream_transcript(samples)
+    assert ended[0]["text"] + last["text"] == whole.text  # the segments split the stream's text
+    assert ended[0]["text"].startswith("hello") and last["text"].strip().startswith("seven")
+    assert len(first) / 16000 < last["start_time"] < (len(first) + len(pause)) / 16000
+    assert last["timestamps"] == [
+        pytest.approx(time - last["start_time"], abs=0.002) for time in whole.times_s[len(ended[0]["tokens"]) :]
+    ]
+    for r in results:  # each segment's partials grow, and start afresh
+        assert r["text"] == "".join(r["tokens"])
+    wenet = asyncio.run(
+        stream_audio(served.ws_url + "/wenet", samples, protocol="wenet", token=served.token)
+    )  # WeNet's route: no endpoints, one utterance
+    assert wenet.text == whole.text

@@ -42,7 +42,7 @@ def test_messages_sent_in_one_pass_of_the_event_loop_leave_as_one_frame():
         original = writer.write
         writer.write = lambda data: (written.append(len(data)), original(data))
         for cid in range(100):
-            link.send((wire.TEXT, cid, f"text {cid}"))
+            link.send((wire.RESULTS, cid, f"text {cid}"))
         await asyncio.sleep(0.05)  # the pass is over: its messages are written
         messages = [received.get_nowait() for _ in range(received.qsize())]
         await link.close()
@@ -51,7 +51,7 @@ def test_messages_sent_in_one_pass_of_the_event_loop_leave_as_one_frame():
 
     written, messages = asyncio.run(run())
     assert len(written) == 1
-    assert messages == [(wire.TEXT, cid, f"text {cid}") for cid in range(100)]
+    assert messages == [(wire.RESULTS, cid, f"text {cid}") for cid in range(100)]
 
 
 def test_errors_cross_as_the_kinds_a_session_tells_apart():
