@@ -32,7 +32,9 @@ What it checks and measures:
 - the started server's CPU seconds (user + system, all its threads) while the
   clients ran, and per second of audio they sent: what a real-time stream
   costs the server's host, the encoder steps included; the same for all the
-  server's processes (its WebSocket workers and front-end processes too).
+  server's processes (its WebSocket workers and front-end processes too);
+- the server's ``/health`` once a second while the clients run (connections,
+  streams, steps run, the recent steps' timings): how its steps evolve.
 
 The report (``--out``) records the command, date, versions and machine
 (:func:`audiomask.bench.environment.capture_environment`), the settings, the
@@ -51,6 +53,7 @@ import os
 import resource
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
@@ -66,6 +69,7 @@ REPOSITORY = Path(__file__).resolve().parents[1]
 MS_PER_S = 1000
 PERCENTILES = (50, 90, 99, 100)
 ROUTES = {"sherpa": "/", "wenet": "/wenet"}
+HEALTH_SAMPLE_S = 1.0  # seconds between the server's /health samples while the clients run
 CLIENT_START_S = 3.0  # seconds the client processes get to start before the first client connects
 RANDOM_MODELS = ("phi4mm_full", "qwen3_asr_0.6b")  # audiomask.bench.models names --model may give
 
@@ -190,6 +194,28 @@ def _partial_latencies(outcome: dict, reference: list[str]) -> tuple[list[float]
     return latencies, unmatched
 
 
+@contextlib.contextmanager
+def _health_samples(url: str) -> Iterator[list[dict]]:
+    """A list that fills with the server's ``/health`` every :data:`HEALTH_SAMPLE_S` while the block runs."""
+    samples: list[dict] = []
+    stop = threading.Event()
+    started = time.perf_counter()
+
+    def sample() -> None:
+        while not stop.wait(HEALTH_SAMPLE_S):
+            body = server_health(url.replace("ws", "http", 1))[1]
+            keys = ("connections", "streams", "cycles", "recent_cycles")
+            samples.append({"t_s": round(time.perf_counter() - started, 2)} | {k: body.get(k) for k in keys})
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    try:
+        yield samples
+    finally:
+        stop.set()
+        thread.join()
+
+
 def _most_at_once(outcomes: list[dict]) -> int:
     """The most clients streaming at the same time: from each one's first message to its final result."""
     events = sorted(
@@ -265,7 +291,7 @@ def _measure(args, audio, message_samples, references, expected, chunk_ms, argv)
         tree_before_s = None if server is None else tree_cpu_seconds(server.pid)
         spawn = multiprocessing.get_context("spawn")
         clients_before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        with ProcessPoolExecutor(args.processes, mp_context=spawn) as pool:
+        with ProcessPoolExecutor(args.processes, mp_context=spawn) as pool, _health_samples(url) as samples:
             shares = [jobs[worker :: args.processes] for worker in range(args.processes)]
             done = pool.map(_run_clients, [audio] * len(shares), shares)
             outcomes = [outcome for share in done for outcome in share]
@@ -331,6 +357,9 @@ def _measure(args, audio, message_samples, references, expected, chunk_ms, argv)
             "partials": partial_count,
             "partials_unmatched": unmatched,
             "partial_latency_ms": _percentiles(partial_latencies),
+            # /health every HEALTH_SAMPLE_S while the clients ran: connections, streams, steps run, and the
+            # recent steps' timings (how the server's steps evolve under the load).
+            "health_samples": samples,
             "final_latency_ms": _percentiles([o["latency_final_s"] for o in outcomes if "error" not in o]),
         }
     )
