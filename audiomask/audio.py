@@ -57,6 +57,7 @@ import torchaudio
 from audiomask.checks import check_int
 from audiomask.constants import SAMPLE_RATE
 from audiomask.errors import AudioError
+from audiomask.samples import MAX_SAMPLE_MAGNITUDE, check_samples, first_unusable
 
 __all__ = [
     "MAX_CHANNELS",
@@ -82,10 +83,6 @@ MAX_CHANNELS = 8
 # 768 kHz (the highest rate converters offer) a header is corrupt, not audio.
 MIN_SAMPLE_RATE = 4000
 MAX_SAMPLE_RATE = 768000
-# Full scale is +-1.0; float files may exceed it, and integer PCM written as float without
-# scaling reaches 2^31 (32-bit). Beyond that a value is garbage, and near 1e12 the front ends'
-# float32 power overflows to inf (measured): refused like NaN.
-MAX_SAMPLE_MAGNITUDE = 2.0**31
 # torchaudio's resampling filter holds (new / g) phases of (orig / g + 2 * width) float64 taps,
 # g = gcd of the rates, and building it takes ~5x that (measured: 86 MB for a 16 MiB filter).
 # Every standard rate from 8 to 768 kHz needs at most 2.2 MiB (11.025 kHz); exotic 44.056 kHz
@@ -220,44 +217,6 @@ def _mono(block: np.ndarray) -> np.ndarray:
     return block.mean(axis=1, dtype=np.float32)
 
 
-def _first_unusable(samples: np.ndarray) -> int | None:
-    """Index of the first NaN, Inf or sample beyond ``+-MAX_SAMPLE_MAGNITUDE``; ``None`` when all are usable."""
-    # One comparison finds all three: NaN compares False, so "not <=" flags it with Inf and huge values.
-    usable = np.abs(samples) <= MAX_SAMPLE_MAGNITUDE
-    return None if usable.all() else int(np.argmin(usable))
-
-
-def check_samples(samples: np.ndarray, source: object, offset: int = 0, sample_rate: int = TARGET_SR) -> None:
-    """Refuse NaN, Inf and samples beyond ``+-MAX_SAMPLE_MAGNITUDE``, naming ``source`` and where.
-
-    Args:
-        samples: ``(n,)`` float samples, full scale ``+-1.0``.
-        source: the file or stream they come from, quoted first in the message.
-        offset: frames of ``source`` before ``samples`` (for the reported position).
-        sample_rate: Hz, for the reported time.
-
-    Raises:
-        AudioError: ``"<source>: non-finite sample (nan) at frame F (T s)"`` or
-            ``"<source>: sample V at frame F (T s) is beyond +-2^31 ..."``.
-
-    >>> check_samples(np.array([0.5, np.inf], np.float32), "live-3", offset=16000)
-    Traceback (most recent call last):
-    ...
-    audiomask.errors.AudioError: live-3: non-finite sample (inf) at frame 16001 (1.000 s)
-    """
-    first = _first_unusable(samples)
-    if first is None:
-        return
-    value = samples[first]
-    index = offset + first
-    where = f"at frame {index} ({index / sample_rate:.3f} s)"
-    if not np.isfinite(value):
-        raise AudioError(f"{source}: non-finite sample ({value}) {where}")
-    raise AudioError(
-        f"{source}: sample {value:.6g} {where} is beyond +-2^31 (full scale is +-1.0; not audio in any known scale)"
-    )
-
-
 def _resample_filter_bytes(orig_sr: int, new_sr: int) -> int:
     """Bytes of the float64 filter torchaudio builds to resample ``orig_sr`` to ``new_sr`` Hz."""
     gcd = math.gcd(orig_sr, new_sr)
@@ -295,7 +254,7 @@ def _mono_blocks(handle: sf.SoundFile, path: Path, read_frames: int = READ_BLOCK
         if len(block) == 0:
             return
         samples = _mono(block)
-        first = _first_unusable(samples)
+        first = first_unusable(samples)
         if first is not None:
             if first:
                 yield samples[:first]

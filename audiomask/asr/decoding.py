@@ -15,14 +15,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from audiomask.checks import check_int, check_lengths
 
-__all__ = ["BLANK_ID", "CharTokenizer", "GreedyCTCDecoder", "Transcript", "greedy_decode"]
+__all__ = ["BLANK_ID", "CharTokenizer", "GreedyCTCDecoder", "greedy_decode"]
 
 BLANK_ID = 0  # the CTC blank: emitted between and around characters, never part of the text
 
@@ -70,22 +69,6 @@ class CharTokenizer:
             if index != BLANK_ID:
                 chars.append(self.alphabet[index - 1])
         return "".join(chars)
-
-
-@dataclass(frozen=True)
-class Transcript:
-    """A stream's text and its tokens, each with the time it starts.
-
-    ``tokens``: the text's tokens in order (the tokenizer's pieces: characters
-    for :class:`CharTokenizer`); ``times_s``: where each starts, seconds from
-    the stream's start: the start of the encoder output token at which greedy
-    CTC emitted it (a token's first frame, so a resolution of one output
-    token: 40 ms for the shipped model).
-    """
-
-    text: str = ""
-    tokens: tuple[str, ...] = ()
-    times_s: tuple[float, ...] = ()
 
 
 class GreedyCTCDecoder:

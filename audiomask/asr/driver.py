@@ -89,10 +89,11 @@ from audiomask.asr.planner import CyclePlanner, DriverStream, PlannedCycle, bloc
 from audiomask.asr.stats import RECENT_CYCLES, CycleTiming, RunStats
 from audiomask.checks import check_int
 from audiomask.constants import SAMPLE_RATE
-from audiomask.features.frontend import Frontend, as_samples
+from audiomask.features.frontend import Frontend
 from audiomask.features.process import MAX_IN_FLIGHT, FeatureProcess
 from audiomask.features.slots import SlotFeatures, SlotSamples
 from audiomask.models.ctc import CTCHead
+from audiomask.samples import as_samples
 from audiomask.streaming import EncoderStream, as_lanes
 from audiomask.transfer import pinned_empty, to_host
 
@@ -297,7 +298,7 @@ class StreamingDriver:
     def feed(self, stream: DriverStream, samples: object, *, checked: bool = False) -> None:
         """Queue 16 kHz float samples for ``stream`` (any number, empty allowed); nothing is computed here.
 
-        ``checked``: ``samples`` came from :func:`~audiomask.features.frontend.as_samples` (not checked again).
+        ``checked``: ``samples`` came from :func:`~audiomask.samples.as_samples` (not checked again).
         """
         started = time.thread_time()
         if stream.ended:

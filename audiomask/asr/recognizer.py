@@ -36,14 +36,14 @@ import numpy as np
 import torch
 
 from audiomask.asr.capacity import MS_PER_S, open_fitting
-from audiomask.asr.decoding import Transcript
 from audiomask.asr.driver import DriverStream, RunStats, StreamingDriver
 from audiomask.asr.model import ASRModel
 from audiomask.asr.outputs import DEFAULT_MAX_PENDING, ChunkQueue, EncoderChunk
+from audiomask.asr.transcript import Transcript
 from audiomask.audio import load
 from audiomask.checks import check_int, check_seconds
 from audiomask.constants import FRAME_MS
-from audiomask.features.frontend import as_samples
+from audiomask.samples import as_samples
 from audiomask.transfer import require_device
 
 __all__ = ["MAX_WAIT_S", "RecognizerStream", "StreamingRecognizer"]
@@ -417,7 +417,7 @@ class StreamingRecognizer:
         """:meth:`RecognizerStream.accept` for several streams: one lock and one run of the due steps for all.
 
         ``pairs``: ``(stream, samples)``; with ``checked``, ``(n,)`` float32 arrays the caller has checked
-        (:func:`~audiomask.features.frontend.as_samples`). The steps run until these streams have moved as
+        (:func:`~audiomask.samples.as_samples`). The steps run until these streams have moved as
         far as they can. Returns, per pair, ``None`` or the error that refused its samples whole (as
         ``accept`` raises it); the others are queued whatever one's error.
         """

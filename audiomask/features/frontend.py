@@ -18,11 +18,11 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from audiomask.audio import check_samples
 from audiomask.checks import check_int
 from audiomask.features.framing import Framing, PackedFrames, StreamFramer, pack
+from audiomask.samples import as_samples
 
-__all__ = ["SLAB_FRAMES", "FeatureStream", "FeatureStreams", "Frontend", "MelBands", "as_samples"]
+__all__ = ["SLAB_FRAMES", "FeatureStream", "FeatureStreams", "Frontend", "MelBands"]
 
 # Frames per slab of torch calls inside one computation: 2 MB of float64 FFT
 # input at n_fft 512. Measured on the 2-core box: 512-768 fastest, 1024 and up
@@ -142,31 +142,6 @@ def _split(first: np.ndarray, end: np.ndarray, groups: int) -> list[tuple[int, i
         bin_lo, bin_hi = int(first[lo:hi].min()), int(end[lo:hi].max())
         runs.append((lo, hi, min(bin_lo, bin_hi), bin_hi))
     return runs
-
-
-def as_samples(name: str, samples: object, *, source: object = None, offset: int = 0) -> np.ndarray:
-    """``samples`` as a 1-D float32 numpy array (no copy when it already is one).
-
-    Integer PCM is refused rather than guessed at: front ends take samples in
-    [-1, 1] (what :func:`audiomask.audio.load` returns); NaN, Inf and absurd
-    values raise :class:`~audiomask.errors.AudioError`
-    (:func:`audiomask.audio.check_samples`, naming ``source``, default
-    ``name``, and the frame counted from ``offset``), so no front end turns
-    them into NaN features silently. Read-only arrays are copied: torch cannot wrap them.
-
-    >>> as_samples("samples", [0.0, float("nan")])
-    Traceback (most recent call last):
-    ...
-    audiomask.errors.AudioError: samples: non-finite sample (nan) at frame 1 (0.000 s)
-    """
-    array = samples.detach().cpu().numpy() if isinstance(samples, torch.Tensor) else np.asarray(samples)
-    if array.ndim != 1:
-        raise ValueError(f"{name} must be 1-D (mono samples), got shape {array.shape}")
-    if not np.issubdtype(array.dtype, np.floating):
-        raise ValueError(f"{name} must hold floating-point samples in [-1, 1], got dtype {array.dtype}")
-    array = np.ascontiguousarray(array, dtype=np.float32)
-    check_samples(array, name if source is None else source, offset)
-    return array if array.flags.writeable else array.copy()
 
 
 class Frontend(ABC):

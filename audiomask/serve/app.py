@@ -22,17 +22,20 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from importlib.resources import files
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI, WebSocket
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
-from audiomask.asr.recognizer import StreamingRecognizer
-from audiomask.serve.engine import Engine
 from audiomask.serve.remote import RemoteEngine
 from audiomask.serve.session import serve_connection
 from audiomask.serve.settings import ServeSettings
 from audiomask.serve.sherpa import SherpaProtocol
 from audiomask.serve.wenet import WeNetProtocol
+
+if TYPE_CHECKING:  # the recognizer's modules load torch: a WebSocket worker imports this app without them
+    from audiomask.asr.recognizer import StreamingRecognizer
+    from audiomask.serve.engine import Engine
 
 __all__ = ["PAGE", "SHERPA_ROUTE", "WENET_ROUTE", "create_app"]
 
@@ -65,7 +68,13 @@ def create_app(
     """
     if engine is not None and recognizer is not None:
         raise ValueError("create_app: give a recognizer or a remote engine, not both")
-    backend: Engine | RemoteEngine = Engine(settings, recognizer) if engine is None else engine
+    backend: Engine | RemoteEngine
+    if engine is None:
+        from audiomask.serve.engine import Engine
+
+        backend = Engine(settings, recognizer)
+    else:
+        backend = engine
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -37,21 +37,20 @@ server stops.
 from __future__ import annotations
 
 import asyncio
-import enum
 import logging
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
-from audiomask.asr.decoding import Transcript
 from audiomask.asr.recognizer import StreamingRecognizer
+from audiomask.asr.transcript import Transcript
 from audiomask.checks import pick_device
 from audiomask.constants import SAMPLE_RATE
+from audiomask.serve.admission import Listener, Refusal, State, busy_refusal, state_refusal
 from audiomask.serve.feeds import Feed, Inbox
 from audiomask.serve.segments import Segment, Segmenter
 from audiomask.serve.settings import ServeSettings
@@ -59,19 +58,12 @@ from audiomask.serve.settings import ServeSettings
 __all__ = [
     "DRAIN_TIMEOUT_S",
     "FEEDERS",
-    "RETRY_AFTER_BUSY_S",
-    "RETRY_AFTER_STARTING_S",
     "SWEEP_PAUSE_FACTOR",
     "TICKS_PER_CHUNK",
     "Engine",
-    "Listener",
-    "Refusal",
-    "State",
     "GPU_WAITS_PER_CHUNK",
     "build_recognizer",
     "default_max_wait_ms",
-    "busy_refusal",
-    "state_refusal",
 ]
 
 MS_PER_S = 1000
@@ -79,7 +71,7 @@ TICKS_PER_CHUNK = 8  # ticker wake-ups per chunk of audio when nothing wakes it:
 # Threads that feed the recognizer, one pass over the due feeds each: an accept (or poll) may find steps due
 # and run them, for as long as more come due, and meanwhile the other feeds the connections.
 FEEDERS = 2
-# After a sweep of every stream's partial() that took T seconds, the next waits SWEEP_PAUSE_FACTOR * T:
+# After a sweep of every stream's transcript that took T seconds, the next waits SWEEP_PAUSE_FACTOR * T:
 # with thousands of streams the sweeps take at most 1 / (1 + SWEEP_PAUSE_FACTOR) of the ticker's time.
 SWEEP_PAUSE_FACTOR = 3
 # On CUDA a ready chunk waits an eighth of a chunk for the others by default: measured on an H200 with the
@@ -88,63 +80,11 @@ GPU_WAITS_PER_CHUNK = 8
 WARMUP_CHUNKS = 2  # chunks of silence the first step runs on before the server says it is ready
 WARMUP_TIMEOUT_S = 600.0  # a first CUDA step compiles kernels and captures graphs: minutes on a cold machine
 DRAIN_TIMEOUT_S = 30.0  # seconds shutdown waits for the connections in flight to get their final results
-RETRY_AFTER_BUSY_S = 5  # Retry-After (seconds) of a handshake refused because every connection is taken
-RETRY_AFTER_STARTING_S = 1  # ... because the model is still loading, or the server is stopping
 HEALTH_CYCLES = 256  # /health summarises the timings of this many recent encoder steps
 TICKER_JOIN_S = 5.0  # seconds stop() waits for the ticker thread's last sweep
 
 logger = logging.getLogger("audiomask.serve")
 Result = TypeVar("Result")
-
-
-class State(enum.Enum):
-    """Where the engine is: ``/health`` answers 200 only when ``READY``."""
-
-    LOADING = "loading"  # building the recognizer, or running its first step
-    READY = "ready"
-    FAILED = "failed"  # the recognizer could not be built, its first step failed, or it stopped after an error
-    DRAINING = "draining"  # shutting down: new connections are refused, those in flight get their final results
-
-
-class Listener(Protocol):
-    """A connection as the engine sees it: how to reach it (every method is called on the event loop)."""
-
-    def results(self, segments: list[Segment]) -> None:
-        """What changed in the stream's segments, in order: those that ended, then the current one's text."""
-
-    def failed(self, error: BaseException) -> None:
-        """The stream cannot go on: the recognizer refused its samples or stopped (``error`` says why)."""
-
-    def stop(self) -> None:
-        """Finish now: the server is stopping."""
-
-
-@dataclass(frozen=True)
-class Refusal:
-    """Why a WebSocket handshake is refused: HTTP ``status``, a one-line ``message`` and ``Retry-After`` seconds."""
-
-    status: int
-    message: str
-    retry_after_s: int | None = None
-
-
-def state_refusal(state: State, error: str | None) -> Refusal | None:
-    """Why a handshake is refused while the engine is in ``state`` (``error``: why it FAILED); ``None`` when READY."""
-    if state is State.LOADING:
-        return Refusal(503, "the model is loading: retry shortly", RETRY_AFTER_STARTING_S)
-    if state is State.DRAINING:
-        return Refusal(503, "the server is shutting down: retry on another replica", RETRY_AFTER_STARTING_S)
-    if state is State.FAILED:
-        return Refusal(503, f"the server cannot recognize speech: {error}")
-    return None
-
-
-def busy_refusal(connections: int, settings: ServeSettings) -> Refusal | None:
-    """HTTP 503 with ``Retry-After`` when ``connections`` already fill ``settings.max_connections``."""
-    limit = settings.max_connections
-    if connections >= limit:
-        return Refusal(503, f"server busy: all {limit} connections (--max-connections) are in use", RETRY_AFTER_BUSY_S)
-    return None
 
 
 def build_recognizer(settings: ServeSettings) -> StreamingRecognizer:

@@ -45,7 +45,7 @@ import numpy as np
 
 from audiomask.asr.recognizer import RecognizerStream
 from audiomask.checks import check_int
-from audiomask.features.frontend import as_samples
+from audiomask.samples import as_samples
 
 __all__ = ["MAX_AHEAD_BLOCKS", "Feed", "Inbox"]
 

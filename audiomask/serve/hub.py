@@ -30,7 +30,8 @@ from collections.abc import Coroutine
 from typing import Any
 
 from audiomask.serve import wire
-from audiomask.serve.engine import Engine, State
+from audiomask.serve.admission import State
+from audiomask.serve.engine import Engine
 from audiomask.serve.feeds import Feed
 from audiomask.serve.segments import Segment
 
@@ -40,7 +41,7 @@ logger = logging.getLogger("audiomask.serve")
 
 
 class _RemoteListener:
-    """The engine's :class:`~audiomask.serve.engine.Listener` of a worker's connection: tells the worker."""
+    """The engine's :class:`~audiomask.serve.admission.Listener` of a worker's connection: tells the worker."""
 
     def __init__(self, link: wire.Link, cid: int) -> None:
         self._link, self._cid = link, cid

@@ -55,7 +55,8 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from audiomask.checks import check_int
-from audiomask.serve.engine import DRAIN_TIMEOUT_S, State
+from audiomask.serve.admission import State
+from audiomask.serve.engine import DRAIN_TIMEOUT_S
 from audiomask.serve.settings import ServeSettings
 
 __all__ = [

@@ -32,9 +32,9 @@ from multiprocessing.sharedctypes import SynchronizedArray
 
 import numpy as np
 
-from audiomask.features.frontend import as_samples
+from audiomask.samples import as_samples
 from audiomask.serve import wire
-from audiomask.serve.engine import Listener, Refusal, State, busy_refusal, state_refusal
+from audiomask.serve.admission import Listener, Refusal, State, busy_refusal, state_refusal
 from audiomask.serve.segments import Segment
 from audiomask.serve.settings import ServeSettings
 
@@ -136,6 +136,7 @@ class RemoteEngine:
         self._feeds: dict[int, tuple[RemoteFeed, Listener]] = {}
         self._cids = itertools.count()
         self._link: wire.Link | None = None
+        self._exiting = False  # the main process has said EXIT
         self._reader: asyncio.Task | None = None
 
     async def start(self) -> None:
@@ -211,7 +212,8 @@ class RemoteEngine:
         """The recognizer's process has gone: every connection fails, the worker stops."""
         self._state, self._error = State.FAILED, "the recognizer's process has stopped"
         self._status, self._body = 503, {"status": State.FAILED.value, "error": self._error}
-        logger.error("worker: %s", self._error)
+        if not self._exiting:  # after EXIT, the main process closing the link is the plan
+            logger.error("worker: %s", self._error)
         for feed, listener in list(self._feeds.values()):
             error = RuntimeError(self._error)
             feed.fail(error)
@@ -230,6 +232,7 @@ class RemoteEngine:
         elif kind == wire.DRAIN:
             self.on_drain()
         elif kind == wire.EXIT:
+            self._exiting = True
             self.on_exit()
         elif message[1] in self._feeds:
             self._dispatch_to_connection(kind, *self._feeds[message[1]], message[2:])

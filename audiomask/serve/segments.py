@@ -10,7 +10,7 @@ token times start afresh, its ``start_s`` where the last one ended. Silence
 here is what greedy CTC decodes as blanks: decoded audio after the last
 token. ``silence_s=None`` turns endpoints off (one segment per connection).
 
->>> from audiomask.asr.decoding import Transcript
+>>> from audiomask.asr.transcript import Transcript
 >>> segmenter = Segmenter(silence_s=1.2, max_segment_s=20.0)
 >>> segmenter.update(Transcript("hi", ("h", "i"), (0.5, 0.6)), decoded_s=0.8)
 True
@@ -30,7 +30,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-from audiomask.asr.decoding import Transcript
+from audiomask.asr.transcript import Transcript
 
 __all__ = ["SILENCE_WITHOUT_TEXT_FACTOR", "Segment", "Segmenter"]
 

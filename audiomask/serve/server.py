@@ -14,13 +14,15 @@ import asyncio
 import socket
 import sys
 from types import FrameType
+from typing import TYPE_CHECKING
 
 import uvicorn
 
-from audiomask.asr.recognizer import StreamingRecognizer
-from audiomask.serve.app import create_app
-from audiomask.serve.engine import Engine
 from audiomask.serve.settings import ServeSettings
+
+if TYPE_CHECKING:  # the recognizer's modules load torch: a WebSocket worker takes uvicorn_config without them
+    from audiomask.asr.recognizer import StreamingRecognizer
+    from audiomask.serve.engine import Engine
 
 __all__ = ["EXIT_STOPPED", "WS_MAX_SIZE_FACTOR", "run", "uvicorn_config"]
 
@@ -87,6 +89,8 @@ class _DrainingServer(uvicorn.Server):
 
 def run(settings: ServeSettings, recognizer: StreamingRecognizer | None = None) -> int:
     """Serve ``settings`` (with ``recognizer``, or one built from them) until a stop signal; the exit status."""
+    from audiomask.serve.app import create_app
+
     app = create_app(settings, recognizer)
     server = _DrainingServer(uvicorn_config(app, settings), app.state.engine)
     server.run()

@@ -46,7 +46,7 @@ from starlette.responses import PlainTextResponse
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from audiomask.errors import AudioError
-from audiomask.serve.engine import Listener, Refusal
+from audiomask.serve.admission import Listener, Refusal
 from audiomask.serve.segments import Segment
 from audiomask.serve.settings import ServeSettings
 
@@ -218,7 +218,7 @@ class _DisconnectedError(Exception):
 
 
 class _Session:
-    """A connection after its handshake: the engine's :class:`~audiomask.serve.engine.Listener`."""
+    """A connection after its handshake: the engine's :class:`~audiomask.serve.admission.Listener`."""
 
     def __init__(self, websocket: WebSocket, engine: Backend, protocol: ClientProtocol) -> None:
         self._websocket, self._engine, self._protocol = websocket, engine, protocol

@@ -7,7 +7,7 @@ message each time the text changes, then, after ``Done``, the final result
 with ``is_final`` and ``is_eof`` true, then the text message ``Done!``, and
 closes with code 1000:
 
->>> from audiomask.asr.decoding import Transcript
+>>> from audiomask.asr.transcript import Transcript
 >>> from audiomask.serve.segments import Segment
 >>> protocol = SherpaProtocol()
 >>> protocol.read_text("Done")
@@ -29,8 +29,9 @@ true (``is_eof`` false), and the next segment's ``text`` starts afresh, its
 ``segment`` one more and ``start_time`` where it starts (seconds from the
 stream's start). ``tokens`` are the segment's tokens (characters, for the
 shipped model) and ``timestamps`` when each starts, seconds from
-``start_time`` (where greedy CTC emitted it: :class:`~audiomask.asr.decoding.Transcript`). A client error gets ``{"error": MESSAGE}``, then a close frame
-whose code says which error.
+``start_time`` (where greedy CTC emitted it: :class:`~audiomask.asr.transcript.Transcript`).
+A client error gets ``{"error": MESSAGE}``, then a close frame whose code
+says which error.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ closes with code 1000. ``nbest`` is a JSON *string* of ``[{"sentence": ...}]``
 (greedy decoding: one hypothesis whatever ``nbest`` asks). Errors are
 ``{"status": "failed", "message": ...}``, then a close frame.
 
->>> from audiomask.asr.decoding import Transcript
+>>> from audiomask.asr.transcript import Transcript
 >>> from audiomask.serve.segments import Segment
 >>> protocol = WeNetProtocol()
 >>> protocol.read_text('{"signal": "start", "nbest": 1, "continuous_decoding": false}').messages

@@ -31,16 +31,18 @@ import sys
 import tempfile
 from multiprocessing.sharedctypes import SynchronizedArray
 from types import FrameType
+from typing import TYPE_CHECKING
 
 import uvicorn
 
-from audiomask.asr.recognizer import StreamingRecognizer
 from audiomask.serve.app import create_app
-from audiomask.serve.engine import Engine
-from audiomask.serve.hub import WorkerHub
 from audiomask.serve.remote import RemoteEngine
 from audiomask.serve.server import uvicorn_config
 from audiomask.serve.settings import ServeSettings
+
+if TYPE_CHECKING:  # the recognizer's side loads torch: the spawned workers import this module without it
+    from audiomask.asr.recognizer import StreamingRecognizer
+    from audiomask.serve.hub import WorkerHub
 
 __all__ = ["CORES_PER_WS_WORKER", "resolve_ws_workers", "run_with_workers"]
 
@@ -95,9 +97,13 @@ class _Supervisor:
     def __init__(self, settings: ServeSettings, recognizer: StreamingRecognizer, workers: int) -> None:
         self.settings, self.recognizer, self.count = settings, recognizer, workers
         self.stop = asyncio.Event()
+        self.connections: SynchronizedArray | None = None  # each worker's admitted connections (shared memory)
         self.failed = False
 
     async def run(self, listener: socket.socket) -> int:
+        from audiomask.serve.engine import Engine
+        from audiomask.serve.hub import WorkerHub
+
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, self._on_signal, signum)
@@ -121,6 +127,7 @@ class _Supervisor:
             await hub.stop()
             await engine.stop()
             shutil.rmtree(directory, ignore_errors=True)
+            self.connections = None  # its semaphore is unlinked now, not left to the interpreter's exit
         return EXIT_WORKERS_FAILED if self.failed else EXIT_STOPPED
 
     def _on_signal(self, signum: int) -> None:
@@ -130,8 +137,7 @@ class _Supervisor:
 
     def _spawn(self, listener: socket.socket, hub_path: str) -> list[multiprocessing.process.BaseProcess]:
         context = multiprocessing.get_context("spawn")
-        # Each worker's admitted connections; kept here, as the workers use it after it is sent.
-        self.connections = context.Array("q", self.count)
+        self.connections = context.Array("q", self.count)  # kept here: the workers use it after it is sent
         processes = [
             context.Process(
                 target=_worker_main,

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from audiomask.asr.checkpoint import load_model
-from audiomask.asr.decoding import Transcript
 from audiomask.asr.recognizer import StreamingRecognizer
+from audiomask.asr.transcript import Transcript
 from audiomask.serve.client import stream_audio
 
 SHERPA_CLIENT_MESSAGE_SAMPLES = 8000  # sherpa-onnx's file client's default --samples-per-message

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from audiomask.asr.decoding import Transcript
+from audiomask.asr.transcript import Transcript
 from audiomask.serve.segments import SILENCE_WITHOUT_TEXT_FACTOR, Segmenter
 
 SILENCE_S, MAX_SEGMENT_S = 1.2, 20.0

@@ -61,6 +61,8 @@ def test_sigterm_finishes_the_streams_on_every_worker_and_leaves_no_process(star
     workers = _workers_of(server.process.pid)
     assert len(workers) == WORKERS, workers
     assert server.health()[1]["ws_workers"] == WORKERS
+    for pid in workers:  # a worker speaks WebSocket and loads no model code: no torch in its memory
+        assert "libtorch" not in Path(f"/proc/{pid}/maps").read_text(), pid
     samples = sample_audio["hello_world.wav"]
 
     async def stop_mid_stream():
