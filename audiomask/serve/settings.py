@@ -126,9 +126,7 @@ class ServeSettings:
             check_int("--left-chunks", self.left_chunks, minimum=0)
         check_int("--max-connections", self.max_connections, minimum=1)
         check_int("--max-message-bytes", self.max_message_bytes, minimum=MIN_MESSAGE_BYTES)
-        idle = self.idle_timeout_s
-        if isinstance(idle, bool) or not isinstance(idle, (int, float)) or not (idle > 0 and math.isfinite(idle)):
-            raise ValueError(f"--idle-timeout-s must be a positive number of seconds, got {idle!r}")
+        _check_seconds("--idle-timeout-s", self.idle_timeout_s, zero=False)
         if self.max_wait_ms is not None:
             check_int("--max-wait-ms", self.max_wait_ms, minimum=0)
         if self.frontend_workers is not None:
@@ -176,7 +174,7 @@ class ServeSettings:
 
 def _check_seconds(name: str, value: object, *, zero: bool) -> None:
     """``ValueError`` naming the option unless ``value`` is a finite number of seconds, > 0 (or ``0`` if ``zero``)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise ValueError(f"{name} must be a number of seconds, got {value!r}")
-    if value == 0 and not zero:
-        raise ValueError(f"{name} must be more than 0 seconds, got {value!r}")
+    number = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+    if not number or value < 0 or (value == 0 and not zero):
+        kind = "a number of seconds >= 0" if zero else "a positive number of seconds"
+        raise ValueError(f"{name} must be {kind}, got {value!r}")
