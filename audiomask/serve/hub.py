@@ -18,8 +18,9 @@ talks to the client:
 The hub also sends every worker the feeds' sizes (``HELLO``, once the
 recognizer is ready) and ``/health``'s answer, with ``"ws_workers"``: the
 workers connected (every :data:`~audiomask.serve.wire.HEALTH_PERIOD_S`). The
-server says ``ready`` once the engine is and every worker alive has
-connected; until then every worker refuses handshakes (503, ``loading``).
+server says ``ready`` once the engine is and every worker started has
+connected (a worker that dies later is not waited for); until then every
+worker refuses handshakes (503, ``loading``).
 """
 
 from __future__ import annotations
@@ -73,7 +74,8 @@ class WorkerHub:
         self._workers: list[_Worker] = []
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task] = set()
-        self.expected_workers = 0  # workers started and alive: the server is ready once all have connected
+        self.workers_started = 0  # the server is ready once as many workers have connected
+        self.workers_connected_ever = 0  # a worker that connected and died is not waited for again
 
     @property
     def workers(self) -> int:
@@ -121,7 +123,7 @@ class WorkerHub:
         engine = self.engine
         status, body = engine.health()
         body["ws_workers"] = len(self._workers)
-        if status == 200 and len(self._workers) < self.expected_workers:
+        if status == 200 and self.workers_connected_ever < self.workers_started:
             status, body["status"] = 503, State.LOADING.value  # ready once every worker can take connections
         limits = engine.feed_limits
         for worker in self._workers:
@@ -133,6 +135,7 @@ class WorkerHub:
     async def _serve_worker(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         worker = _Worker(wire.Link(reader, writer))
         self._workers.append(worker)
+        self.workers_connected_ever += 1
         self._greet_and_tell()
         try:
             await wire.dispatch_frames(reader, lambda message: self._dispatch(worker, message))

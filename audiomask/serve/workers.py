@@ -114,7 +114,7 @@ class _Supervisor:
         try:
             await hub.start(os.path.join(directory, "hub.sock"))
             processes = self._spawn(listener, os.path.join(directory, "hub.sock"))
-            hub.expected_workers = len(processes)
+            hub.workers_started = len(processes)
             listener.close()  # each worker holds its own copy
             watcher = asyncio.create_task(self._watch(processes, hub))
             await self.stop.wait()
@@ -157,15 +157,15 @@ class _Supervisor:
         while True:
             await asyncio.sleep(WATCH_PERIOD_S)
             waited += WATCH_PERIOD_S
+            starting = hub.workers_connected_ever < len(processes)
             for index, process in enumerate(processes):
                 if not process.is_alive() and index not in dead:
                     dead.add(index)
-                    hub.expected_workers -= 1
                     logger.error("WebSocket worker %d stopped (exit %s)", index, process.exitcode)
                     with self.connections.get_lock():
                         self.connections[index] = 0  # its connections have gone with it
             alive = len(processes) - len(dead)
-            if not alive or (waited > WORKER_CONNECT_TIMEOUT_S and hub.workers < len(processes)):
+            if not alive or (starting and waited > WORKER_CONNECT_TIMEOUT_S):
                 print("audiomask serve: the WebSocket workers stopped or did not start; stopping", file=sys.stderr)
                 self.failed = True
                 self.stop.set()

@@ -97,9 +97,10 @@ def test_a_worker_that_dies_ends_only_its_connections(start_server, sample_audio
     results = asyncio.run(kill_mid_stream())
     survivors = [result for result in results if not isinstance(result, BaseException)]
     assert all(result.text == expected_texts["hello_world.wav"] for result in survivors), survivors
-    health = _wait_for_health(server, lambda body: body["ws_workers"] == 1 and body["streams"] == 0)
-    assert (health["status"], health["ws_workers"]) == ("ready", 1), health
-    assert (health["connections"], health["streams"]) == (0, 0), health  # the dead worker's are freed
+    # the dead worker's streams, and its connections once the main process sees it has gone, are freed
+    expected = {"status": "ready", "ws_workers": 1, "connections": 0, "streams": 0}
+    health = _wait_for_health(server, lambda body: expected.items() <= body.items())
+    assert expected.items() <= health.items(), health
 
     async def after():
         return await stream_audio(server.ws_url + "/wenet", samples, protocol="wenet")
