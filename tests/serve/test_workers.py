@@ -2,18 +2,24 @@
 
 The protocol, bad-client, limit and load tests run against a server with two
 workers as well (the ``served`` fixture); these are about the processes: a
-graceful stop that leaves none behind, and a worker that dies.
+graceful stop that leaves none behind, a worker that dies, and when the main
+process gives up on its workers.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import multiprocessing
 import os
 import signal
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
+from audiomask.serve import workers as serve_workers
 from audiomask.serve.client import stream_audio
+from audiomask.serve.settings import ServeSettings
 
 STOP_TIMEOUT_S = 15.0
 SIGTERM_AFTER_S = 1.0  # seconds into a 3 s sample streamed at real time
@@ -107,3 +113,53 @@ def test_a_worker_that_dies_ends_only_its_connections(start_server, sample_audio
 
     assert asyncio.run(after()).text == expected_texts["hello_world.wav"]
     assert server.process.poll() is None, server.log()
+
+
+# -- the main process's watch over its workers (real processes, short timeouts) -----------------
+
+
+def _watch(monkeypatch, dead: int, alive: int, connected: int, watch_s: float) -> serve_workers._Supervisor:
+    """Run the supervisor's watch for ``watch_s`` at most (it returns early when it stops the server) over
+    ``dead`` worker processes that have exited and ``alive`` ones that live on, ``connected`` of all of
+    which have reached the hub."""
+    monkeypatch.setattr(serve_workers, "WATCH_PERIOD_S", 0.05)
+    monkeypatch.setattr(serve_workers, "WORKER_CONNECT_TIMEOUT_S", 0.3)
+    context = multiprocessing.get_context("spawn")  # as the server starts its workers
+    processes = [
+        context.Process(target=time.sleep, args=(0.0 if index < dead else 60.0,)) for index in range(dead + alive)
+    ]
+    supervisor = serve_workers._Supervisor(ServeSettings(), None, len(processes))
+    supervisor.connections = context.Array("q", [3] * len(processes))
+    hub = SimpleNamespace(workers_connected_ever=connected)
+
+    async def watch() -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(supervisor._watch(processes, hub), watch_s)
+
+    try:
+        for process in processes:
+            process.start()
+        for process in processes[:dead]:
+            process.join()
+        asyncio.run(watch())
+    finally:
+        for process in processes:
+            process.kill()
+            process.join()
+    return supervisor
+
+
+def test_a_worker_dying_after_start_up_leaves_the_server_serving(monkeypatch):
+    supervisor = _watch(monkeypatch, dead=1, alive=1, connected=2, watch_s=1.0)  # past the connect timeout
+    assert not supervisor.stop.is_set() and not supervisor.failed
+    assert list(supervisor.connections) == [0, 3]  # the dead worker's connections are no longer counted
+
+
+def test_a_worker_that_never_connects_stops_the_server(monkeypatch):
+    supervisor = _watch(monkeypatch, dead=0, alive=2, connected=1, watch_s=20.0)
+    assert supervisor.stop.is_set() and supervisor.failed
+
+
+def test_the_server_stops_when_every_worker_has_died(monkeypatch):
+    supervisor = _watch(monkeypatch, dead=2, alive=0, connected=2, watch_s=20.0)
+    assert supervisor.stop.is_set() and supervisor.failed
