@@ -151,3 +151,28 @@ def test_bad_options_are_one_line_and_exit_2(arguments, words):
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and result.stderr.startswith("audiomask: error: "), result.stderr
     assert words in result.stderr
+
+
+def test_the_engine_lowers_the_interpreter_switch_interval_and_never_raises_it():
+    from audiomask.asr.checkpoint import load_model
+    from audiomask.asr.recognizer import StreamingRecognizer
+    from audiomask.serve.engine import SWITCH_INTERVAL_S, Engine
+    from audiomask.serve.settings import ServeSettings
+
+    async def switch_interval_once_started(recognizer: StreamingRecognizer) -> float:
+        engine = Engine(ServeSettings(max_connections=2), recognizer)
+        await engine.start()
+        try:
+            return sys.getswitchinterval()
+        finally:
+            await engine.stop()
+
+    before = sys.getswitchinterval()
+    try:
+        with StreamingRecognizer(load_model(), "cpu", max_streams=2) as recognizer:
+            sys.setswitchinterval(0.005)  # Python's default
+            assert asyncio.run(switch_interval_once_started(recognizer)) == pytest.approx(SWITCH_INTERVAL_S)
+            sys.setswitchinterval(SWITCH_INTERVAL_S / 2)  # the user's own, shorter: kept
+            assert asyncio.run(switch_interval_once_started(recognizer)) == pytest.approx(SWITCH_INTERVAL_S / 2)
+    finally:
+        sys.setswitchinterval(before)
