@@ -71,13 +71,9 @@ PERCENTILES = (50, 90, 99, 100)
 ROUTES = {"sherpa": "/", "wenet": "/wenet"}
 HEALTH_SAMPLE_S = 1.0  # seconds between the server's /health samples while the clients run
 CLIENT_START_S = 3.0  # seconds the client processes get to start before the first client connects
-# --model's random models: (audiomask.bench.models name, quick); phi4mm_tiny's steps cost next to nothing,
-# so a run with it measures the server's own work per connection (WebSocket, feeds, sweeps) on any machine.
-RANDOM_MODELS = {
-    "phi4mm_full": ("phi4mm_full", False),
-    "qwen3_asr_0.6b": ("qwen3_asr_0.6b", False),
-    "phi4mm_tiny": ("phi4mm_full", True),
-}
+# --model's random models: the latency benchmark's two full-size ones, and shipped_tiny, the shipped model's
+# architecture at tiny widths, whose steps cost next to nothing: a run with it measures the server's own work.
+RANDOM_MODELS = ("phi4mm_full", "qwen3_asr_0.6b", "shipped_tiny")
 
 
 def _arguments(argv: list[str]) -> argparse.Namespace:
@@ -95,8 +91,8 @@ def _arguments(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--model",
         help="the started server's model: a file, or a random model of the latency benchmark "
-        f"({', '.join(RANDOM_MODELS)}: saved to a temporary file first; phi4mm_tiny: its tiny stand-in, "
-        "whose steps cost next to nothing: the server's own work is measured); default: the shipped model",
+        f"({', '.join(RANDOM_MODELS)}: saved to a temporary file first; shipped_tiny's steps cost next to "
+        "nothing: the server's own work is measured); default: the shipped model",
     )
     parser.add_argument("--dtype", default="float32", help="the started server's --dtype (default float32)")
     parser.add_argument("--ws-workers", type=int, help="the started server's --ws-workers")
@@ -262,12 +258,12 @@ def _save_random_model(name: str, dtype: str, stack: contextlib.ExitStack) -> st
     import torch
 
     from audiomask.asr.checkpoint import save_model
-    from audiomask.bench.models import build_model
+    from audiomask.bench.models import build_model, tiny_shipped_model
 
     directory = stack.enter_context(tempfile.TemporaryDirectory(prefix="audiomask-bench-model-"))
     path = os.path.join(directory, f"{name}.safetensors")
-    bench_name, quick = RANDOM_MODELS[name]
-    save_model(build_model(bench_name, torch.device("cpu"), quick=quick).asr, path, dtype=getattr(torch, dtype))
+    model = tiny_shipped_model() if name == "shipped_tiny" else build_model(name, torch.device("cpu")).asr
+    save_model(model, path, dtype=getattr(torch, dtype))
     return path
 
 

@@ -298,15 +298,15 @@ class StreamingRecognizer:
     milliseconds (from a ticker thread) so that a ready chunk never waits
     longer than the bound for a call to come in.
 
-    Thread safety: streams may be opened, fed, finished and read from several
-    threads at once; the text of each stream does not depend on the others,
-    nor on how the calls interleave. One thread at a time runs encoder steps
-    (the feature worker runs beside it); the others' calls queue their audio
-    and return, its steps carrying their chunks too. The recognizer's lock
-    guards only bookkeeping: it is let go during every encoder step and every
-    wait for the front end or the device, so a long ``accept`` delays another
-    thread's call by one step's bookkeeping at most, and :meth:`RecognizerStream.partial`
-    takes no lock at all. :meth:`transcribe` works while other threads stream.
+    Thread safety: streams may be opened, fed, finished and read from several threads at once; the text of
+    each stream does not depend on the others, nor on how the calls interleave. One thread at a time runs
+    encoder steps (the feature worker runs beside it); the others' calls queue their audio and return, its
+    steps carrying their chunks too. The recognizer's lock guards only bookkeeping: it is let go during every
+    encoder step and every wait for the front end or the device, so a long ``accept`` delays another thread's
+    call by one step's bookkeeping at most, and :meth:`RecognizerStream.partial` takes no lock at all.
+    :meth:`transcribe` works while other threads stream. Each torch call of a step gives up the interpreter
+    lock and, while other threads run Python, waits up to :func:`sys.getswitchinterval` (5 ms by default) to
+    take it back: beside a busy event loop, a shorter interval keeps steps short (``audiomask serve`` sets 0.5 ms).
 
     Failures: an error inside an encoder step (CUDA out of memory, a device
     fault, Ctrl-C) leaves the step half done, so the recognizer stops: that

@@ -44,8 +44,10 @@ __all__ = [
     "QWEN3_ASR_06B",
     "TINY_PHI4MM",
     "TINY_QWEN3_ASR",
+    "TINY_SHIPPED",
     "BenchModel",
     "build_model",
+    "tiny_shipped_model",
 ]
 
 MODEL_NAMES = ("shipped", "phi4mm_full", "qwen3_asr_0.6b")
@@ -53,6 +55,15 @@ MODEL_NAMES = ("shipped", "phi4mm_full", "qwen3_asr_0.6b")
 QWEN3_ASR_06B = Qwen3ASRConfig(encoder_layers=18, encoder_attention_heads=14, encoder_ffn_dim=3584, d_model=896)
 RANDOM_ALPHABET = "abcdefghijklmnopqrstuvwxyz' "  # the CTC vocabulary of random models
 # Tiny stand-ins of both architectures (every code path, CPU-cheap): ``--quick``, the soak, smoke tests.
+_TINY_WIDTHS = (
+    "hidden_size",
+    "intermediate_size",
+    "num_blocks",
+    "num_attention_heads",
+    "ext_pw_out_channel",
+    "depthwise_separable_out_channel",
+    "nemo_conv_channels",
+)
 TINY_PHI4MM = Phi4MMAudioConfig(
     hidden_size=32,
     intermediate_size=48,
@@ -64,6 +75,12 @@ TINY_PHI4MM = Phi4MMAudioConfig(
 )
 TINY_QWEN3_ASR = Qwen3ASRConfig(
     encoder_layers=2, encoder_attention_heads=2, encoder_ffn_dim=48, d_model=32, downsample_hidden_size=4
+)
+# The shipped model's streaming settings (320 ms chunks, 8 left chunks) at TINY_PHI4MM's widths: a server whose
+# steps cost next to nothing, so that a load run measures the server's own work per connection.
+TINY_SHIPPED = dataclasses.replace(
+    SHIPPED_ENCODER_CONFIG,
+    **{field: getattr(TINY_PHI4MM, field) for field in _TINY_WIDTHS},
 )
 _SEED = 0  # random weights: the same every run
 
@@ -140,6 +157,13 @@ def _random_asr(encoder: Phi4MMEncoder | Qwen3ASREncoder) -> ASRModel:
     """``encoder`` (eval mode) with a CTC head of random weights over :data:`RANDOM_ALPHABET`."""
     tokenizer = CharTokenizer(RANDOM_ALPHABET)
     return ASRModel(encoder.eval(), CTCHead(encoder.output_size, tokenizer.vocab_size).eval(), tokenizer)
+
+
+def tiny_shipped_model() -> ASRModel:
+    """The shipped model's architecture and streaming settings at tiny widths (:data:`TINY_SHIPPED`), random
+    weights (the same every call) and a CTC head over :data:`RANDOM_ALPHABET`; float32, on the CPU."""
+    torch.manual_seed(_SEED)
+    return _random_asr(Phi4MMEncoder(TINY_SHIPPED))
 
 
 def _shipped() -> tuple[ASRModel, str]:

@@ -13,12 +13,12 @@ CLIENTS = 4
 
 def test_bench_server_checks_every_text_and_times_the_partials(tmp_path):
     out = tmp_path / "server.json"
-    command = [sys.executable, str(SCRIPT), "--clients", str(CLIENTS), "--model", "phi4mm_tiny", "--chunk-ms", "320"]
+    command = [sys.executable, str(SCRIPT), "--clients", str(CLIENTS), "--model", "shipped_tiny"]
     finished = subprocess.run([*command, "--out", str(out)], check=False, capture_output=True, text=True, timeout=300)
     assert finished.returncode == 0, finished.stdout + finished.stderr
     report = json.loads(out.read_text())
     assert {"command", "date", "torch_version", "git_commit", "server_cpu_s", "server_health"} <= report.keys()
-    assert (report["model"], report["chunk_ms"], report["clients"]) == ("phi4mm_tiny", 320, CLIENTS)
+    assert (report["model"], report["chunk_ms"], report["clients"]) == ("shipped_tiny", 320, CLIENTS)
     assert (report["correct"], report["lost"], report["wrong"]) == (CLIENTS, 0, 0)
     assert report["partials"] > 0 and report["server_health"]["status"] == "ready"
     latencies = report["partial_latency_ms"]
