@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 from audiomask.asr.transcript import Transcript
 from audiomask.serve.segments import SILENCE_WITHOUT_TEXT_FACTOR, Segmenter
 
@@ -57,3 +59,26 @@ def test_finish_hands_over_ended_segments_not_taken_then_the_last():
     segmenter.update(None, decoded_s=1.5)  # ended, not taken
     segments = segmenter.finish(_transcript(("a", 0.2), ("b", 2.0)))
     assert [(s.index, s.transcript.text, s.final) for s in segments] == [(0, "a", True), (1, "b", True)]
+
+
+def test_a_stream_growing_token_by_token_gets_the_segments_its_whole_transcript_gives():
+    """Each segment's times are converted as its tokens come: they equal converting the segment whole."""
+    rng = random.Random(0)
+    stream, decoded_s, taken = [], 0.0, []
+    segmenter = Segmenter(SILENCE_S, MAX_SEGMENT_S)
+    for _ in range(400):
+        decoded_s = round(decoded_s + 0.32, 2)
+        for _ in range(rng.choice([0, 0, 0, 1, 2, 5])):  # pauses long enough for endpoints, and talk
+            last_s = stream[-1][1] if stream else 0.0
+            stream.append((rng.choice("abc "), round(max(last_s + 0.01, decoded_s - rng.random() * 0.3), 3)))
+        segmenter.update(_transcript(*stream), decoded_s)
+        taken += segmenter.take()
+    taken += segmenter.finish(_transcript(*stream))
+    finals = [segment for segment in taken if segment.final]
+    assert [segment.index for segment in finals] == list(range(len(finals))) and len(finals) > 5
+    assert "".join(segment.transcript.text for segment in finals) == "".join(token for token, _ in stream)
+    first = 0
+    for segment in finals:
+        whole = stream[first : first + len(segment.transcript.tokens)]
+        assert segment.transcript.times_s == tuple(round(time - segment.start_s, 3) for _, time in whole)
+        first += len(whole)
