@@ -77,11 +77,6 @@ class WorkerHub:
         self.workers_started = 0  # the server is ready once as many workers have connected
         self.workers_connected_ever = 0  # a worker that connected and died is not waited for again
 
-    @property
-    def workers(self) -> int:
-        """Workers connected now."""
-        return len(self._workers)
-
     async def start(self, path: str) -> None:
         """Listen for workers on the Unix socket ``path``, and start telling them the engine's health."""
         self._server = await asyncio.start_unix_server(self._serve_worker, path)
