@@ -86,7 +86,13 @@ class RecognizerStream:
 
     @property
     def finished(self) -> bool:
+        """Its input has ended (:meth:`finish`, :meth:`input_finished`, :meth:`cancel`, the idle timeout)."""
         return self._inner.ended
+
+    @property
+    def done(self) -> bool:
+        """Ended and every chunk encoded: :meth:`partial` is the final text (no lock)."""
+        return self._inner.done
 
     def __repr__(self) -> str:
         return f"RecognizerStream({self.name!r}, finished={self.finished})"
@@ -94,17 +100,13 @@ class RecognizerStream:
     def accept(self, samples: object) -> None:
         """Append 16 kHz mono float samples in [-1, 1] (any count); runs the chunks that are due.
 
-        A chunk runs as soon as every stream in the batch has its next one, or once it has waited
-        ``max_wait_ms`` for them: a stream that stops sending holds the others back no longer than that
-        (the wait ends at the next call into the recognizer, or at :meth:`StreamingRecognizer.poll`). The
-        samples are checked before the recognizer's lock is taken, and the lock is let go during every
-        encoder step, so a long array holds back no other thread's calls.
+        A chunk runs once every stream in the batch has its next one, or once it has waited ``max_wait_ms``
+        (until the next call into the recognizer, or :meth:`StreamingRecognizer.poll`). The samples are
+        checked before the lock is taken, and it is let go during every step: a long array holds nobody back.
 
-        Refused, whole, with nothing queued (the stream goes on with what it had): samples that are not
-        1-D floats (``ValueError``), or that hold NaN, Inf or values beyond ``+-2^31``
-        (:class:`~audiomask.AudioError` naming the stream and the sample's position). After
-        :meth:`finish`, :meth:`input_finished` or the idle timeout: ``ValueError``; after
-        :meth:`StreamingRecognizer.close`: ``RuntimeError``.
+        Refused, whole, with nothing queued (the stream goes on with what it had): samples that are not 1-D
+        floats (``ValueError``), or that hold NaN, Inf or values beyond ``+-2^31`` (:class:`~audiomask.AudioError`
+        naming the stream and the sample's position). Once ended: ``ValueError``; after ``close()``: ``RuntimeError``.
         """
         recognizer = self._recognizer
         recognizer._check_usable()
@@ -136,12 +138,8 @@ class RecognizerStream:
         return self._inner.chunks
 
     def partial(self) -> str:
-        """The text of the chunks encoded so far (final for them: greedy CTC never revises).
-
-        It reads a snapshot of the stream's tokens and takes no lock: it
-        never waits for an encoder step, and still answers after
-        :meth:`StreamingRecognizer.close` or an error.
-        """
+        """The text of the chunks encoded so far (final for them: greedy CTC never revises). Reads a snapshot
+        of the tokens without a lock: never waits for a step, and answers after ``close()`` or an error."""
         return self._recognizer.model.tokenizer.decode(list(self._inner.ids))
 
     def transcript(self) -> Transcript:
@@ -163,39 +161,36 @@ class RecognizerStream:
             return Transcript(self._text, tuple(tokens), tuple(times))
 
     def input_finished(self) -> None:
-        """No more samples will come (sherpa-onnx's name); runs what is due, returns at once.
-
-        The stream's remaining chunks run without waiting for the other
-        streams' audio; :meth:`finish` then returns its text.
-        """
+        """No more samples will come (sherpa-onnx's name); runs what is due (the stream's remaining chunks,
+        without waiting for the other streams' audio), returns at once; :meth:`finish` then returns its text."""
         recognizer = self._recognizer
         with recognizer._lock:
             recognizer._enter()
             recognizer._end(self._inner)
             recognizer._run(until=lambda: not recognizer._driver.has_block(self._inner))
 
+    def cancel(self) -> None:
+        """Abandon the stream: it is ended at the recognizer's next call (audio still waiting for a slot is
+        dropped). Takes no lock and runs no step, so an event loop may call it; :meth:`partial` still reads."""
+        if not self._inner.ended:
+            self._recognizer._collected.append(self._inner)
+
     def finish(self, timeout: float | None = 0.0) -> str:
         """End the utterance: encode the rest and return the final text. Calling it again returns the same text.
 
-        The stream's remaining chunks run at once, with whichever other
-        streams have theirs ready: it never waits for another stream's audio.
-        While another thread is running encoder steps (they carry this
-        stream's chunks too), it waits for them, however long they take.
+        The stream's remaining chunks run at once, with whichever other streams have theirs ready (never
+        waiting for their audio); while another thread runs steps (carrying these chunks too), it waits for them.
 
         Args:
-            timeout: seconds, at most :data:`MAX_WAIT_S`, to wait for a slot
-                when the stream has none yet and every one of the
-                ``max_streams`` slots is held by a stream that has not ended:
-                ``0`` raises at once (one thread: nobody else can feed or
-                end them), ``None`` waits as long as it takes (streams fed by
-                other threads end, or an idle timeout ends them).
+            timeout: seconds, at most :data:`MAX_WAIT_S`, to wait for a slot when the stream has none yet
+                and every one of the ``max_streams`` slots is held by a stream that has not ended: ``0``
+                raises at once (one thread: nobody else can feed or end them), ``None`` waits as long as it
+                takes (streams fed by other threads end, or an idle timeout ends them).
 
         Raises:
-            RuntimeError: no slot came free within ``timeout`` (the message
-                names the streams holding them), the recognizer was closed,
-                or it stopped after an error.
-            ValueError: ``timeout`` is not ``None`` or a number of seconds in
-                ``[0, MAX_WAIT_S]``.
+            RuntimeError: no slot came free within ``timeout`` (the message names the streams holding
+                them), the recognizer was closed, or it stopped after an error.
+            ValueError: ``timeout`` is not ``None`` or a number of seconds in ``[0, MAX_WAIT_S]``.
         """
         timeout = check_seconds("timeout", timeout, minimum=0.0, maximum=MAX_WAIT_S)
         recognizer = self._recognizer
@@ -412,9 +407,14 @@ class StreamingRecognizer:
             return RecognizerStream(self, inner)
 
     def accept_many(
-        self, pairs: Iterable[tuple[RecognizerStream, np.ndarray]], *, checked: bool = False
+        self,
+        pairs: Iterable[tuple[RecognizerStream, np.ndarray]],
+        *,
+        checked: bool = False,
+        finished: Iterable[RecognizerStream] = (),
     ) -> list[Exception | None]:
-        """:meth:`RecognizerStream.accept` for several streams: one lock and one run of the due steps for all.
+        """:meth:`RecognizerStream.accept` for several streams, then :meth:`~RecognizerStream.input_finished`
+        for the ``finished`` ones: one lock and one run of the due steps for all.
 
         ``pairs``: ``(stream, samples)``; with ``checked``, ``(n,)`` float32 arrays the caller has checked
         (:func:`~audiomask.samples.as_samples`). The steps run until these streams have moved as
@@ -441,16 +441,15 @@ class StreamingRecognizer:
                         errors[index] = error
                     else:
                         fed.append(stream._inner)
+            for stream in finished:
+                self._end(stream._inner)
+                fed.append(stream._inner)
             self._run(until=lambda: not any(map(self._driver.has_block, fed)))
         return errors
 
     def transcribe(self, path_or_samples: str | os.PathLike | object, timeout: float | None = 0.0) -> str:
-        """The text of a whole audio file (any rate, resampled to 16 kHz) or of 16 kHz float samples.
-
-        A stream of its own, beside those other threads stream; ``timeout``:
-        as :meth:`RecognizerStream.finish`'s, when every slot is held by
-        streams that have not ended.
-        """
+        """The text of a whole audio file (any rate, resampled to 16 kHz) or of 16 kHz float samples: a stream of
+        its own, beside those other threads stream; ``timeout``: as :meth:`RecognizerStream.finish`'s."""
         timeout = check_seconds("timeout", timeout, minimum=0.0, maximum=MAX_WAIT_S)
         if isinstance(path_or_samples, (str, os.PathLike)):
             samples, _ = load(path_or_samples)
@@ -581,10 +580,8 @@ class StreamingRecognizer:
             raise
 
     def _wait_s(self, deadline: float | None) -> float | None:
-        """Seconds to wait for a change: until ``deadline``, the next idle timeout, or a chunk's wait is over.
-
-        0 once ``deadline`` has passed; ``None``: no limit.
-        """
+        """Seconds to wait for a change: until ``deadline``, the next idle timeout, or a chunk's wait is over;
+        0 once ``deadline`` has passed; ``None``: no limit."""
         now = _clock()
         if deadline is not None and deadline <= now:
             return 0.0

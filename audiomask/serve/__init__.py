@@ -7,7 +7,7 @@ streams share each encoder step.
 - :mod:`~audiomask.serve.settings`: :class:`ServeSettings`, the options (no dependencies beyond numpy);
 - :mod:`~audiomask.serve.app`: :func:`create_app`, the FastAPI app (routes ``/``, ``/wenet``,
   ``/health``, the page at ``GET /``), which uvicorn or a Ray Serve ingress runs;
-- :mod:`~audiomask.serve.engine`: the shared recognizer, its ticker, feeders and thread pool, health, drain;
+- :mod:`~audiomask.serve.engine`: the shared recognizer, its ticker and feeders, health, drain;
 - :mod:`~audiomask.serve.feeds`: each connection's samples on their way to its stream (no thread hop per message);
 - :mod:`~audiomask.serve.session`: one connection, whatever its protocol;
 - :mod:`~audiomask.serve.sherpa` (float32 samples) and :mod:`~audiomask.serve.wenet` (int16 PCM): the protocols;

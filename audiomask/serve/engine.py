@@ -21,11 +21,13 @@ a client's audio costs the event loop no thread hop:
   (:mod:`audiomask.serve.segments`), and hands the connections whose segments
   changed to the event loop in one callback, as a feeder does with the feeds
   whose clients may send again; each connection sends its own;
-- ``finish`` and the end of an abandoned stream run on a thread pool of
-  ``max_connections + 1`` threads: a connection has at most one such call
-  at a time, and a ``finish`` waits for the steps its last chunks need, so
-  the ends of many streams are registered while a step runs and share the
-  next one.
+- a client's end of audio is a due feed too: the pass feeds what is left
+  and ends the stream in the same call, and the passes after it wake the
+  connection once the stream's last chunk is encoded (:meth:`Feed.end`), so
+  the ends of many streams share the next steps, and only the feeders ever
+  run steps (each thread that runs CUDA work keeps its own library handles
+  and workspaces on the GPU); an abandoned stream is cancelled, which runs
+  nothing.
 
 :class:`Engine` also counts connections against ``max_connections``, answers
 ``/health`` (503 until the model is loaded and a first chunk step has run,
@@ -43,7 +45,6 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
 
 import numpy as np
 
@@ -90,7 +91,6 @@ HEALTH_CYCLES = 256  # /health summarises the timings of this many recent encode
 TICKER_JOIN_S = 5.0  # seconds stop() waits for the ticker thread's last sweep
 
 logger = logging.getLogger("audiomask.serve")
-Result = TypeVar("Result")
 
 
 def build_recognizer(settings: ServeSettings) -> StreamingRecognizer:
@@ -148,7 +148,7 @@ def default_max_wait_ms(chunk_ms: int, device: str) -> int:
 
 
 class Engine:
-    """The shared recognizer of a server, its ticker and thread pool, its connection count and health.
+    """The shared recognizer of a server, its ticker and feeder threads, its connection count and health.
 
     Args:
         settings: the server's options.
@@ -174,7 +174,6 @@ class Engine:
         self._feeds_lock = threading.Lock()  # the ticker reads the feeds while the loop changes them
         self._inbox: Inbox | None = None  # made with the recognizer (its block sizes)
         self._drained: asyncio.Event | None = None  # set whenever no connection is attached
-        self._executor = ThreadPoolExecutor(settings.max_connections + 1, thread_name_prefix="audiomask-serve")
         self._loop: asyncio.AbstractEventLoop | None = None
         self._feed_pool = ThreadPoolExecutor(FEEDERS, thread_name_prefix="audiomask-serve-feed")
         self._feeders = threading.BoundedSemaphore(FEEDERS)  # held by each pass in flight
@@ -200,13 +199,12 @@ class Engine:
         self._spawn(self._load, "audiomask-serve-load")
 
     async def stop(self) -> None:
-        """Stop the ticker and the thread pool; close the recognizer when the engine built it."""
+        """Stop the ticker and the feeders; close the recognizer when the engine built it."""
         self._stopping.set()
         self._wake.set()
         for thread in self._threads:
             await asyncio.to_thread(thread.join, TICKER_JOIN_S)
         self._feed_pool.shutdown(wait=False, cancel_futures=True)
-        self._executor.shutdown(wait=False, cancel_futures=True)
         if self._owns_recognizer and self._recognizer is not None:
             self._recognizer.close()
 
@@ -263,15 +261,12 @@ class Engine:
             listener.stop()
         return feed
 
-    async def detach(self, feed: Feed) -> None:
-        """The connection of ``feed`` has ended: its samples not fed are dropped, its stream ended and freed."""
-        feeding = feed.close()  # when the ticker is feeding the stream now, it ends it afterwards
-        stream = feed.stream
-        if not feeding and stream is not None and not stream.finished:
-            try:
-                await self.call(stream.input_finished)
-            except RuntimeError:  # the recognizer stopped, or the pool was shut down: nothing left to free
-                pass
+    def detach(self, feed: Feed) -> None:
+        """The connection of ``feed`` has ended: its samples not fed are dropped, its stream cancelled (freed at
+        the recognizer's next call, by a feeder)."""
+        feeding = feed.close()  # when a pass is feeding the stream now, it cancels it afterwards
+        if not feeding and feed.stream is not None:
+            feed.stream.cancel()
         with self._feeds_lock:
             self._feeds.pop(feed, None)
             self._segmenters.pop(feed, None)
@@ -283,13 +278,10 @@ class Engine:
         """Feed every sample put to ``feed`` and finish its stream: the segments not yet reported, the last one
         final (its text empty when no samples came).
 
-        Waits for the encoder steps the stream's last chunks need; raises the stream's error.
+        Waits for the encoder steps the stream's last chunks need (a feeder runs them); raises the stream's error.
         """
-        await feed.flush()
-        transcript = Transcript()
-        if feed.stream is not None:
-            await self.call(feed.stream.finish, None)
-            transcript = feed.stream.transcript()
+        await feed.end()
+        transcript = Transcript() if feed.stream is None else feed.stream.transcript()
         with self._feeds_lock:
             segmenter = self._segmenters[feed]
         return segmenter.finish(transcript)
@@ -306,11 +298,6 @@ class Engine:
         """Connections whose stream is open (the ticker has fed them samples)."""
         with self._feeds_lock:
             return sum(feed.stream is not None for feed in self._feeds)
-
-    async def call(self, function: Callable[..., Result], *args: Any) -> Result:
-        """``function(*args)`` on the engine's thread pool: a recognizer call, off the event loop."""
-        assert self._loop is not None, "Engine.start() has not run"
-        return await self._loop.run_in_executor(self._executor, function, *args)
 
     def health(self) -> tuple[int, dict[str, object]]:
         """``(HTTP status, JSON body)`` of ``/health``: 200 when ready, 503 otherwise."""
@@ -419,7 +406,7 @@ class Engine:
                 recognizer.poll()
             woken, orphans = inbox.fed(taken)
             for stream in orphans:  # their connection ended while they were fed
-                self._executor.submit(stream.input_finished)
+                stream.cancel()
             if woken:
                 self._post(woken, [])
         except Exception as error:  # noqa: BLE001 - a stopped recognizer ends every connection
@@ -433,8 +420,9 @@ class Engine:
 
     @staticmethod
     def _feed(recognizer: StreamingRecognizer, taken: list[tuple[Feed, np.ndarray]]) -> int:
-        """Open the new streams and accept every feed's samples in one call; how many feeds had samples (a feeder
-        thread). The samples were checked when they were put (:meth:`Feed.put`, or in a WebSocket worker).
+        """Open the new streams, accept every feed's samples and end the ``ending`` feeds' streams in one call;
+        how many streams it fed or ended (a feeder thread). The samples were checked when they were put
+        (:meth:`Feed.put`, or in a WebSocket worker).
 
         A feed whose stream refuses its samples keeps the error in ``feed.error``.
         """
@@ -449,11 +437,14 @@ class Engine:
                     feed.error = error
                     continue
             fed.append((feed, samples))
-        errors = recognizer.accept_many([(feed.stream, samples) for feed, samples in fed], checked=True)
+        ending = [feed.stream for feed, _ in taken if feed.ending and feed.stream is not None]
+        errors = recognizer.accept_many(
+            [(feed.stream, samples) for feed, samples in fed], checked=True, finished=ending
+        )
         for (feed, _), error in zip(fed, errors):
             if error is not None:
                 feed.error = error
-        return len(fed)
+        return len(fed) + len(ending)
 
     def _sweep(self, counts: dict[Feed, int]) -> list[tuple[Listener, Segmenter]]:
         """The listeners whose stream's segments changed (tokens decoded since ``counts``, which is updated, or an

@@ -14,7 +14,10 @@ recognizer encodes a stream's audio in blocks (a first block of
 would wait in the recognizer anyway. Feeding them a block at a time costs no
 latency and calls ``accept`` once per chunk of audio, however small the
 client's messages. A feed is also due when its client waits (its buffer is
-full, or it has sent its end message) and when its connection ends.
+full) and when its client has ended its audio (:meth:`Feed.end`): the pass
+then feeds what is left and ends the stream, and the passes after it wake
+the client once the stream's last chunk is encoded. So only the feeder
+threads ever run encoder steps, however many connections end at once.
 
 Backpressure: a feed is not fed while ``max_ahead`` of its blocks wait in
 the recognizer (fed, not encoded yet), and once more than ``max_buffered``
@@ -55,7 +58,7 @@ MAX_AHEAD_BLOCKS = 2  # a stream's blocks fed and not encoded: the next one is r
 class Feed:
     """One connection's samples not yet fed to its stream, and the stream once a pass opened it.
 
-    The event loop calls :meth:`put`, :meth:`flush` and :meth:`close`; the
+    The event loop calls :meth:`put`, :meth:`end` and :meth:`close`; the
     pass feeding it sets :attr:`stream` and :attr:`error`. Everything both
     sides touch is guarded by the inbox's lock.
     """
@@ -76,7 +79,9 @@ class Feed:
         self._blocks_encoded = 0
         self._cycles_seen: int | None = None
         self._busy = False  # a pass has taken samples and not yet fed them
-        self._waiting = False  # the event loop waits for a pass (put over the bound, or flush)
+        self._waiting = False  # the event loop waits for a pass (put over the bound, or end)
+        self._end_asked = False  # the client has ended its audio (:meth:`end`)
+        self.ending = False  # taken with its last samples: the pass that took it ends the stream
         self._closed = False  # the connection has ended: nothing more is fed
         self._room = asyncio.Event()  # set by the event loop once a pass has fed what waited
 
@@ -130,28 +135,31 @@ class Feed:
         await self._room.wait()
         self._raise_error()
 
-    async def flush(self) -> None:
-        """Feed every sample put so far (the client has ended its audio), and wait until the stream has them."""
+    async def end(self) -> None:
+        """The client has ended its audio: feed every sample put so far, end the stream, and return once its
+        last chunk is encoded (:attr:`stream` is then done, or ``None`` when no sample came). Raises
+        :attr:`error` when the stream refused samples or the recognizer stopped."""
         inbox = self._inbox
-        while True:
-            self._raise_error()
-            with inbox.lock:
-                if not self._pending and not self._busy:
-                    return
-                inbox.post(self)
-                self._wait_for_pass()
-            await self._room.wait()
+        with inbox.lock:
+            self._end_asked = True
+            inbox.post(self)
+            self._wait_for_pass()
+        await self.room()
+        if self._closed:
+            raise RuntimeError(f"the connection of stream {self.name!r} ended before its final result")
 
     def close(self) -> bool:
-        """The connection has ended: drop the samples not fed; whether a pass is feeding the stream now.
+        """The connection has ended: drop the samples not fed, release whoever waits on the feed (:meth:`end`
+        raises); whether a pass is feeding the stream now (called on the event loop).
 
-        When one is, it ends the stream once it has fed it (:meth:`Inbox.fed`); otherwise
-        the caller ends :attr:`stream`, if any.
+        When one is, it cancels the stream once it has fed it (:meth:`Inbox.fed`); otherwise
+        the caller cancels :attr:`stream`, if any.
         """
         with self._inbox.lock:
             self._closed = True
             self._pending.clear()
             self._pending_samples = 0
+            self._room.set()
             return self._busy
 
     def wake(self) -> None:
@@ -197,6 +205,7 @@ class Inbox:
         self.lock = threading.Lock()
         self._wake = wake
         self._due: dict[Feed, None] = {}  # in the order they became due
+        self._ending: dict[Feed, None] = {}  # fed and ended, their streams' last chunks not all encoded
 
     def open(self, name: str) -> Feed:
         """A new connection's feed (event loop)."""
@@ -212,7 +221,7 @@ class Inbox:
         """Every due feed that is still open and not busy, with its samples ``(n,)`` float32 in one array.
 
         Each is busy until :meth:`fed` hands it back (so a feed's samples are fed in order, whichever
-        thread feeds them); the samples may be empty (a flush with nothing left).
+        thread feeds them); the samples may be empty (an end with nothing left).
         """
         with self.lock:
             due, self._due = self._due, {}
@@ -227,12 +236,14 @@ class Inbox:
                     continue
                 pieces, feed._pending, feed._pending_samples = feed._pending, [], 0
                 feed._busy = True
+                feed.ending = feed._end_asked
                 taken.append((feed, np.concatenate(pieces) if len(pieces) > 1 else _only(pieces)))
             return taken
 
     def fed(self, taken: list[tuple[Feed, np.ndarray]]) -> tuple[list[Feed], list[RecognizerStream]]:
-        """``taken`` has been fed: the feeds whose event loop side to wake, and the streams to end (their
-        connection closed while they were fed)."""
+        """``taken`` has been fed (the streams of ``ending`` feeds ended), and maybe other steps ran: the feeds
+        whose event loop side to wake (an ending one once its stream is done), and the streams to cancel
+        (their connection closed while they were fed)."""
         woken, orphans = [], []
         with self.lock:
             for feed, samples in taken:
@@ -243,11 +254,17 @@ class Inbox:
                     feed._blocks_fed += 1
                 if feed._pending and feed._fed + feed._pending_samples >= feed._block_end:
                     self.post(feed)  # samples put during the pass complete the next block
-                if feed._waiting or feed.error is not None:
-                    feed._waiting = False
+                if feed.ending:
+                    self._ending[feed] = None
+                elif feed.error is not None or (feed._waiting and not feed._end_asked):
+                    feed._waiting = False  # an end asked meanwhile waits for the pass that takes it
                     woken.append(feed)
                 if feed._closed and feed.stream is not None and not feed.stream.finished:
                     orphans.append(feed.stream)
+            for feed in [f for f in self._ending if f.error or f._closed or f.stream is None or f.stream.done]:
+                del self._ending[feed]
+                feed._waiting = False
+                woken.append(feed)
         return woken, orphans
 
 

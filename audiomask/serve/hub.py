@@ -139,7 +139,7 @@ class WorkerHub:
             if worker.feeds and self.engine.state is not State.DRAINING:
                 logger.error("a WebSocket worker has gone: ending its %d connection(s)", len(worker.feeds))
             for feed in worker.feeds.values():
-                await self.engine.detach(feed)
+                self.engine.detach(feed)
 
     def _dispatch(self, worker: _Worker, message: tuple) -> None:
         kind, cid = message[0], message[1]
@@ -163,7 +163,7 @@ class WorkerHub:
         elif kind == wire.CLOSE:
             feed = worker.feeds.pop(cid, None)
             if feed is not None:
-                self._spawn(self.engine.detach(feed))
+                self.engine.detach(feed)
 
     async def _resume(self, link: wire.Link, cid: int, feed: Feed) -> None:
         try:

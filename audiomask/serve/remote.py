@@ -186,7 +186,7 @@ class RemoteEngine:
             listener.stop()
         return feed
 
-    async def detach(self, feed: RemoteFeed) -> None:
+    def detach(self, feed: RemoteFeed) -> None:
         """The connection of ``feed`` has ended: the main process drops what was not fed and frees the stream."""
         if self._feeds.pop(feed.cid, None) is not None:
             self.send((wire.CLOSE, feed.cid))

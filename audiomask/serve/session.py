@@ -167,8 +167,8 @@ class Backend(Protocol):
         """The feed of a new connection, whose stream's results and failure ``listener`` hears of; ``endpoints``:
         split the stream into segments."""
 
-    async def detach(self, feed: AudioFeed) -> None:
-        """The connection of ``feed`` has ended: drop what was not fed, end and free its stream."""
+    def detach(self, feed: AudioFeed) -> None:
+        """The connection of ``feed`` has ended: drop what was not fed, end and free its stream (returns at once)."""
 
     async def finish(self, feed: AudioFeed) -> list[Segment]:
         """Feed the rest of ``feed``'s samples and finish its stream: the segments not yet reported, the last
@@ -304,7 +304,7 @@ class _Session:
             if self._idle_timer is not None:
                 self._idle_timer.cancel()
             await _cancel(sender)
-            await self._engine.detach(feed)
+            self._engine.detach(feed)
 
     async def _read_audio(self) -> None:
         """Queue each message's samples for the stream, until the end message or a drain."""

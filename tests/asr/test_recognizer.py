@@ -162,6 +162,39 @@ def test_accept_many_queues_every_stream_and_reports_each_refusal(model, noise):
     assert texts == [offline_text(model, samples, 2, 2) for samples in signals]
 
 
+def test_accept_many_ends_the_finished_streams_and_runs_their_last_chunks(model, noise):
+    signals = [noise(seed, 9100) for seed in range(2)]
+    with StreamingRecognizer(model, chunk_ms=160, left_chunks=2, max_streams=3) as recognizer:
+        streams = [recognizer.open_stream(f"u{i}") for i in range(2)]
+        silent = recognizer.open_stream("silent")
+        recognizer.accept_many([(streams[0], signals[0][:5000]), (streams[1], signals[1][:5000])])
+        assert not any(stream.finished or stream.done for stream in streams)
+        errors = recognizer.accept_many([(streams[0], signals[0][5000:])], finished=[streams[0], silent])
+        assert errors == [None] and streams[0].done and silent.done  # encoded to its end in this one call
+        assert not streams[1].finished  # the others go on
+        with pytest.raises(ValueError, match="'u0' has ended"):
+            streams[0].accept(signals[0][:10])
+        assert streams[0].finish() == offline_text(model, signals[0], 2, 2) and silent.finish() == ""
+        recognizer.accept_many([(streams[1], signals[1][5000:])], finished=[streams[1]])
+        assert streams[1].partial() == offline_text(model, signals[1], 2, 2)
+
+
+def test_cancel_ends_a_stream_at_the_next_call_and_frees_its_slot(model, noise):
+    speech = noise(5, 8000)
+    with StreamingRecognizer(model, chunk_ms=160, left_chunks=2, max_streams=1) as recognizer:
+        gone = recognizer.open_stream("gone")
+        gone.accept(speech[:4000])
+        text_so_far = gone.partial()
+        gone.cancel()
+        assert not gone.finished  # nothing runs on the caller's thread
+        recognizer.poll()
+        assert gone.finished and gone.partial().startswith(text_so_far)
+        gone.cancel()  # again: nothing more to do
+        after = recognizer.open_stream("after")  # the one slot is free again
+        after.accept(speech)
+        assert after.finish() == offline_text(model, speech, 2, 2)
+
+
 def test_transcript_times_are_where_offline_greedy_ctc_emits_each_token(model, noise):
     samples = noise(4, 16000)
     with StreamingRecognizer(model, chunk_ms=160, left_chunks=2) as recognizer:

@@ -29,6 +29,7 @@ class _Stream:
     """What :meth:`Inbox.fed` reads of a stream."""
 
     finished = False
+    done = False
 
 
 def test_a_feed_is_due_when_its_samples_complete_the_next_block():
@@ -91,18 +92,67 @@ def test_samples_put_during_a_pass_are_due_once_the_pass_counts_its_own():
     asyncio.run(run())
 
 
-def test_flush_feeds_what_is_short_of_a_block_and_waits_for_it():
+def test_end_feeds_what_is_short_of_a_block_and_waits_until_the_stream_is_done():
     async def run():
         inbox, _ = _inbox()
         feed = inbox.open("caller")
         await feed.put(_samples(1, 2))
-        flush = asyncio.create_task(feed.flush())
+        end = asyncio.create_task(feed.end())
         await asyncio.sleep(0.01)
         [(taken, samples)] = inbox.take(CYCLES)
-        assert samples.tolist() == [1, 2] and not flush.done()
-        inbox.fed([(taken, samples)])
+        assert taken is feed and feed.ending and samples.tolist() == [1, 2]
+        feed.stream = _Stream()  # the pass opened it, fed it and ended it; its last chunk is not encoded yet
+        assert inbox.fed([(taken, samples)]) == ([], [])
+        assert inbox.fed([]) == ([], [])  # a later pass: the stream is still not done
+        await asyncio.sleep(0.01)
+        assert not end.done()
+        feed.stream.done = True
+        assert inbox.fed([]) == ([feed], [])  # the pass that finished it wakes the client, once
+        assert inbox.fed([]) == ([], [])
         feed.wake()
-        await asyncio.wait_for(flush, WAIT_S)
+        await asyncio.wait_for(end, WAIT_S)
+
+    asyncio.run(run())
+
+
+def test_an_end_asked_while_a_pass_feeds_the_stream_waits_for_the_next_pass_with_the_last_samples():
+    async def run():
+        inbox, _ = _inbox()
+        feed = inbox.open("caller")
+        await feed.put(_samples(1, 2, 3, 4))
+        [(_, first)] = inbox.take(CYCLES)  # a pass feeds the first block ...
+        await feed.put(_samples(5))  # ... while the client sends its last samples and ends
+        end = asyncio.create_task(feed.end())
+        await asyncio.sleep(0.01)
+        assert not feed.ending  # that pass took none of the last samples: it must not end the stream
+        feed.stream = _Stream()
+        assert inbox.fed([(feed, first)]) == ([], [])
+        [(_, last)] = inbox.take(CYCLES)
+        assert feed.ending and last.tolist() == [5]
+        feed.stream.done = True
+        assert inbox.fed([(feed, last)]) == ([feed], [])
+        feed.wake()
+        await asyncio.wait_for(end, WAIT_S)
+
+    asyncio.run(run())
+
+
+def test_an_ending_feed_without_samples_is_woken_by_the_next_pass_and_a_closed_one_at_once():
+    async def run():
+        inbox, _ = _inbox()
+        silent, gone = inbox.open("silent"), inbox.open("gone")
+        await gone.put(_samples(1))
+        ends = [asyncio.create_task(feed.end()) for feed in (silent, gone)]
+        await asyncio.sleep(0.01)
+        taken = inbox.take(CYCLES)
+        gone.stream = _Stream()
+        assert inbox.fed(taken) == ([silent], [])  # no sample came: no stream, nothing to wait for
+        assert gone.close() is False  # ... which releases its end at once
+        with pytest.raises(RuntimeError, match="'gone' ended before its final result"):
+            await asyncio.wait_for(ends[1], WAIT_S)
+        assert inbox.fed([]) == ([gone], [])  # closed: nobody waits for its stream any more
+        silent.wake()
+        await asyncio.wait_for(ends[0], WAIT_S)
 
     asyncio.run(run())
 
