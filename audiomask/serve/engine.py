@@ -81,8 +81,10 @@ SWEEP_PAUSE_FACTOR = 3
 # shipped model (320 ms chunks, 40 ms waits), 1,250 real-time clients with p99 partial latency 164 ms.
 GPU_WAITS_PER_CHUNK = 8
 # Every torch call of an encoder step releases the interpreter lock, and while the event loop and the ticker
-# run Python the step's thread then waits up to one switch interval to take it back: at Python's default
-# (5 ms) a step of a few dozen calls loses whole chunks under load, at 0.5 ms a few milliseconds.
+# run Python the step's thread then waits up to one switch interval to take it back. On the CPU the engine
+# lowers the interval to this: measured with a model whose steps cost next to nothing on 2 cores, partial
+# p99 fell about a third at 450 clients. On CUDA it keeps Python's 5 ms: at 0.5 ms an H200 server of the
+# shipped model gave 1,250 clients a partial p50 of 240 ms against 98 ms (bench/results/server_h200.json).
 SWITCH_INTERVAL_S = 0.0005
 WARMUP_CHUNKS = 2  # chunks of silence the first step runs on before the server says it is ready
 WARMUP_TIMEOUT_S = 600.0  # a first CUDA step compiles kernels and captures graphs: minutes on a cold machine
@@ -158,7 +160,7 @@ class Engine:
 
     :meth:`start` and :meth:`stop` run on the event loop (an app's startup and
     shutdown); so do :meth:`admit`, :meth:`attach`, :meth:`detach` and :meth:`drain`.
-    :meth:`start` lowers the process's thread switch interval
+    With a recognizer on the CPU, the engine lowers the process's thread switch interval
     (:func:`sys.setswitchinterval`) to :data:`SWITCH_INTERVAL_S` where it is longer.
     """
 
@@ -192,7 +194,6 @@ class Engine:
 
     async def start(self) -> None:
         """Build the recognizer (unless given) and run its first step on a thread; returns at once."""
-        sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))
         self._loop = asyncio.get_running_loop()
         self._drained = asyncio.Event()
         self._drained.set()
@@ -334,6 +335,8 @@ class Engine:
             if self._recognizer is None:
                 self._recognizer = build_recognizer(self.settings)
             recognizer = self._recognizer
+            if recognizer.device.type == "cpu":
+                sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))
             stream = recognizer.open_stream("warm-up")
             stream.accept(np.zeros(WARMUP_CHUNKS * recognizer.chunk_ms * SAMPLE_RATE // MS_PER_S, np.float32))
             stream.finish(timeout=WARMUP_TIMEOUT_S)

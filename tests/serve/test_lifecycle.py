@@ -153,7 +153,7 @@ def test_bad_options_are_one_line_and_exit_2(arguments, words):
     assert words in result.stderr
 
 
-def test_the_engine_lowers_the_interpreter_switch_interval_and_never_raises_it():
+def test_the_engine_lowers_the_interpreter_switch_interval_on_the_cpu_and_never_raises_it():
     from audiomask.asr.checkpoint import load_model
     from audiomask.asr.recognizer import StreamingRecognizer
     from audiomask.serve.engine import SWITCH_INTERVAL_S, Engine
@@ -163,6 +163,8 @@ def test_the_engine_lowers_the_interpreter_switch_interval_and_never_raises_it()
         engine = Engine(ServeSettings(max_connections=2), recognizer)
         await engine.start()
         try:
+            while engine.state.value == "loading":  # the interval is set as the recognizer is taken up
+                await asyncio.sleep(0.01)
             return sys.getswitchinterval()
         finally:
             await engine.stop()
