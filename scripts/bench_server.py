@@ -34,7 +34,8 @@ What it checks and measures:
   costs the server's host, the encoder steps included; the same for all the
   server's processes (its WebSocket workers and front-end processes too);
 - the server's ``/health`` once a second while the clients run (connections,
-  streams, steps run, the recent steps' timings): how its steps evolve.
+  streams, steps run, the recent steps' timings): how its steps evolve; and
+  the partials' latency per second of the run, by arrival.
 
 The report (``--out``) records the command, date, versions and machine
 (:func:`audiomask.bench.environment.capture_environment`), the settings, the
@@ -182,8 +183,8 @@ def _percentiles(values: list[float]) -> dict[str, float | None]:
     return {f"p{p}" if p < 100 else "max": round(float(v), 2) for p, v in zip(PERCENTILES, points)}
 
 
-def _partial_latencies(outcome: dict, reference: list[str]) -> tuple[list[float], int]:
-    """Each matched partial's latency (s) and the count of partials the reference never shows."""
+def _partial_latencies(outcome: dict, reference: list[str]) -> tuple[list[tuple[float, float]], int]:
+    """Each matched partial's ``(arrival time, latency)`` (s) and the count of partials the reference never shows."""
     first_message = {}
     for index, text in enumerate(reference):
         first_message.setdefault(text, index)
@@ -193,8 +194,19 @@ def _partial_latencies(outcome: dict, reference: list[str]) -> tuple[list[float]
         if index is None or index >= len(outcome["sent_at"]):
             unmatched += 1
         else:
-            latencies.append(arrived - outcome["sent_at"][index])
+            latencies.append((arrived, arrived - outcome["sent_at"][index]))
     return latencies, unmatched
+
+
+def _latency_by_second(timed: list[tuple[float, float]], outcomes: list[dict]) -> list[dict]:
+    """The partials' latency per second of the run (by arrival, from the first message sent; the clients' clock
+    is ``time.perf_counter``, one for the whole host): where the tail is (the ramp, steady load, the ends of
+    utterances, or periodic stalls)."""
+    begin = min((o["sent_at"][0] for o in outcomes if o.get("sent_at")), default=0.0)
+    seconds: dict[int, list[float]] = {}
+    for arrived, latency in timed:
+        seconds.setdefault(int(arrived - begin), []).append(latency)
+    return [{"t_s": t, "partials": len(seconds[t]), **_percentiles(seconds[t])} for t in sorted(seconds)]
 
 
 @contextlib.contextmanager
@@ -309,12 +321,12 @@ def _measure(args, audio, message_samples, references, expected, chunk_ms, argv)
     lost = [outcome for outcome in outcomes if "error" in outcome]
     audio_s = sum(len(audio[job["name"]]) for job in jobs) / SAMPLE_RATE
     wrong = [o for o in outcomes if "error" not in o and o["text"] != expected[jobs[o["index"]]["name"]]]
-    partial_latencies, unmatched, partial_count = [], 0, 0
+    timed_partials, unmatched, partial_count = [], 0, 0
     for outcome in outcomes:
         if "error" in outcome:
             continue
         latencies, missing = _partial_latencies(outcome, references[jobs[outcome["index"]]["name"]])
-        partial_latencies += latencies
+        timed_partials += latencies
         unmatched += missing
         partial_count += len(outcome["partials"])
     report = (
@@ -360,7 +372,8 @@ def _measure(args, audio, message_samples, references, expected, chunk_ms, argv)
             ][:10],
             "partials": partial_count,
             "partials_unmatched": unmatched,
-            "partial_latency_ms": _percentiles(partial_latencies),
+            "partial_latency_ms": _percentiles([latency for _, latency in timed_partials]),
+            "partial_latency_ms_by_second": _latency_by_second(timed_partials, outcomes),
             # /health every HEALTH_SAMPLE_S while the clients ran: connections, streams, steps run, and the
             # recent steps' timings (how the server's steps evolve under the load).
             "health_samples": samples,

@@ -39,6 +39,7 @@ server stops.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import sys
 import threading
@@ -343,6 +344,10 @@ class Engine:
         except Exception as error:  # noqa: BLE001 - any failure is reported by /health and refused handshakes
             self._fail(error)
             return
+        # The libraries and the model live as long as the server: full collections skip them from now on (one
+        # of the loaded server's ~190,000 objects takes ~50 ms on a 2-core CPU, with every thread stopped).
+        gc.collect()
+        gc.freeze()
         first_block, block = recognizer.first_block_samples, recognizer.block_samples
         # A client waits once two blocks wait in its feed: one being completed, one due.
         self._inbox = Inbox(self._wake, first_block, block, max_buffered=first_block + block)

@@ -23,3 +23,7 @@ def test_bench_server_checks_every_text_and_times_the_partials(tmp_path):
     assert report["partials"] > 0 and report["server_health"]["status"] == "ready"
     latencies = report["partial_latency_ms"]
     assert 0 < latencies["p50"] <= latencies["p99"] <= latencies["max"]
+    by_second = report["partial_latency_ms_by_second"]
+    assert sum(second["partials"] for second in by_second) == report["partials"] - report["partials_unmatched"]
+    assert [second["t_s"] for second in by_second] == sorted({second["t_s"] for second in by_second})
+    assert max(second["max"] for second in by_second) == latencies["max"]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import os
 import signal
@@ -99,6 +100,14 @@ class Served:
                 self.process.kill()
                 self.process.wait(timeout_s)
         return self.process.returncode
+
+
+@pytest.fixture(autouse=True)
+def _unfreeze_collections() -> Iterator[None]:
+    """An engine started in the test process freezes the objects alive then (as a server does): undone after each
+    test, so that later tests' garbage checks see every object."""
+    yield
+    gc.unfreeze()
 
 
 def _free_port() -> int:

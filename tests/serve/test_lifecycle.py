@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import signal
 import subprocess
 import sys
@@ -153,7 +154,7 @@ def test_bad_options_are_one_line_and_exit_2(arguments, words):
     assert words in result.stderr
 
 
-def test_the_engine_lowers_the_interpreter_switch_interval_on_the_cpu_and_never_raises_it():
+def test_the_engine_freezes_what_it_loaded_and_lowers_the_switch_interval_on_the_cpu_never_raising_it():
     from audiomask.asr.checkpoint import load_model
     from audiomask.asr.recognizer import StreamingRecognizer
     from audiomask.serve.engine import SWITCH_INTERVAL_S, Engine
@@ -165,6 +166,7 @@ def test_the_engine_lowers_the_interpreter_switch_interval_on_the_cpu_and_never_
         try:
             while engine.state.value == "loading":  # the interval is set as the recognizer is taken up
                 await asyncio.sleep(0.01)
+            assert gc.get_freeze_count() > 0  # ... and what was loaded is left out of full collections
             return sys.getswitchinterval()
         finally:
             await engine.stop()
