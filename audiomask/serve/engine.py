@@ -393,6 +393,7 @@ class Engine:
                     self._feed_pool.submit(self._pass, recognizer, inbox, taken)
                 else:
                     self._feeders.release()
+            done = inbox.done()  # streams a long pass has finished among its others' steps
             changed: list[tuple[Listener, Segmenter]] = []
             cycles = recognizer.stats.count
             if cycles != cycles_swept and now >= sweep_at:
@@ -401,8 +402,8 @@ class Engine:
                 sweep_at = now + SWEEP_PAUSE_FACTOR * (time.monotonic() - now)
             elif cycles != cycles_swept:
                 timeout_s = min(tick_s, sweep_at - now)
-            if changed:
-                self._post([], changed)
+            if changed or done:
+                self._post(done, changed)
 
     def _pass(self, recognizer: StreamingRecognizer, inbox: Inbox, taken: list[tuple[Feed, np.ndarray]]) -> None:
         """Feed ``taken``, or poll when it holds no samples, and report to the event loop (a feeder thread).

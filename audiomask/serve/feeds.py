@@ -261,11 +261,22 @@ class Inbox:
                     woken.append(feed)
                 if feed._closed and feed.stream is not None and not feed.stream.finished:
                     orphans.append(feed.stream)
-            for feed in [f for f in self._ending if f.error or f._closed or f.stream is None or f.stream.done]:
-                del self._ending[feed]
-                feed._waiting = False
-                woken.append(feed)
+            woken += self._done()
         return woken, orphans
+
+    def done(self) -> list[Feed]:
+        """The ending feeds whose stream is done since the last look (or that failed or closed): their event loop
+        side to wake. Steps carry ended streams in any pass, so the engine also looks between passes."""
+        with self.lock:
+            return self._done()
+
+    def _done(self) -> list[Feed]:
+        """Called with the lock held: :meth:`done`."""
+        done = [f for f in self._ending if f.error or f._closed or f.stream is None or f.stream.done]
+        for feed in done:
+            del self._ending[feed]
+            feed._waiting = False
+        return done
 
 
 _EMPTY = np.zeros(0, np.float32)
