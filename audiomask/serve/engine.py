@@ -78,8 +78,8 @@ FEEDERS = 2
 # After a sweep of every stream's transcript that took T seconds, the next waits SWEEP_PAUSE_FACTOR * T:
 # with thousands of streams the sweeps take at most 1 / (1 + SWEEP_PAUSE_FACTOR) of the ticker's time.
 SWEEP_PAUSE_FACTOR = 3
-# On CUDA a ready chunk waits an eighth of a chunk for the others by default: measured on an H200 with the
-# shipped model (320 ms chunks, 40 ms waits), 1,250 real-time clients with p99 partial latency 164 ms.
+# On CUDA a ready chunk waits an eighth of a chunk for the others by default: on an H200 with the shipped
+# model (320 ms chunks), 80 and 160 ms waits held no more real-time clients than 40 ms (server_h200.json).
 GPU_WAITS_PER_CHUNK = 8
 # Every torch call of an encoder step releases the interpreter lock, and while the event loop and the ticker
 # run Python the step's thread then waits up to one switch interval to take it back. On the CPU the engine
