@@ -279,8 +279,11 @@ class CyclePlanner:
         if stream._planner is not self:  # waiting for a slot, or its last block planned
             return stream in self.waiting and (stream.ended or stream._queued >= self.first_block)
         slot = stream._slot
-        available = self._written[slot] - self._planned[slot]
-        return bool(self._ended[slot] or self._spilled[slot] or available >= self._need()[slot])
+        if self._ended[slot] or self._spilled[slot]:
+            return True
+        planned = self._planned[slot]  # one slot's next block: _need() would compute every slot's
+        need = self.first_block if planned == self._begin[slot] else self.block
+        return bool(self._written[slot] - planned >= need)
 
     def waited_s(self) -> float | None:
         """Seconds the longest-waiting ready slot has had its next block (or its end); ``None``: none is ready.

@@ -45,7 +45,12 @@ def test_planned_blocks_are_each_stream_samples_in_order_whatever_the_feeding(ma
             sent[number] += piece
             if sent[number] >= len(samples):
                 planner.end(stream)
+        ready = {stream for stream in planner.occupants() if planner.has_block(stream)}
+        occupants = set(planner.occupants())
         cycle = planner.plan(index, max_wait_s)
+        if max_wait_s == 0.0:  # a ready-only cycle runs exactly the occupants has_block calls ready
+            ran = set() if cycle is None else {cycle.streams[slot] for slot in cycle.slots.tolist()}
+            assert ran & occupants == ready
         if cycle is None:
             continue
         assert cycle.slots.tolist() == np.flatnonzero(cycle.blocks.active).tolist()
