@@ -301,7 +301,8 @@ class StreamingRecognizer:
     call by one step's bookkeeping at most, and :meth:`RecognizerStream.partial` takes no lock at all.
     :meth:`transcribe` works while other threads stream. Each torch call of a step gives up the interpreter
     lock and, while other threads run Python, waits up to :func:`sys.getswitchinterval` (5 ms by default) to
-    take it back: beside a busy event loop, a shorter interval keeps steps short (``audiomask serve`` sets 0.5 ms).
+    take it back: beside a busy event loop on the CPU a shorter one keeps steps short (``audiomask serve`` sets
+    0.5 ms there; on CUDA it measured worse).
 
     Failures: an error inside an encoder step (CUDA out of memory, a device
     fault, Ctrl-C) leaves the step half done, so the recognizer stops: that

@@ -345,9 +345,9 @@ class Engine:
         except Exception as error:  # noqa: BLE001 - any failure is reported by /health and refused handshakes
             self._fail(error)
             return
-        # The libraries and the model live as long as the server: full collections skip them from now on. One
-        # over the loaded server's ~190,000 objects takes ~50 ms on a 2-core CPU with every thread stopped; on
-        # an H200 they made ~1 % of the partials 250-650 ms late at 1,000-1,250 clients (server_h200.json).
+        # The libraries and the model live as long as the server: full collections skip them from now on. A full
+        # collection of the loaded server's ~190,000 objects takes ~50 ms on a 2-core CPU with every thread
+        # stopped; on an H200 they made ~1 % of the partials 250-650 ms late at 1,000-1,250 clients.
         gc.collect()
         gc.freeze()
         first_block, block = recognizer.first_block_samples, recognizer.block_samples

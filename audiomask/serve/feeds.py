@@ -272,7 +272,7 @@ class Inbox:
 
     def _done(self) -> list[Feed]:
         """Called with the lock held: :meth:`done`."""
-        done = [f for f in self._ending if f.error or f._closed or f.stream is None or f.stream.done]
+        done = [f for f in self._ending if f.error is not None or f._closed or f.stream is None or f.stream.done]
         for feed in done:
             del self._ending[feed]
             feed._waiting = False
