@@ -67,13 +67,19 @@ class SlotSamples:
             )
         self.memory = memory
         self.capacity = memory.shape[1]
+        # Each ring as a flat buffer: a write is a memcpy that keeps the interpreter lock. numpy releases it
+        # for copies of a few hundred values or more, and a thread that releases it in a busy server waits up
+        # to a switch interval (5 ms) to take it back: once per stream and chunk, that bounded a server's load.
+        self._rings = [memoryview(row) for row in memory]
 
     def write(self, slot: int, position: int, samples: np.ndarray) -> None:
-        """Write ``samples`` (at most ``capacity``) into ``slot``'s ring from ``position`` on."""
-        row, start = self.memory[slot], position % self.capacity
+        """Write ``samples`` ``(n,)`` float32 (``n <= capacity``) into ``slot``'s ring from ``position`` on."""
+        ring, start = self._rings[slot], position % self.capacity
+        samples = np.ascontiguousarray(samples, np.float32)
         head = min(len(samples), self.capacity - start)
-        row[start : start + head] = samples[:head]
-        row[: len(samples) - head] = samples[head:]
+        source = memoryview(samples)
+        ring[start : start + head] = source[:head]
+        ring[: len(samples) - head] = source[head:]
 
     def read(self, slot: int, position: int, length: int) -> np.ndarray:
         """A copy of ``length`` samples of ``slot``'s ring from ``position`` on.

@@ -89,10 +89,13 @@ class Phi4MMStream(BufferedStream):
         self._keys = self._blocks * self.chunk_size  # S: cached tokens plus the chunk's own
         batch, heads = self.batch_size, config.num_attention_heads
         like = {"device": self.device, "dtype": self.dtype}
-        self._kv = [
-            torch.zeros(2, batch, heads, self._keys, config.hidden_size // heads, **like) for _ in encoder.encoders
-        ]
-        self._conv = [torch.zeros(batch, config.kernel_size - 1, config.hidden_size, **like) for _ in encoder.encoders]
+        # Every block's caches are views of one tensor per kind, so that a step's bookkeeping over the slots
+        # (reset, hold) is a few device calls whatever the depth: each call releases the interpreter lock,
+        # which a server's other threads then hold for up to a switch interval.
+        layers = len(encoder.encoders)
+        self._kv_all = torch.zeros(layers, 2, batch, heads, self._keys, config.hidden_size // heads, **like)
+        self._conv_all = torch.zeros(layers, batch, config.kernel_size - 1, config.hidden_size, **like)
+        self._kv, self._conv = list(self._kv_all.unbind()), list(self._conv_all.unbind())
         self._subsampling = []
         bins = config.input_size
         for conv in encoder.embed.strided_convs():
@@ -152,7 +155,7 @@ class Phi4MMStream(BufferedStream):
         steps = []
         while self._buffer.counts.max(initial=0) > 0:
             steps.append(self._encode_chunk(*self._buffer.take(self.chunk_frames)))
-        for cache in (*self._kv, *self._conv, *self._subsampling):
+        for cache in (self._kv_all, self._conv_all, *self._subsampling):
             cache.zero_()
         self._chunks = 0
         self._position[:] = 0
@@ -172,9 +175,9 @@ class Phi4MMStream(BufferedStream):
             return
         rows = to_device(index, self.device)
         with torch.no_grad():
-            for kv in self._kv:
-                kv[:, rows] = 0
-            for cache in (*self._conv, *self._subsampling):
+            self._kv_all[:, :, rows] = 0
+            self._conv_all[:, rows] = 0
+            for cache in self._subsampling:
                 cache[rows] = 0
         self._frames[index] = 0
         self._position[index] = 0
@@ -231,13 +234,13 @@ class Phi4MMStream(BufferedStream):
             self._position += 1
             return
         rows = to_device(held, self.device)
-        states = (*self._conv, *self._subsampling)
-        saved = [state.index_select(0, rows) for state in states]
+        states = ((self._conv_all, 1), *((state, 0) for state in self._subsampling))  # (cache, its slot dim)
+        saved = [state.index_select(dim, rows) for state, dim in states]
         yield
-        for state, before in zip(states, saved):
-            state.index_copy_(0, rows, before)
-        for kv in self._kv:
-            kv[:, rows] = kv[:, rows].roll(self.chunk_size, dims=3)  # (2, B, H, S, d): S holds the ring
+        for (state, dim), before in zip(states, saved):
+            state.index_copy_(dim, rows, before)
+        kv = self._kv_all  # (layers, 2, B, H, S, d): S holds the ring
+        kv[:, :, rows] = kv[:, :, rows].roll(self.chunk_size, dims=4)
         moved = np.ones(self.batch_size, bool)
         moved[held] = False
         self._position += moved
@@ -295,7 +298,7 @@ class Phi4MMStream(BufferedStream):
         that the graphs' pool can take that memory rather than leave it cached
         for eager work that a graph-driven stream never runs.
         """
-        caches = (*self._kv, *self._conv, *self._subsampling)
+        caches = (self._kv_all, self._conv_all, *self._subsampling)
         frame_valid = self._static_masks[:, : self.chunk_frames]
         key_mask = self._static_masks[:, self.chunk_frames :]
         side = torch.cuda.Stream(self.device)
