@@ -79,14 +79,14 @@ FEEDERS = 2
 # with thousands of streams the sweeps take at most 1 / (1 + SWEEP_PAUSE_FACTOR) of the ticker's time.
 SWEEP_PAUSE_FACTOR = 3
 # On CUDA a ready chunk waits an eighth of a chunk for the others by default: on an H200 with the shipped
-# model (320 ms chunks), 2,000 real-time clients got partial p99 1,023 ms at 40 ms waits, 1,191 at 80 and
-# 1,054 at 160 (server_h200.json): longer waits make larger steps, not more of them in time.
+# model (320 ms chunks) and 2,000 real-time clients, 80 and 160 ms waits gave no lower partial p99 than 40 ms
+# (server_h200.json): longer waits make larger steps, not more of them in time.
 GPU_WAITS_PER_CHUNK = 8
 # Every torch call of an encoder step releases the interpreter lock, and while the event loop and the ticker
 # run Python the step's thread then waits up to one switch interval to take it back. On the CPU the engine
 # lowers the interval to this: measured with a model whose steps cost next to nothing on 2 cores, partial
-# p99 fell about a third at 450 clients. On CUDA it keeps Python's 5 ms: at 0.5 ms an H200 server of the
-# shipped model gave 1,250 clients a partial p50 of 240 ms against 98 ms (bench/results/server_h200.json).
+# p99 fell about a third at 450 clients. On CUDA it keeps Python's 5 ms: on an H200 with the shipped model,
+# 0.2-1 ms gave 2,000 clients no lower partial p99 (bench/results/server_h200.json).
 SWITCH_INTERVAL_S = 0.0005
 WARMUP_CHUNKS = 2  # chunks of silence the first step runs on before the server says it is ready
 WARMUP_TIMEOUT_S = 600.0  # a first CUDA step compiles kernels and captures graphs: minutes on a cold machine

@@ -88,6 +88,16 @@ def test_a_ring_reads_back_what_was_written_across_its_end():
     assert not rings.samples.memory[0].any()
 
 
+def test_a_ring_takes_strided_and_other_dtype_samples_and_leaves_the_other_rings_alone():
+    rings = SlotSamples(np.zeros((3, 6), np.float32))
+    every_other = np.arange(10, dtype=np.float32)[::2]  # 0, 2, 4, 6, 8: not contiguous
+    rings.write(1, 4, every_other)  # positions 4-8: ring indices 4, 5, 0, 1, 2
+    np.testing.assert_array_equal(rings.memory[1], [4, 6, 8, 0, 0, 2])
+    rings.write(1, 9, np.array([0.5, 1.5], np.float64))  # indices 3, 4
+    np.testing.assert_array_equal(rings.read(1, 7, 4), [6, 8, 0.5, 1.5])
+    assert not rings.memory[0].any() and not rings.memory[2].any()
+
+
 def test_slot_features_frame_each_slot_as_its_own_stream():
     frontend = Phi4MMFrontend()
     stage = SlotFeatures(frontend, BATCH, CHUNK_FRAMES)
