@@ -97,6 +97,7 @@ def _arguments(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("--dtype", default="float32", help="the started server's --dtype (default float32)")
     parser.add_argument("--ws-workers", type=int, help="the started server's --ws-workers")
+    parser.add_argument("--replicas", type=int, help="the started server's --replicas")
     parser.add_argument(
         "--reference-on-device",
         action="store_true",
@@ -133,6 +134,7 @@ def _server(args: argparse.Namespace) -> Iterator[tuple[str, subprocess.Popen | 
         "--left-chunks": args.left_chunks,
         "--frontend-workers": args.frontend_workers,
         "--ws-workers": args.ws_workers,
+        "--replicas": args.replicas,
         "--dtype": args.dtype,
         "--max-wait-ms": args.max_wait_ms,
         "--token": args.token,
@@ -350,6 +352,7 @@ def _measure(args, audio, message_samples, references, expected, chunk_ms, argv)
             "reference_on_device": args.reference_on_device,
             "frontend_workers": args.frontend_workers,
             "ws_workers": args.ws_workers,
+            "replicas": args.replicas,
             "clients": args.clients,
             "processes": args.processes,
             "route": args.route,

@@ -92,8 +92,8 @@ def running_server(
     options: Mapping[str, object | None], ready_timeout_s: float = READY_TIMEOUT_S
 ) -> Iterator[ServerProcess]:
     """``audiomask serve`` on a free loopback port with ``options`` (``{"--device": "cpu", ...}``; ``None``
-    values are left out), ready; stopped on exit. ``RuntimeError`` with the server's log when it exits or is
-    not ready within ``ready_timeout_s`` seconds."""
+    values are left out), ready (with ``--replicas``: every replica has answered ``/health``); stopped on exit.
+    ``RuntimeError`` with the server's log when it exits or is not ready within ``ready_timeout_s`` seconds."""
     port = _free_port()
     command = [sys.executable, "-m", "audiomask", "serve", "--host", LOOPBACK, "--port", str(port)]
     for flag, value in options.items():
@@ -105,10 +105,15 @@ def running_server(
     served = ServerProcess(f"ws://{LOOPBACK}:{port}", f"http://{LOOPBACK}:{port}", process, log_path)
     try:
         deadline = time.monotonic() + ready_timeout_s
-        while health(served.http_url)[0] != 200:
+        replicas, ready = int(options.get("--replicas") or 1), set()
+        while len(ready) < replicas:  # a request reaches whichever replica the kernel picks
             if process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"audiomask serve did not start ({' '.join(command)}):\n{log_path.read_text()}")
-            time.sleep(HEALTH_POLL_S)
+            status, body = health(served.http_url)
+            if status == 200:
+                ready.add(body.get("replica"))
+            else:
+                time.sleep(HEALTH_POLL_S)
         yield served
     finally:
         process.send_signal(signal.SIGTERM)

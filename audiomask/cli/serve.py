@@ -24,7 +24,6 @@ from audiomask.serve.settings import (
     DEFAULT_PORT,
     DTYPES,
     LOOPBACK,
-    SERVE_THREADS,
     ServeSettings,
 )
 
@@ -113,7 +112,13 @@ def add_parser(commands: argparse._SubParsersAction, device_help: str, model_hel
     parser.add_argument("--certfile", help="PEM certificate: serve wss:// and https:// (with --keyfile)")
     parser.add_argument("--keyfile", help="PEM private key of --certfile")
     parser.add_argument("--ray", action="store_true", help="deploy on Ray Serve (pip install -e '.[ray]')")
-    parser.add_argument("--replicas", type=int, default=1, help="with --ray: replicas, one recognizer each")
+    parser.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="server processes, one recognizer each, on one port (CUDA: spread over the GPUs; several on one GPU "
+        "serve more streams than one process can feed); with --ray: Ray Serve replicas (default 1)",
+    )
     parser.add_argument("--gpus-per-replica", type=float, default=0.0, help="with --ray: GPUs per replica")
     parser.set_defaults(run=serve)
 
@@ -155,9 +160,9 @@ def serve(args: argparse.Namespace) -> int:
         if settings.ws_workers:
             raise ValueError("--ws-workers goes without --ray: each Ray replica serves its own connections")
         return _serve_on_ray(settings, args.replicas, args.gpus_per_replica)
-    if args.replicas != 1 or args.gpus_per_replica:
-        raise ValueError("--replicas and --gpus-per-replica go with --ray")
-    return _serve_here(settings)
+    if args.gpus_per_replica:
+        raise ValueError("--gpus-per-replica goes with --ray (without it, --replicas spreads over the GPUs)")
+    return _serve_here(settings, args.replicas)
 
 
 def _serve_on_ray(settings: ServeSettings, replicas: int, gpus_per_replica: float) -> int:
@@ -169,27 +174,11 @@ def _serve_on_ray(settings: ServeSettings, replicas: int, gpus_per_replica: floa
     return ray_serve.run(settings, replicas=replicas, gpus_per_replica=gpus_per_replica)
 
 
-def _serve_here(settings: ServeSettings) -> int:
-    import torch
-
+def _serve_here(settings: ServeSettings, replicas: int) -> int:
     try:
-        from audiomask.serve.engine import build_recognizer
-        from audiomask.serve.server import run
-        from audiomask.serve.workers import resolve_ws_workers, run_with_workers
+        from audiomask.serve import launch
     except ImportError as error:  # fastapi, uvicorn: the optional extra
         raise ValueError(f"audiomask serve needs the serve extra: pip install 'audiomask[serve]' ({error})") from None
-
-    torch.set_num_threads(SERVE_THREADS)
-    recognizer = build_recognizer(settings)
-    workers = resolve_ws_workers(settings, str(recognizer.device))
-    print(
-        f"audiomask serve: {settings.describe_routes()}; {recognizer.device}, {recognizer.chunk_ms} ms chunks, "
-        f"up to {settings.max_connections} connections"
-        + (f", {workers} WebSocket worker processes" if workers else ""),
-        file=sys.stderr,
-        flush=True,
-    )
-    with recognizer:
-        if workers:
-            return run_with_workers(settings, recognizer, workers)
-        return run(settings, recognizer)
+    if replicas == 1:
+        return launch.serve(settings)
+    return launch.serve_replicas(settings, replicas)

@@ -310,6 +310,8 @@ class Engine:
             "max_connections": self.settings.max_connections,
             "streams": self.streams,
         }
+        if self.settings.replica is not None:
+            body["replica"] = self.settings.replica
         if self._recognizer is not None:
             recognizer = self._recognizer
             body |= {

@@ -87,13 +87,18 @@ class _DrainingServer(uvicorn.Server):
         self.should_exit = True
 
 
-def run(settings: ServeSettings, recognizer: StreamingRecognizer | None = None) -> int:
-    """Serve ``settings`` (with ``recognizer``, or one built from them) until a stop signal; the exit status."""
+def run(
+    settings: ServeSettings, recognizer: StreamingRecognizer | None = None, listener: socket.socket | None = None
+) -> int:
+    """Serve ``settings`` (with ``recognizer``, or one built from them) until a stop signal; the exit status.
+
+    ``listener``: a bound TCP socket to serve on (shared with other servers); ``None``: bind ``--host``/``--port``.
+    """
     from audiomask.serve.app import create_app
 
     app = create_app(settings, recognizer)
     server = _DrainingServer(uvicorn_config(app, settings), app.state.engine)
-    server.run()
+    server.run(sockets=None if listener is None else [listener])
     if server.forced_by is not None:
         return SIGNAL_EXIT_BASE + server.forced_by
     return EXIT_STOPPED

@@ -93,6 +93,8 @@ class ServeSettings:
         token: when set, a client must send ``Authorization: Bearer TOKEN`` or ``?token=TOKEN``
             (otherwise HTTP 401 at the handshake).
         certfile, keyfile: a PEM certificate and its key: serve ``wss://`` / ``https://`` (both or neither).
+        replica: this server's number among the replicas of ``audiomask serve --replicas N`` (``/health``
+            reports it); ``None``: the only one (:mod:`audiomask.serve.replicas`).
     """
 
     host: str = LOOPBACK
@@ -113,6 +115,7 @@ class ServeSettings:
     token: str | None = None
     certfile: str | None = None
     keyfile: str | None = None
+    replica: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.host, str) or not self.host:
@@ -144,6 +147,8 @@ class ServeSettings:
             not isinstance(self.token, str) or not self.token or self.token != self.token.strip()
         ):
             raise ValueError("--token must be a non-empty string without surrounding whitespace")
+        if self.replica is not None:
+            check_int("replica", self.replica, minimum=0)
         if (self.certfile is None) != (self.keyfile is None):
             raise ValueError(
                 f"--certfile and --keyfile go together (wss needs both), got certfile={self.certfile!r}, "

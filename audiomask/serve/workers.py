@@ -71,11 +71,17 @@ def resolve_ws_workers(settings: ServeSettings, device: str) -> int:
     return max(1, (os.cpu_count() or 1) // CORES_PER_WS_WORKER)
 
 
-def listen_socket(settings: ServeSettings) -> socket.socket:
-    """The TCP socket the workers share, bound to ``--host``/``--port`` (``ValueError`` naming them if it cannot be)."""
+def listen_socket(settings: ServeSettings, *, reuse_port: bool = False) -> socket.socket:
+    """The TCP socket the workers share, bound to ``--host``/``--port`` (``ValueError`` naming them if it cannot be).
+
+    ``reuse_port``: other sockets may bind the same address with it too (``SO_REUSEPORT``), and the kernel
+    spreads new connections evenly over those that listen (the replicas of :mod:`audiomask.serve.launch`).
+    """
     family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         sock.bind((settings.host, settings.port))
     except OSError as error:
@@ -85,9 +91,15 @@ def listen_socket(settings: ServeSettings) -> socket.socket:
     return sock
 
 
-def run_with_workers(settings: ServeSettings, recognizer: StreamingRecognizer, workers: int) -> int:
-    """Serve ``settings`` with ``recognizer`` in this process and ``workers`` WebSocket processes; the exit status."""
-    listener = listen_socket(settings)
+def run_with_workers(
+    settings: ServeSettings, recognizer: StreamingRecognizer, workers: int, listener: socket.socket | None = None
+) -> int:
+    """Serve ``settings`` with ``recognizer`` in this process and ``workers`` WebSocket processes; the exit status.
+
+    ``listener``: a bound TCP socket the workers serve on (shared with other servers); ``None``: bind
+    ``--host``/``--port`` (:func:`listen_socket`).
+    """
+    listener = listen_socket(settings) if listener is None else listener
     return asyncio.run(_Supervisor(settings, recognizer, workers).run(listener))
 
 
