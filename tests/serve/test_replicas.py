@@ -15,7 +15,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -23,7 +22,7 @@ from audiomask.serve.client import stream_audio
 from audiomask.serve.launch import REPLICA_HEADROOM
 
 from .conftest import LOOPBACK, REPOSITORY
-from .test_workers import STOP_TIMEOUT_S, WORKER_MARK, _alive
+from .test_workers import STOP_TIMEOUT_S, _alive, _workers_of
 
 REPLICAS = 2
 CLIENTS = 12  # spread over the replicas as each accepts: both take some (checked)
@@ -46,28 +45,12 @@ def _replicas_ready(server) -> dict[int, dict]:
     return seen
 
 
-def _replica_processes(pid: int) -> list[int]:
-    """The spawned replica processes of process ``pid``."""
-    children = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        children += map(int, (task / "children").read_text().split())
-    replicas = []
-    for child in children:
-        try:
-            command = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if WORKER_MARK in command and "resource_tracker" not in command:
-            replicas.append(child)
-    return replicas
-
-
 def test_replicas_share_the_connections_of_one_port_and_drain_on_sigterm(start_server, sample_audio, expected_texts):
     server = start_server("--replicas", str(REPLICAS), "--device", "cpu", "--max-connections", str(2 * CLIENTS))
     before = _replicas_ready(server)
     share = math.ceil(2 * CLIENTS * REPLICA_HEADROOM / REPLICAS)
     assert all(body["max_connections"] == share for body in before.values()), before  # each its share
-    replicas = _replica_processes(server.process.pid)
+    replicas = _workers_of(server.process.pid)  # the spawned replica processes
     assert len(replicas) == REPLICAS, replicas
     names = sorted(sample_audio)
 
