@@ -24,10 +24,12 @@ What it checks and measures:
   a client that got no final result is *lost*;
 - the latency of each partial result: its arrival time minus the time the
   client sent the message holding the last sample of the chunk that produced
-  it. Which chunk produced a text is read off the single-stream reference: the
-  first message after which the reference's text equals it. Partials whose text
-  the reference never shows (float rounding of batched steps can differ) are
-  counted as unmatched, not timed;
+  it. On the sherpa-onnx route that is the chunk in which the partial's
+  newest token starts (its token times: the server's own account); on the
+  WeNet route, which sends none, the first message after which the
+  single-stream reference's text equals it (a text the reference never shows
+  is *unmatched*, not timed). A partial that repeats the previous one's text
+  (a segment's end) is not timed;
 - the final latency: the final result's arrival minus the end message's sending;
 - the started server's CPU seconds (user + system, all its threads) while the
   clients ran, and per second of audio they sent: what a real-time stream
@@ -62,7 +64,13 @@ from pathlib import Path
 
 import numpy as np
 
-from audiomask.bench.server_process import cpu_seconds, running_server, single_stream_references, tree_cpu_seconds
+from audiomask.bench.server_process import (
+    References,
+    cpu_seconds,
+    running_server,
+    single_stream_references,
+    tree_cpu_seconds,
+)
 from audiomask.bench.server_process import health as server_health
 from audiomask.constants import SAMPLE_RATE
 
@@ -166,6 +174,7 @@ def _run_clients(audio: dict[str, np.ndarray], jobs: list[dict]) -> list[dict]:
             "index": job["index"],
             "text": result.text,
             "partials": result.partials,
+            "partial_token_s": result.partial_token_s,
             "sent_at": result.sent_at,
             "final_at": result.final_at,
             "latency_final_s": result.final_at - result.done_at,
@@ -185,19 +194,39 @@ def _percentiles(values: list[float]) -> dict[str, float | None]:
     return {f"p{p}" if p < 100 else "max": round(float(v), 2) for p, v in zip(PERCENTILES, points)}
 
 
-def _partial_latencies(outcome: dict, reference: list[str]) -> tuple[list[tuple[float, float]], int]:
-    """Each matched partial's ``(arrival time, latency)`` (s) and the count of partials the reference never shows."""
-    first_message = {}
-    for index, text in enumerate(reference):
+def _partial_latencies(
+    outcome: dict, references: References, name: str, message_samples: int
+) -> tuple[list[tuple[float, float]], int, int]:
+    """Each timed partial's ``(arrival time, latency)`` (s), and the counts of partials not timed: in all, and
+    of those because the reference never shows their text.
+
+    A partial is timed from the message holding the last sample of the chunk that produced it. With token
+    times (the sherpa-onnx route) that is the chunk in which its newest token starts: the server's own
+    account, whatever the reference's tokens (random weights' near ties can move a token by a chunk).
+    Without (WeNet) it is the first message after which the single-stream reference shows the partial's
+    text. A partial whose text is the previous one's (a segment's end) is not timed.
+    """
+    first_message: dict[str, int] = {}
+    for index, text in enumerate(references.partials[name]):
         first_message.setdefault(text, index)
-    latencies, unmatched = [], 0
-    for arrived, text in outcome["partials"]:
-        index = first_message.get(text)
-        if index is None or index >= len(outcome["sent_at"]):
-            unmatched += 1
+    sent_at = outcome["sent_at"]
+    latencies, untimed, unmatched, previous = [], 0, 0, ""
+    for (arrived, text), token_s in zip(outcome["partials"], outcome["partial_token_s"]):
+        if text == previous:
+            untimed += 1
+            continue
+        previous = text
+        if token_s is not None:
+            chunk = round(token_s * MS_PER_S) // references.chunk_ms
+            last_sample = references.first_block + chunk * references.block - 1
+            index = min(last_sample // message_samples, len(sent_at) - 1)  # the last chunk ends in the last one
         else:
-            latencies.append((arrived, arrived - outcome["sent_at"][index]))
-    return latencies, unmatched
+            index = first_message.get(text, len(sent_at))
+        if index >= len(sent_at):
+            untimed, unmatched = untimed + 1, unmatched + 1
+        else:
+            latencies.append((arrived, arrived - sent_at[index]))
+    return latencies, untimed, unmatched
 
 
 def _latency_by_second(timed: list[tuple[float, float]], outcomes: list[dict]) -> list[dict]:
@@ -254,7 +283,7 @@ def main(argv: list[str]) -> int:
         if args.model in RANDOM_MODELS:
             args.model_name, args.model = args.model, _save_random_model(args.model, args.dtype, stack)
         on_device = {"device": args.device, "dtype": args.dtype, "max_streams": args.clients}
-        references, expected, chunk_ms = single_stream_references(
+        references = single_stream_references(
             audio,
             args.model,
             args.chunk_ms,
@@ -262,7 +291,7 @@ def main(argv: list[str]) -> int:
             message_samples,
             **(on_device if args.reference_on_device else {}),
         )
-        return _measure(args, audio, message_samples, references, expected, chunk_ms, argv)
+        return _measure(args, audio, message_samples, references, argv)
 
 
 def _save_random_model(name: str, dtype: str, stack: contextlib.ExitStack) -> str:
@@ -281,7 +310,7 @@ def _save_random_model(name: str, dtype: str, stack: contextlib.ExitStack) -> st
     return path
 
 
-def _measure(args, audio, message_samples, references, expected, chunk_ms, argv) -> int:
+def _measure(args, audio, message_samples, references: References, argv) -> int:
     """Run the clients against the server and write the report; the exit status."""
     from audiomask.bench.environment import capture_environment, write_result
 
@@ -322,14 +351,16 @@ def _measure(args, audio, message_samples, references, expected, chunk_ms, argv)
 
     lost = [outcome for outcome in outcomes if "error" in outcome]
     audio_s = sum(len(audio[job["name"]]) for job in jobs) / SAMPLE_RATE
+    expected = references.finals
     wrong = [o for o in outcomes if "error" not in o and o["text"] != expected[jobs[o["index"]]["name"]]]
-    timed_partials, unmatched, partial_count = [], 0, 0
+    timed_partials, untimed, unmatched, partial_count = [], 0, 0, 0
     for outcome in outcomes:
         if "error" in outcome:
             continue
-        latencies, missing = _partial_latencies(outcome, references[jobs[outcome["index"]]["name"]])
+        name = jobs[outcome["index"]]["name"]
+        latencies, not_timed, missing = _partial_latencies(outcome, references, name, message_samples)
         timed_partials += latencies
-        unmatched += missing
+        untimed, unmatched = untimed + not_timed, unmatched + missing
         partial_count += len(outcome["partials"])
     report = (
         capture_environment([Path(sys.argv[0]).as_posix(), *argv])
@@ -362,7 +393,7 @@ def _measure(args, audio, message_samples, references, expected, chunk_ms, argv)
             "repeat": args.repeat,
             "max_wait_ms": args.max_wait_ms,
             "most_clients_at_once": _most_at_once(outcomes),
-            "chunk_ms": chunk_ms,
+            "chunk_ms": references.chunk_ms,
             "samples": {name: round(len(samples) / SAMPLE_RATE, 3) for name, samples in audio.items()},
             "wall_s": round(wall_s, 2),
             "correct": args.clients - len(lost) - len(wrong),
@@ -374,7 +405,8 @@ def _measure(args, audio, message_samples, references, expected, chunk_ms, argv)
                 for o in wrong
             ][:10],
             "partials": partial_count,
-            "partials_unmatched": unmatched,
+            "partials_untimed": untimed,  # a segment's end (the text unchanged), or unmatched
+            "partials_unmatched": unmatched,  # timed by the reference's texts (no token times), which never show it
             "partial_latency_ms": _percentiles([latency for _, latency in timed_partials]),
             "partial_latency_ms_by_second": _latency_by_second(timed_partials, outcomes),
             # /health every HEALTH_SAMPLE_S while the clients ran: connections, streams, steps run, and the

@@ -30,6 +30,7 @@ import urllib.request
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -43,6 +44,7 @@ __all__ = [
     "health",
     "process_memory",
     "running_server",
+    "References",
     "single_stream_references",
 ]
 
@@ -170,6 +172,16 @@ def process_memory(pid: int) -> dict[str, int] | None:
     }
 
 
+class References(NamedTuple):
+    """What one recognizer alone makes of each clip (:func:`single_stream_references`)."""
+
+    partials: dict[str, list[str]]  # per clip, the text after each message
+    finals: dict[str, str]  # per clip, the final text
+    chunk_ms: int  # the recognizer's chunk
+    first_block: int  # samples a stream's first chunk needs (the front end's window reaches past it)
+    block: int  # samples each later chunk needs: chunk k is complete at first_block + k * block samples
+
+
 def single_stream_references(
     audio: Mapping[str, np.ndarray],
     model: str | None,
@@ -180,7 +192,7 @@ def single_stream_references(
     device: str = "cpu",
     dtype: str = "float32",
     max_streams: int = 1,
-) -> tuple[dict[str, list[str]], dict[str, str], int]:
+) -> References:
     """Each clip fed alone to one :class:`~audiomask.asr.recognizer.StreamingRecognizer` of these settings.
 
     Args:
@@ -194,8 +206,8 @@ def single_stream_references(
             steps over many (measured with full-size Phi-4MM: ``docs/benchmarks.md``).
 
     Returns:
-        ``(partials, finals, chunk_ms)``: per clip the text after each message and the final text, and the
-        chunk in milliseconds.
+        :class:`References`: per clip the text after each message and the final text; the chunk, and the
+        samples that complete a stream's first chunk and each later one.
     """
     import torch
 
@@ -213,4 +225,6 @@ def single_stream_references(
                 stream.accept(samples[start : start + message_samples])
                 texts.append(stream.partial())
             partials[name], finals[name] = texts, stream.finish()
-        return partials, finals, recognizer.chunk_ms
+        return References(
+            partials, finals, recognizer.chunk_ms, recognizer.first_block_samples, recognizer.block_samples
+        )

@@ -54,6 +54,9 @@ class StreamResult:
         text: the final text: every segment's, joined (the text of the whole stream).
         partials: ``(arrival time, text)`` of each result before the final one, in order; the text is the
             stream's so far (the segments ended before it, then its own).
+        partial_token_s: for each partial, where its newest token starts in the stream, seconds (the
+            segment's ``start_time`` plus its last ``timestamps``): the chunk that produced it; ``None``
+            without token times (the WeNet route) or tokens.
         segments: the text of each segment that ended before the final result (sherpa-onnx's endpoints).
         sent_at: the time each binary message had been handed to the socket.
         done_at: when the end message was sent; ``final_at``: when the final result arrived.
@@ -61,6 +64,7 @@ class StreamResult:
 
     text: str = ""
     partials: list[tuple[float, str]] = field(default_factory=list)
+    partial_token_s: list[float | None] = field(default_factory=list)
     segments: list[str] = field(default_factory=list)
     sent_at: list[float] = field(default_factory=list)
     done_at: float = 0.0
@@ -75,33 +79,36 @@ def _encode(samples: np.ndarray, protocol: str) -> bytes:
     return levels.astype("<i2").tobytes()
 
 
-def _parse(message: str | bytes, protocol: str) -> tuple[str, str | None]:
-    """``(kind, text)`` of a server message: kind ``partial``, ``segment`` (a segment ended), ``final``, ``end``
-    or ``other``."""
+def _parse(message: str | bytes, protocol: str) -> tuple[str, str | None, float | None]:
+    """``(kind, text, newest token's start s)`` of a server message: kind ``partial``, ``segment`` (a segment
+    ended), ``final``, ``end`` or ``other``; the token time where the message carries token times."""
     if protocol == "sherpa":
         if message == SHERPA_DONE_REPLY:
-            return "end", None
+            return "end", None, None
         result = json.loads(message)
         if "error" in result:
             raise ServerError(result["error"])
         kind = "final" if result["is_eof"] else "segment" if result["is_final"] else "partial"
-        return kind, result["text"]
+        times = result.get("timestamps")
+        newest = result.get("start_time", 0.0) + times[-1] if times else None
+        return kind, result["text"], newest
     result = json.loads(message)
     if result.get("status") == "failed":
         raise ServerError(result["message"])
     kind = {"partial_result": "partial", "final_result": "final", "speech_end": "end"}.get(result["type"], "other")
     text = json.loads(result["nbest"])[0]["sentence"] if "nbest" in result else None
-    return kind, text
+    return kind, text, None
 
 
 async def _receive(connection: ClientConnection, protocol: str, result: StreamResult) -> None:
     """Collect partials and the final result until the protocol's last message."""
     try:
         async for message in connection:
-            kind, text = _parse(message, protocol)
+            kind, text, newest_s = _parse(message, protocol)
             before = "".join(result.segments)
             if kind in ("partial", "segment"):
                 result.partials.append((time.perf_counter(), before + text))
+                result.partial_token_s.append(newest_s)
             if kind == "segment":
                 result.segments.append(text)
             elif kind == "final":
