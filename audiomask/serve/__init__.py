@@ -2,7 +2,8 @@
 
 Every connection is served by one shared
 :class:`~audiomask.asr.recognizer.StreamingRecognizer`, so all connected
-streams share each encoder step.
+streams share each encoder step (with ``--replicas N``, each of N server
+processes has its own recognizer, and its connections share its steps).
 
 - :mod:`~audiomask.serve.settings`: :class:`ServeSettings`, the options (no dependencies beyond numpy);
 - :mod:`~audiomask.serve.app`: :func:`create_app`, the FastAPI app (routes ``/``, ``/wenet``,
@@ -12,6 +13,7 @@ streams share each encoder step.
 - :mod:`~audiomask.serve.session`: one connection, whatever its protocol;
 - :mod:`~audiomask.serve.sherpa` (float32 samples) and :mod:`~audiomask.serve.wenet` (int16 PCM): the protocols;
 - :mod:`~audiomask.serve.server`: uvicorn with a graceful stop (SIGTERM finishes the streams in flight);
+- :mod:`~audiomask.serve.launch`: one recognizer's server, or ``--replicas N`` of them on one address;
 - :mod:`~audiomask.serve.client`: a client of both protocols (tests, benchmarks).
 
 The app, server and client need the ``serve`` extra (``pip install -e ".[serve]"``: fastapi,
