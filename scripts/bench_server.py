@@ -250,7 +250,7 @@ def _health_samples(url: str) -> Iterator[list[dict]]:
     def sample() -> None:
         while not stop.wait(HEALTH_SAMPLE_S):
             body = server_health(url.replace("ws", "http", 1))[1]
-            keys = ("connections", "streams", "cycles", "recent_cycles")
+            keys = ("replica", "connections", "streams", "cycles", "recent_cycles")  # the replica that answered
             samples.append({"t_s": round(time.perf_counter() - started, 2)} | {k: body.get(k) for k in keys})
 
     thread = threading.Thread(target=sample, daemon=True)
@@ -368,7 +368,8 @@ def _measure(args, audio, message_samples, references: References, argv) -> int:
             "url": args.url,
             "server_health": health,
             # The started server's CPU seconds while the clients ran (its start-up left out), and per second
-            # of audio the clients sent: what one real-time stream costs the server's host.
+            # of audio the clients sent: what one real-time stream costs the server's host. With --replicas the
+            # started process only watches its replicas: their CPU is in server_processes_cpu_s.
             "server_cpu_s": None if server_cpu_s is None else round(server_cpu_s, 2),
             "audio_s": round(audio_s, 2),
             "server_cpu_per_audio_s": None if server_cpu_s is None else round(server_cpu_s / audio_s, 5),
