@@ -445,7 +445,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Room for connections the server has not yet seen end: a client's next connection may come first.
     max_connections = args.max_connections or 2 * args.concurrency
     audio = churn_clips()
-    expected = single_stream_references(audio, args.model, args.chunk_ms, args.left_chunks, MESSAGE_SAMPLES)[1]
+    expected = single_stream_references(audio, args.model, args.chunk_ms, args.left_chunks, MESSAGE_SAMPLES).finals
     options = {
         "--device": args.device,
         "--model": args.model,

@@ -41,7 +41,7 @@ def _fds_down_to(pid: int, limit: int) -> int:
 def test_connection_churn_frees_every_connection(start_server, ws_workers):
     served = start_server("--device", "cpu", "--max-connections", str(MAX_CONNECTIONS), "--ws-workers", str(ws_workers))
     audio = churn_clips()
-    expected = single_stream_references(audio, None, None, None, MESSAGE_SAMPLES)[1]
+    expected = single_stream_references(audio, None, None, None, MESSAGE_SAMPLES).finals
     assert all(expected.values()), expected  # every clip holds words: a final that loses them is caught
 
     report = run_churn(
