@@ -90,8 +90,8 @@ def add_parser(commands: argparse._SubParsersAction, device_help: str, model_hel
         type=int,
         metavar="MS",
         help="how long a ready chunk waits for the other connections' before a step runs without them "
-        "(default: one chunk on the CPU, an eighth of one on CUDA; less: lower latency for clients out of step, "
-        "more steps)",
+        "(default: one chunk on the CPU, 40 ms or the chunk if shorter on CUDA; less: lower latency for clients "
+        "out of step, more steps)",
     )
     parser.add_argument(
         "--endpoint-silence-s",

@@ -64,7 +64,7 @@ __all__ = [
     "SWEEP_PAUSE_FACTOR",
     "TICKS_PER_CHUNK",
     "Engine",
-    "GPU_WAITS_PER_CHUNK",
+    "GPU_MAX_WAIT_MS",
     "SWITCH_INTERVAL_S",
     "build_recognizer",
     "default_max_wait_ms",
@@ -78,10 +78,12 @@ FEEDERS = 2
 # After a sweep of every stream's transcript that took T seconds, the next waits SWEEP_PAUSE_FACTOR * T:
 # with thousands of streams the sweeps take at most 1 / (1 + SWEEP_PAUSE_FACTOR) of the ticker's time.
 SWEEP_PAUSE_FACTOR = 3
-# On CUDA a ready chunk waits an eighth of a chunk for the others by default: on an H200 with the shipped
-# model (320 ms chunks) and 2,000 real-time clients, 80 and 160 ms waits gave no lower partial p99 than 40 ms
-# (server_h200.json): longer waits make larger steps, not more of them in time.
-GPU_WAITS_PER_CHUNK = 8
+# On CUDA a ready chunk waits at most this long for the others by default, whatever the chunk: a step computes
+# every slot (static shapes), so a longer wait makes no step cheaper, only later. On an H200 at 2,000 real-time
+# clients, 80 and 160 ms gave the shipped model (320 ms chunks) no lower partial p99 than 40 ms, and the
+# full-size Phi-4MM encoder (1,280 ms chunks, GPU-bound steps) had its lowest p99 at 40 ms of 0-640 ms
+# (server_h200.json, server_phi4mm_h200.json).
+GPU_MAX_WAIT_MS = 40
 # Every torch call of an encoder step releases the interpreter lock, and while the event loop and the ticker
 # run Python the step's thread then waits up to one switch interval to take it back. On the CPU the engine
 # lowers the interval to this: measured with a model whose steps cost next to nothing on 2 cores, partial
@@ -142,13 +144,13 @@ def build_recognizer(settings: ServeSettings) -> StreamingRecognizer:
 
 def default_max_wait_ms(chunk_ms: int, device: str) -> int:
     """How long a ready chunk waits for the other connections' by default, ms: one chunk on the CPU (every
-    step costs all slots there), :data:`GPU_WAITS_PER_CHUNK` waits a chunk on CUDA (a step costs little more
-    than its kernel launches, and clients start at any moment).
+    step costs all slots there, so fewer, fuller steps), :data:`GPU_MAX_WAIT_MS` on CUDA, or the chunk if
+    shorter (a step costs the same however many slots are ready, and clients start at any moment).
 
-    >>> default_max_wait_ms(320, "cpu"), default_max_wait_ms(320, "cuda:0")
-    (320, 40)
+    >>> default_max_wait_ms(320, "cpu"), default_max_wait_ms(1280, "cuda:0"), default_max_wait_ms(20, "cuda")
+    (320, 40, 20)
     """
-    return chunk_ms // GPU_WAITS_PER_CHUNK if device.startswith("cuda") else chunk_ms
+    return min(chunk_ms, GPU_MAX_WAIT_MS) if device.startswith("cuda") else chunk_ms
 
 
 class Engine:

@@ -85,7 +85,8 @@ class ServeSettings:
             recognizer in the main process; ``0``: the main process serves them itself; ``None``: ``0`` on
             the CPU, one per four cores on CUDA (:func:`~audiomask.serve.workers.resolve_ws_workers`).
         max_wait_ms: how long a connection's ready chunk waits for the others' before a step runs the
-            ready ones (the recognizer's ``max_wait_ms``); ``None``: one chunk on the CPU, an eighth of one on CUDA.
+            ready ones (the recognizer's ``max_wait_ms``); ``None``: one chunk on the CPU, 40 ms (or the
+            chunk if shorter) on CUDA.
         endpoint_silence_s: on the sherpa-onnx route, seconds of silence after some text that end a
             segment (an endpoint: its result is final, and the next segment's text starts afresh); ``0``:
             no endpoints, one segment per connection (see :mod:`audiomask.serve.segments`).
