@@ -196,15 +196,17 @@ def _percentiles(values: list[float]) -> dict[str, float | None]:
 
 def _partial_latencies(
     outcome: dict, references: References, name: str, message_samples: int
-) -> tuple[list[tuple[float, float]], int, int]:
-    """Each timed partial's ``(arrival time, latency)`` (s), and the counts of partials not timed: in all, and
-    of those because the reference never shows their text.
+) -> tuple[list[tuple[float, float, bool]], int, int]:
+    """Each timed partial's ``(arrival time, latency, from the last message)`` (s), and the counts of partials
+    not timed: in all, and of those because the reference never shows their text.
 
     A partial is timed from the message holding the last sample of the chunk that produced it. With token
     times (the sherpa-onnx route) that is the chunk in which its newest token starts: the server's own
     account, whatever the reference's tokens (random weights' near ties can move a token by a chunk).
     Without (WeNet) it is the first message after which the single-stream reference shows the partial's
-    text. A partial whose text is the previous one's (a segment's end) is not timed.
+    text. A partial whose text is the previous one's (a segment's end) is not timed. One timed from the
+    client's last message is its stream's last chunk's (or the one before, when it ends in that message):
+    the last, padded chunk can only follow the step of the chunk before, so it may wait for two steps.
     """
     first_message: dict[str, int] = {}
     for index, text in enumerate(references.partials[name]):
@@ -225,17 +227,17 @@ def _partial_latencies(
         if index >= len(sent_at):
             untimed, unmatched = untimed + 1, unmatched + 1
         else:
-            latencies.append((arrived, arrived - sent_at[index]))
+            latencies.append((arrived, arrived - sent_at[index], index == len(sent_at) - 1))
     return latencies, untimed, unmatched
 
 
-def _latency_by_second(timed: list[tuple[float, float]], outcomes: list[dict]) -> list[dict]:
+def _latency_by_second(timed: list[tuple[float, float, bool]], outcomes: list[dict]) -> list[dict]:
     """The partials' latency per second of the run (by arrival, from the first message sent; the clients' clock
     is ``time.perf_counter``, one for the whole host): where the tail is (the ramp, steady load, the ends of
     utterances, or periodic stalls)."""
     begin = min((o["sent_at"][0] for o in outcomes if o.get("sent_at")), default=0.0)
     seconds: dict[int, list[float]] = {}
-    for arrived, latency in timed:
+    for arrived, latency, _ in timed:
         seconds.setdefault(int(arrived - begin), []).append(latency)
     return [{"t_s": t, "partials": len(seconds[t]), **_percentiles(seconds[t])} for t in sorted(seconds)]
 
@@ -408,7 +410,12 @@ def _measure(args, audio, message_samples, references: References, argv) -> int:
             "partials": partial_count,
             "partials_untimed": untimed,  # a segment's end (the text unchanged), or unmatched
             "partials_unmatched": unmatched,  # timed by the reference's texts (no token times), which never show it
-            "partial_latency_ms": _percentiles([latency for _, latency in timed_partials]),
+            "partial_latency_ms": _percentiles([latency for _, latency, _ in timed_partials]),
+            # Split by where a partial's chunk ends: before the client's last message, or in it (an utterance's
+            # last chunks: the last, padded one may wait for the step of the one before).
+            "partials_last_message": sum(last for _, _, last in timed_partials),
+            "partial_latency_ms_mid_stream": _percentiles([lat for _, lat, last in timed_partials if not last]),
+            "partial_latency_ms_last_message": _percentiles([lat for _, lat, last in timed_partials if last]),
             "partial_latency_ms_by_second": _latency_by_second(timed_partials, outcomes),
             # /health every HEALTH_SAMPLE_S while the clients ran: connections, streams, steps run, and the
             # recent steps' timings (how the server's steps evolve under the load).

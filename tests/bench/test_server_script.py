@@ -32,6 +32,9 @@ def test_bench_server_checks_every_text_and_times_the_partials(tmp_path):
     assert sum(second["partials"] for second in by_second) == report["partials"] - report["partials_untimed"]
     assert [second["t_s"] for second in by_second] == sorted({second["t_s"] for second in by_second})
     assert max(second["max"] for second in by_second) == latencies["max"]
+    mid, last = report["partial_latency_ms_mid_stream"], report["partial_latency_ms_last_message"]
+    assert 0 <= report["partials_last_message"] < report["partials"] - report["partials_untimed"]
+    assert max(mid["max"], last["max"] or 0.0) == latencies["max"]  # None: no partial timed from a last message
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +59,11 @@ def test_a_partial_is_timed_from_the_message_that_completed_its_newest_tokens_ch
     latencies, untimed, unmatched = bench_server._partial_latencies(outcome, REFERENCES, "clip", MESSAGE_SAMPLES)
     # chunk 0's last sample (5,359) is in message 3, chunk 1's (10,479) in message 6; the repeated text is
     # a segment's end, not timed
-    assert latencies == [(10.5, pytest.approx(0.2)), (10.9, pytest.approx(0.3)), (11.0, pytest.approx(0.4))]
+    assert latencies == [
+        (10.5, pytest.approx(0.2), False),
+        (10.9, pytest.approx(0.3), False),
+        (11.0, pytest.approx(0.4), False),
+    ]
     assert (untimed, unmatched) == (1, 0)
 
 
@@ -65,11 +72,13 @@ def test_without_token_times_a_partial_is_timed_by_the_reference_text_or_not_at_
     partials = [(10.5, "h"), (10.9, "hx"), (11.0, "hi")]
     outcome = {"partials": partials, "partial_token_s": [None] * 3, "sent_at": sent_at}
     latencies, untimed, unmatched = bench_server._partial_latencies(outcome, REFERENCES, "clip", MESSAGE_SAMPLES)
-    assert latencies == [(10.5, pytest.approx(0.2)), (11.0, pytest.approx(0.4))]  # "h" first after message 3
+    assert latencies == [(10.5, pytest.approx(0.2), False), (11.0, pytest.approx(0.4), False)]  # "h": message 3
     assert (untimed, unmatched) == (1, 1)
 
 
 def test_the_last_chunk_of_a_stream_is_timed_from_its_last_message(bench_server):
-    outcome = {"partials": [(10.9, "hi")], "partial_token_s": [0.96], "sent_at": [10.0, 10.1, 10.2]}
+    sent_at = [10.0 + 0.1 * index for index in range(8)]  # 12,800 samples
+    outcome = {"partials": [(10.5, "h"), (11.0, "hi")], "partial_token_s": [0.04, 0.7], "sent_at": sent_at}
     latencies, _, _ = bench_server._partial_latencies(outcome, REFERENCES, "clip", MESSAGE_SAMPLES)
-    assert latencies == [(10.9, pytest.approx(0.7))]  # chunk 3 (padded) ends past the audio: message 2
+    # chunk 0 ends in message 3; chunk 2 (padded) would end at sample 15,599, past the audio: the last message
+    assert latencies == [(10.5, pytest.approx(0.2), False), (11.0, pytest.approx(0.3), True)]
