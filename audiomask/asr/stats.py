@@ -110,14 +110,16 @@ class RunStats:
                 timing.encode_s = encode_s
                 return
 
-    def recent(self, last: int) -> dict[str, float]:
-        """The last ``last`` cycles in milliseconds: p50 and p99 of the front end's, the enqueue's and the
-        step's time and of the wait for them, and the mean streams a cycle advanced (``{}`` before any).
+    def recent(self, last: int, since: int = 0) -> dict[str, float]:
+        """The last ``last`` cycles (of index ``since`` and later) in milliseconds: p50 and p99 of the front
+        end's, the enqueue's and the step's time and of the wait for them, and the mean streams a cycle
+        advanced (``{}`` before any).
 
-        >>> RunStats([CycleTiming(0, 4, 0.002, 0.001, 0.010, 0.0)]).recent(8)["encode_ms_p99"]
-        10.0
+        >>> stats = RunStats([CycleTiming(0, 1, 0.002, 0.001, 1.5, 0.0), CycleTiming(1, 4, 0.002, 0.001, 0.010, 0.0)])
+        >>> stats.recent(8)["encode_ms_p50"], stats.recent(8, since=1)["encode_ms_p99"], stats.recent(8, since=2)
+        (755.0, 10.0, {})
         """
-        timings = list(self.cycles)[-last:]
+        timings = self.since(since)[-last:]
         if not timings:
             return {}
         summary: dict[str, float] = {

@@ -179,6 +179,7 @@ class Engine:
         self._segmenters: dict[Feed, Segmenter] = {}  # ... and their streams' segments
         self._feeds_lock = threading.Lock()  # the ticker reads the feeds while the loop changes them
         self._inbox: Inbox | None = None  # made with the recognizer (its block sizes)
+        self._served_from = 0  # the first cycle after the warm-up: /health's recent steps are the served ones
         self._drained: asyncio.Event | None = None  # set whenever no connection is attached
         self._loop: asyncio.AbstractEventLoop | None = None
         self._feed_pool = ThreadPoolExecutor(FEEDERS, thread_name_prefix="audiomask-serve-feed")
@@ -321,7 +322,7 @@ class Engine:
                 "chunk_ms": recognizer.chunk_ms,
                 "cycles": recognizer.stats.count,
                 "max_wait_ms": round(recognizer.max_wait_s * MS_PER_S),
-                "recent_cycles": recognizer.stats.recent(HEALTH_CYCLES),
+                "recent_cycles": recognizer.stats.recent(HEALTH_CYCLES, since=self._served_from),
             }
         if self.error is not None:
             body["error"] = self.error
@@ -354,6 +355,7 @@ class Engine:
         # stopped; on an H200 they made ~1 % of the partials 250-650 ms late at 1,000-1,250 clients.
         gc.collect()
         gc.freeze()
+        self._served_from = recognizer.stats.count  # the warm-up's cycles, compiling kernels, are not served ones
         first_block, block = recognizer.first_block_samples, recognizer.block_samples
         # A client waits once two blocks wait in its feed: one being completed, one due.
         self._inbox = Inbox(self._wake, first_block, block, max_buffered=first_block + block)

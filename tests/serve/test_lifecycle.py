@@ -39,6 +39,17 @@ def test_health_reports_the_ready_server_and_the_page_is_served(served):
         assert status == 404
 
 
+def test_health_times_the_served_steps_not_the_warm_up(start_server, sample_audio, expected_texts):
+    server = start_server("--max-connections", "2")
+    status, ready = server.health()
+    assert status == 200 and ready["cycles"] >= 1, ready  # the warm-up ran its steps ...
+    assert ready["recent_cycles"] == {}, ready  # ... which /health does not count among the recent ones
+    result = asyncio.run(stream_audio(server.ws_url + "/", sample_audio["numbers.wav"]))
+    assert result.text == expected_texts["numbers.wav"]
+    served = server.health()[1]
+    assert served["recent_cycles"]["cycles"] == served["cycles"] - ready["cycles"] > 0, served
+
+
 def test_sigterm_finishes_the_streams_in_flight_and_exits_0(start_server, sample_audio):
     server = start_server("--max-connections", "4")
     samples = sample_audio["hello_world.wav"]
