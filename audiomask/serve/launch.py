@@ -121,7 +121,7 @@ def replica_settings(settings: ServeSettings, replicas: int, devices: list[str],
     return made
 
 
-def replica_devices(device: str, replicas: int) -> list[str]:
+def _replica_devices(device: str, replicas: int) -> list[str]:
     """The device of each of ``replicas``: ``cuda``/``auto`` with GPUs spread round-robin, any other as given."""
     resolved = pick_device(device, "--device")
     if resolved != "cuda":
@@ -139,7 +139,7 @@ def serve_replicas(settings: ServeSettings, replicas: int) -> int:
     from audiomask.features.process import available_cores
 
     check_int("--replicas", replicas, minimum=1)
-    devices = replica_devices(settings.device, replicas)
+    devices = _replica_devices(settings.device, replicas)
     # Bound, never listening: it takes no connection, and holds the port (one picked for --port 0) for the
     # replicas' own sockets until the server stops.
     reservation = listen_socket(settings, reuse_port=True)

@@ -95,7 +95,7 @@ class ServeSettings:
             (otherwise HTTP 401 at the handshake).
         certfile, keyfile: a PEM certificate and its key: serve ``wss://`` / ``https://`` (both or neither).
         replica: this server's number among the replicas of ``audiomask serve --replicas N`` (``/health``
-            reports it); ``None``: the only one (:mod:`audiomask.serve.replicas`).
+            reports it); ``None``: the only one (:mod:`audiomask.serve.launch`).
     """
 
     host: str = LOOPBACK
