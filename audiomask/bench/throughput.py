@@ -213,8 +213,17 @@ def _driver_probe(
         lanes = min(options.get("lanes", 1), streams)
         workers = options.get("frontend_workers")
         shards = {} if workers is None else {"frontend_workers": min(workers, streams // lanes)}  # slots of each lane
+        # The driver seats a joining stream in the lane of its phase: when, within a block's period, its first
+        # block arrived. The probe feeds as fast as the host can, so on the wall clock one lane's streams would
+        # straddle phases and split over lanes; on the probe's clock lane k's blocks arrive in its k-th phase.
+        now = [0.0]  # the probe's clock, seconds
         driver = model.driver(
-            streams, **chunking, cuda_graph=cuda_graph, overlap=True, **{**options, **shards, "lanes": lanes}
+            streams,
+            **chunking,
+            cuda_graph=cuda_graph,
+            overlap=True,
+            wait_clock=lambda: now[0],
+            **{**options, **shards, "lanes": lanes},
         )
         setup_s = time.perf_counter() - began
         frontend_processes = len(multiprocessing.active_children()) - children
@@ -228,9 +237,13 @@ def _driver_probe(
             opening = _start_step(streams, _start_groups(model))
             handles: list = []
             fed = np.zeros(streams, np.int64)  # samples fed to each stream so far
+            period_s = later / SAMPLE_RATE  # a live stream's blocks come once a period
 
-            def feed_lane(lane: int | None) -> None:
-                lo, hi = (0, 0) if lane is None else driver.lane_bounds[lane]  # None: every lane is fed
+            def feed_lane(chunk: int, lane: int | None) -> None:
+                if lane is None:  # every occupied lane is fed
+                    return
+                lo, hi = driver.lane_bounds[lane]
+                now[0] = (chunk + (lane + 0.5) / len(driver.lanes)) * period_s  # the middle of the lane's phase
                 for stream in range(lo, min(hi, len(handles))):  # slots are taken lowest first, in opening order
                     size = first if fed[stream] == 0 else later
                     begin = starts[stream] + fed[stream]
@@ -243,7 +256,7 @@ def _driver_probe(
                 occupied = sum(lo < len(handles) for lo, _ in driver.lane_bounds)
                 unfed = iter(range(occupied))
                 first_cycle = driver.stats.count
-                ran = driver.advance(before_plan=lambda _: feed_lane(next(unfed, None)))
+                ran = driver.advance(before_plan=lambda _: feed_lane(index, next(unfed, None)))
                 if ran != occupied:
                     raise RuntimeError(
                         f"chunk {index}: the driver ran {ran} cycles, not one a lane ({occupied}): a bug"
