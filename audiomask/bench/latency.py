@@ -36,6 +36,7 @@ rewritten after every section, so a run stopped early keeps what it measured. PN
 it with ``--plot``.
 
 Usage (the H200):   python3 scripts/bench_latency.py --out bench/results/latency_h200.json
+Short form (H200):  python3 scripts/bench_latency.py --short --frontend-workers 8 --out bench/results/capacity_h200.json
 CPU smoke test:     python3 scripts/bench_latency.py --quick --out /tmp/latency.json
 Plots from a JSON:  python3 scripts/bench_latency.py --plot bench/results/latency_h200.json
 """
@@ -61,8 +62,9 @@ from audiomask.bench.environment import capture_environment, write_result
 from audiomask.bench.harness import QueueFiller
 from audiomask.bench.models import BenchModel, build_model
 from audiomask.bench.overlap import pipeline_section, pipeline_threads
+from audiomask.bench.search import search
 from audiomask.bench.single_stream import measure_latency
-from audiomask.bench.throughput import ProbePlan, make_probe, search
+from audiomask.bench.throughput import ProbePlan, make_probe
 from audiomask.bench.timing import Budget, log
 from audiomask.constants import FRAME_MS
 from audiomask.transfer import KiB, MiB, default_ring
@@ -92,6 +94,16 @@ THROUGHPUT_RUNS = (
     ("qwen3_asr_0.6b", "encoder_step", 0.15, FULL_SIZE_SEARCH_START),
     ("qwen3_asr_0.6b", "driver", 0.3, FULL_SIZE_SEARCH_START),
 )
+# The short form (--short): each row probed at these stream counts alone, no search: the capacities that
+# docs/benchmarks.md commits (and the aim), checked again on the H200 after a change to the planner, driver,
+# streams or front end.
+SHORT_COUNTS = {
+    ("shipped", "driver"): (2048,),
+    ("phi4mm_full", "encoder_step"): (12_288,),
+    ("phi4mm_full", "driver"): (10_240,),
+    ("qwen3_asr_0.6b", "encoder_step"): (20_480,),
+    ("qwen3_asr_0.6b", "driver"): (10_240, 17_408),
+}
 FULL_SIZE_MODELS = ("phi4mm_full", "qwen3_asr_0.6b")
 PIPELINE_MODELS = ("shipped", "phi4mm_full")  # the Phi-4MM models (the pipeline section's chunking is theirs)
 # In-phase streams' chunks all arrive at once: with lanes the first lane's step starts after
@@ -117,6 +129,7 @@ class RunSettings:
     max_streams: int
     frontend_workers: int | None = None  # the throughput drivers' front-end processes (None: the driver chooses)
     lanes: int = 1  # the throughput drivers' lanes (StreamingDriver over that many streams, a cycle a lane)
+    short: bool = False  # throughput rows probed at SHORT_COUNTS (at most max_streams) alone, no search
 
 
 FULL = RunSettings(
@@ -257,7 +270,18 @@ def throughput_section(settings: RunSettings, models: Models, budget: Budget) ->
         )
         log(f"  throughput {name}/{path}: budget {run_budget.seconds:.0f} s")
         start = min(start, settings.max_streams)
-        results.append(search(probe, probe_settings, model.device, run_budget, settings.max_streams, start))
+        counts = sorted({min(count, settings.max_streams) for count in SHORT_COUNTS[name, path]})
+        results.append(
+            search(
+                probe,
+                probe_settings,
+                model.device,
+                run_budget,
+                settings.max_streams,
+                start,
+                counts=counts if settings.short else None,
+            )
+        )
     return results
 
 
@@ -420,6 +444,12 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS), help="run only these")
     parser.add_argument("--max-streams", type=int, help="throughput search bound (default: 65536, quick: 2)")
     parser.add_argument(
+        "--short",
+        action="store_true",
+        help="the capacity run's short form: the throughput section alone, each row probed at the stream counts "
+        "docs/benchmarks.md commits, no search (~5 min on one H200)",
+    )
+    parser.add_argument(
         "--frontend-workers", type=int, help="front-end processes of the throughput drivers (default: from the cores)"
     )
     parser.add_argument(
@@ -478,7 +508,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         max_streams=args.max_streams or base.max_streams,
         frontend_workers=args.frontend_workers,
         lanes=args.lanes,
+        short=args.short,
     )
+    if args.short:
+        args.sections = ["throughput"]
     report: dict = {
         "environment": capture_environment(sys.argv),  # the process's command line: the script or the CLI
         "settings": {

@@ -35,26 +35,20 @@ key/value cache: every phase is a CUDA graph of its own, captured on first
 use; a whole attention window for Qwen3-ASR, whose timed chunks are whole
 windows too), then up to ``chunks`` timed ones; it stops early once two timed
 chunks have exceeded the chunk's duration (with at most 101 chunks, their p99
-then does too). :func:`search` doubles ``N`` from ``start`` (1) until a probe fails, then
-bisects between the last pass and the first failure to within
-:data:`TOLERANCE`, within its time budget. A probe that raises (out of
-device memory, a staging request above the pinned ring's bound) fails and
-records why.
+then does too). :mod:`audiomask.bench.search` finds the most streams a
+probe passes, or probes fixed counts.
 
 Every timed chunk also records where its time went (:class:`ChunkCost`): the
 device's busy time (CUDA events around the step; on a CPU run the "GPU" is
 the CPU computing the step), the front end's compute time, and the main
-thread's own host work (wall time less its waits). :func:`limiting_resource`
-names from them what stops a row; :func:`memory_per_stream` and
-:func:`host_cores` say what a stream costs and what the host lent.
+thread's own host work (wall time less its waits).
 """
 
 from __future__ import annotations
 
-import gc
 import multiprocessing
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -63,37 +57,16 @@ import torch
 
 from audiomask.bench.models import BenchModel
 from audiomask.bench.signals import shared_noise
-from audiomask.bench.timing import MS_PER_S, Budget, log, percentiles
+from audiomask.bench.timing import MS_PER_S
 from audiomask.checks import check_int
 from audiomask.constants import FRAME_MS, SAMPLE_RATE
 from audiomask.features.process import available_cores
 from audiomask.streaming import Phi4MMStream, Qwen3ASRStream
 
-__all__ = [
-    "PATHS",
-    "RESOURCES",
-    "TIME_BUDGET",
-    "TOLERANCE",
-    "ChunkCost",
-    "ProbePlan",
-    "ProbeTimes",
-    "host_cores",
-    "judged_costs",
-    "limiting_resource",
-    "make_probe",
-    "memory_per_stream",
-    "search",
-    "timed_chunks",
-]
+__all__ = ["PATHS", "ChunkCost", "ProbePlan", "ProbeTimes", "make_probe", "timed_chunks"]
 
 PATHS = ("driver", "encoder_step")
-TOLERANCE = 0.05  # bisection stops when the bracket is within 5 % of the last passing N
-MEMORY_FRACTION = 0.92  # of the device's memory: a probe predicted to peak above it is not run
 EXCEEDED_TO_FAIL = 2  # timed chunks over the duration that settle a probe (p99 over at most 101 chunks)
-GPU_COMPUTE, GPU_MEMORY, HOST_FRONTEND, HOST_LOOP = "gpu compute", "gpu memory", "host front end", "host driver loop"
-RESOURCES = (GPU_COMPUTE, GPU_MEMORY, HOST_FRONTEND, HOST_LOOP)
-TIME_BUDGET = "time budget"  # the search stopped for time before a probe settled the row
-COST_FIELDS = ("gpu_ms_per_cycle", "frontend_ms_per_cycle", "host_ms_per_cycle")  # a probe's mean costs per cycle
 
 
 @dataclass(frozen=True)
@@ -122,13 +95,6 @@ class ProbeTimes:
     frontend_processes: int = 0  # processes the driver's front end ran in
     torch_threads: int = field(default_factory=torch.get_num_threads)  # this process's intra-op threads
     setup_s: float = 0.0  # building the stream or driver (its front-end processes started), before the first chunk
-
-
-def _release_memory(device: torch.device) -> None:
-    """Give the last probe's buffers back, so that the next one starts from the same free memory."""
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
 
 
 def timed_chunks(
@@ -367,247 +333,3 @@ def make_probe(
         return _phi4mm_step_probe(model, chunk_size, left_chunk, plan, settings["cuda_graph"]), settings
     settings["latency_until"] = "encoder outputs of the current window (partial) complete on the device"
     return _qwen3_step_probe(model, plan), settings
-
-
-def _cost_fields(times: ProbeTimes) -> dict:
-    """Mean milliseconds per cycle (one chunk of every stream) of the device, the front end and host work."""
-    if not times.costs:
-        return {}
-    seconds = np.array(times.seconds)
-    gpu, frontend, waited = np.array(times.costs).T  # (chunks,) each
-    host = np.maximum(seconds - waited, 0.0)
-    means = [float(values.mean() * MS_PER_S) for values in (gpu, frontend, host)]
-    return {
-        **dict(zip(COST_FIELDS, means)),
-        "gpu_busy": float(gpu.sum() / seconds.sum()),  # of the cycles' wall time
-        "frontend_processes": times.frontend_processes,
-        "torch_threads": times.torch_threads,
-    }
-
-
-def _run_probe(probe: Callable[[int], ProbeTimes], streams: int, duration_ms: float, device: torch.device) -> dict:
-    """One probe as a JSON-ready row: passed, chunk latency percentiles and costs, or the error that failed it.
-
-    On CUDA the row also holds the memory allocated before the probe (``baseline_bytes``: weights)
-    and its peak (``peak_bytes``), from which :func:`search` predicts larger probes.
-    """
-    began = time.perf_counter()
-    row: dict = {"streams": streams}
-    cuda = device.type == "cuda"
-    if cuda:
-        row["baseline_bytes"] = torch.cuda.memory_allocated(device)
-        torch.cuda.reset_peak_memory_stats(device)
-    try:
-        with torch.no_grad():
-            times = probe(streams)
-    except (torch.OutOfMemoryError, RuntimeError, ValueError) as error:
-        row.update(ok=False, error=f"{type(error).__name__}: {str(error).splitlines()[0][:300]}")
-    else:
-        stats = percentiles([s * MS_PER_S for s in times.seconds])
-        row.update({f"chunk_ms_{key}": value for key, value in stats.items()})
-        row.update(timed_chunks=len(times.seconds), stopped_early=times.stopped, setup_s=times.setup_s)
-        row.update(ok=not times.stopped and stats["p99"] < duration_ms, **_cost_fields(times))
-    finally:
-        if cuda:
-            row["peak_bytes"] = torch.cuda.max_memory_allocated(device)
-        _release_memory(device)
-    row["wall_s"] = time.perf_counter() - began
-    return row
-
-
-def _predicted_peak(probes: list[dict], streams: int) -> int | None:
-    """Peak device bytes of a probe of ``streams``, extrapolated linearly from the largest probe that ran cleanly."""
-    measured = [row for row in probes if "peak_bytes" in row and "error" not in row]
-    if not measured:
-        return None
-    largest = max(measured, key=lambda row: row["streams"])
-    per_stream = (largest["peak_bytes"] - largest["baseline_bytes"]) / largest["streams"]
-    return int(largest["baseline_bytes"] + per_stream * streams)
-
-
-def _out_of_memory(row: dict) -> bool:
-    """Whether a probe failed for device memory: not run for its predicted peak, or out of memory while running."""
-    error = row.get("error", "")
-    return "predicted_peak_bytes" in row or "OutOfMemoryError" in error or "out of memory" in error.lower()
-
-
-def _deciding_probe(probes: Sequence[dict]) -> dict:
-    """The probe that settles a search: the smallest failing one, or else the largest."""
-    failed = [row for row in probes if not row["ok"]]
-    return min(failed, key=lambda row: row["streams"]) if failed else max(probes, key=lambda row: row["streams"])
-
-
-def judged_costs(probes: Sequence[dict]) -> dict | None:
-    """The per-cycle costs :func:`limiting_resource` judges: the deciding probe's (:func:`search`'s), or where it
-    raised without them, the largest probe's that has them; ``None`` where no probe measured costs."""
-    costed = [row for row in probes if "gpu_ms_per_cycle" in row]
-    if not costed:
-        return None
-    deciding = _deciding_probe(probes)
-    judged = deciding if "gpu_ms_per_cycle" in deciding else max(costed, key=lambda row: row["streams"])
-    return {key: judged[key] for key in ("streams", *COST_FIELDS, "gpu_busy")}
-
-
-def limiting_resource(probes: Sequence[dict], limited_by: str, device_bytes: int | None) -> str | None:
-    """What stops a throughput row: one of :data:`RESOURCES`, :data:`TIME_BUDGET`, or ``None``.
-
-    ``probes``: the search's probe rows; ``limited_by``: what ended the search
-    (:func:`search`); ``device_bytes``: the device's memory (``None`` on the CPU).
-    The rule, in order:
-
-    1. the search stopped for time: :data:`TIME_BUDGET`;
-    2. the deciding probe is the smallest failing one, or else the largest:
-       ``"gpu memory"`` where it failed for memory (out of memory, or not run
-       for its predicted peak) or peaked at :data:`MEMORY_FRACTION` of ``device_bytes`` or more;
-    3. otherwise the largest per-cycle cost of :func:`judged_costs`: device
-       busy time ``"gpu compute"``, front-end compute ``"host front end"``, the
-       main thread's own work ``"host driver loop"``; ``None`` where no probe measured costs.
-
-    >>> probes = [{"streams": 1, "ok": True, "gpu_ms_per_cycle": 5.0, "frontend_ms_per_cycle": 1.0,
-    ...            "host_ms_per_cycle": 2.0, "gpu_busy": 0.6}, {"streams": 2, "ok": False, "gpu_ms_per_cycle": 9.0,
-    ...            "frontend_ms_per_cycle": 12.0, "host_ms_per_cycle": 3.0, "gpu_busy": 0.4}]
-    >>> limiting_resource(probes, "latency", None), limiting_resource(probes, "budget", None)
-    ('host front end', 'time budget')
-    """
-    if limited_by == "budget":
-        return TIME_BUDGET
-    if not probes:
-        return None
-    deciding = _deciding_probe(probes)
-    peak = deciding.get("peak_bytes", deciding.get("predicted_peak_bytes", 0))
-    if _out_of_memory(deciding) or (device_bytes is not None and peak >= MEMORY_FRACTION * device_bytes):
-        return GPU_MEMORY
-    costs = judged_costs(probes)
-    if costs is None:
-        return None
-    return max(zip(COST_FIELDS, (GPU_COMPUTE, HOST_FRONTEND, HOST_LOOP)), key=lambda pair: costs[pair[0]])[1]
-
-
-def memory_per_stream(probes: Sequence[dict]) -> float | None:
-    """Device bytes per stream: the least-squares slope of peak memory over streams (clean probes; CUDA only).
-
-    ``None`` with fewer than two stream counts measured.
-
-    >>> round(memory_per_stream([{"streams": 1, "peak_bytes": 300}, {"streams": 4, "peak_bytes": 900}]))
-    200
-    """
-    measured = [row for row in probes if "peak_bytes" in row and "error" not in row]
-    if len({row["streams"] for row in measured}) < 2:
-        return None
-    slope, _ = np.polyfit([row["streams"] for row in measured], [row["peak_bytes"] for row in measured], 1)
-    return float(slope)
-
-
-def host_cores(probes: Sequence[dict]) -> dict:
-    """The host's share of a row: cores this process may run on, and the most torch threads and front-end processes
-    a probe used.
-
-    >>> host_cores([{"torch_threads": 1, "frontend_processes": 1}, {"torch_threads": 2, "frontend_processes": 0}])[
-    ...     "frontend_processes"]
-    1
-    """
-    return {
-        "allowed": available_cores(),
-        **{key: max((row.get(key, 0) for row in probes), default=0) for key in ("torch_threads", "frontend_processes")},
-    }
-
-
-def search(
-    probe: Callable[[int], ProbeTimes],
-    settings: dict,
-    device: torch.device,
-    budget: Budget,
-    max_streams: int,
-    start: int = 1,
-) -> dict:
-    """The largest ``N <= max_streams`` whose probe passes: doubling from ``start``, then bisection; JSON-ready.
-
-    ``start``: the first ``N`` tried (a row known to pass it spends its budget
-    near its limit); when it fails, the bisection runs between 0 and it.
-
-    ``limited_by`` says what ended the search: ``"latency"`` (a probe's p99
-    reached the chunk's duration), ``"memory"`` (on CUDA, a probe's peak
-    memory, extrapolated from the largest clean probe, would exceed
-    :data:`MEMORY_FRACTION` of the device's: it is not run, so that no
-    out-of-memory error hits a CUDA graph capture), ``"error"`` (a probe
-    raised), ``"budget"`` (time ran out: the bracket is then wider than the
-    tolerance) or ``"max_streams"``. ``limiting_resource`` says what stops the
-    row (:func:`limiting_resource`), ``bytes_per_stream`` what a stream costs on
-    the device (:func:`memory_per_stream`), ``host_cores`` what the host lent (:func:`host_cores`).
-    """
-    duration_ms = float(settings["chunk_ms"])
-    probes: list[dict] = []
-    passed, failed = 0, None  # the largest passing N, the smallest failing N
-    device_bytes = torch.cuda.mem_get_info(device)[1] if device.type == "cuda" else None
-    memory_bound = MEMORY_FRACTION * device_bytes if device_bytes is not None else None
-
-    def run(streams: int) -> bool:
-        predicted = _predicted_peak(probes, streams) if memory_bound is not None else None
-        if predicted is not None and predicted > memory_bound:
-            row = {
-                "streams": streams,
-                "ok": False,
-                "predicted_peak_bytes": predicted,
-                "wall_s": 0.0,
-                "error": f"not run: predicted peak {predicted / 2**30:.1f} GiB > {memory_bound / 2**30:.1f} GiB",
-            }
-        else:
-            row = _run_probe(probe, streams, duration_ms, device)
-        probes.append(row)
-        shown = f"p99 {row['chunk_ms_p99']:.1f} ms" if "chunk_ms_p99" in row else row.get("error", "")
-        log(f"  {settings['model']}/{settings['path']} N={streams}: {'pass' if row['ok'] else 'fail'} ({shown})")
-        return row["ok"]
-
-    def affordable(streams: int) -> bool:
-        """Whether a probe of ``streams`` fits the budget, extrapolated from the last one that ran.
-
-        Its set-up (a driver's front-end processes started) is taken as fixed, the rest as growing with ``N``.
-        """
-        ran = [row for row in probes if row["wall_s"] > 0]
-        if not ran:
-            return not budget.expired()
-        last = ran[-1]
-        fixed = min(last.get("setup_s", 0.0), last["wall_s"])
-        return budget.left() > fixed + (last["wall_s"] - fixed) * max(streams / last["streams"], 1.0)
-
-    limited_by = "max_streams"
-    streams = min(max(start, 1), max_streams)
-    while True:  # doubling
-        if not affordable(streams):
-            limited_by = "budget"
-            break
-        if not run(streams):
-            failed = streams
-            break
-        passed = streams
-        if streams >= max_streams:
-            break
-        streams = min(2 * streams, max_streams)
-    while failed is not None and failed - passed > max(1, TOLERANCE * passed):  # bisection
-        middle = (passed + failed) // 2
-        if not affordable(middle):
-            limited_by = "budget"
-            break
-        if run(middle):
-            passed = middle
-        else:
-            failed = middle
-    if failed is not None and limited_by != "budget":
-        failure = next(row for row in probes if row["streams"] == failed)
-        limited_by = "memory" if _out_of_memory(failure) else "error" if "error" in failure else "latency"
-    best = next((row for row in probes if row["streams"] == passed and row["ok"]), None)
-    return {
-        **settings,
-        "criterion": f"p99 chunk latency < chunk duration ({duration_ms:g} ms)",
-        "max_streams": passed,
-        "first_failing": failed,
-        "limited_by": limited_by,
-        "limiting_resource": limiting_resource(probes, limited_by, device_bytes),
-        "cycle_costs": judged_costs(probes),
-        "bytes_per_stream": memory_per_stream(probes),
-        "device_bytes": device_bytes,
-        "host_cores": host_cores(probes),
-        "max_streams_chunk_ms_p99": best["chunk_ms_p99"] if best else None,
-        "audio_s_per_s": passed * duration_ms / best["chunk_ms_p50"] if best else 0.0,
-        "probes": probes,
-    }

@@ -21,16 +21,8 @@ from audiomask.bench import overlap
 from audiomask.bench import transfer as transfer_bench
 from audiomask.bench.device_masks import hs_mask_torch
 from audiomask.bench.latency import DRIVER_LANES
-from audiomask.bench.throughput import (
-    RESOURCES,
-    TIME_BUDGET,
-    ProbePlan,
-    ProbeTimes,
-    limiting_resource,
-    memory_per_stream,
-    search,
-    timed_chunks,
-)
+from audiomask.bench.search import RESOURCES, TIME_BUDGET, limiting_resource, memory_per_stream, search
+from audiomask.bench.throughput import ProbePlan, ProbeTimes, timed_chunks
 from audiomask.bench.timing import Budget
 from audiomask.masks.phi4mm import hs_mask
 
@@ -294,6 +286,22 @@ def test_search_starts_doubling_at_start(capacity: int, first_probes: list[int])
     result = search(_probe_passing_up_to(capacity, calls), settings, torch.device("cpu"), Budget(60), 1024, start=16)
     assert calls[: len(first_probes)] == first_probes
     assert result["max_streams"] <= capacity < result["first_failing"]
+
+
+@pytest.mark.parametrize(
+    ("capacity", "probed", "found"),
+    [(100, [8, 24, 64], (64, None, "counts")), (30, [8, 24, 64], (24, 64, "latency")), (5, [8], (0, 8, "latency"))],
+)
+def test_search_with_counts_probes_those_counts_alone_up_to_the_first_failure(
+    capacity: int, probed: list[int], found: tuple
+) -> None:
+    """The short form: no doubling, no bisection; the counts smallest first, whatever order they came in."""
+    calls: list[int] = []
+    settings = {"model": "fake", "path": "x", "chunk_ms": 1000}
+    probe = _probe_passing_up_to(capacity, calls)
+    result = search(probe, settings, torch.device("cpu"), Budget(60), 1024, start=16, counts=[64, 8, 24])
+    assert calls == probed
+    assert (result["max_streams"], result["first_failing"], result["limited_by"]) == found
 
 
 def test_search_records_a_probe_that_raises() -> None:
