@@ -36,6 +36,7 @@ INT16_LE = np.dtype("<i2")
 INT16_FULL_SCALE = 32768.0  # int16 PCM / this = float samples in [-1, 1) (as soundfile reads PCM16 files)
 SAMPLE_FORMAT = "little-endian int16 PCM at 16 kHz (float32 samples go to /)"
 START_EXAMPLE = '{"signal": "start", "nbest": 1, "continuous_decoding": false}'
+SHOWN_CHARS = 40  # an error message quotes at most this much of the client's message
 
 
 class WeNetProtocol(ClientProtocol):
@@ -47,13 +48,18 @@ class WeNetProtocol(ClientProtocol):
         self.started = False
 
     def read_text(self, text: str) -> Samples | Reply | End:
+        """The event of a start or end signal; :class:`ClientError` (close 1007) for any other text, JSON that
+        cannot be read (malformed, or nested deeper than the parser's recursion limit) included."""
         try:
             message = json.loads(text)
         except ValueError:
-            shown = text if len(text) <= 40 else text[:40] + "..."
-            raise ClientError(f"text message {shown!r} is not JSON: send {START_EXAMPLE}") from None
+            raise ClientError(f"text message {_shown(text)} is not JSON: send {START_EXAMPLE}") from None
+        except RecursionError:
+            raise ClientError(f"text message {_shown(text)} is JSON nested too deep: send {START_EXAMPLE}") from None
         if not isinstance(message, dict) or "signal" not in message:
-            raise ClientError(f'a text message must be a JSON object with a "signal" ("start" or "end"), got {text!r}')
+            raise ClientError(
+                f'a text message must be a JSON object with a "signal" ("start" or "end"), got {_shown(text)}'
+            )
         signal = message["signal"]
         if signal == "start":
             return self._start(message)
@@ -61,16 +67,18 @@ class WeNetProtocol(ClientProtocol):
             if not self.started:
                 raise ClientError(f"end signal before the start signal: send {START_EXAMPLE} first")
             return END
-        raise ClientError(f'unexpected signal {signal!r}: expected "start" or "end"')
+        raise ClientError(f'unexpected signal {_shown(signal)}: expected "start" or "end"')
 
     def _start(self, message: dict) -> Reply:
         if self.started:
             raise ClientError("a second start signal: one connection carries one utterance")
         nbest = message.get("nbest", 1)
         if isinstance(nbest, bool) or not isinstance(nbest, int) or nbest < 1:
-            raise ClientError(f"nbest must be a positive integer, got {nbest!r}")
+            raise ClientError(f"nbest must be a positive integer, got {_shown(nbest)}")
         if not isinstance(message.get("continuous_decoding", False), bool):
-            raise ClientError(f"continuous_decoding must be true or false, got {message['continuous_decoding']!r}")
+            raise ClientError(
+                f"continuous_decoding must be true or false, got {_shown(message['continuous_decoding'])}"
+            )
         self.started = True
         return Reply((json.dumps({"status": "ok", "type": "server_ready"}),))
 
@@ -92,6 +100,15 @@ class WeNetProtocol(ClientProtocol):
 
     def error(self, message: str) -> str:
         return json.dumps({"status": "failed", "message": message})
+
+
+def _shown(value: object) -> str:
+    """``value`` as an error message quotes it: its JSON (a string's ``repr``), cut to :data:`SHOWN_CHARS`."""
+    try:
+        shown = repr(value) if isinstance(value, str) else json.dumps(value)
+    except RecursionError:  # parsed just under the recursion limit, and written from a deeper frame
+        return f"a JSON {'array' if isinstance(value, list) else 'object'} nested too deep"
+    return shown if len(shown) <= SHOWN_CHARS else shown[:SHOWN_CHARS] + "..."
 
 
 def _result(kind: str, text: str) -> str:

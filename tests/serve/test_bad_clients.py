@@ -20,6 +20,7 @@ from audiomask.serve.client import stream_audio
 
 SETTLE_TIMEOUT_S = 15.0  # the server frees what a connection held within this
 PAUSE_S = 0.05
+MAX_ERROR_CHARS = 400  # an error quotes a bad message in part, never whole
 FLOAT32 = "<f4"
 WENET_START = json.dumps({"signal": "start", "nbest": 1, "continuous_decoding": False})
 
@@ -68,6 +69,15 @@ def test_each_bad_client_gets_its_error_and_a_good_client_is_unaffected(served, 
         "wenet: text not JSON": (wenet, ["hello"], 1007, "is not JSON"),
         "wenet: audio before start": (wenet, [bytes(3200)], 1007, "start signal is expected before binary data"),
         "wenet: unknown signal": (wenet, [WENET_START, '{"signal": "pause"}'], 1007, "unexpected signal 'pause'"),
+        "wenet: JSON nested too deep": (wenet, ["[" * 60000], 1007, "nested too deep"),
+        "wenet: deep JSON in an object": (
+            wenet,
+            ['{"signal": "start", "x": ' + "[" * 5000 + "]" * 5000 + "}"],
+            1007,
+            "nested too deep",
+        ),
+        "wenet: JSON not an object": (wenet, ["[" + "1, " * 20000 + "1]"], 1007, "must be a JSON object"),
+        "wenet: nbest not a number": (wenet, ['{"signal": "start", "nbest": "two"}'], 1007, "nbest must be a positive"),
         "wenet: odd byte count": (wenet, [WENET_START, bytes(3201)], 1007, "not a whole number of int16 samples"),
     }
 
@@ -85,6 +95,7 @@ def test_each_bad_client_gets_its_error_and_a_good_client_is_unaffected(served, 
         assert result.close_code == code, f"{name}: closed with {result.close_code} {result.close_reason!r}"
         error = _error_of(result.replies[-1])
         assert words in error, f"{name}: {error!r}"
+        assert len(error) <= MAX_ERROR_CHARS, f"{name}: an error of {len(error)} characters"
         assert result.close_reason and error.startswith(result.close_reason.removesuffix("...")), name
     health = _wait_until_idle(served)
     assert (health["connections"], health["streams"]) == (0, 0), health
