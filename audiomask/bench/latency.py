@@ -142,7 +142,7 @@ FULL = RunSettings(
     # front-end cycle) cost a run one cycle of the shorter stage: over 24 cycles that took 4 % of the
     # 10 % allowance. 96 cycles of 320 ms: one 30.7 s utterance per stream.
     pipeline_cycles=96,
-    pipeline_repeats=3,
+    pipeline_repeats=5,
     pipeline_max_batch=4096,
     probe=ProbePlan(warmup=0, chunks=8),
     max_streams=65_536,
@@ -393,6 +393,11 @@ def print_tables(report: dict) -> None:
             f"{pipeline['pipelined_over_max_of_sums']:.2f}; host per chunk p50 {pipeline['host_ms_per_chunk_p50']:.2f} "
             f"/ p99 {pipeline['host_ms_per_chunk_p99']:.2f} ms"
         )
+        if "pipelined_wall_s_spread" in pipeline:
+            spreads = ", ".join(
+                f"{mode} {pipeline[f'{mode}_wall_s_spread']:.1%}" for mode in ("serial", "pipelined", "process")
+            )
+            print(f"  {pipeline['repeats']} repeats of each mode, (max - min) / median: {spreads}")
         if "process_wall_s" in pipeline:  # reports from 34fc93f on
             print(
                 f"  front end in its own process: {pipeline['process_wall_s']:.3f} s "

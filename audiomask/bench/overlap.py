@@ -7,7 +7,8 @@ current cycle is encoded: a server catching up, or batch transcription). ``B``
 comes from a short serial calibration, doubling from 1, that makes the front
 end's time per cycle (``cpu_s``, worker thread) and the encoder's (``gpu_s``:
 CUDA events on CUDA, ``perf_counter`` on the CPU) comparable, where overlap
-matters most. Then the same workload runs serial (``overlap=False``: features,
+matters most, at a load where the larger of them takes at least
+:data:`MIN_CYCLE_S` a cycle. Then the same workload runs serial (``overlap=False``: features,
 encode, wait for the results, cycle after cycle) and overlapped. Reported:
 ``cpu_s``, ``gpu_s``, ``serial_wall_s``, ``pipelined_wall_s``, ``overlap = (T_cpu
 + T_gpu - T_wall) / min(T_cpu, T_gpu)`` of the overlapped run, its wall time
@@ -15,7 +16,8 @@ over ``max(T_cpu, T_gpu)`` (the target: within :data:`WITHIN`, 10 %) and over th
 of per-cycle maxima (a perfect two-stage pipeline), and the host time per
 chunk (``enqueue_s``: staging, launching the step, head and argmax). Each mode
 runs ``repeats`` times (fewer where the budget is short), interleaved; the run
-with the median wall time is kept.
+with the median wall time is kept, and ``*_wall_s_spread`` says how far the
+repeats lie apart ((max - min) / median).
 
 The section runs with torch's intra-op threads set to ``threads`` (the
 benchmark passes :func:`pipeline_threads`: one core fewer than the machine
@@ -48,6 +50,10 @@ __all__ = ["WITHIN", "drive", "pipeline_runs", "pipeline_section", "pipeline_thr
 
 WITHIN = 0.10  # the target: overlapped wall within 10 % of max(T_cpu, T_gpu)
 CALIBRATION_CYCLES = 6
+# A cycle's larger stage (front end or encoder) takes at least this long at the calibrated B: a cycle's fixed
+# costs (thread hand-offs, the planner's and the driver's Python, ~0.5-1 ms a cycle) are then a few per cent
+# of it, so the overlap measured is the stages', not the driver's overhead over ~2 ms cycles.
+MIN_CYCLE_S = 0.02
 
 
 def pipeline_threads(cores: int | None = None) -> int:
@@ -93,6 +99,12 @@ def drive(
 
 def _median_run(runs: list[RunStats]) -> RunStats:
     return sorted(runs, key=lambda stats: stats.wall_s)[len(runs) // 2]
+
+
+def _spread(runs: list[RunStats]) -> float:
+    """``(max - min) / median`` of the runs' wall times: 0 for a single run."""
+    walls = [run.wall_s for run in runs]
+    return (max(walls) - min(walls)) / _median_run(runs).wall_s
 
 
 def pipeline_section(
@@ -144,10 +156,16 @@ def pipeline_runs(
         calibration.append({"batch": batch, "cpu_s": stats.cpu_s, "gpu_s": stats.gpu_s, "seconds": spent})
         log(f"  pipeline calibration B={batch}: cpu {stats.cpu_s:.3f} s, gpu {stats.gpu_s:.3f} s")
         # Doubling B about doubles the cost of a run: stop while the next B and its final runs still fit.
-        if stats.cpu_s >= stats.gpu_s or 2 * batch > max_batch or budget.left() < 2 * spent * (1 + final_runs):
+        loaded = max(stats.cpu_s, stats.gpu_s) >= MIN_CYCLE_S * CALIBRATION_CYCLES
+        if (stats.cpu_s >= stats.gpu_s and loaded) or 2 * batch > max_batch:
+            break
+        if budget.left() < 2 * spent * (1 + final_runs):
             break
         batch *= 2
-    best = min(calibration, key=lambda row: abs(np.log(max(row["cpu_s"], 1e-9) / max(row["gpu_s"], 1e-9))))
+    # The most balanced B among those loaded enough (or the largest tried, where none is).
+    floor = MIN_CYCLE_S * CALIBRATION_CYCLES
+    loaded_rows = [row for row in calibration if max(row["cpu_s"], row["gpu_s"]) >= floor] or calibration[-1:]
+    best = min(loaded_rows, key=lambda row: abs(np.log(max(row["cpu_s"], 1e-9) / max(row["gpu_s"], 1e-9))))
     batch = best["batch"]
     # As many repeats as the budget affords (at least one of each mode).
     affordable = int(budget.left() / (best["seconds"] * final_runs)) if best["seconds"] > 0 else repeats
@@ -158,6 +176,7 @@ def pipeline_runs(
         pipelined_runs.append(drive(model, batch, cycles, chunk_size, left_chunk, overlap=True))
         process_runs.append(drive(model, batch, cycles, chunk_size, left_chunk, overlap=True, frontend_process=True))
     serial, pipelined, in_process = _median_run(serial_runs), _median_run(pipelined_runs), _median_run(process_runs)
+    modes = {"serial": serial_runs, "pipelined": pipelined_runs, "process": process_runs}
     serial_max = max(serial.cpu_s, serial.gpu_s)
     sum_of_max = sum(max(c.cpu_s, c.encode_s) for c in pipelined.cycles)
     max_of_sums = max(pipelined.cpu_s, pipelined.gpu_s)
@@ -200,5 +219,7 @@ def pipeline_runs(
         "process_over_serial_max": in_process.wall_s / serial_max,
         "process_within_10pct_of_max_cpu_gpu": in_process.wall_s <= (1 + WITHIN) * process_max,
         "process_speedup": serial.wall_s / in_process.wall_s,
+        **{f"{mode}_wall_s_spread": _spread(runs) for mode, runs in modes.items()},
+        "min_cycle_ms": MIN_CYCLE_S * MS_PER_S,
         "calibration": calibration,
     }

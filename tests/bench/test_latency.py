@@ -482,17 +482,25 @@ def test_git_commit_named_by_the_environment_wins(monkeypatch: pytest.MonkeyPatc
     assert git_commit() == from_checkout
 
 
-def test_pipeline_calibration_warms_up_untimed_and_stops_at_the_balanced_batch(
-    monkeypatch: pytest.MonkeyPatch,
+@pytest.mark.parametrize(
+    ("gpu_fixed_s", "calibrated", "chosen"),
+    [
+        (0.021, [1, 2, 4, 8, 16, 32], 16),  # balanced at B = 21: the loaded B nearest it
+        (0.004, [1, 2, 4, 8, 16, 32], 32),  # balanced at B = 8, where a cycle is too light: B = 32 takes 32 ms
+    ],
+)
+def test_pipeline_calibration_warms_up_untimed_and_stops_at_a_balanced_loaded_batch(
+    monkeypatch: pytest.MonkeyPatch, gpu_fixed_s: float, calibrated: list[int], chosen: int
 ) -> None:
-    """The first drive pays one-time costs and must not count; B doubles until the front end catches the encoder."""
+    """The first drive pays one-time costs and must not count; B doubles until the front end catches the encoder
+    and a cycle's larger stage takes at least MIN_CYCLE_S (20 ms), then the most balanced such B is kept."""
     calls: list[tuple[int, bool, bool]] = []
 
     def fake_drive(model, batch, cycles, chunk_size, left_chunk, *, overlap, frontend_process=False):
         calls.append((batch, overlap, frontend_process))
         if len(calls) == 1:
             time.sleep(0.3)  # the one-time costs (graph captures, allocator growth) of a process's first drive
-        per_cycle_cpu, per_cycle_gpu = 0.001 * batch, 0.004  # balanced at B = 4
+        per_cycle_cpu, per_cycle_gpu = 0.001 * batch, gpu_fixed_s
         timings = [CycleTiming(i, batch, per_cycle_cpu, 0.0, per_cycle_gpu, 0.0) for i in range(cycles)]
         return RunStats(timings, wall_s=cycles * max(per_cycle_cpu, per_cycle_gpu))
 
@@ -503,7 +511,8 @@ def test_pipeline_calibration_warms_up_untimed_and_stops_at_the_balanced_batch(
     # Enough for the calibration and one final run of each mode, not for all repeats of a 96-cycle run.
     report = overlap.pipeline_runs(model, 8, 8, 96, 3, 64, Budget(1.0))  # type: ignore[arg-type]
     assert calls[0] == (1, False, False)  # the untimed warm-up
-    assert [row["batch"] for row in report["calibration"]] == [1, 2, 4]
-    assert report["batch"] == 4 and 1 <= report["repeats"] <= 3
+    assert [row["batch"] for row in report["calibration"]] == calibrated
+    assert report["batch"] == chosen and 1 <= report["repeats"] <= 3
     final = calls[1 + len(report["calibration"]) :]
-    assert final == [(4, False, False), (4, True, False), (4, True, True)] * report["repeats"]
+    assert final == [(chosen, False, False), (chosen, True, False), (chosen, True, True)] * report["repeats"]
+    assert report["serial_wall_s_spread"] == report["pipelined_wall_s_spread"] == 0.0  # the fake's runs agree
