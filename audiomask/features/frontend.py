@@ -22,27 +22,38 @@ from audiomask.checks import check_int
 from audiomask.features.framing import Framing, PackedFrames, StreamFramer, pack
 from audiomask.samples import as_samples
 
-__all__ = ["SLAB_FRAMES", "FeatureStream", "FeatureStreams", "Frontend", "MelBands"]
+__all__ = ["MEL_BLOCK_ROWS", "SLAB_FRAMES", "FeatureStream", "FeatureStreams", "Frontend", "MelBands"]
 
 # Frames per slab of torch calls inside one computation: 2 MB of float64 FFT
 # input at n_fft 512. Measured on the 2-core box: 512-768 fastest, 1024 and up
 # slower (the FFT's input and output outgrow the cache), and a 1-hour file in
 # one slab would need 1.5 GB of scratch.
 SLAB_FRAMES = 512
+# Frames of every mel filter product (a multiple of 16, so that whole blocks of a 64-byte aligned
+# float32 array stay aligned). Measured on the 2-core box, one thread, 1,024 frames: ~0.40 us a frame
+# at 256 rows for both filter banks (the unblocked product: ~0.34), 0.51-0.56 at 128 rows (a product
+# call per block and group: its fixed cost shows below 256).
+MEL_BLOCK_ROWS = 256
 
 
 class MelBands:
-    """Triangular mel filters applied to a complex spectrum in a few dense products.
+    """Triangular mel filters applied to a power spectrum in a few dense products.
 
     Each filter covers a narrow run of FFT bins, so the filter matrix is
     banded: splitting the filters into ``groups`` consecutive groups, each
     multiplied only with the bins it covers, does a fraction of the dense
     product's work (the split minimises bins x filters over all splits).
-    The power ``re^2 + im^2`` is summed by the product itself: the spectrum's
-    interleaved (re, im) values are squared in place and each filter row is
-    repeated for both, which avoids a slow strided pass. Every call takes the
-    banded products, however few its frames: a frame's features then do not
-    depend on how many frames share its call (a dense product rounds differently).
+
+    A frame's mel power does not depend on how many frames share its call, by
+    construction: every product multiplies a block of exactly
+    :data:`MEL_BLOCK_ROWS` frames (a call's last, partial block is
+    zero-padded to it in a buffer of the same layout) by the same filter
+    block, so one GEMM kernel with one reduction order computes every frame
+    whatever the call's frame count. A BLAS picks its kernel from the
+    product's shape: products of the call's own frame count would round
+    differently for different counts (MKL on AMD Zen 4: products of 1-3 rows
+    against those of more; a few ulp). The FFT before it computes each frame
+    on its own whatever the batch (tested across row counts).
 
     Args:
         weights: ``(bins, n_mels)`` float64 filter matrix, each column non-zero over one run of bins.
@@ -51,63 +62,56 @@ class MelBands:
 
     def __init__(self, weights: np.ndarray, groups: int) -> None:
         groups = check_int("groups", groups, minimum=1)
-        bins, n_mels = weights.shape
+        bins, _ = weights.shape
         nonzero = weights != 0
         used = nonzero.any(axis=0)  # an all-zero filter spans no bins
         first = np.where(used, np.argmax(nonzero, axis=0), bins)
         end = np.where(used, bins - np.argmax(nonzero[::-1], axis=0), 0)
-        dense = torch.from_numpy(np.repeat(weights, 2, axis=0).astype(np.float32))  # (2 * bins, n_mels)
-        runs = _split(first, end, groups)
+        dense = torch.from_numpy(weights.astype(np.float32))  # (bins, n_mels)
         self.bands = [
-            (slice(2 * bin_lo, 2 * bin_hi), slice(lo, hi), dense[2 * bin_lo : 2 * bin_hi, lo:hi].contiguous())
-            for lo, hi, bin_lo, bin_hi in runs
+            (slice(bin_lo, bin_hi), slice(lo, hi), dense[bin_lo:bin_hi, lo:hi].contiguous())
+            for lo, hi, bin_lo, bin_hi in _split(first, end, groups)
         ]
-        # The same filters on the power spectrum (bins, not interleaved (re, im)): half the product's work.
-        power_dense = torch.from_numpy(weights.astype(np.float32))  # (bins, n_mels)
-        self.power_bands = [
-            (slice(bin_lo, bin_hi), slice(lo, hi), power_dense[bin_lo:bin_hi, lo:hi].contiguous())
-            for lo, hi, bin_lo, bin_hi in runs
-        ]
-
-    def project(self, spectrum: torch.Tensor, out: torch.Tensor) -> None:
-        """Mel power of a ``(n, bins)`` complex64 spectrum into ``(n, n_mels)`` float32 ``out``.
-
-        The spectrum is overwritten (squared in place).
-        """
-        squares = torch.view_as_real(spectrum).reshape(len(spectrum), -1).square_()
-        _banded_product(squares, self.bands, out)
 
     def project_power(self, spectrum: torch.Tensor, power: torch.Tensor, out: torch.Tensor) -> None:
         """Mel power of a ``(n, bins)`` complex spectrum (complex64 or complex128) into ``(n, n_mels)`` float32 ``out``.
 
         The power ``re^2 + im^2`` is formed in the spectrum's precision (the
         spectrum is squared in place) and rounded once to float32 into
-        ``power`` (``(n, bins)`` float32 scratch); the filters then multiply
-        the power, half the work of :meth:`project`'s interleaved product.
-        Measured on the 2-core box at 512 frames: ~0.31 us a frame (add + banded
-        product) against ~0.44 (square + interleaved product), and no
-        complex128 -> complex64 pass.
+        ``power`` (``(n, bins)`` contiguous float32 scratch); the filters then
+        multiply the power in blocks of :data:`MEL_BLOCK_ROWS` frames.
+        ``out`` has contiguous rows.
         """
         squares = torch.view_as_real(spectrum).square_()
         torch.add(squares[..., 0], squares[..., 1], out=power)
-        _banded_product(power, self.power_bands, out)
+        _banded_product(power, self.bands, out)
 
 
 def _banded_product(rows: torch.Tensor, bands: list, out: torch.Tensor) -> None:
-    """``rows`` ``(n, k)`` times the banded filters into ``(n, n_mels)`` ``out``, each row as in any ``n``.
+    """``rows`` ``(n, k)`` contiguous float32 times the banded filters into ``(n, n_mels)`` ``out``.
 
-    A one-row product would take BLAS's matrix-vector kernel, which rounds
-    differently from the matrix-matrix kernel of every other size: the row
-    goes through it twice instead, so that a frame's features never depend
-    on how many frames share its call.
+    Every product is one block of :data:`MEL_BLOCK_ROWS` rows: the whole
+    blocks are views of ``rows`` and ``out``; the rest of the rows are copied
+    into a zero-padded block of the same row stride (and, like every torch
+    allocation, the same 64-byte alignment as ``rows``' blocks when ``rows``
+    is one), computed, and copied out.
     """
-    single = len(rows) == 1
-    target = out.new_empty(2, out.shape[1]) if single else out
-    rows = rows.expand(2, -1) if single else rows
+    n = len(rows)
+    whole = n - n % MEL_BLOCK_ROWS
+    for start in range(0, whole, MEL_BLOCK_ROWS):
+        _block_product(rows[start : start + MEL_BLOCK_ROWS], bands, out[start : start + MEL_BLOCK_ROWS])
+    if whole < n:
+        padded = rows.new_zeros(MEL_BLOCK_ROWS, rows.shape[1])
+        padded[: n - whole] = rows[whole:]
+        product = out.new_empty(MEL_BLOCK_ROWS, out.shape[1])
+        _block_product(padded, bands, product)
+        out[whole:] = product[: n - whole]
+
+
+def _block_product(rows: torch.Tensor, bands: list, out: torch.Tensor) -> None:
+    """One block: ``rows`` ``(MEL_BLOCK_ROWS, k)`` times each group's filters into its columns of ``out``."""
     for columns, filters, weights in bands:
-        torch.matmul(rows[:, columns], weights, out=target[:, filters])
-    if single:
-        out.copy_(target[:1])
+        torch.matmul(rows[:, columns], weights, out=out[:, filters])
 
 
 def _split(first: np.ndarray, end: np.ndarray, groups: int) -> list[tuple[int, int, int, int]]:

@@ -71,7 +71,8 @@ N_FFT = WINDOW_LENGTH  # 400: the 25 ms window is the FFT size (201 bins)
 HOP_SAMPLES = HOP_LENGTH  # 160: one frame per 10 ms
 MEL_HIGH_HZ = SAMPLE_RATE / 2
 POWER_FLOOR = 1e-10  # clamp before log10: -10 for digital silence
-# Filter groups of the banded mel product (measured at 512 frames: 4-6 fastest, ~315 ns a frame; dense 590).
+# Filter groups of the banded mel product (measured in blocks of 256 frames: 4-6 fastest, ~0.39 us a
+# frame; 2 groups 0.53, 8 groups 0.57).
 MEL_GROUPS = 5
 DYNAMIC_RANGE = 8.0  # log10 units (80 dB) kept below the peak
 LOG_OFFSET = 4.0  # (x + 4) / 4 maps the usual range to about [-1, 1.5]
@@ -156,7 +157,8 @@ class WhisperFrontend(Frontend):
 
     def _mel_power_into(self, signal: torch.Tensor, frames: int, out: torch.Tensor) -> None:
         windowed = signal.unfold(0, N_FFT, HOP_SAMPLES) * self._window
-        self._bands.project(torch.fft.rfft(windowed), out)
+        power = torch.empty((frames, N_FFT // 2 + 1), dtype=torch.float32)
+        self._bands.project_power(torch.fft.rfft(windowed), power, out)
 
     def _log_(self, mel: torch.Tensor) -> None:
         mel.clamp_(min=POWER_FLOOR).log10_()

@@ -114,24 +114,12 @@ def slaney_banks(bins: int, n_mels: int) -> np.ndarray:
 
 
 @pytest.mark.filterwarnings("ignore:At least one mel filterbank has all zero values")
-@pytest.mark.parametrize("groups", [1, 2, 4, 5, 9])
-@pytest.mark.parametrize("frames", [1, 255, 256])
-def test_mel_bands_equal_the_dense_product(groups, frames):
-    spectrum = torch.randn(frames, 201, dtype=torch.complex64)
-    # the Phi-4MM and Whisper banks, and one with all-zero filters (too many mels for the bins)
-    for weights in (kaldi_mel_banks()[:201], slaney_banks(201, 128), slaney_banks(201, 200)):
-        out = torch.empty(frames, weights.shape[1])
-        MelBands(weights, groups).project(spectrum.clone(), out)
-        dense = (spectrum.abs() ** 2) @ torch.from_numpy(weights).float()
-        torch.testing.assert_close(out, dense, rtol=1e-5, atol=1e-5)
-
-
-@pytest.mark.filterwarnings("ignore:At least one mel filterbank has all zero values")
-@pytest.mark.parametrize("groups", [1, 3, 9])
-@pytest.mark.parametrize("frames", [1, 255, 256])
+@pytest.mark.parametrize("groups", [1, 2, 3, 4, 5, 9])
+@pytest.mark.parametrize("frames", [1, 7, 255, 256, 257, 600])
 @pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
 def test_mel_bands_power_equals_the_dense_product(groups, frames, dtype):
     spectrum = torch.randn(frames, 201, dtype=dtype)
+    # the Phi-4MM and Whisper banks, and one with all-zero filters (too many mels for the bins)
     for weights in (kaldi_mel_banks()[:201], slaney_banks(201, 128), slaney_banks(201, 200)):
         out = torch.empty(frames, weights.shape[1])
         power = torch.empty(frames, 201)
@@ -141,22 +129,40 @@ def test_mel_bands_power_equals_the_dense_product(groups, frames, dtype):
         torch.testing.assert_close(out, dense.float(), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("project", ["project", "project_power"])
-def test_a_frames_mel_power_does_not_depend_on_how_many_frames_share_its_call(project):
+# Row ranges of a 600-frame call: 1-12 frames, odd counts, and ranges across the product's row blocks.
+SHARES = [slice(0, n) for n in range(1, 13)] + [
+    slice(start, start + n) for start in (1, 5, 254, 255, 300, 511) for n in (1, 2, 3, 5, 7, 11, 12, 89)
+]
+SHARES += [slice(7, 100), slice(40, 300), slice(0, 255), slice(0, 256), slice(1, 258), slice(3, 600)]
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+@pytest.mark.parametrize("bank", ["kaldi", "slaney"])
+def test_a_frames_mel_power_does_not_depend_on_how_many_frames_share_its_call(bank, dtype):
     """Bit for bit: what lets any split of a driver's slots over front-end processes give the same features."""
-    spectrum = torch.randn(300, 201, dtype=torch.complex64, generator=torch.manual_seed(2))
-    bands = MelBands(slaney_banks(201, 128), 4)
+    weights, groups, bins = (kaldi_mel_banks(), 3, 257) if bank == "kaldi" else (slaney_banks(201, 128), 5, 201)
+    spectrum = torch.randn(600, bins, dtype=dtype, generator=torch.manual_seed(2))
+    bands = MelBands(weights, groups)
 
     def mel(rows: slice) -> torch.Tensor:
         part = spectrum[rows].clone()
-        out = torch.empty(len(part), 128)
-        extra = (torch.empty(len(part), 201),) if project == "project_power" else ()
-        getattr(bands, project)(part, *extra, out)
+        out = torch.empty(len(part), weights.shape[1])
+        bands.project_power(part, torch.empty(len(part), bins), out)
         return out
 
-    whole = mel(slice(0, 300))
-    for rows in (slice(0, 1), slice(7, 100), slice(40, 300)):
-        assert torch.equal(mel(rows), whole[rows])
+    whole = mel(slice(0, 600))
+    for rows in SHARES:
+        assert torch.equal(mel(rows), whole[rows]), rows
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("n_fft", [400, 512])
+def test_a_frames_spectrum_does_not_depend_on_how_many_frames_share_its_rfft(n_fft, dtype):
+    """The other batched product of the front ends: the FFT of a batch of frames, row by row the same."""
+    frames = torch.randn(600, n_fft, dtype=dtype, generator=torch.manual_seed(3))
+    whole = torch.fft.rfft(frames)
+    for rows in SHARES:
+        assert torch.equal(torch.fft.rfft(frames[rows].clone()), whole[rows]), rows
 
 
 def brute_force_split_cost(first, end, groups):
