@@ -19,11 +19,12 @@ import pytest
 import torch
 
 from audiomask.features import Phi4MMFrontend, WhisperFrontend
-from audiomask.features.frontend import SLAB_FRAMES
+from audiomask.features.frontend import MEL_BLOCK_ROWS
 from audiomask.features.process import MAX_IN_FLIGHT, FeatureProcess, default_threads, default_workers
 from audiomask.features.slots import SlotCycle, SlotFeatures, SlotSamples
 
 BATCH = 4
+FEW_FRAMES = 12  # a product of at most this many frames (MKL on AMD Zen 4: 1-3 rows take another kernel)
 CHUNK_FRAMES = 16
 HOP, WIN = 160, 400
 BLOCK = CHUNK_FRAMES * HOP  # samples per slot per cycle after the first
@@ -191,14 +192,14 @@ def test_a_slot_left_out_of_cycles_goes_on_where_it_stopped_bit_for_bit(frontend
 @pytest.mark.parametrize("frontend", [Phi4MMFrontend(), WhisperFrontend()], ids=["phi4mm", "whisper"])
 def test_any_split_of_the_slots_computes_the_same_features_bit_for_bit(frontend):
     """What sharding rests on: slices of the slots, each with a stage of its own, give the whole stage's
-    features exactly, also where a slice's frames (or the whole's) would end in a one-frame product."""
+    features exactly, also where a slice's frames (or the whole's) end in a product of a few frames."""
     batch = 7
     first_block = FIRST_BLOCK - frontend.framing.pad
-    splits = ([0, 7], [0, 3, 7], [0, 1, 2, 3, 4, 5, 6, 7], [0, 5, 7])
+    splits = ([0, 7], [0, 3, 7], [0, 1, 2, 3, 4, 5, 6, 7], [0, 5, 7], [0, 2, 6, 7])
     stages = [
         [SlotFeatures(frontend, hi - lo, CHUNK_FRAMES) for lo, hi in zip(bounds, bounds[1:])] for bounds in splits
     ]
-    one_frame_slices = 0
+    few_frame_slices = 0
     for _, slots, blocks, final, joins in cycles(3, 120, first_block, batch):
         results = []
         for bounds, shards in zip(splits, stages):
@@ -209,12 +210,12 @@ def test_any_split_of_the_slots_computes_the_same_features_bit_for_bit(frontend)
                 mine_blocks = [block for block, keep in zip(blocks, mine) if keep]
                 joining = joins[(joins >= lo) & (joins < hi)] - lo
                 _, counts[lo:hi] = shard.compute(slots[mine] - lo, mine_blocks, final[mine], joining, features[lo:hi])
-                one_frame_slices += counts[lo:hi].sum() % SLAB_FRAMES == 1
+                few_frame_slices += 0 < counts[lo:hi].sum() % MEL_BLOCK_ROWS <= FEW_FRAMES
             results.append((features, counts))
         for features, counts in results[1:]:
             np.testing.assert_array_equal(counts, results[0][1])
             np.testing.assert_array_equal(features, results[0][0])
-    assert one_frame_slices > 0  # the case a one-frame product would round differently was met
+    assert few_frame_slices > 0  # the case a BLAS's small-product kernel would round differently was met
 
 
 def test_a_ring_reads_many_blocks_at_once_as_it_reads_each():
