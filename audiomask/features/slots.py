@@ -23,12 +23,15 @@ slot only for the others (a stream's first and last blocks, blocks of
 another length).
 
 A frame's features do not depend on which other frames share its
-computation: every frame goes through the same batched products (see
-:meth:`SlotFeatures.compute_cycle`), so any split of the slots computes the
-same features bit for bit, given the same torch threads (with many threads a
-BLAS may split one product's sums across them, differently for different
-sizes; the mel filters are banded products whatever a call's frame count,
-see :class:`~audiomask.features.frontend.MelBands`).
+computation: every frame goes through the same batched computation (see
+:meth:`SlotFeatures.compute_cycle`): elementwise operations, an FFT that
+transforms each frame on its own, and mel products that always multiply
+blocks of exactly :data:`~audiomask.features.frontend.MEL_BLOCK_ROWS` frames
+(see :class:`~audiomask.features.frontend.MelBands`), so one BLAS kernel
+computes every frame whatever a call's frame count. Any split of the slots
+therefore computes the same features bit for bit, given the same torch
+threads (a BLAS may share out one product's work over its threads
+differently for different thread counts).
 """
 
 from __future__ import annotations
