@@ -61,7 +61,37 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+# The second tier (`python -m pytest -m system`, run by .ci/run after the first): tests that start real
+# servers, a browser, Ray, speech synthesis, soaks or whole benchmark runs, by the fixtures they take or
+# their module. The first tier (`python -m pytest`, addopts `-m "not system"`) is everything else.
+SYSTEM_FIXTURES = frozenset({"start_server", "server_url", "served", "quick_report"})
+SYSTEM_MODULES = frozenset(
+    {
+        "tests/asr/test_soak.py",
+        "tests/bench/test_churn.py",
+        "tests/bench/test_pipe.py",
+        "tests/bench/test_server_script.py",
+        "tests/recipes/test_corpus.py",
+        "tests/serve/test_browser.py",
+        "tests/serve/test_churn.py",
+        "tests/serve/test_ray.py",
+        "tests/serve/test_replicas.py",
+        "tests/serve/test_workers.py",
+    }
+)
+
+
+def _second_tier(item: pytest.Item, root: str) -> bool:
+    module = str(item.path.relative_to(root)) if item.path.is_relative_to(root) else ""
+    return module in SYSTEM_MODULES or not SYSTEM_FIXTURES.isdisjoint(getattr(item, "fixturenames", ()))
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m selects by marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    system = pytest.mark.system
+    for item in items:
+        if _second_tier(item, str(config.rootpath)):
+            item.add_marker(system)
     if _cuda_available():
         return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
