@@ -31,9 +31,8 @@ slot's front-end state (:class:`~audiomask.features.slots.SlotFeatures`) in
 cycle order, and every stage applies slot resets in cycle order, so a slot
 freed in cycle N can be reused in cycle N+1. A thread shares the interpreter
 lock with the main thread at every torch call; ``frontend_process=True``
-moves the front end into processes of their own
-(:class:`~audiomask.features.process.FeatureProcess`, bit for bit the same),
-``frontend_workers`` of them (default one per four cores): it scales with the host.
+moves the front end into ``frontend_workers`` processes of their own (default one per four cores;
+:class:`~audiomask.features.process.FeatureProcess`, bit for bit the same): it scales with the host.
 
 Batching: a stream's row sees only its own caches, masks and token
 positions, so its outputs do not depend on which streams share the batch, up
