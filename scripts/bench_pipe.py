@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""``audiomask transcribe -`` on a long pipe: see :mod:`audiomask.bench.pipe` (what it runs, what it checks).
+"""``audiomask transcribe -`` on a long pipe: see :mod:`bench.pipe` (what it runs, what it checks).
 
 Usage: python scripts/bench_pipe.py --minutes 60 --out bench/results/pipe_cpu.json
 """
@@ -7,8 +7,11 @@ Usage: python scripts/bench_pipe.py --minutes 60 --out bench/results/pipe_cpu.js
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
-from audiomask.bench.pipe import main
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: bench/ is not installed
+
+from bench.pipe import main
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

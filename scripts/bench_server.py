@@ -64,15 +64,17 @@ from pathlib import Path
 
 import numpy as np
 
-from audiomask.bench.server_process import (
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: bench/ is not installed
+
+from audiomask.constants import SAMPLE_RATE
+from bench.server_process import (
     References,
     cpu_seconds,
     running_server,
     single_stream_references,
     tree_cpu_seconds,
 )
-from audiomask.bench.server_process import health as server_health
-from audiomask.constants import SAMPLE_RATE
+from bench.server_process import health as server_health
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 MS_PER_S = 1000

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["capture_environment", "cpu_model", "driver_version", "git_commit", "write_result"]
+__all__ = ["capture_environment", "command_output", "cpu_model", "driver_version", "git_commit", "write_result"]
 
 _REPOSITORY = Path(__file__).resolve().parents[2]  # the checkout this module was imported from
 _COMMAND_TIMEOUT_S = 30  # nvidia-smi / git: never hang a benchmark on them
@@ -38,7 +38,7 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def _command_output(command: Sequence[str], cwd: Path | None = None) -> str | None:
+def command_output(command: Sequence[str], cwd: Path | None = None) -> str | None:
     """First line of ``command``'s output, or ``None`` where it cannot run or fails."""
     try:
         result = subprocess.run(
@@ -52,7 +52,7 @@ def _command_output(command: Sequence[str], cwd: Path | None = None) -> str | No
 
 def driver_version() -> str | None:
     """The NVIDIA driver's version from ``nvidia-smi``, or ``None`` where it cannot be read."""
-    return _command_output(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
+    return command_output(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
 
 
 GIT_COMMIT_VARIABLE = "AUDIOMASK_GIT_COMMIT"
@@ -68,10 +68,10 @@ def git_commit() -> str | None:
     named = os.environ.get(GIT_COMMIT_VARIABLE)
     if named:
         return named
-    commit = _command_output(["git", "rev-parse", "HEAD"], cwd=_REPOSITORY)
+    commit = command_output(["git", "rev-parse", "HEAD"], cwd=_REPOSITORY)
     if commit is None:
         return None
-    dirty = _command_output(["git", "status", "--porcelain", "--untracked-files=no"], cwd=_REPOSITORY)
+    dirty = command_output(["git", "status", "--porcelain", "--untracked-files=no"], cwd=_REPOSITORY)
     return commit + ("+dirty" if dirty else "")
 
 

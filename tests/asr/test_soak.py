@@ -1,6 +1,6 @@
 """The soak in CI: a few thousand chunks of streams coming and going, every transfer checksummed.
 
-``scripts/soak.py`` (:mod:`audiomask.bench.soak`) runs the same loop for
+``scripts/soak.py`` (:mod:`bench.soak`) runs the same loop for
 100,000 chunks and records RSS and pinned bytes; here the short run must end
 with no corrupted payload, every stream finished and no ring growth after
 warm-up, and a payload corrupted on purpose must be counted.
@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from audiomask.bench.soak import checksum, run_soak
+from bench.soak import checksum, run_soak
 
 CHUNKS = 2000
 STREAMS = 8

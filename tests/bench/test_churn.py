@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-import audiomask.bench.churn as churn
-from audiomask.bench.churn import CLIPS, DROPPED_KINDS, KINDS, plan_streams, run_churn
+import bench.churn as churn
+from bench.churn import CLIPS, DROPPED_KINDS, KINDS, plan_streams, run_churn
 
 FINISH_TIMEOUT_S = 20.0  # a finish that waits this long waits for other streams: an error, not a hang
 DEADLINE_S = 120.0  # the whole soak: bounded, however the recognizer behaves

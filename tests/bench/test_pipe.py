@@ -8,14 +8,14 @@ import pytest
 
 from audiomask.asr.checkpoint import load_model
 from audiomask.asr.recognizer import StreamingRecognizer
-from audiomask.bench.pipe import (
+from audiomask.constants import SAMPLE_RATE
+from bench.pipe import (
     WAV_UNKNOWN_SIZE,
     first_partial_latency,
     peak_memory,
     speech_samples,
     wav_stream_header,
 )
-from audiomask.constants import SAMPLE_RATE
 
 CLI_ARGUMENTS = ("--device", "cpu")
 SHORT_S, LONG_S = 20.0, 80.0

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from audiomask.bench.server_process import References
+from bench.server_process import References
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_server.py"
 CLIENTS = 4

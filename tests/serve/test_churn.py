@@ -1,6 +1,6 @@
 """Connection churn: a thousand short connections of every kind leave the server holding nothing of them.
 
-Kinds (:mod:`audiomask.bench.server_churn`): a clip and ``Done`` on ``/``, a
+Kinds (:mod:`bench.server_churn`): a clip and ``Done`` on ``/``, a
 clip on ``/wenet``, a close at once, a TCP drop after audio, a text frame that
 is not ``Done``. Afterwards ``/health`` reports no connection and no stream,
 every final is the clip's single-stream text, and the server holds no more open
@@ -17,8 +17,8 @@ import time
 
 import pytest
 
-from audiomask.bench.server_churn import KINDS, MESSAGE_SAMPLES, churn_clips, run_churn
-from audiomask.bench.server_process import process_memory, single_stream_references
+from bench.server_churn import KINDS, MESSAGE_SAMPLES, churn_clips, run_churn
+from bench.server_process import process_memory, single_stream_references
 
 CYCLES = 1000
 # The server's thread pool grows to what the load needs over its first few hundred connections.

@@ -64,10 +64,10 @@ from audiomask.asr.checkpoint import load_model
 from audiomask.asr.recognizer import RecognizerStream, StreamingRecognizer
 from audiomask.bench.environment import capture_environment, write_result
 from audiomask.bench.signals import speech_like
-from audiomask.bench.soak import rss_bytes
 from audiomask.bench.timing import MS_PER_S, log, percentiles
 from audiomask.checks import check_int
 from audiomask.constants import SAMPLE_RATE
+from bench.soak import rss_bytes
 
 __all__ = ["KINDS", "StreamPlan", "main", "memory_snapshot", "plan_streams", "reference_texts", "run_churn"]
 

@@ -18,7 +18,7 @@ kind drawn with a fixed seed (:data:`KINDS`, equally often):
 The clips (:func:`churn_clips`) are the first 0.3, 0.5 and 0.8 s of each
 sample file, on int16 levels, so that both routes carry the same samples.
 Every final text must equal the clip's reference: the text one recognizer
-gives the clip alone (:func:`~audiomask.bench.server_process.single_stream_references`).
+gives the clip alone (:func:`~bench.server_process.single_stream_references`).
 
 Measured: the server process's RSS, peak RSS (``VmHWM``), threads and open
 file descriptors, and its child processes' RSS, from ``/proc`` about every
@@ -58,13 +58,13 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from audiomask.audio import load
-from audiomask.bench.environment import _command_output, capture_environment, write_result
-from audiomask.bench.server_process import health, process_memory, running_server, single_stream_references
+from audiomask.bench.environment import capture_environment, command_output, write_result
 from audiomask.bench.timing import MS_PER_S, log, percentiles
 from audiomask.checks import check_int
 from audiomask.constants import SAMPLE_RATE
 from audiomask.serve.client import DEFAULT_MESSAGE_SAMPLES, stream_audio
 from audiomask.serve.session import CLOSE_UNSUPPORTED
+from bench.server_process import health, process_memory, running_server, single_stream_references
 
 __all__ = [
     "CLIP_SECONDS",
@@ -236,14 +236,14 @@ def _gpu_index(device: object) -> int | None:
 
 
 def _sample(pid: int, gpu: int | None, done: int, started: float) -> dict:
-    """The server's :func:`~audiomask.bench.server_process.process_memory` now (and GPU ``gpu``'s memory in
+    """The server's :func:`~bench.server_process.process_memory` now (and GPU ``gpu``'s memory in
     use), with the cycles done and the seconds since ``started``; ``RuntimeError`` once the server is gone."""
     memory = process_memory(pid)
     if memory is None:
         raise RuntimeError(f"the server process {pid} has exited")
     sample = {"elapsed_s": round(time.perf_counter() - started, 3), "cycles_done": done, **memory}
     if gpu is not None:
-        used_mib = _command_output(
+        used_mib = command_output(
             ["nvidia-smi", f"--id={gpu}", "--query-gpu=memory.used", "--format=csv,noheader,nounits"]
         )
         sample["gpu_used_bytes"] = None if used_mib is None else int(used_mib) * MIB
