@@ -25,7 +25,16 @@ from audiomask.features.frontend import Frontend
 from audiomask.features.process import lane_bounds
 from audiomask.streaming import EncoderStream, open_stream
 
-__all__ = ["MAX_CHUNK_MS", "MAX_CONTEXT_MS", "free_bytes", "open_fitting", "state_bytes"]
+__all__ = [
+    "CPU_LANES",
+    "DEFAULT_MAX_STREAMS",
+    "MAX_CHUNK_MS",
+    "MAX_CONTEXT_MS",
+    "default_lanes",
+    "free_bytes",
+    "open_fitting",
+    "state_bytes",
+]
 
 MS_PER_S = 1000
 # Audio a stream's attention context spans, (left_chunks + 1) * chunk_ms: ten minutes (7,500 tokens of
@@ -34,6 +43,14 @@ MAX_CONTEXT_MS = 10 * 60 * MS_PER_S
 # Audio of one encoder chunk: a minute is far beyond any streaming setting (Qwen3-ASR's chunk is 1 s), and
 # bounds what the stream of the config's left context, opened to learn it, allocates.
 MAX_CHUNK_MS = 60 * MS_PER_S
+# A recognizer's encoder slots unless told: streams of several threads each hold one at once.
+DEFAULT_MAX_STREAMS = 4
+# On the CPU a chunk step costs a fixed part (its Python and kernel dispatch) and a part per slot, and it computes
+# every slot of its lane (static shapes): the shipped model's step took 9.3 ms for 1 slot, 14.7 for 4, 37.6 for 16
+# and 134 for 64 (2-core Xeon, one torch thread). So by default the slots of a CPU recognizer form up to this many
+# lanes: a stream alone costs a step of a lane's few slots (one slot up to 16 streams, 4 of 64), and 64 streams
+# fed at once cost 16 steps a chunk, about twice one step of all 64 (bench/results/server_cpu.json).
+CPU_LANES = 16
 _GiB = 2**30
 _KiB = 1024
 
@@ -86,6 +103,21 @@ def open_fitting(
     for place, slot_bytes, shared_bytes in places:
         _check_fits(place, max_streams, slot_bytes, lanes * shared_bytes, chunk, left)  # each lane has its own
     return [stream_of(hi - lo, left_chunks) for lo, hi in lane_bounds(max_streams, lanes)]
+
+
+def default_lanes(max_streams: int, device: torch.device, frontend_workers: int | None = None) -> int:
+    """The lanes of a recognizer of ``max_streams`` slots on ``device`` unless told: one on CUDA (a step there
+    costs its kernel launches, whatever its slots), :data:`CPU_LANES` at most on the CPU, a lane for each slot
+    below that, and none narrower than ``frontend_workers`` (each front-end process owns slots of every lane).
+
+    >>> cpu = torch.device("cpu")
+    >>> default_lanes(64, cpu), default_lanes(4, cpu), default_lanes(64, cpu, 8), default_lanes(64, torch.device("cuda"))
+    (16, 4, 8, 1)
+    """
+    if device.type != "cpu":
+        return 1
+    workers = 1 if frontend_workers is None else check_int("frontend_workers", frontend_workers, minimum=1)
+    return max(1, min(max_streams, CPU_LANES, max_streams // workers))
 
 
 def _check_fits(

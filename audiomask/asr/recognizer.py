@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterable, Iterator
 import numpy as np
 import torch
 
-from audiomask.asr.capacity import MS_PER_S, open_fitting
+from audiomask.asr.capacity import DEFAULT_MAX_STREAMS, MS_PER_S, default_lanes, open_fitting
 from audiomask.asr.driver import DriverStream, RunStats, StreamingDriver
 from audiomask.asr.model import ASRModel
 from audiomask.asr.outputs import DEFAULT_MAX_PENDING, ChunkQueue, EncoderChunk
@@ -253,8 +253,8 @@ class StreamingRecognizer:
         left_chunks: chunks of left context each chunk attends to; default: the config's (Qwen3-ASR:
             ``None`` only, it attends inside windows of 8 chunks). ``(left_chunks + 1) * chunk_ms`` is
             at most :data:`~audiomask.asr.capacity.MAX_CONTEXT_MS` (ten minutes).
-        max_streams: encoder slots: streams decoded together in one step (more wait for a free slot).
-            The streams' caches (measured on one- and two-slot streams of these settings) and
+        max_streams: encoder slots (default :data:`~audiomask.asr.capacity.DEFAULT_MAX_STREAMS`): streams
+            decoded at once, sharing steps (more wait for a free slot). The streams' caches (measured on one- and two-slot streams of these settings) and
             sample rings must fit in the memory free on ``device`` (and on the host), else
             ``ValueError`` says how many fit, before anything large is allocated.
         overlap: compute the next chunk's features on a worker thread while the encoder runs.
@@ -277,15 +277,16 @@ class StreamingRecognizer:
             ones alone, milliseconds, ``0 <= max_wait_ms <= chunk_ms``; default: one chunk divided among
             the lanes (``chunk_ms // lanes``). Shorter waits cut latency for streams that arrive at
             different times, at the cost of more, smaller steps (each still computes every slot of its lane).
-        lanes: step the slots in this many lanes (:class:`~audiomask.asr.driver.StreamingDriver`), a
-            stream in the lane of its phase (when within a chunk its chunks arrive): a step computes one
-            lane of streams ready together (default 1). It pays where a step's cost grows with its slots;
-            a small encoder's step is bound by kernel launches, and lanes then cost more device time
-            (``docs/benchmarks.md``). Each lane's first step compiles and captures its own CUDA graphs.
+        lanes: step the slots in this many lanes (:class:`~audiomask.asr.driver.StreamingDriver`), a stream
+            in the lane of its phase (when within a chunk its chunks arrive): a step computes one lane of
+            streams ready together. Default :func:`~audiomask.asr.capacity.default_lanes`: one on CUDA (a small
+            encoder's step is bound by its kernel launches there: ``docs/benchmarks.md``); on the CPU, where a
+            step costs its slots, a lane a slot up to 16, so a stream alone steps one slot (4 of 64 slots).
+            ``lanes=1``: the fewest steps for streams all fed at once. Each lane has its own CUDA graphs.
 
     Scheduling: a chunk step runs when every stream in a slot has its next
     chunk (full batches: the best throughput), or once a ready chunk has
-    waited ``max_wait_ms`` (one chunk by default) for the others, or at once for a
+    waited ``max_wait_ms`` for the others, or at once for a
     stream that has ended: then it runs the streams that are ready, and the
     others go on where they stopped when their audio comes. Waiting streams
     take free slots as their first chunk arrives, whatever their order of
@@ -320,7 +321,7 @@ class StreamingRecognizer:
         chunk_ms: int | None = None,
         left_chunks: int | None = None,
         *,
-        max_streams: int = 1,
+        max_streams: int = DEFAULT_MAX_STREAMS,
         overlap: bool = True,
         frontend_process: bool = False,
         frontend_workers: int | None = None,
@@ -328,7 +329,7 @@ class StreamingRecognizer:
         cuda_graph: bool | None = None,
         idle_timeout_s: float | None = None,
         max_wait_ms: int | None = None,
-        lanes: int = 1,
+        lanes: int | None = None,
     ) -> None:
         if not isinstance(model, ASRModel):
             raise ValueError(f"model must be an ASRModel, got {type(model).__name__}")
@@ -340,6 +341,7 @@ class StreamingRecognizer:
         max_streams = check_int("max_streams", max_streams, minimum=1)
         model.encoder.to(self.device).eval()
         model.head.to(self.device).eval()
+        lanes = default_lanes(max_streams, self.device, frontend_workers) if lanes is None else lanes
         lanes = check_int("lanes", lanes, minimum=1, maximum=max_streams)
         streams = open_fitting(model, self.device, max_streams, chunk_ms, left_chunks, cuda_graph, lanes)
         stream = streams[0]

@@ -102,8 +102,10 @@ logger = logging.getLogger("audiomask.serve")
 def build_recognizer(settings: ServeSettings) -> StreamingRecognizer:
     """The recognizer ``settings`` describe: its model (the shipped one by default) on its device, in its dtype.
 
-    One encoder slot per connection (``max_streams = max_connections``). The
-    front end runs in ``settings.frontend_workers`` processes (``0``: on a
+    One encoder slot per connection (``max_streams = max_connections``), in
+    the recognizer's default lanes (:func:`~audiomask.asr.capacity.default_lanes`:
+    on the CPU up to 16 lanes, so one client's steps compute a few slots, 4 of
+    the default 64; on CUDA one lane of all the slots). The front end runs in ``settings.frontend_workers`` processes (``0``: on a
     thread of this process; ``None``: on a thread on the CPU, in the
     recognizer's default number of processes on CUDA, where one thread would
     share the interpreter lock with thousands of connections). The recognizer
@@ -143,9 +145,9 @@ def build_recognizer(settings: ServeSettings) -> StreamingRecognizer:
 
 
 def default_max_wait_ms(chunk_ms: int, device: str) -> int:
-    """How long a ready chunk waits for the other connections' by default, ms: one chunk on the CPU (every
-    step costs all slots there, so fewer, fuller steps), :data:`GPU_MAX_WAIT_MS` on CUDA, or the chunk if
-    shorter (a step costs the same however many slots are ready, and clients start at any moment).
+    """How long a ready chunk waits for the other connections' by default, ms: one chunk on the CPU (a step
+    costs every slot of its lane there, so fewer, fuller steps), :data:`GPU_MAX_WAIT_MS` on CUDA, or the chunk
+    if shorter (a step costs the same however many slots are ready, and clients start at any moment).
 
     >>> default_max_wait_ms(320, "cpu"), default_max_wait_ms(1280, "cuda:0"), default_max_wait_ms(20, "cuda")
     (320, 40, 20)

@@ -11,16 +11,26 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from audiomask.asr.checkpoint import load_model
 from audiomask.asr.recognizer import StreamingRecognizer
+from audiomask.audio import load
 
 CHUNK_MS, LEFT_CHUNKS = 160, 1
 THREADS = 6
 SLOTS = 3  # fewer than the threads: admissions wait for slots freed by other threads
 JOIN_S = 120  # seconds: far beyond the few seconds the run takes; a thread still alive then is deadlocked
+SAMPLES = Path(__file__).resolve().parents[2] / "samples"
+# The shipped model's text of two sample files (README's quick start).
+SAMPLE_TEXTS = {
+    "hello_world.wav": "hello world this is a streaming speech test",
+    "numbers.wav": "seven apples and three oranges cost twelve dollars",
+}
+PIECES = 10  # pieces each thread accepts its file in
 
 
 def feed(stream, samples: np.ndarray, seed: int, partials: list[str]) -> str:
@@ -65,3 +75,48 @@ def test_threads_feeding_their_own_streams_get_the_single_threaded_texts(model, 
     assert texts == expected
     for text, seen in zip(texts, partials):
         assert all(text.startswith(partial) for partial in seen)  # partials only grow, whatever the interleaving
+
+
+def test_two_threads_stream_through_a_default_recognizer_each_to_its_text():
+    """A recognizer of default options serves streams fed from two threads at once: the first stream takes a
+    slot, the second one too while the first is still fed, finishes first without waiting for it, and each
+    step of a stream computes its own row only (a default recognizer's stream costs what one alone costs)."""
+    names = sorted(SAMPLE_TEXTS)
+    audio = {name: load(SAMPLES / name)[0] for name in names}
+    texts: dict[str, str] = {}
+    errors: list[BaseException] = []
+    rows: list[int] = []
+    fed = threading.Barrier(len(names))  # after each piece: the two streams are fed side by side
+    first_done = threading.Event()
+    with StreamingRecognizer(load_model()) as recognizer:
+        recognizer.model.head.register_forward_hook(lambda module, args, output: rows.append(len(args[0])))
+
+        def worker(index: int, name: str) -> None:
+            try:
+                stream = recognizer.open_stream(name)
+                if index == 0:  # its first block, before the other's: it holds a slot from now on
+                    stream.accept(audio[name][: recognizer.first_block_samples])
+                fed.wait(JOIN_S)
+                rest = audio[name][recognizer.first_block_samples if index == 0 else 0 :]
+                for piece in np.array_split(rest, PIECES):
+                    stream.accept(piece)
+                    fed.wait(JOIN_S)
+                if index == 0:  # the stream that took a slot first finishes last
+                    first_done.wait(JOIN_S)
+                texts[name] = stream.finish()
+            except BaseException as error:  # noqa: BLE001 (reported by the main thread)
+                errors.append(error)
+                fed.abort()
+            finally:
+                if index == 1:
+                    first_done.set()
+
+        threads = [threading.Thread(target=worker, args=(i, name), daemon=True) for i, name in enumerate(names)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(JOIN_S)
+        assert not any(thread.is_alive() for thread in threads), "deadlock: a thread never finished"
+    assert not errors, errors
+    assert texts == SAMPLE_TEXTS
+    assert rows and max(rows) == 1

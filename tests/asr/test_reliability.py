@@ -57,7 +57,7 @@ def test_an_idle_stream_opened_first_holds_back_no_busy_one(model, noise, alone)
 def test_a_fed_stream_gets_partials_while_another_in_the_batch_is_silent(model, noise, alone, recognizer_clock):
     clock = recognizer_clock
     speech = noise(1, 3 * SECOND)
-    with recognizer_of(model, max_streams=2) as recognizer:
+    with recognizer_of(model, max_streams=2, lanes=1) as recognizer:  # one lane: the two share each step
         silent, talking = recognizer.open_stream("silent"), recognizer.open_stream("talking", outputs=True)
         silent.accept(noise(2, 2 * CHUNK_SAMPLES))  # in a slot, then it stops sending
         talking.accept(speech[: 2 * CHUNK_SAMPLES])
@@ -79,7 +79,7 @@ def test_max_wait_ms_sets_how_long_a_ready_chunk_waits_for_the_others(model, noi
         recognizer_of(model, max_wait_ms=CHUNK_MS + 1)
     with pytest.raises(ValueError, match="max_wait_ms must be >= 0, got -1"):
         recognizer_of(model, max_wait_ms=-1)
-    with recognizer_of(model, max_streams=2, max_wait_ms=40) as recognizer:
+    with recognizer_of(model, max_streams=2, max_wait_ms=40, lanes=1) as recognizer:
         assert recognizer.max_wait_s == 0.04
         silent, talking = recognizer.open_stream("silent"), recognizer.open_stream("talking", outputs=True)
         silent.accept(noise(2, 2 * CHUNK_SAMPLES))
@@ -91,7 +91,7 @@ def test_max_wait_ms_sets_how_long_a_ready_chunk_waits_for_the_others(model, noi
         clock.now += 0.001
         assert recognizer.poll() > 0 and len(talking.outputs()) > delivered  # ... 40 ms, not a chunk
         assert talking.finish() == alone(model, speech)
-    with recognizer_of(model, max_streams=2, max_wait_ms=0) as recognizer:
+    with recognizer_of(model, max_streams=2, max_wait_ms=0, lanes=1) as recognizer:
         silent, talking = recognizer.open_stream("silent"), recognizer.open_stream("talking", outputs=True)
         silent.accept(noise(2, 2 * CHUNK_SAMPLES))
         talking.accept(speech[: 2 * CHUNK_SAMPLES])
