@@ -64,7 +64,7 @@ from audiomask.checks import check_int
 from audiomask.constants import SAMPLE_RATE
 from audiomask.serve.client import DEFAULT_MESSAGE_SAMPLES, stream_audio
 from audiomask.serve.session import CLOSE_UNSUPPORTED
-from bench.server_process import health, process_memory, running_server, single_stream_references
+from bench.server_process import REPOSITORY, health, process_memory, running_server, single_stream_references
 
 __all__ = [
     "CLIP_SECONDS",
@@ -77,7 +77,6 @@ __all__ = [
     "run_churn",
 ]
 
-REPOSITORY = Path(__file__).resolve().parents[2]
 SAMPLES = REPOSITORY / "samples"  # the sample files the clips are cut from
 KINDS = ("final", "wenet", "close_at_once", "abort", "bad_text")
 FINAL_KINDS = frozenset({"final", "wenet"})  # the kinds that end with a final text to check

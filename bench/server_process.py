@@ -35,6 +35,7 @@ from typing import NamedTuple
 import numpy as np
 
 __all__ = [
+    "REPOSITORY",
     "LOOPBACK",
     "READY_TIMEOUT_S",
     "STOP_TIMEOUT_S",
@@ -48,7 +49,7 @@ __all__ = [
     "single_stream_references",
 ]
 
-REPOSITORY = Path(__file__).resolve().parents[2]  # the checkout: the server runs from here
+REPOSITORY = Path(__file__).resolve().parents[1]  # the checkout: the server runs from here
 LOOPBACK = "127.0.0.1"
 READY_TIMEOUT_S = 120.0  # model load and first step, on a busy machine (a cold GPU compiles kernels)
 STOP_TIMEOUT_S = 30.0  # SIGTERM finishes the connections in flight first

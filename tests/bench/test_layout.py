@@ -55,3 +55,11 @@ def test_a_harness_script_runs_as_a_file_from_any_directory(script: str, tmp_pat
     )
     assert finished.returncode == 0, finished.stderr
     assert finished.stdout.startswith("usage: ")
+
+
+def test_the_harnesses_locate_the_repository_from_where_they_lie() -> None:
+    from bench import server_churn, server_process
+
+    assert server_process.REPOSITORY == REPOSITORY  # the server subprocess's working directory
+    assert server_churn.SAMPLES == REPOSITORY / "samples"
+    assert server_churn.churn_clips()  # cut from the repository's sample files
