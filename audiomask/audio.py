@@ -18,7 +18,9 @@ whole-file call (float64 sums differ from it by rounding noise only, far below
 half a float32 ulp; the tests assert equality to within one ulp).
 
 Every unusable input raises :class:`audiomask.AudioError` naming the file and
-the reason. A file whose data ends before its header says it should is read
+the reason. A WAV or AIFF header may declare fewer bits per sample than the
+bytes holding each (7 in 8, 12 in 16): the sample fills the high bits, the
+rest are zero, so the container is read whole; a padding bit set is refused. A file whose data ends before its header says it should is read
 as far as its data goes, with a :class:`TruncatedAudioWarning` naming it. Two
 sizes say nothing about the data, so they never warn: the markers of writers
 that stream to a pipe (a WAV data size of 0x7FFFF000, 0x7FFFFFFF or
@@ -108,6 +110,13 @@ _UNKNOWN_SIZE_MARKERS = frozenset({0x7FFFF000, 0x7FFFFFFF, 0xFFFFFFFF})
 # Formats whose frame count libsndfile estimates when the file does not state it (an MP3
 # without a Xing/Info tag: file size / bit rate, which can overshoot the decoded frames).
 _ESTIMATED_LENGTH_FORMATS = frozenset({"MP3"})
+# A header may declare fewer bits per sample than the bytes holding each (WAV's wBitsPerSample 7, 12, 20;
+# AIFF's sample size 12, 20). Both formats put such a sample in the container's high bits, the rest zero;
+# libsndfile reads the container (subtype) whole, which is then exact, and logs the declared width as
+# "Bit Width : 7" (WAV) or "Sample Size : 12" (AIFF). Data with a low (padding) bit set is refused.
+_DECLARED_BITS = re.compile(r"^\s*(?:Bit Width|Sample Size)\s*:\s*(\d+)", re.MULTILINE)
+_CONTAINER_BITS = {"PCM_S8": 8, "PCM_U8": 8, "PCM_16": 16, "PCM_24": 24, "PCM_32": 32}
+_INT32_BITS = 32  # libsndfile's int32 reads put every container's bits at the top of 32
 
 
 class TruncatedAudioWarning(UserWarning):
@@ -245,14 +254,22 @@ def _mono_blocks(handle: sf.SoundFile, path: Path, read_frames: int = READ_BLOCK
     raises the :class:`AudioError` of :func:`check_samples`.
     """
     rate = handle.samplerate
+    narrow = _narrow_width(handle)
     offset = 0
     while True:
         try:
-            block = handle.read(read_frames, dtype="float32", always_2d=True)
+            block = handle.read(read_frames, dtype="int32" if narrow else "float32", always_2d=True)
         except sf.LibsndfileError as err:
             raise _read_error(path, err, offset, rate) from None
         if len(block) == 0:
             return
+        if narrow:
+            misfit = _first_misfit(block, narrow[0])
+            if misfit is not None:
+                if misfit:
+                    yield _mono(_int32_to_float(block[:misfit]))
+                raise _fail(path, _misfit_reason(offset + misfit, rate, *narrow))
+            block = _int32_to_float(block)
         samples = _mono(block)
         first = first_unusable(samples)
         if first is not None:
@@ -261,6 +278,38 @@ def _mono_blocks(handle: sf.SoundFile, path: Path, read_frames: int = READ_BLOCK
             check_samples(samples[first:], path, offset + first, rate)
         offset += len(samples)
         yield samples
+
+
+def _narrow_width(handle: sf.SoundFile) -> tuple[int, int] | None:
+    """``(declared, container)`` bits per sample of integer PCM declared narrower than its container, else ``None``."""
+    container = _CONTAINER_BITS.get(handle.subtype)
+    declared = _DECLARED_BITS.search(handle.extra_info)
+    if container is None or declared is None or int(declared[1]) >= container:
+        return None
+    return int(declared[1]), container
+
+
+def _first_misfit(block: np.ndarray, declared: int) -> int | None:
+    """The first frame of ``(frames, channels)`` int32 ``block`` with a bit set below its top ``declared``."""
+    padding = (1 << (_INT32_BITS - declared)) - 1
+    misfits = np.flatnonzero((block & padding).any(axis=1))
+    return int(misfits[0]) if len(misfits) else None
+
+
+def _int32_to_float(block: np.ndarray) -> np.ndarray:
+    """libsndfile's int32 samples as its float32 ones: full scale 2^31 -> 1.0 (exact below 25 bits)."""
+    return (block * 2.0**-31).astype(np.float32)
+
+
+def _misfit_reason(frame: int, sample_rate: int, declared: int, container: int) -> str:
+    """Why the sample at ``frame`` is refused: a padding bit below its ``declared`` of ``container`` bits is set."""
+    padding = container - declared
+    low = f"the low {padding} bit of" if padding == 1 else f"the low {padding} bits of"
+    return (
+        f"sample at frame {frame} ({frame / sample_rate:.3f} s) does not fit the header's {declared} bits per sample "
+        f"({low} its {container}-bit container {'is' if padding == 1 else 'are'} set): the data is not laid out as "
+        "the header says"
+    )
 
 
 def _read_error(path: Path, err: sf.LibsndfileError, offset: int, sample_rate: int) -> AudioError:
@@ -307,7 +356,8 @@ def load(path: str | os.PathLike, target_sr: int | None = TARGET_SR) -> tuple[np
 
     Raises:
         AudioError: missing, not audio, corrupt header or data, zero samples,
-            NaN/Inf or absurd samples, too many channels, a sample rate outside
+            NaN/Inf or absurd samples, samples wider than the bits per
+            sample the header declares, too many channels, a sample rate outside
             ``MIN_SAMPLE_RATE .. MAX_SAMPLE_RATE`` or one that cannot be
             resampled to ``target_sr`` in bounded memory; the message names the file.
         ValueError: ``target_sr`` not an integer in ``1 .. MAX_SAMPLE_RATE``.

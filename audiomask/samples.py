@@ -62,18 +62,25 @@ def check_samples(samples: np.ndarray, source: object, offset: int = 0, sample_r
 def as_samples(name: str, samples: object, *, source: object = None, offset: int = 0) -> np.ndarray:
     """``samples`` as a 1-D float32 numpy array (no copy when it already is one).
 
-    Integer PCM is refused rather than guessed at: front ends take samples in
-    [-1, 1] (what :func:`audiomask.audio.load` returns); NaN, Inf and absurd
-    values raise :class:`~audiomask.errors.AudioError`
-    (:func:`check_samples`, naming ``source``, default
-    ``name``, and the frame counted from ``offset``), so no front end turns
-    them into NaN features silently. Read-only arrays are copied: torch cannot wrap them.
+    Integer PCM is refused rather than guessed at, and so are bytes and text
+    (raw PCM is decoded by the caller, e.g. with ``np.frombuffer``): front
+    ends take samples in [-1, 1] (what :func:`audiomask.audio.load`
+    returns). NaN, Inf and absurd values raise
+    :class:`~audiomask.errors.AudioError` (:func:`check_samples`, naming
+    ``source``, default ``name``, and the frame counted from ``offset``), so
+    no front end turns them into NaN features silently. Read-only arrays are copied: torch cannot wrap them.
 
     >>> as_samples("samples", [0.0, float("nan")])
     Traceback (most recent call last):
     ...
     audiomask.errors.AudioError: samples: non-finite sample (nan) at frame 1 (0.000 s)
     """
+    if isinstance(samples, (bytes, bytearray, str)):
+        raise ValueError(
+            f"{name} must be a 1-D float array of {SAMPLE_RATE} Hz samples in [-1, 1], got {type(samples).__name__}: "
+            "bytes and text are not samples (decode raw 16-bit PCM with "
+            "np.frombuffer(data, np.int16).astype(np.float32) / 32768)"
+        )
     torch = sys.modules.get("torch")  # a tensor means torch is loaded: this module never imports it
     is_tensor = torch is not None and isinstance(samples, torch.Tensor)
     array = samples.detach().cpu().numpy() if is_tensor else np.asarray(samples)

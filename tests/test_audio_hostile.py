@@ -48,6 +48,7 @@ from audiomask.audio import (
     load,
 )
 from audiomask.features import Phi4MMFrontend, WhisperFrontend
+from audiomask.samples import as_samples
 
 ULP = float(np.spacing(np.float32(1.0)))  # iter_blocks' documented bound against load
 BLOCK_SAMPLES = 4000
@@ -421,3 +422,68 @@ def test_check_samples_names_the_source_and_position():
     with pytest.raises(AudioError, match=r"^live: sample 3e\+09 at frame 1 \(0\.000 s\) is beyond \+-2\^31"):
         check_samples(np.array([0.0, 3e9], np.float32), "live")
     check_samples(np.array([MAX_SAMPLE_MAGNITUDE, -MAX_SAMPLE_MAGNITUDE, 2.0**-149], np.float32), "live")
+
+
+def wav_declaring(bits_per_sample: int, data: bytes, rate: int = TARGET_SR) -> bytes:
+    """A mono WAVE_FORMAT_PCM file declaring ``bits_per_sample`` (in containers of whole bytes) around ``data``."""
+    block_align = -(-bits_per_sample // 8)
+    fmt = struct.pack("<HHIIHH", 1, 1, rate, rate * block_align, block_align, bits_per_sample)
+    body = b"WAVEfmt " + struct.pack("<I", len(fmt)) + fmt + b"data" + struct.pack("<I", len(data)) + data
+    return b"RIFF" + struct.pack("<I", len(body)) + body
+
+
+@pytest.mark.parametrize(("bits", "container"), [(7, 8), (12, 16), (20, 24), (28, 32)])
+def test_narrow_samples_in_wider_containers_read_as_the_wav_spec_lays_them_out(tmp_path, bits, container):
+    """WAVE PCM puts a sample of fewer bits than its container in the container's high bits, the rest zero."""
+    width = container // 8
+    rng = np.random.default_rng(bits)
+    values = rng.integers(0, 2**bits, 4000, dtype=np.int64) << (container - bits)
+    data = b"".join(int(v).to_bytes(width, "little") for v in values)
+    if container > 8:  # signed, two's complement in the container's bytes
+        data = b"".join(int(v - 2 ** (container - 1)).to_bytes(width, "little", signed=True) for v in values)
+    narrow, whole = tmp_path / "narrow.wav", tmp_path / "whole.wav"
+    narrow.write_bytes(wav_declaring(bits, data))
+    whole.write_bytes(wav_declaring(container, data))
+    expected, _ = load(whole)
+    assert np.array_equal(load(narrow)[0], expected)
+    assert np.array_equal(np.concatenate(list(iter_blocks(narrow, BLOCK_SAMPLES))), expected)
+
+
+@pytest.mark.parametrize(("bits", "container"), [(7, 8), (12, 16), (20, 24), (28, 32)])
+def test_narrow_samples_whose_padding_bits_are_set_are_refused(tmp_path, bits, container):
+    width = container // 8
+    samples = [0] * 5000 + [1] + [0] * 100  # frame 5000 sets the lowest (padding) bit of its container
+    path = tmp_path / "narrow.wav"
+    path.write_bytes(wav_declaring(bits, b"".join(v.to_bytes(width, "little") for v in samples)))
+    padding = container - bits
+    message = (
+        f"{path}: sample at frame 5000 (0.312 s) does not fit the header's {bits} bits per sample "
+        f"(the low {padding} bit{'s' if padding > 1 else ''} of its {container}-bit container "
+        f"{'are' if padding > 1 else 'is'} set): the data is not laid out as the header says"
+    )
+    for read in (load, lambda p: list(iter_blocks(p, BLOCK_SAMPLES))):
+        with pytest.raises(AudioError) as caught:
+            read(path)
+        assert str(caught.value) == message
+
+
+@pytest.mark.parametrize("value", [b"\x00\x01\x02\x03", bytearray(b"\x00\x01"), "0.1 0.2"])
+def test_bytes_and_text_are_not_samples(value):
+    kind = type(value).__name__
+    with pytest.raises(ValueError) as caught:
+        as_samples("samples for stream 'live'", value)
+    message = str(caught.value)
+    assert message.startswith(f"samples for stream 'live' must be a 1-D float array of {TARGET_SR} Hz samples")
+    assert f"got {kind}" in message and "np.frombuffer" in message
+
+
+def test_a_stream_given_bytes_says_what_to_pass(tiny_asr_model):
+    from audiomask.asr.recognizer import StreamingRecognizer
+
+    model = tiny_asr_model(time_reduction=4, chunk_size=8, left_chunk=4)
+    with StreamingRecognizer(model, overlap=False) as recognizer:
+        stream = recognizer.open_stream("live")
+        with pytest.raises(ValueError, match=r"^samples for stream 'live' must be a 1-D float array .* got bytes"):
+            stream.accept(b"\x00\x01")
+        stream.accept(np.zeros(1600, np.float32))  # the stream is still usable
+        stream.finish()
