@@ -173,7 +173,9 @@ def _missing_reason(path: Path) -> str | None:
             return "symbolic link loop (too many levels of symbolic links)"
         if err.errno == errno.ENOENT and path.is_symlink():
             return f"dangling symbolic link (to {os.readlink(path)}, which does not exist)"
-        return "no such file" if err.errno in (errno.ENOENT, errno.ENOTDIR) else f"cannot be read ({err.strerror})"
+        if err.errno == errno.ENOTDIR:
+            return "no such file (a part of its path is a file, not a directory)"
+        return "no such file" if err.errno == errno.ENOENT else f"cannot be read ({err.strerror})"
     return None
 
 
@@ -264,12 +266,11 @@ def _mono_blocks(handle: sf.SoundFile, path: Path, read_frames: int = READ_BLOCK
         if len(block) == 0:
             return
         if narrow:
-            misfit = _first_misfit(block, narrow[0])
+            block, misfit = _narrow_samples(block, narrow[0])
             if misfit is not None:
                 if misfit:
-                    yield _mono(_int32_to_float(block[:misfit]))
+                    yield _mono(block[:misfit])
                 raise _fail(path, _misfit_reason(offset + misfit, rate, *narrow))
-            block = _int32_to_float(block)
         samples = _mono(block)
         first = first_unusable(samples)
         if first is not None:
@@ -289,16 +290,12 @@ def _narrow_width(handle: sf.SoundFile) -> tuple[int, int] | None:
     return int(declared[1]), container
 
 
-def _first_misfit(block: np.ndarray, declared: int) -> int | None:
-    """The first frame of ``(frames, channels)`` int32 ``block`` with a bit set below its top ``declared``."""
+def _narrow_samples(block: np.ndarray, declared: int) -> tuple[np.ndarray, int | None]:
+    """``(frames, channels)`` int32 ``block`` as libsndfile's float32 samples (full scale 2^31 -> 1.0, exact
+    below 25 bits), and its first frame with a bit set below its top ``declared`` (``None``: there is none)."""
     padding = (1 << (_INT32_BITS - declared)) - 1
     misfits = np.flatnonzero((block & padding).any(axis=1))
-    return int(misfits[0]) if len(misfits) else None
-
-
-def _int32_to_float(block: np.ndarray) -> np.ndarray:
-    """libsndfile's int32 samples as its float32 ones: full scale 2^31 -> 1.0 (exact below 25 bits)."""
-    return (block * 2.0**-31).astype(np.float32)
+    return (block * 2.0**-31).astype(np.float32), (int(misfits[0]) if len(misfits) else None)
 
 
 def _misfit_reason(frame: int, sample_rate: int, declared: int, container: int) -> str:

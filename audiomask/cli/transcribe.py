@@ -56,20 +56,35 @@ class _Source:
     error: str | None = None
 
 
+def _is_dir(path: Path) -> bool:
+    """Whether ``path`` is a directory; ``False`` where it cannot be checked (the audio reader then says why)."""
+    try:
+        return stat.S_ISDIR(os.stat(path).st_mode)
+    except OSError:  # a name too long, a directory it may not enter, a link loop, ...
+        return False
+
+
 def _sources(arguments: Sequence[str]) -> list[_Source]:
-    """The files the arguments name, in order: ``-`` is stdin, a directory its audio files (sorted)."""
+    """The files the arguments name, in order: ``-`` is stdin, a directory its audio files (sorted).
+
+    A path that cannot be checked is a source that fails when read, and a directory that cannot be
+    listed is one with its error: neither stops the others.
+    """
     sources = []
     for argument in arguments:
         if argument == STDIN:
             sources.append(_Source(STDIN))
             continue
         path = Path(argument)
-        if not path.is_dir():
+        if not _is_dir(path):
             sources.append(_Source(str(path), path))
             continue
-        found = sorted(
-            entry for entry in path.iterdir() if entry.suffix.lower() in AUDIO_SUFFIXES and not entry.is_dir()
-        )
+        try:
+            entries = list(path.iterdir())
+        except OSError as error:
+            sources.append(_Source(str(path), error=f"directory cannot be listed ({error.strerror})"))
+            continue
+        found = sorted(entry for entry in entries if entry.suffix.lower() in AUDIO_SUFFIXES and not _is_dir(entry))
         if not found:
             suffixes = " ".join(sorted(AUDIO_SUFFIXES))
             sources.append(_Source(str(path), error=f"directory without audio files (suffixes: {suffixes})"))
