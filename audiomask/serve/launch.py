@@ -35,6 +35,7 @@ import math
 import multiprocessing
 import os
 import signal
+import socket
 import sys
 import threading
 from types import FrameType
@@ -59,10 +60,18 @@ def serve(settings: ServeSettings, *, reuse_port: bool = False) -> int:
 
     With WebSocket workers (``settings.ws_workers``, by default on CUDA) they serve the connections and this
     process the recognizer (:mod:`audiomask.serve.workers`); otherwise this process serves both
-    (:mod:`audiomask.serve.server`). The address is bound once the model is loaded; ``reuse_port``: with
-    ``SO_REUSEPORT``, beside the other replicas. Raises ``ValueError`` naming the option for a bad model,
-    device, setting or address.
+    (:mod:`audiomask.serve.server`). The address is bound first (it listens once the model is loaded and the
+    start-up line printed), so that an address it cannot have is an error before anything else;
+    ``reuse_port``: beside the other replicas (``SO_REUSEPORT``). ``--port 0`` is the port bound. Raises
+    ``ValueError`` naming the option for a bad model, device, setting or address.
     """
+    listener = listen_socket(settings, join=reuse_port)
+    with listener:  # closed here if the model cannot be loaded; the server closes it when it stops
+        return _serve_on(dataclasses.replace(settings, port=listener.getsockname()[1]), listener)
+
+
+def _serve_on(settings: ServeSettings, listener: socket.socket) -> int:
+    """:func:`serve` once ``listener`` is bound to ``settings``' address."""
     import torch
 
     from audiomask.serve.engine import build_recognizer
@@ -79,7 +88,6 @@ def serve(settings: ServeSettings, *, reuse_port: bool = False) -> int:
         flush=True,
     )
     with recognizer:
-        listener = listen_socket(settings, reuse_port=True) if reuse_port else None
         if workers:
             return run_with_workers(settings, recognizer, workers, listener)
         return run(settings, recognizer, listener)
@@ -141,7 +149,7 @@ def serve_replicas(settings: ServeSettings, replicas: int) -> int:
     check_int("--replicas", replicas, minimum=1)
     devices = _replica_devices(settings.device, replicas)
     # Bound, never listening: it takes no connection, and holds the port (one picked for --port 0) for the
-    # replicas' own sockets until the server stops.
+    # replicas' own sockets until the server stops; bound only where no other server's sockets are.
     reservation = listen_socket(settings, reuse_port=True)
     port = reservation.getsockname()[1]
     each = replica_settings(dataclasses.replace(settings, port=port), replicas, devices, available_cores())

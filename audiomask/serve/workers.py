@@ -71,22 +71,32 @@ def resolve_ws_workers(settings: ServeSettings, device: str) -> int:
     return max(1, (os.cpu_count() or 1) // CORES_PER_WS_WORKER)
 
 
-def listen_socket(settings: ServeSettings, *, reuse_port: bool = False) -> socket.socket:
-    """The TCP socket the workers share, bound to ``--host``/``--port`` (``ValueError`` naming them if it cannot be).
+def listen_socket(settings: ServeSettings, *, reuse_port: bool = False, join: bool = False) -> socket.socket:
+    """A TCP socket bound to ``--host``/``--port`` (not listening yet); ``ValueError`` naming the address and
+    the reason when it cannot be bound (in use, not an address of this machine, not a host name).
 
-    ``reuse_port``: other sockets may bind the same address with it too (``SO_REUSEPORT``), and the kernel
-    spreads new connections evenly over those that listen (the replicas of :mod:`audiomask.serve.launch`).
+    The bind fails where any other socket holds the address, one with ``SO_REUSEPORT`` included (another
+    server's replicas), unless ``join``: then it binds beside the sockets that share the address by
+    ``SO_REUSEPORT`` (a replica beside its supervisor's reservation). ``reuse_port`` (implied by ``join``):
+    once bound, sockets that ``join`` may bind the address too, and the kernel spreads new connections evenly
+    over those that listen (the replicas of :mod:`audiomask.serve.launch`). Linux checks a bound socket's
+    ``SO_REUSEPORT`` when the next one binds, so setting it after the bind lets replicas join an address that
+    was free when it was reserved.
     """
     family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    if reuse_port:
+    if join:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         sock.bind((settings.host, settings.port))
     except OSError as error:
         sock.close()
-        raise ValueError(f"--host {settings.host} --port {settings.port}: cannot listen there ({error})") from None
+        address = f"[{settings.host}]" if family == socket.AF_INET6 else settings.host
+        reason = (error.strerror or str(error)).lower()
+        raise ValueError(f"cannot listen on {address}:{settings.port} (--host, --port): {reason}") from None
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.set_inheritable(True)
     return sock
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import signal
+import socket
 import subprocess
 import sys
 import urllib.error
@@ -18,6 +19,7 @@ from audiomask.serve.client import DEFAULT_MESSAGE_SAMPLES, stream_audio
 CLI_TIMEOUT_S = 60.0
 SIGTERM_AFTER_S = 1.0  # seconds into a 3 s sample streamed at real time: after the first partial
 STOP_TIMEOUT_S = 15.0
+UNASSIGNED_ADDRESS = "192.0.2.1"  # TEST-NET-1 (RFC 5737): no interface of this machine has it
 
 
 def test_health_reports_the_ready_server_and_the_page_is_served(served):
@@ -164,6 +166,50 @@ def test_bad_options_are_one_line_and_exit_2(arguments, words):
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and result.stderr.startswith("audiomask: error: "), result.stderr
     assert words in result.stderr
+
+
+@pytest.fixture
+def held_port():
+    """A loopback port that a listening socket of another server holds (with ``SO_REUSEPORT`` when asked)."""
+    holders = []
+
+    def hold(reuse_port: bool) -> int:
+        holder = socket.socket()
+        holders.append(holder)
+        if reuse_port:
+            holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        return holder.getsockname()[1]
+
+    yield hold
+    for holder in holders:
+        holder.close()
+
+
+@pytest.mark.parametrize(
+    ("holder", "replicas"),
+    # another program's socket; another `audiomask serve --replicas`' (SO_REUSEPORT); an address not of this host
+    [("plain", "1"), ("reuse-port", "2"), ("no-such-address", "1")],
+)
+def test_an_address_it_cannot_listen_on_is_one_line_and_exit_2_before_any_banner(held_port, holder, replicas):
+    if holder == "no-such-address":
+        host, port = UNASSIGNED_ADDRESS, 0
+        words = f"{UNASSIGNED_ADDRESS}:0"
+    else:
+        host, port = "127.0.0.1", held_port(reuse_port=holder == "reuse-port")
+        words = f"127.0.0.1:{port}"
+    result = subprocess.run(
+        [sys.executable, "-m", "audiomask", "serve", "--host", host, "--port", str(port), "--replicas", replicas]
+        + ["--device", "cpu"],
+        capture_output=True,
+        text=True,
+        timeout=CLI_TIMEOUT_S,
+        check=False,
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("audiomask: error: "), result.stderr
+    assert words in result.stderr and "cannot listen" in result.stderr, result.stderr
 
 
 def test_the_engine_freezes_what_it_loaded_and_lowers_the_switch_interval_on_the_cpu_never_raising_it():
