@@ -45,7 +45,7 @@ import sys
 from collections.abc import Sequence
 
 import audiomask
-from audiomask.cli.common import EXIT_BAD_FILE, EXIT_OK, EXIT_USAGE, OutputError, plain
+from audiomask.cli.common import EXIT_OK, EXIT_USAGE, OutputError, plain
 from audiomask.cli.demo import bench
 from audiomask.cli.demo import demo as run_demo
 from audiomask.cli.info import info as run_info
@@ -141,9 +141,9 @@ def _quiet_stdout() -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; return the exit status.
 
-    0 success, 1 a bad file, a failed check or results that cannot be
-    written, 2 a user error (a closed stdout included), 128 + N ended by
-    signal N (130 Ctrl-C, 143 SIGTERM).
+    0 success, 1 a bad file or a failed check, 2 a user error or results
+    that cannot be written (stdout closed, full or failing), 128 + N ended
+    by signal N (130 Ctrl-C, 143 SIGTERM).
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     _reopen_closed_fds()
@@ -169,7 +169,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OutputError as error:
         _error(str(error))
         _quiet_stdout()
-        return EXIT_BAD_FILE
+        return EXIT_USAGE
     except BrokenPipeError:  # the reader went away (`audiomask transcribe ... | head`): not an error of ours
         _quiet_stdout()
         return EXIT_OK

@@ -14,7 +14,11 @@ _REST_MARKUP = re.compile(r":\w+:`~(?:[\w.]*\.)?([^`]+)`|:\w+:`([^`]+)`|``([^`]+
 
 
 class OutputError(Exception):
-    """A result line could not be written (stdout closed, full, or failing): nothing more can be delivered."""
+    """A result line could not be written (stdout closed, full, or failing): nothing more can be delivered.
+
+    The run ends with status :data:`EXIT_USAGE`, as for a closed stdout: :data:`EXIT_BAD_FILE` would say
+    that the other files' results were delivered.
+    """
 
 
 def write_line(stream: TextIO, line: str) -> None:

@@ -65,13 +65,6 @@ def test_closed_stderr_still_transcribes(model_path: Path) -> None:
     assert result.stdout.startswith(f"{HELLO}\t")
 
 
-@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
-def test_full_stdout_is_one_line_and_status_1(model_path: Path) -> None:
-    result = shell(f"$CLI transcribe {HELLO} --model {model_path} > /dev/full")
-    assert result.returncode == 1
-    assert result.stderr == "audiomask: error: cannot write to <stdout>: No space left on device\n"
-
-
 @pytest.mark.parametrize(
     ("arguments", "message"),
     [
