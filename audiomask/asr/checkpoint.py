@@ -37,6 +37,7 @@ import dataclasses
 import json
 import math
 import os
+import stat
 from collections.abc import Mapping
 from importlib.resources import files
 from pathlib import Path
@@ -44,12 +45,14 @@ from typing import Any
 
 import torch
 
+from audiomask.asr.capacity import MAX_CHUNK_MS, MAX_CONTEXT_MS
 from audiomask.asr.decoding import CharTokenizer
 from audiomask.asr.model import ASRModel
 from audiomask.checks import check_int
 from audiomask.constants import FRAME_MS
 from audiomask.models import Phi4MMAudioConfig, Phi4MMEncoder
 from audiomask.models.ctc import CTCHead
+from audiomask.models.pretrained import encoder_shapes, shape_mismatch
 
 __all__ = ["DEFAULT_MODEL_PATH", "FORMAT", "SHIPPED_ENCODER_CONFIG", "load_model", "model_info", "save_model"]
 
@@ -78,6 +81,14 @@ STORAGE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # what floating
 _ENCODER_PREFIX = "encoder."
 _HEAD_PREFIX = "head."
 _REQUIRED_METADATA = ("format", "encoder_config", "alphabet")
+# What a path that is no regular file is, by its st_mode: named, never opened (a FIFO would block).
+_FILE_KINDS = (
+    (stat.S_ISDIR, "is a directory, not a model file"),
+    (stat.S_ISCHR, "not a regular file (a character device)"),
+    (stat.S_ISBLK, "not a regular file (a block device)"),
+    (stat.S_ISFIFO, "not a regular file (a named pipe)"),
+    (stat.S_ISSOCK, "not a regular file (a socket)"),
+)
 
 
 def _token_ms(config: Phi4MMAudioConfig) -> int:
@@ -92,13 +103,22 @@ def _check_dtype(name: str, dtype: object) -> torch.dtype:
 
 
 def _streaming_defaults(config: Phi4MMAudioConfig, chunk_ms: int | None, left_chunks: int | None) -> dict[str, int]:
-    """The ``chunk_ms`` / ``left_chunks`` metadata: those given, else the config's (none for full attention)."""
+    """The ``chunk_ms`` / ``left_chunks`` metadata: those given, else the config's (none for full attention).
+
+    Within what a recognizer accepts: a chunk of at most ``MAX_CHUNK_MS``, a
+    context of at most ``MAX_CONTEXT_MS`` (:mod:`audiomask.asr.capacity`).
+    """
     unit = _token_ms(config)
     if chunk_ms is None:
         chunk_ms = config.chunk_size * unit if config.chunk_size >= 1 else None
-    elif check_int("chunk_ms", chunk_ms, minimum=1) % unit:
+    if chunk_ms is not None and check_int("chunk_ms", chunk_ms, minimum=1, maximum=MAX_CHUNK_MS) % unit:
         raise ValueError(f"chunk_ms must be a multiple of {unit} (one encoder token), got {chunk_ms}")
     left_chunks = config.left_chunk if left_chunks is None else check_int("left_chunks", left_chunks, minimum=0)
+    if chunk_ms is not None and (left_chunks + 1) * chunk_ms > MAX_CONTEXT_MS:
+        raise ValueError(
+            f"left_chunks {left_chunks} with chunk_ms {chunk_ms}: a stream attends to (left_chunks + 1) * chunk_ms "
+            f"= {(left_chunks + 1) * chunk_ms} ms of audio, which exceeds MAX_CONTEXT_MS = {MAX_CONTEXT_MS}"
+        )
     return {"left_chunks": left_chunks} | ({} if chunk_ms is None else {"chunk_ms": chunk_ms})
 
 
@@ -151,14 +171,20 @@ def save_model(
 
 
 def _resolve(path: str | os.PathLike | None) -> Path:
-    """``path`` as a :class:`Path` (``None``: the shipped model); a missing file is a ``ValueError``."""
+    """``path`` as a :class:`Path` (``None``: the shipped model); anything but a regular file is a ``ValueError``."""
     resolved = DEFAULT_MODEL_PATH if path is None else Path(path)
-    if not resolved.is_file():
+    try:
+        mode = os.stat(resolved).st_mode
+    except OSError as error:
         if path is None:
             raise ValueError(
                 f"the shipped model {str(resolved)!r} is missing from this install (pass a model file: load_model(path), audiomask ... --model PATH)"
-            )
-        reason = "is a directory, not a model file" if resolved.is_dir() else "no such file"
+            ) from None
+        missing = isinstance(error, (FileNotFoundError, NotADirectoryError))
+        reason = "no such file" if missing else f"cannot be read ({error.strerror})"
+        raise ValueError(f"model {str(resolved)!r}: {reason}") from None
+    reason = next((reason for is_kind, reason in _FILE_KINDS if is_kind(mode)), None)
+    if reason:
         raise ValueError(f"model {str(resolved)!r}: {reason}")
     return resolved
 
@@ -205,7 +231,28 @@ def _read_header(path: str | os.PathLike | None) -> _Header:
     card = _json_field(resolved, metadata, "card")
     if not isinstance(card, dict):
         raise ValueError(f"model {str(resolved)!r}: metadata 'card' must be a JSON object, got {type(card).__name__}")
+    _check_shapes(resolved, config, tokenizer, shapes)
     return _Header(resolved, metadata, shapes, dtypes, config, tokenizer, card)
+
+
+def _check_shapes(
+    path: Path, config: Phi4MMAudioConfig, tokenizer: CharTokenizer, shapes: dict[str, list[int]]
+) -> None:
+    """Refuse stray tensors, a config beyond the bounds of ``encoder_shapes`` and tensors that do not fit it."""
+    stray = sorted(name for name in shapes if not name.startswith((_ENCODER_PREFIX, _HEAD_PREFIX)))
+    if stray:
+        raise ValueError(f"model {str(path)!r}: tensors outside encoder./head.: {stray[:4]}")
+    try:
+        encoder = encoder_shapes(config)
+    except ValueError as error:
+        raise ValueError(f"model {str(path)!r}: {error}") from None
+    with torch.device("meta"):
+        head = CTCHead(config.hidden_size, tokenizer.vocab_size).state_dict()
+    expected = {_ENCODER_PREFIX + name: shape for name, shape in encoder.items()}
+    expected |= {_HEAD_PREFIX + name: tuple(tensor.shape) for name, tensor in head.items()}
+    mismatch = shape_mismatch(expected, shapes)
+    if mismatch:
+        raise ValueError(f"model {str(path)!r}: the weights do not fit the stored config: {mismatch}")
 
 
 def _json_field(path: Path, metadata: Mapping[str, str], key: str) -> Any:
@@ -251,7 +298,12 @@ def model_info(path: str | os.PathLike | None = None) -> dict[str, Any]:
     ``None`` for a full-attention model without one), ``parameters`` (number of
     stored elements, buffers included), ``dtypes`` (sorted storage dtype names),
     ``size_bytes`` (of the file) and ``card`` (dict). A missing, unreadable or
-    foreign file is a ``ValueError`` naming the path.
+    foreign file, or one that is no regular file (a device, a named pipe: never
+    opened), is a ``ValueError`` naming the path; so is a config beyond the
+    bounds of :func:`~audiomask.models.pretrained.encoder_shapes` or streaming
+    defaults beyond the recognizer's (``MAX_CHUNK_MS``, ``MAX_CONTEXT_MS``),
+    and tensors whose names or shapes do not fit the config, all told from
+    the header, before anything is allocated.
     """
     header = _read_header(path)
     config = header.config
@@ -276,14 +328,12 @@ def load_model(path: str | os.PathLike | None = None, *, dtype: torch.dtype = to
     The encoder config's ``chunk_size`` / ``left_chunk`` are the file's
     streaming defaults, so ``StreamingRecognizer(load_model())`` streams with
     them. Raises ``ValueError`` naming the path for a missing, unreadable or
-    foreign file and for weights that do not fit the stored config.
+    foreign file and for weights that do not fit the stored config, as
+    :func:`model_info` checks them: before any weight is read.
     """
     dtype = _check_dtype("dtype", dtype)
     header = _read_header(path)
     resolved, config, tokenizer = header.path, header.config, header.tokenizer
-    stray = sorted(name for name in header.shapes if not name.startswith((_ENCODER_PREFIX, _HEAD_PREFIX)))
-    if stray:
-        raise ValueError(f"model {str(resolved)!r}: tensors outside encoder./head.: {stray[:4]}")
     from safetensors.torch import load_file
 
     tensors = load_file(str(resolved))
@@ -293,9 +343,6 @@ def load_model(path: str | os.PathLike | None = None, *, dtype: torch.dtype = to
     }
     encoder = Phi4MMEncoder(config)
     head = CTCHead(config.hidden_size, tokenizer.vocab_size)
-    try:
-        encoder.load_state_dict(parts[_ENCODER_PREFIX])
-        head.load_state_dict(parts[_HEAD_PREFIX])
-    except RuntimeError as error:
-        raise ValueError(f"model {str(resolved)!r}: the weights do not fit the stored config: {error}") from None
+    encoder.load_state_dict(parts[_ENCODER_PREFIX])  # the shapes were checked with the header
+    head.load_state_dict(parts[_HEAD_PREFIX])
     return ASRModel(encoder.to(dtype).eval(), head.to(dtype).eval(), tokenizer)

@@ -11,14 +11,28 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from audiomask.checks import check_int
 from audiomask.models.layers import config_from_dict, positive_fields
 
-__all__ = ["CONV_STAGES", "Phi4MMAudioConfig", "Qwen3ASRConfig", "conv_size"]
+__all__ = [
+    "CONV_STAGES",
+    "MAX_ENCODER_BLOCKS",
+    "MAX_ENCODER_PARAMETERS",
+    "Phi4MMAudioConfig",
+    "Qwen3ASRConfig",
+    "conv_size",
+]
 
 CONV_STAGES = 3  # Qwen3-ASR: conv2d kernel 3, stride 2, padding 1, per chunk
+# Bounds on an encoder that a file describes (a model file's metadata, a checkpoint's config.json),
+# checked before anything is built from it (:func:`audiomask.models.pretrained.encoder_shapes`).
+# Blocks: each is built as modules of its own (~20 ms a block even on the meta device), so depth also
+# bounds the time the check takes; the encoders in use have 24 (Phi-4MM, Qwen3-ASR) blocks.
+MAX_ENCODER_BLOCKS = 128
+# Parameters and buffers: 2^32 (16 GiB in float32) is ten times the largest encoder in use (Phi-4MM's, 441M).
+MAX_ENCODER_PARAMETERS = 2**32
 
 
 def conv_size(size: int) -> int:
@@ -38,6 +52,22 @@ class Phi4MMAudioConfig:
     >>> Phi4MMAudioConfig().nemo_final_size  # 80 mel bins after three stride-2 convs
     10
     """
+
+    DEPTH_FIELD: ClassVar[str] = "num_blocks"  # the field that counts the blocks
+    SIZE_FIELDS: ClassVar[tuple[str, ...]] = (  # the integer fields that are sizes, each >= 1
+        "hidden_size",
+        "intermediate_size",
+        "num_blocks",
+        "num_attention_heads",
+        "ext_pw_out_channel",
+        "depthwise_separable_out_channel",
+        "depthwise_multiplier",
+        "kernel_size",
+        "input_size",
+        "time_reduction",
+        "bias_max_distance",
+        "nemo_conv_channels",
+    )
 
     hidden_size: int = 1024
     intermediate_size: int = 1536
@@ -60,21 +90,7 @@ class Phi4MMAudioConfig:
     nemo_conv_channels: int = 1024
 
     def __post_init__(self) -> None:
-        positive_fields(
-            self,
-            "hidden_size",
-            "intermediate_size",
-            "num_blocks",
-            "num_attention_heads",
-            "ext_pw_out_channel",
-            "depthwise_separable_out_channel",
-            "depthwise_multiplier",
-            "kernel_size",
-            "input_size",
-            "time_reduction",
-            "bias_max_distance",
-            "nemo_conv_channels",
-        )
+        positive_fields(self, *self.SIZE_FIELDS)
         check_int("chunk_size", self.chunk_size)
         check_int("left_chunk", self.left_chunk, minimum=0)
         if self.hidden_size % self.num_attention_heads:
@@ -117,6 +133,19 @@ class Qwen3ASRConfig:
     104
     """
 
+    DEPTH_FIELD: ClassVar[str] = "encoder_layers"  # the field that counts the blocks
+    SIZE_FIELDS: ClassVar[tuple[str, ...]] = (  # the integer fields that are sizes, each >= 1
+        "num_mel_bins",
+        "encoder_layers",
+        "encoder_attention_heads",
+        "encoder_ffn_dim",
+        "d_model",
+        "n_window",
+        "n_window_infer",
+        "downsample_hidden_size",
+        "max_position_embeddings",
+    )
+
     num_mel_bins: int = 128
     encoder_layers: int = 24
     encoder_attention_heads: int = 16
@@ -129,18 +158,7 @@ class Qwen3ASRConfig:
     max_position_embeddings: int = 13  # sinusoidal positions per chunk
 
     def __post_init__(self) -> None:
-        positive_fields(
-            self,
-            "num_mel_bins",
-            "encoder_layers",
-            "encoder_attention_heads",
-            "encoder_ffn_dim",
-            "d_model",
-            "n_window",
-            "n_window_infer",
-            "downsample_hidden_size",
-            "max_position_embeddings",
-        )
+        positive_fields(self, *self.SIZE_FIELDS)
         if self.d_model % self.encoder_attention_heads or self.d_model % 2:
             raise ValueError(
                 f"d_model must be even (sin and cos positions) and a multiple of encoder_attention_heads "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -161,12 +162,76 @@ def test_foreign_or_inconsistent_metadata_is_a_clear_error(
 
 def test_weights_that_do_not_fit_the_config(model: ASRModel, tmp_path: Path) -> None:
     wider = json.dumps({**dataclasses.asdict(model.encoder.config), "intermediate_size": 32})
-    path = _metadata_variant(model, tmp_path, encoder_config=wider)
-    with pytest.raises(ValueError, match="the weights do not fit the stored config") as caught:
-        load_model(path)
-    assert str(path) in str(caught.value)
-    with pytest.raises(ValueError, match="bad alphabet|do not fit"):  # a longer alphabet: the head's rows differ
-        load_model(_metadata_variant(model, tmp_path, alphabet=model.tokenizer.alphabet + "-"))
+    deeper = json.dumps({**dataclasses.asdict(model.encoder.config), "num_blocks": 3})
+    cases = [
+        (wider, None, "encoder.encoders.0.feed_forward_in.down_proj.weight is (16, 24) in the file, (16, 32) by the"),
+        (deeper, None, "encoder.encoders.2.conv.dw_sep_conv_1d.dw_conv.bias and 35 more are missing"),
+        (
+            None,
+            model.tokenizer.alphabet + "-",
+            "head.proj.bias is (29,) in the file, (30,) by the config (and 1 more tensor)",
+        ),
+    ]
+    for encoder_config, alphabet, message in cases:
+        changes = {"encoder_config": encoder_config} if encoder_config else {"alphabet": alphabet}
+        path = _metadata_variant(model, tmp_path, **changes)
+        for read in (load_model, model_info):  # told from the header, before any weight is read
+            with pytest.raises(ValueError) as caught:
+                read(path)
+            assert str(caught.value).startswith(f"model {str(path)!r}: the weights do not fit the stored config: ")
+            assert message in str(caught.value) and "\n" not in str(caught.value)
+
+
+WIDE = 65536
+# Metadata asking for absurd sizes, and what the error names: refused before anything is allocated.
+ABSURD = {
+    "left_chunks": (
+        {"left_chunks": "99999999"},
+        "left_chunks 99999999 with chunk_ms 320: a stream attends to (left_chunks + 1) * chunk_ms = "
+        "32000000000 ms of audio, which exceeds MAX_CONTEXT_MS = 600000",
+    ),
+    "chunk_ms": ({"chunk_ms": "99999960"}, "chunk_ms must be <= 60000, got 99999960"),
+    "hidden_size": (
+        {"hidden_size": WIDE, "ext_pw_out_channel": WIDE, "depthwise_separable_out_channel": WIDE},
+        f"hidden_size {WIDE}, ext_pw_out_channel {WIDE}, depthwise_separable_out_channel {WIDE} "
+        "(beyond the released model's) make an encoder of 68,747,067,924 parameters, which exceeds "
+        "MAX_ENCODER_PARAMETERS = 4,294,967,296",
+    ),
+    "num_blocks": ({"num_blocks": 10**8}, "num_blocks 100000000 exceeds MAX_ENCODER_BLOCKS = 128"),
+    "bias_max_distance": ({"bias_max_distance": 10**10}, "bias_max_distance 10000000000 (beyond the released"),
+    "nemo_conv_channels": ({"nemo_conv_channels": 10**6}, "nemo_conv_channels 1000000 (beyond the released"),
+    "kernel_size": ({"kernel_size": 10**8}, "dw_conv.weight is (16, 1, 3) in the file, (16, 1, 100000000) by the"),
+    "input_size": ({"input_size": 10**8}, "the weights do not fit the stored config: "),
+    "time_reduction": ({"time_reduction": 2**40}, "chunk_ms must be a multiple of"),
+    "negative": ({"num_attention_heads": -2}, "num_attention_heads must be >= 1, got -2"),
+}
+HEADROOM_BYTES = 512 * 2**20  # what reading a tiny model may map: far less than any absurd size asks
+
+
+@pytest.mark.parametrize("case", list(ABSURD))
+def test_absurd_sizes_are_refused_naming_the_field(
+    model: ASRModel, tmp_path: Path, case: str, bounded_address_space
+) -> None:
+    changes, message = ABSURD[case]
+    config = dataclasses.asdict(model.encoder.config)
+    metadata = {key: value for key, value in changes.items() if key in ("chunk_ms", "left_chunks")}
+    config.update({key: value for key, value in changes.items() if key not in metadata})
+    path = _metadata_variant(model, tmp_path, encoder_config=json.dumps(config), **metadata)
+    for read in (load_model, model_info):
+        with bounded_address_space(HEADROOM_BYTES), pytest.raises(ValueError) as caught:
+            read(path)
+        assert str(caught.value).startswith(f"model {str(path)!r}: ") and message in str(caught.value)
+        assert "\n" not in str(caught.value)
+
+
+def test_a_model_that_is_not_a_regular_file_is_never_opened(tmp_path: Path) -> None:
+    fifo = tmp_path / "model.fifo"
+    os.mkfifo(fifo)  # no writer: opening it would block
+    for path, kind in ((Path("/dev/urandom"), "a character device"), (fifo, "a named pipe")):
+        for read in (load_model, model_info):
+            with pytest.raises(ValueError) as caught:
+                read(path)
+            assert str(caught.value) == f"model {str(path)!r}: not a regular file ({kind})"
 
 
 def test_stray_tensors_are_not_silently_dropped(model: ASRModel, tmp_path: Path) -> None:

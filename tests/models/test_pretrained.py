@@ -140,8 +140,33 @@ def test_weights_that_do_not_fit_the_config(saved_encoders, tmp_path):
     _, qwen, _ = saved_encoders
     qwen.save_pretrained(tmp_path)
     edit_config(tmp_path, d_model=32)
-    with pytest.raises(ValueError, match="the weights do not fit the config"):
+    with pytest.raises(ValueError) as caught:
         from_pretrained(tmp_path)
+    message = str(caught.value)
+    assert message.startswith(f"path {str(tmp_path)!r}: the weights do not fit the config: ")
+    assert "conv_out.weight is (16, 64) in the file, (32, 64) by the config (and " in message and "\n" not in message
+
+
+HEADROOM_BYTES = 512 * 2**20  # what loading a tiny checkpoint may map: far less than any absurd size asks
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"encoder_layers": 10**8}, "encoder_layers 100000000 exceeds MAX_ENCODER_BLOCKS = 128"),
+        ({"d_model": 2**20, "encoder_ffn_dim": 2**20}, "encoder_ffn_dim 1048576, d_model 1048576 (beyond the released"),
+        ({"max_position_embeddings": 10**9}, "max_position_embeddings 1000000000 (beyond the released model's)"),
+    ],
+)
+def test_absurd_sizes_are_refused_before_anything_is_built(
+    saved_encoders, tmp_path, changes, message, bounded_address_space
+):
+    _, qwen, _ = saved_encoders
+    qwen.save_pretrained(tmp_path)
+    edit_config(tmp_path, **changes)
+    with bounded_address_space(HEADROOM_BYTES), pytest.raises(ValueError) as caught:
+        from_pretrained(tmp_path)
+    assert str(caught.value).startswith(f"path {str(tmp_path)!r}: ") and message in str(caught.value)
 
 
 def test_weights_of_another_model(saved_encoders, tmp_path):
