@@ -17,9 +17,12 @@ from audiomask.cli.common import EXIT_USAGE
 from audiomask.serve.settings import (
     DEFAULT_DTYPE,
     DEFAULT_ENDPOINT_SILENCE_S,
+    DEFAULT_HANDSHAKE_TIMEOUT_S,
     DEFAULT_IDLE_TIMEOUT_S,
     DEFAULT_MAX_CONNECTIONS,
     DEFAULT_MAX_MESSAGE_BYTES,
+    DEFAULT_MAX_MESSAGES_PER_S,
+    DEFAULT_MAX_PENDING_HANDSHAKES,
     DEFAULT_MAX_SEGMENT_S,
     DEFAULT_PORT,
     DTYPES,
@@ -70,6 +73,30 @@ def add_parser(commands: argparse._SubParsersAction, device_help: str, model_hel
         type=float,
         default=DEFAULT_IDLE_TIMEOUT_S,
         help=f"close a connection that sends nothing for this long (default {DEFAULT_IDLE_TIMEOUT_S:g})",
+    )
+    parser.add_argument(
+        "--handshake-timeout-s",
+        type=float,
+        default=DEFAULT_HANDSHAKE_TIMEOUT_S,
+        metavar="S",
+        help="close a TCP connection that has not sent a whole HTTP request (the WebSocket upgrade) this long "
+        f"after it was accepted (default {DEFAULT_HANDSHAKE_TIMEOUT_S:g})",
+    )
+    parser.add_argument(
+        "--max-pending-handshakes",
+        type=int,
+        default=DEFAULT_MAX_PENDING_HANDSHAKES,
+        metavar="N",
+        help="connections whose HTTP request has not all come, per server process; one more closes the one "
+        f"that has waited longest (default {DEFAULT_MAX_PENDING_HANDSHAKES})",
+    )
+    parser.add_argument(
+        "--max-messages-per-s",
+        type=float,
+        default=DEFAULT_MAX_MESSAGES_PER_S,
+        metavar="N",
+        help="messages a connection may send a second on average; more close it with 1008 "
+        f"(default {DEFAULT_MAX_MESSAGES_PER_S:g})",
     )
     parser.add_argument(
         "--frontend-workers",
@@ -146,6 +173,9 @@ def serve(args: argparse.Namespace) -> int:
         max_connections=args.max_connections,
         max_message_bytes=args.max_message_bytes,
         idle_timeout_s=args.idle_timeout_s,
+        handshake_timeout_s=args.handshake_timeout_s,
+        max_pending_handshakes=args.max_pending_handshakes,
+        max_messages_per_s=args.max_messages_per_s,
         frontend_workers=args.frontend_workers,
         ws_workers=args.ws_workers,
         max_wait_ms=args.max_wait_ms,

@@ -26,7 +26,8 @@ once for both:
   (every sample is fed first, and every segment ended before is sent), or
   when the server drains;
 - a client error (a message over ``--max-message-bytes``, a malformed message,
-  NaN/Inf samples, no message for ``--idle-timeout-s``) gets the protocol's
+  NaN/Inf samples, no message for ``--idle-timeout-s``, messages faster than
+  ``--max-messages-per-s``) gets the protocol's
   error message, then a close frame with a code that says which (and the
   message, cut to the 123 bytes a close reason holds); its stream is ended and
   freed, and nobody else notices. So is a client that disconnects mid-stream.
@@ -73,11 +74,12 @@ __all__ = [
 CLOSE_NORMAL = 1000
 CLOSE_UNSUPPORTED = 1003  # a kind of message the route does not take
 CLOSE_INVALID_DATA = 1007  # a message the route takes, with a payload it cannot use
-CLOSE_POLICY = 1008  # idle past the timeout
+CLOSE_POLICY = 1008  # idle past the timeout, messages over the rate
 CLOSE_TOO_BIG = 1009  # a message over --max-message-bytes
 CLOSE_INTERNAL_ERROR = 1011  # the recognizer failed
 MAX_CLOSE_REASON_BYTES = 123  # a close frame's payload is at most 125 bytes, 2 of them the code
 WAV_MAGIC = (b"RIFF", b"RIFX", b"RF64")  # how WAV files start: a file sent where raw samples belong
+MESSAGE_BURST_S = 1.0  # a connection's message allowance holds this many seconds of --max-messages-per-s
 
 
 class ClientError(Exception):
@@ -239,6 +241,9 @@ class _Session:
         self._interrupted = False  # ... and was cancelled to stop waiting
         self._idle = False  # ... because it waited --idle-timeout-s
         self._idle_timer: asyncio.TimerHandle | None = None
+        # A token bucket of messages: it fills at --max-messages-per-s up to MESSAGE_BURST_S of them.
+        self._allowance_max = self._allowance = engine.settings.max_messages_per_s * MESSAGE_BURST_S
+        self._allowance_at = asyncio.get_running_loop().time()
 
     def results(self, segments: list[Segment]) -> None:
         for segment in segments:
@@ -347,8 +352,23 @@ class _Session:
             raise self._client_error(self._error)
         return None
 
+    def _take_allowance(self) -> None:
+        """Count a message against ``--max-messages-per-s``: :class:`ClientError` (1008) once the bucket is empty."""
+        rate = self._engine.settings.max_messages_per_s
+        now = asyncio.get_running_loop().time()
+        self._allowance = min(self._allowance_max, self._allowance + (now - self._allowance_at) * rate)
+        self._allowance_at = now
+        if self._allowance < 1:
+            raise ClientError(
+                f"more than {rate:g} messages a second (--max-messages-per-s): send the audio in fewer, "
+                "larger messages",
+                CLOSE_POLICY,
+            )
+        self._allowance -= 1
+
     def _event(self, message: dict) -> Samples | Reply | End:
         """The protocol's event of a WebSocket message, after the checks every route shares."""
+        self._take_allowance()
         data, text = message.get("bytes"), message.get("text")
         size = len(data) if data is not None else len((text or "").encode())
         limit = self._engine.settings.max_message_bytes

@@ -23,9 +23,12 @@ from audiomask.checks import check_int
 __all__ = [
     "DEFAULT_DTYPE",
     "DEFAULT_ENDPOINT_SILENCE_S",
+    "DEFAULT_HANDSHAKE_TIMEOUT_S",
     "DEFAULT_IDLE_TIMEOUT_S",
     "DEFAULT_MAX_CONNECTIONS",
+    "DEFAULT_MAX_MESSAGES_PER_S",
     "DEFAULT_MAX_MESSAGE_BYTES",
+    "DEFAULT_MAX_PENDING_HANDSHAKES",
     "DEFAULT_MAX_SEGMENT_S",
     "DEFAULT_PORT",
     "DTYPES",
@@ -47,6 +50,17 @@ FLOAT32_BYTES = 4
 DEFAULT_MAX_MESSAGE_BYTES = 2**20  # 1 MiB a frame: 16 s of float32 samples, sherpa-onnx's default limit
 MIN_MESSAGE_BYTES = FLOAT32_BYTES  # one sample
 DEFAULT_IDLE_TIMEOUT_S = 30.0  # seconds without a message before a connection is closed
+# A TCP connection has this long to send a whole HTTP request head (the WebSocket upgrade request): on a
+# slow mobile link a handshake takes well under a second; a connection that says nothing holds a file.
+DEFAULT_HANDSHAKE_TIMEOUT_S = 10.0
+# Connections accepted whose request head has not all come, per server process (beyond it the one waiting
+# longest is closed): with --max-connections 64 and the server's own ~20 files, under the common limit of
+# 1,024 open files (ulimit -n).
+DEFAULT_MAX_PENDING_HANDSHAKES = 256
+# Messages a connection may send a second, on average over a second: sherpa-onnx's and WeNet's clients send
+# 10-100, the browser page 10 (100 ms frames), an AudioWorklet sending each 128-frame block ~375 at 48 kHz,
+# and a client replaying a file as fast as the server takes it a few hundred of 100 ms.
+DEFAULT_MAX_MESSAGES_PER_S = 1000.0
 # torch intra-op threads of a server process (or Ray replica): a chunk step's small matrices gain nothing
 # from more, and the front end and the event loop need the other cores (as for `audiomask transcribe`).
 SERVE_THREADS = 1
@@ -77,6 +91,13 @@ class ServeSettings:
         max_message_bytes: the largest WebSocket message a client may send, bytes.
         idle_timeout_s: seconds a connection may go without sending a message before it is closed
             (its stream then no longer holds the others' encoder steps).
+        handshake_timeout_s: seconds a TCP connection has, from its accept (or from the last response on a
+            kept-alive HTTP connection), to send a whole HTTP request head; then it is closed.
+        max_pending_handshakes: connections accepted whose request head has not all come, per server
+            process; one more closes the one that has waited longest (a bound on the files they hold).
+        max_messages_per_s: messages a connection may send a second, on average (a token bucket holding
+            one second of them); one over closes it with 1008 (each message costs the event loop that
+            the other connections share).
         frontend_workers: processes that compute the streams' features (each owns a share of the
             slots, at most ``max_connections``); ``0``: a thread of the server process; ``None``: a thread
             on the CPU, on CUDA the recognizer's default count of processes (one per four cores), since
@@ -108,6 +129,9 @@ class ServeSettings:
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
+    handshake_timeout_s: float = DEFAULT_HANDSHAKE_TIMEOUT_S
+    max_pending_handshakes: int = DEFAULT_MAX_PENDING_HANDSHAKES
+    max_messages_per_s: float = DEFAULT_MAX_MESSAGES_PER_S
     frontend_workers: int | None = None
     ws_workers: int | None = None
     max_wait_ms: int | None = None
@@ -131,6 +155,9 @@ class ServeSettings:
         check_int("--max-connections", self.max_connections, minimum=1)
         check_int("--max-message-bytes", self.max_message_bytes, minimum=MIN_MESSAGE_BYTES)
         _check_seconds("--idle-timeout-s", self.idle_timeout_s, zero=False)
+        _check_seconds("--handshake-timeout-s", self.handshake_timeout_s, zero=False)
+        check_int("--max-pending-handshakes", self.max_pending_handshakes, minimum=1)
+        _check_seconds("--max-messages-per-s", self.max_messages_per_s, zero=False, unit="")
         if self.max_wait_ms is not None:
             check_int("--max-wait-ms", self.max_wait_ms, minimum=0)
         if self.frontend_workers is not None:
@@ -178,9 +205,10 @@ class ServeSettings:
         return f"{address}/ (sherpa-onnx, float32 samples), {address}/wenet (WeNet, int16 PCM)"
 
 
-def _check_seconds(name: str, value: object, *, zero: bool) -> None:
-    """``ValueError`` naming the option unless ``value`` is a finite number of seconds, > 0 (or ``0`` if ``zero``)."""
+def _check_seconds(name: str, value: object, *, zero: bool, unit: str = " of seconds") -> None:
+    """``ValueError`` naming the option unless ``value`` is a finite number (of ``unit``), > 0 (or ``0`` if
+    ``zero``)."""
     number = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
     if not number or value < 0 or (value == 0 and not zero):
-        kind = "a number of seconds >= 0" if zero else "a positive number of seconds"
+        kind = f"a number{unit} >= 0" if zero else f"a positive number{unit}"
         raise ValueError(f"{name} must be {kind}, got {value!r}")

@@ -1,6 +1,6 @@
 """Fixtures of the server tests: a real ``audiomask serve`` subprocess on a free loopback port.
 
-- ``start_server(*args)`` (a factory; function scope): runs ``python -m audiomask serve --port P *args``
+- ``start_server(*args, open_files=None)`` (a factory; function scope): runs ``python -m audiomask serve --port P *args``
   on a free port of 127.0.0.1, waits (bounded) until ``GET /health`` answers 200, and returns a
   :class:`Served` (``url``, ``ws_url``, ``process``, ``log()``); every server it started is stopped
   when the test ends (SIGTERM, a bounded wait, then SIGKILL).
@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import json
 import os
+import resource
 import signal
 import socket
 import ssl
@@ -133,9 +135,15 @@ def _health(url: str, context: ssl.SSLContext | None) -> tuple[int, dict]:
         return error.code, json.loads(error.read() or b"{}")
 
 
+def _limit_open_files(count: int) -> None:
+    """Limit this process to ``count`` open file descriptors (run in the server's process before it starts)."""
+    resource.setrlimit(resource.RLIMIT_NOFILE, (count, count))
+
+
 @contextlib.contextmanager
-def _running_server(log_dir: Path, *args: str) -> Iterator[Served]:
-    """``audiomask serve *args`` on a free loopback port, ready; stopped on exit."""
+def _running_server(log_dir: Path, *args: str, open_files: int | None = None) -> Iterator[Served]:
+    """``audiomask serve *args`` on a free loopback port, ready; stopped on exit. ``open_files``: the server's
+    limit of open file descriptors (``RLIMIT_NOFILE``), as ``ulimit -n`` would set it; ``None``: this process's."""
     port = _free_port()
     secure = "--certfile" in args
     log_path = log_dir / f"serve-{port}.log"
@@ -146,6 +154,7 @@ def _running_server(log_dir: Path, *args: str) -> Iterator[Served]:
             stderr=subprocess.STDOUT,
             cwd=REPOSITORY,
             env=os.environ | {"PYTHONUNBUFFERED": "1"},
+            preexec_fn=None if open_files is None else functools.partial(_limit_open_files, open_files),
         )
     scheme = "https" if secure else "http"
     token = args[args.index("--token") + 1] if "--token" in args else None
@@ -170,9 +179,10 @@ def _running_server(log_dir: Path, *args: str) -> Iterator[Served]:
 
 @pytest.fixture
 def start_server(tmp_path: Path) -> Iterator[Callable[..., Served]]:
-    """A factory: ``start_server(*args)`` runs a ready server with those options, stopped after the test."""
+    """A factory: ``start_server(*args, open_files=None)`` runs a ready server with those options (and that limit
+    of open files), stopped after the test."""
     with contextlib.ExitStack() as stack:
-        yield lambda *args: stack.enter_context(_running_server(tmp_path, *args))
+        yield lambda *args, **limits: stack.enter_context(_running_server(tmp_path, *args, **limits))
 
 
 @pytest.fixture(scope="module")
