@@ -105,19 +105,27 @@ def open_fitting(
     return [stream_of(hi - lo, left_chunks) for lo, hi in lane_bounds(max_streams, lanes)]
 
 
-def default_lanes(max_streams: int, device: torch.device, frontend_workers: int | None = None) -> int:
-    """The lanes of a recognizer of ``max_streams`` slots on ``device`` unless told: one on CUDA (a step there
-    costs its kernel launches, whatever its slots), :data:`CPU_LANES` at most on the CPU, a lane for each slot
-    below that, and none narrower than ``frontend_workers`` (each front-end process owns slots of every lane).
+def default_lanes(max_streams: int, device: torch.device, frontend_workers: int | None = None) -> tuple[int, int]:
+    """``(lanes, slots)`` of a recognizer asked for ``max_streams`` slots on ``device`` and no lanes.
+
+    One lane on CUDA (a step there costs its kernel launches, whatever its slots). On the CPU lanes of
+    ``ceil(max_streams / CPU_LANES)`` slots, none narrower than ``frontend_workers`` (each front-end process
+    owns slots of every lane), all of one width: ``slots`` is ``max_streams`` rounded up to a multiple of
+    ``lanes``, so that a stream's step computes as many rows whichever lane it joins (its outputs are the same
+    to the bit whatever the other streams do).
 
     >>> cpu = torch.device("cpu")
-    >>> default_lanes(64, cpu), default_lanes(4, cpu), default_lanes(64, cpu, 8), default_lanes(64, torch.device("cuda"))
-    (16, 4, 8, 1)
+    >>> default_lanes(64, cpu), default_lanes(4, cpu), default_lanes(17, cpu), default_lanes(64, cpu, 8)
+    ((16, 64), (4, 4), (9, 18), (8, 64))
+    >>> default_lanes(64, torch.device("cuda"))
+    (1, 64)
     """
     if device.type != "cpu":
-        return 1
+        return 1, max_streams
     workers = 1 if frontend_workers is None else check_int("frontend_workers", frontend_workers, minimum=1)
-    return max(1, min(max_streams, CPU_LANES, max_streams // workers))
+    width = min(max_streams, max(-(-max_streams // CPU_LANES), workers))
+    lanes = -(-max_streams // width)
+    return lanes, lanes * -(-max_streams // lanes)
 
 
 def _check_fits(

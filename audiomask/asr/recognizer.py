@@ -253,10 +253,9 @@ class StreamingRecognizer:
         left_chunks: chunks of left context each chunk attends to; default: the config's (Qwen3-ASR:
             ``None`` only, it attends inside windows of 8 chunks). ``(left_chunks + 1) * chunk_ms`` is
             at most :data:`~audiomask.asr.capacity.MAX_CONTEXT_MS` (ten minutes).
-        max_streams: encoder slots (default :data:`~audiomask.asr.capacity.DEFAULT_MAX_STREAMS`): streams
-            decoded at once, sharing steps (more wait for a free slot). The streams' caches (measured on one- and two-slot streams of these settings) and
-            sample rings must fit in the memory free on ``device`` (and on the host), else
-            ``ValueError`` says how many fit, before anything large is allocated.
+        max_streams: encoder slots, streams decoded at once (more wait for a free slot); default 4. Their caches
+            (measured on one- and two-slot streams of these settings) and sample rings must fit in the memory
+            free on ``device`` (and the host), else ``ValueError`` says how many fit, before allocating.
         overlap: compute the next chunk's features on a worker thread while the encoder runs.
         frontend_process: with ``overlap``, compute them in processes of their own instead, which share no
             interpreter lock with the encoder's thread (for servers: seconds to start, once; see
@@ -281,8 +280,8 @@ class StreamingRecognizer:
             in the lane of its phase (when within a chunk its chunks arrive): a step computes one lane of
             streams ready together. Default :func:`~audiomask.asr.capacity.default_lanes`: one on CUDA (a small
             encoder's step is bound by its kernel launches there: ``docs/benchmarks.md``); on the CPU, where a
-            step costs its slots, a lane a slot up to 16, so a stream alone steps one slot (4 of 64 slots).
-            ``lanes=1``: the fewest steps for streams all fed at once. Each lane has its own CUDA graphs.
+            step costs its slots, up to 16 lanes of one width (the slots rounded up to fill them), so a stream
+            alone steps one slot (4 of 64). ``lanes=1``: the fewest steps for streams all fed at once.
 
     Scheduling: a chunk step runs when every stream in a slot has its next
     chunk (full batches: the best throughput), or once a ready chunk has
@@ -341,7 +340,8 @@ class StreamingRecognizer:
         max_streams = check_int("max_streams", max_streams, minimum=1)
         model.encoder.to(self.device).eval()
         model.head.to(self.device).eval()
-        lanes = default_lanes(max_streams, self.device, frontend_workers) if lanes is None else lanes
+        if lanes is None:
+            lanes, max_streams = default_lanes(max_streams, self.device, frontend_workers)
         lanes = check_int("lanes", lanes, minimum=1, maximum=max_streams)
         streams = open_fitting(model, self.device, max_streams, chunk_ms, left_chunks, cuda_graph, lanes)
         stream = streams[0]

@@ -210,3 +210,23 @@ def test_transcript_times_are_where_offline_greedy_ctc_emits_each_token(model, n
     assert transcript.text == text == model.tokenizer.decode(ids) and len(ids) > 3
     assert transcript.tokens == tuple(model.tokenizer.decode([i]) for i in ids)
     assert transcript.times_s == pytest.approx([frame * token_s for frame in frames])
+
+
+def test_a_default_cpu_recognizer_steps_lanes_of_one_width(model, noise):
+    """Without ``lanes``, a CPU recognizer's slots form lanes of one width, rounded up to fill them (17 slots: 9
+    lanes of 2): every step computes as many rows whichever lane its streams joined, and each text is the one
+    the stream gives alone."""
+    signals = [noise(seed, 5000 + 700 * seed) for seed in range(12)]
+    rows: list[int] = []
+    with StreamingRecognizer(model, chunk_ms=160, left_chunks=2, max_streams=17) as recognizer:
+        assert (recognizer.lanes, recognizer.max_streams) == (9, 18)
+        hook = recognizer.model.head.register_forward_hook(lambda module, args, output: rows.append(len(args[0])))
+        try:
+            streams = [recognizer.open_stream(f"u{i}") for i in range(len(signals))]
+            for position in range(0, 13000, 1600):
+                recognizer.accept_many([(s, x[position : position + 1600]) for s, x in zip(streams, signals)])
+            texts = [stream.finish() for stream in streams]
+        finally:
+            hook.remove()
+    assert set(rows) == {2}
+    assert texts == [offline_text(model, samples, 2, 2) for samples in signals]
