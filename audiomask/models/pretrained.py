@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from audiomask.models.config import MAX_ENCODER_BLOCKS, MAX_ENCODER_PARAMETERS, Phi4MMAudioConfig, Qwen3ASRConfig
 from audiomask.models.phi4mm import Phi4MMEncoder
@@ -31,6 +32,23 @@ T = TypeVar("T")
 _SHARD_INDEX = "model.safetensors.index.json"
 
 
+# torch.nn.init's initialisers (normal_, kaiming_uniform_, ...): values a meta tensor does not have.
+_INITIALISERS = frozenset(
+    getattr(torch.nn.init, name) for name in dir(torch.nn.init) if name.endswith("_") and not name.startswith("_")
+)
+
+
+class _WithoutInitialisers(TorchFunctionMode):
+    """Inside, ``torch.nn.init``'s initialisers leave their tensor as it is (meant for modules built on the meta
+    device: torch's meta ``normal_`` imports ``torch._dynamo``, 1.3 s and a cache folder in ``TMPDIR``)."""
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func in _INITIALISERS:
+            return kwargs["tensor"] if "tensor" in kwargs else args[0]
+        return func(*args, **kwargs)
+
+
 def encoder_shapes(config: Phi4MMAudioConfig | Qwen3ASRConfig) -> dict[str, tuple[int, ...]]:
     """Name -> shape of each tensor in the state dict of the encoder ``config`` describes; nothing is allocated.
 
@@ -44,7 +62,7 @@ def encoder_shapes(config: Phi4MMAudioConfig | Qwen3ASRConfig) -> dict[str, tupl
     depth = getattr(config, config.DEPTH_FIELD)
     if depth > MAX_ENCODER_BLOCKS:
         raise ValueError(f"{config.DEPTH_FIELD} {depth} exceeds MAX_ENCODER_BLOCKS = {MAX_ENCODER_BLOCKS}")
-    with torch.device("meta"):
+    with torch.device("meta"), _WithoutInitialisers():
         encoder = (Phi4MMEncoder if isinstance(config, Phi4MMAudioConfig) else Qwen3ASREncoder)(config)
     count = sum(tensor.numel() for tensors in (encoder.parameters(), encoder.buffers()) for tensor in tensors)
     if count > MAX_ENCODER_PARAMETERS:
