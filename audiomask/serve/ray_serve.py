@@ -31,7 +31,13 @@ and limits are those of ``audiomask serve`` without ``--ray``.
 - Shutdown: SIGTERM or SIGINT tells every replica to drain (new connections
   are refused, the streams in flight are finished: each client gets its final
   result), then deletes the deployment, and :func:`run` returns 0; a second
-  signal exits at once.
+  signal exits at once. The same whether the signal comes to this process
+  alone or to its whole process group (``kill -TERM -PGID``, a shell's job
+  control): Ray runs under a driver process in a process group of its own
+  (the local cluster Ray starts, its GCS and raylet, join it), and this
+  process passes each signal on to the driver. Ray's processes, in this
+  process's group, had been stopped by the group's signal under the driver,
+  which then waited 60 s for its GCS and exited 1.
 
 Needs the ``ray`` extra (``pip install -e ".[ray]"``). :func:`run` (``audiomask
 serve --ray``) calls ``ray.init``, which joins the cluster named by
@@ -43,10 +49,12 @@ and ``serve deploy``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import logging
 import math
+import multiprocessing
 import os
 import signal
 import sys
@@ -81,6 +89,7 @@ READY_POLL_S = 0.1  # seconds between looks at a starting replica's recognizer
 SHUTDOWN_MARGIN_S = 10.0  # Ray's stop budget beyond the drain's: the recognizer's own shutdown
 ABNORMAL_CLOSURE = 1006  # WebSocket close code of a connection lost without a close frame (RFC 6455)
 EXIT_STOPPED = 0  # stopped by SIGTERM or SIGINT
+EXIT_USAGE = 2  # the CLI's status for a bad argument: one the driver finds (the cluster cannot hold the replicas)
 SIGNAL_EXIT_BASE = 128  # a second signal exits at once with 128 + its number, the shell's convention
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 SIGNAL_POLL_S = 1.0  # seconds between the main thread's looks for a stop signal
@@ -317,6 +326,9 @@ class _StopSignals:
 def run(settings: ServeSettings, replicas: int, gpus_per_replica: float = 0.0) -> int:
     """Deploy ``settings``' server on Ray Serve as ``replicas`` replicas; serve until SIGTERM or SIGINT; exit 0.
 
+    Ray is driven from a process of a process group of its own (spawned), to which this one passes its stop
+    signals; the exit status is the driver's (128 + N where signal N ended it).
+
     Args:
         settings: the server's options; ``host`` and ``port`` are where Ray's HTTP proxy listens
             (on every node of the cluster), ``certfile``/``keyfile`` its TLS.
@@ -324,13 +336,48 @@ def run(settings: ServeSettings, replicas: int, gpus_per_replica: float = 0.0) -
         gpus_per_replica: GPUs each replica reserves (``0``: CPU replicas; fractions share a GPU).
 
     Raises:
-        ValueError: ``replicas`` < 1, ``gpus_per_replica`` negative, ``settings.port`` 0, more
-            replicas than the cluster holds, or Ray Serve not installed.
+        ValueError: ``replicas`` < 1, ``gpus_per_replica`` negative, ``settings.port`` 0, or Ray Serve not
+            installed (more replicas than the cluster holds: the driver's ``audiomask: error:`` line, exit 2).
     """
     if settings.port == 0:
         raise ValueError("--port 0 with --ray: Ray Serve's proxies listen on one fixed port on every node; name it")
-    ray, serve = _import_ray()
+    _import_ray()
     application(settings, replicas, gpus_per_replica)  # checks the arguments before Ray starts
+    driver = multiprocessing.get_context("spawn").Process(
+        target=_driver_main, args=(settings, replicas, gpus_per_replica), name="audiomask-serve-ray"
+    )
+
+    def pass_on(signum: int, frame: object) -> None:
+        if driver.pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(driver.pid, signum)
+
+    previous = {signum: signal.signal(signum, pass_on) for signum in STOP_SIGNALS}  # before the driver starts
+    try:
+        driver.start()
+        driver.join()
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    status = driver.exitcode
+    assert status is not None
+    return status if status >= 0 else SIGNAL_EXIT_BASE - status
+
+
+def _driver_main(settings: ServeSettings, replicas: int, gpus_per_replica: float) -> None:
+    """The driver (spawned process): :func:`_drive` in a process group of its own; its status is the exit status."""
+    os.setpgrp()  # before Ray starts its processes, which join this group: the group of `audiomask serve` gets none
+    try:
+        status = _drive(settings, replicas, gpus_per_replica)
+    except ValueError as error:
+        print(f"audiomask: error: {error}", file=sys.stderr, flush=True)
+        status = EXIT_USAGE
+    sys.exit(status)
+
+
+def _drive(settings: ServeSettings, replicas: int, gpus_per_replica: float) -> int:
+    """Start Ray, deploy, serve until the first stop signal, drain, stop Ray: :func:`run`'s work; the exit status."""
+    ray, serve = _import_ray()
     ray.init(include_dashboard=False, logging_level=logging.WARNING)
     logging.getLogger("ray.serve").setLevel(logging.WARNING)
     signals = _StopSignals()  # after ray.init, which installs its own SIGTERM handler

@@ -241,8 +241,8 @@ class _Session:
         self._interrupted = False  # ... and was cancelled to stop waiting
         self._idle = False  # ... because it waited --idle-timeout-s
         self._idle_timer: asyncio.TimerHandle | None = None
-        # A token bucket of messages: it fills at --max-messages-per-s up to MESSAGE_BURST_S of them.
-        self._allowance_max = self._allowance = engine.settings.max_messages_per_s * MESSAGE_BURST_S
+        # A token bucket of messages: it fills at --max-messages-per-s up to MESSAGE_BURST_S of them (one at least).
+        self._allowance_max = self._allowance = max(1.0, engine.settings.max_messages_per_s * MESSAGE_BURST_S)
         self._allowance_at = asyncio.get_running_loop().time()
 
     def results(self, segments: list[Segment]) -> None:

@@ -29,9 +29,10 @@ from websockets.asyncio.client import connect  # the conftest skips the module w
 
 from audiomask.serve.client import DEFAULT_MESSAGE_SAMPLES, stream_audio
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("ray") is None, reason='needs Ray Serve (pip install -e ".[ray]")'
-)
+pytestmark = [
+    pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason='needs Ray Serve (pip install -e ".[ray]")'),
+    pytest.mark.system,  # Ray's start and two replicas take a minute on 2 cores
+]
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 LOOPBACK = "127.0.0.1"
@@ -155,7 +156,8 @@ async def stream_on_one_connection(url: str, samples: np.ndarray) -> tuple[str |
     return replica, finals[-1]["text"] if finals else "", replies, websocket.close_code
 
 
-def test_two_replicas_share_16_clients_and_drain_on_sigterm(ray_server, sample_audio, expected_texts):
+@pytest.mark.parametrize("sigterm_to", ["process", "group"])
+def test_two_replicas_share_16_clients_and_drain_on_sigterm(ray_server, sample_audio, expected_texts, sigterm_to):
     names = [sorted(sample_audio)[client % len(sample_audio)] for client in range(CLIENTS)]
 
     async def all_clients():
@@ -170,7 +172,8 @@ def test_two_replicas_share_16_clients_and_drain_on_sigterm(ray_server, sample_a
     replicas = [replica for replica, *_ in results]
     assert None not in replicas and len(set(replicas)) == REPLICAS, replicas
 
-    # SIGTERM to `audiomask serve --ray`: the replicas finish the streams in flight, then everything stops.
+    # SIGTERM to `audiomask serve --ray`, or to its whole process group (`kill -TERM -PGID`, as systemd and
+    # shells stop a job): the replicas finish the streams in flight, then everything stops.
     long_audio = np.concatenate(list(sample_audio.values()))
 
     async def stop_mid_stream():
@@ -179,7 +182,10 @@ def test_two_replicas_share_16_clients_and_drain_on_sigterm(ray_server, sample_a
             for _ in range(DRAINED_CLIENTS)
         ]
         await asyncio.sleep(SIGTERM_AFTER_S)
-        ray_server.process.send_signal(signal.SIGTERM)
+        if sigterm_to == "group":
+            os.killpg(ray_server.process.pid, signal.SIGTERM)  # the fixture started it as a group's leader
+        else:
+            ray_server.process.send_signal(signal.SIGTERM)
         return await asyncio.gather(*streams)
 
     drained = asyncio.run(asyncio.wait_for(stop_mid_stream(), STOP_TIMEOUT_S))
