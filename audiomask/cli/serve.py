@@ -1,7 +1,8 @@
 """``audiomask serve``: the streaming ASR server (:mod:`audiomask.serve`) on uvicorn, or on Ray Serve with ``--ray``.
 
-The options are checked, the model loaded and the TLS files read before the
-server binds, so that a bad argument is one line on stderr and exit status 2.
+The options are checked and the TLS files read, then the address is bound,
+before the model loads and the server starts, so that a bad argument or an
+address it cannot listen on is one line on stderr and exit status 2.
 The server then runs until SIGTERM or Ctrl-C, which finish the streams in
 flight (each client gets its final result) and exit 0.
 """

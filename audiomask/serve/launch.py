@@ -202,8 +202,8 @@ class _Supervisor:
 def _replica_main(settings: ServeSettings) -> None:
     """A replica: the whole server of ``settings`` on a socket of its own at their address (spawned process).
 
-    It binds once its model is loaded; until its first step has run it refuses connections with HTTP 503
-    (``loading``), as a single server does, while the replicas that are ready serve."""
+    It binds first and listens once its model is loaded; until its first step has run it refuses connections
+    with HTTP 503 (``loading``), as a single server does, while the replicas that are ready serve."""
     os.setpgrp()  # Ctrl-C at a terminal reaches the supervisor alone, which passes one SIGTERM on
     try:
         status = serve(settings, reuse_port=True)
