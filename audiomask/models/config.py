@@ -40,6 +40,11 @@ def conv_size(size: int) -> int:
     return -(-size // 2**CONV_STAGES)
 
 
+MIN_SINUSOID_CHANNELS = (
+    4  # a sin and a cos channel at each of at least two timescales (their log spacing divides by one less)
+)
+
+
 @dataclasses.dataclass(frozen=True)
 class Phi4MMAudioConfig:
     """Architecture of the Phi-4MM audio encoder: ``Phi4MultimodalAudioConfig``'s fields and defaults.
@@ -159,10 +164,10 @@ class Qwen3ASRConfig:
 
     def __post_init__(self) -> None:
         positive_fields(self, *self.SIZE_FIELDS)
-        if self.d_model % self.encoder_attention_heads or self.d_model % 2:
+        if self.d_model % self.encoder_attention_heads or self.d_model % 2 or self.d_model < MIN_SINUSOID_CHANNELS:
             raise ValueError(
-                f"d_model must be even (sin and cos positions) and a multiple of encoder_attention_heads "
-                f"({self.encoder_attention_heads}), got {self.d_model}"
+                f"d_model must be even and >= {MIN_SINUSOID_CHANNELS} (sin and cos positions over at least two "
+                f"timescales) and a multiple of encoder_attention_heads ({self.encoder_attention_heads}), got {self.d_model}"
             )
         if self.n_window_infer % self.chunk_frames:
             raise ValueError(

@@ -127,6 +127,7 @@ def test_bad_arguments(tiny_qwen3_asr, features, lengths, message):
         ({"n_window_infer": 750}, r"n_window_infer must be a multiple of 2 \* n_window \(100\), got 750"),
         ({"max_position_embeddings": 12}, r"max_position_embeddings must be >= the tokens of a chunk \(13\), got 12"),
         ({"d_model": 15, "encoder_attention_heads": 3}, "d_model must be even"),
+        ({"d_model": 2, "encoder_attention_heads": 1}, "d_model must be even and >= 4"),
         ({"activation_function": "nope"}, "activation_function must be one of"),
     ],
 )
