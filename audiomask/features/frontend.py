@@ -25,14 +25,13 @@ from audiomask.samples import as_samples
 __all__ = ["MEL_BLOCK_ROWS", "SLAB_FRAMES", "FeatureStream", "FeatureStreams", "Frontend", "MelBands"]
 
 # Frames per slab of torch calls inside one computation: 2 MB of float64 FFT
-# input at n_fft 512. Measured on the 2-core box: 512-768 fastest, 1024 and up
-# slower (the FFT's input and output outgrow the cache), and a 1-hour file in
-# one slab would need 1.5 GB of scratch.
+# input at n_fft 512, small enough that the FFT's input and output stay in the
+# cache (larger slabs are slower), where a 1-hour file in one slab would need
+# 1.5 GB of scratch. Figures: docs/design.md, "Defaults and the figures behind them".
 SLAB_FRAMES = 512
 # Frames of every mel filter product (a multiple of 16, so that whole blocks of a 64-byte aligned
-# float32 array stay aligned). Measured on the 2-core box, one thread, 1,024 frames: ~0.40 us a frame
-# at 256 rows for both filter banks (the unblocked product: ~0.34), 0.51-0.56 at 128 rows (a product
-# call per block and group: its fixed cost shows below 256).
+# float32 array stay aligned). Fewer rows cost more a frame: each product call per block and group has
+# a fixed cost. Figures: docs/design.md, "Defaults and the figures behind them".
 MEL_BLOCK_ROWS = 256
 
 

@@ -59,7 +59,9 @@ PREEMPHASIS = 0.97
 PCM_SCALE = 32768.0  # float samples -> 16-bit PCM range, the scale the model was trained on
 POWER_FLOOR = 1.0  # clamp before the log: log(1) = 0 for silence
 _SCRATCH = threading.local()  # per thread: {fft dtype: scratch buffers of one slab}
-MEL_GROUPS = 3  # filter groups of the banded mel product over 257 power bins (measured in blocks of 256 frames: 3 fastest, ~0.40 us a frame; 2 or 4-8 slower)
+# Filter groups of the banded mel product over 257 power bins: the fastest split in blocks of
+# MEL_BLOCK_ROWS frames (figures: docs/design.md, "Defaults and the figures behind them").
+MEL_GROUPS = 3
 
 
 def kaldi_mel(hz: np.ndarray | float) -> np.ndarray:
@@ -145,9 +147,8 @@ class Phi4MMFrontend(Frontend):
         Reused across calls rather than allocated per slab: freshly allocated
         megabyte buffers come back from the allocator as new pages often
         enough (glibc trims its heap) that page faults cost more than the
-        arithmetic, measured 2,300-4,000 minor faults and 7.5-12 ms per 30 s
-        call in a bare process against 0 faults and 4.2 ms with the heap
-        kept. Per thread, so that threads may share a front end.
+        arithmetic (figures: docs/design.md, "Defaults and the figures behind
+        them"). Per thread, so that threads may share a front end.
         """
         buffers = getattr(_SCRATCH, "buffers", None)
         if buffers is None:
@@ -183,7 +184,7 @@ class Phi4MMFrontend(Frontend):
         padded = scratch["padded"][:frames]
         torch.mul(emphasized.unfold(0, WIN_SAMPLES - 1, HOP_SAMPLES), self._window[1:], out=padded[:, 1:WIN_SAMPLES])
         padded[:, 0].copy_(first_emph).mul_(self._window[0])  # widened first: the product in fft_dtype
-        # rfft without out=: MKL's out= variant computes into a new tensor and copies (measured slower).
+        # rfft without out=: MKL's out= variant computes into a new tensor and copies it into out.
         self._bands.project_power(torch.fft.rfft(padded), scratch["power"][:frames], out)
 
     def _log_(self, mel: torch.Tensor) -> None:

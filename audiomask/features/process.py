@@ -4,21 +4,20 @@ Why: a streaming driver computes cycle N+1's features while it launches cycle
 N's encoder step and decodes cycle N-1. On a worker thread the two share one
 interpreter lock, and every torch call of the front end hands it over and
 takes it back: a main thread running Python at the same time makes each
-hand-back wait (a pure-Python loop on the main thread took a B = 16
-front-end cycle from 2.2 to 496 ms on the H200, from 1.8 to 461 ms on a
-2-core CPU, where in a process it took 1.5 ms; the overlapped driver's front
-end ran 1.7-2.3x slower than alone on the H200, whatever torch's thread
-count, the kind of wait or the switch interval). A process has its own
-interpreter.
+hand-back wait, whatever torch's thread count, the kind of wait or the switch
+interval, and a front-end cycle then costs many times its time alone
+(figures: docs/design.md, "Defaults and the figures behind them"). A process
+has its own interpreter.
 
 :class:`FeatureProcess` splits the slots over ``workers`` spawned processes,
 each owning a fixed contiguous piece of every lane of them (a driver's
 lanes: groups of slots stepped together) with a
 :class:`~audiomask.features.slots.SlotFeatures` of its own per piece (framers
 and front-end state of its slots only), so the stage scales with the host's
-cores and a cycle over one lane keeps every process busy: one process gave ~2,900 real-time streams with one torch thread and
-~7,000 with four on the H200 host, and the Python it runs per slot (for a
-stream's first and last blocks) runs on one core whatever its threads. Samples, cycles and features are
+cores and a cycle over one lane keeps every process busy: a process's torch
+threads speed up its batched computation, and the Python it runs per slot (for
+a stream's first and last blocks) runs on one core whatever its threads
+(:data:`CORES_PER_WORKER`). Samples, cycles and features are
 shared memory (torch tensors shared with the processes): the driver writes
 each slot's samples into its ring (:class:`~audiomask.features.slots.SlotSamples`)
 as they arrive, a cycle is a few ``(B,)`` arrays naming each slot's block
@@ -27,13 +26,13 @@ straight into the one batch the caller reads. Cycle descriptions and feature
 batches are three buffers taken in turn: while the caller reads cycle N's
 features, the processes compute N+1 and have N+2 queued, so that they never
 wait for the caller between cycles. Each process's pipe carries one byte each
-way per cycle (a pickled message cost ~50 us a cycle to pack and unpack, on
-the side that paces the pipeline). Up to ``MAX_IN_FLIGHT`` cycles may be
+way per cycle: a pickled message would cost its packing and unpacking on the
+side that paces the pipeline. Up to ``MAX_IN_FLIGHT`` cycles may be
 submitted before the first :meth:`~FeatureProcess.result` is taken; results
-come in submission order. On the H200 the driver with one such process ran
-within 3 % of max(front end, encoder step). Starting a process costs an
-interpreter and torch's import (seconds, once per driver) and that
-interpreter's memory.
+come in submission order. How close the overlapped driver with such a process
+comes to max(front end, encoder step): docs/benchmarks.md, the pipeline of
+``latency_h200.json``. Starting a process costs an interpreter and torch's
+import (seconds, once per driver) and that interpreter's memory.
 
 Every process computes its slots' frames exactly as one process computing
 all of them would (see :mod:`audiomask.features.slots`): the features are
@@ -77,7 +76,9 @@ __all__ = [
 START_TIMEOUT_S = 120.0  # an interpreter and torch's import, on a loaded machine
 MAX_IN_FLIGHT = 2  # cycles submitted and not yet taken: one computing, one queued behind it
 _BUFFERS = MAX_IN_FLIGHT + 1  # and the one the caller reads
-CORES_PER_WORKER = 4  # default: one front-end process per this many cores (its torch threads use them)
+# Default: one front-end process per this many cores, which its torch threads use (figures: docs/design.md,
+# "Defaults and the figures behind them").
+CORES_PER_WORKER = 4
 _CYCLE_ROWS = len(dataclasses.fields(SlotCycle))  # a cycle's (B,) arrays, one row each
 _WALL, _CPU = range(2)  # a process's seconds per cycle: wall time, CPU time (all its threads)
 
@@ -192,8 +193,8 @@ def _serve(
         except EOFError:
             message = _STOP
         if message == _STOP:
-            # At once: the interpreter's teardown with torch loaded took ~0.6 s a process on a 2-core
-            # machine, and all it holds (shared memory, the pipe) the kernel frees.
+            # At once: the interpreter's teardown with torch loaded costs a fraction of a second a
+            # process, and all it holds (shared memory, the pipe) the kernel frees.
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(0)

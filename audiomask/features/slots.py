@@ -72,7 +72,7 @@ class SlotSamples:
         self.capacity = memory.shape[1]
         # Each ring as a flat buffer: a write is a memcpy that keeps the interpreter lock. numpy releases it
         # for copies of a few hundred values or more, and a thread that releases it in a busy server waits up
-        # to a switch interval (5 ms) to take it back: once per stream and chunk, that bounded a server's load.
+        # to a switch interval (5 ms) to take it back: once per stream and chunk, such waits bound a server's load.
         self._rings = [memoryview(row) for row in memory]
 
     def write(self, slot: int, position: int, samples: np.ndarray) -> None:

@@ -36,10 +36,8 @@ would shift every floored value of audio quieter or louder than the prior, for
 the whole stream. From the frame holding the utterance's peak on, the running
 floor equals the utterance's; before it, only values below the higher of the
 two floors differ, each by at most ``|running floor - utterance floor| / 4``.
-Measured on the samples/ utterances at 0 to -30 dB (the benchmark records
-it): 2.5-14% of the values differ by more than 1e-3, all before the
-utterance's peak, by at most 0.1-0.6 (the leading silence, floored by the
-prior); the mean deviation over all values is 0.002-0.011 at every level.
+How many values differ, and by how much, on the sample utterances at several
+levels: ``features_cpu_2core.json``, docs/benchmarks.md "Front ends".
 """
 
 from __future__ import annotations
@@ -71,8 +69,8 @@ N_FFT = WINDOW_LENGTH  # 400: the 25 ms window is the FFT size (201 bins)
 HOP_SAMPLES = HOP_LENGTH  # 160: one frame per 10 ms
 MEL_HIGH_HZ = SAMPLE_RATE / 2
 POWER_FLOOR = 1e-10  # clamp before log10: -10 for digital silence
-# Filter groups of the banded mel product (measured in blocks of 256 frames: 4-6 fastest, ~0.39 us a
-# frame; 2 groups 0.53, 8 groups 0.57).
+# Filter groups of the banded mel product: among the fastest splits in blocks of MEL_BLOCK_ROWS frames
+# (figures: docs/design.md, "Defaults and the figures behind them").
 MEL_GROUPS = 5
 DYNAMIC_RANGE = 8.0  # log10 units (80 dB) kept below the peak
 LOG_OFFSET = 4.0  # (x + 4) / 4 maps the usual range to about [-1, 1.5]
