@@ -86,16 +86,17 @@ MAX_CHANNELS = 8
 MIN_SAMPLE_RATE = 4000
 MAX_SAMPLE_RATE = 768000
 # torchaudio's resampling filter holds (new / g) phases of (orig / g + 2 * width) float64 taps,
-# g = gcd of the rates, and building it takes ~5x that (measured: 86 MB for a 16 MiB filter).
+# g = gcd of the rates, and building it takes several times that memory, and seconds for the largest.
 # Every standard rate from 8 to 768 kHz needs at most 2.2 MiB (11.025 kHz); exotic 44.056 kHz
-# needs 85 MiB and coprime rates such as 16001 Hz 2 GB (15 s and 8.6 GB to build, measured).
+# needs 85 MiB and coprime rates such as 16001 Hz 2 GB. Figures: docs/design.md, "Defaults and the
+# figures behind them".
 MAX_RESAMPLE_FILTER_BYTES = 16 * 2**20
 _LOWPASS_FILTER_WIDTH = 6  # torchaudio.functional.resample's defaults, which the filter size follows
 _ROLLOFF = 0.99
 # Frames per read, for load and iter_blocks alike: whatever a header declares, memory follows the
 # data actually there (2 MiB a read at 8 channels). At least FLAC's largest block (65535 frames):
-# when a corrupt header misstates block sizes, libsndfile fails reads shorter than a block
-# (measured). The same reads in both readers make them agree on whatever a damaged file gives.
+# when a corrupt header misstates block sizes, libsndfile fails reads shorter than a block.
+# The same reads in both readers make them agree on whatever a damaged file gives.
 READ_BLOCK_FRAMES = 2**16
 # Leading bytes of the containers libsndfile reads: a file that starts like one
 # but does not open has a corrupt header rather than being "not audio".
@@ -184,7 +185,7 @@ def _check_header(handle: sf.SoundFile, path: Path, target_sr: int | None) -> No
     if handle.format == "RAW":
         # libsndfile guesses headerless data from the extension (.au -> 8 kHz u-law, .vox -> ADPCM):
         # a file with no header it knows is not audio to us, and its guessed decoding even changes
-        # with the read sizes (measured on a .au file whose magic was zeroed).
+        # with the read sizes (a .au file whose magic is zeroed decodes differently read by read).
         raise _fail(path, f"not an audio file (no header libsndfile recognises; it would guess {handle.subtype})")
     if not 1 <= handle.channels <= MAX_CHANNELS:
         raise _fail(

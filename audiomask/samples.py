@@ -17,7 +17,7 @@ __all__ = ["MAX_SAMPLE_MAGNITUDE", "as_samples", "check_samples", "first_unusabl
 
 # Full scale is +-1.0; float files may exceed it, and integer PCM written as float without
 # scaling reaches 2^31 (32-bit). Beyond that a value is garbage, and near 1e12 the front ends'
-# float32 power overflows to inf (measured): refused like NaN.
+# float32 power overflows to inf: refused like NaN.
 MAX_SAMPLE_MAGNITUDE = 2.0**31
 
 

@@ -257,6 +257,7 @@ def regular_band(size: int, chunk_size: int, left: int, out: np.ndarray) -> np.n
         start = first - n_full * chunk_size
         mask[n_full * chunk_size :] = template[start : start + size]
     # Every batch row is the same mask: a contiguous block copy per row is
-    # faster than re-reading the strided template row by row (~1.4x at L=375).
+    # faster than re-reading the strided template row by row (figures:
+    # docs/design.md, "Defaults and the figures behind them").
     batched[1:] = mask
     return out

@@ -18,7 +18,8 @@ does it wait for the oldest copy in flight.
 
 Copies that ride the consumer's stream hold their slot until the consumer's
 queue reaches them, so a busy queue needs hundreds of slots, and pinning costs
-~1.7 ms a call whatever the size. Those slots are grown in segments: one
+milliseconds a call whatever the size (docs/design.md, "Defaults and the
+figures behind them"). Those slots are grown in segments: one
 pinned block carved into as many slots as the pool holds of that size already
 (their number doubles), up to ``SEGMENT_BYTES`` a block.
 
@@ -277,7 +278,7 @@ class SlotPool:
 
         Completion follows record order, so a bisection finds the first copy
         still running: O(log k) questions, where asking each of k copies would
-        cost ~1.5 us apiece.
+        cost a driver call apiece.
         """
         done, running = 0, len(queue) - 1  # indices known complete and known running
         while running - done > 1:

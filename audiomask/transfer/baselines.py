@@ -40,7 +40,7 @@ def direct_copy(t: torch.Tensor, device: object, *, method: str = "to", non_bloc
 
 
 def pin_per_copy(t: torch.Tensor, device: object) -> torch.Tensor:
-    """Pin a fresh copy of ``t`` and copy it ``non_blocking``: the vLLM approach (host cost 0.1-6 ms).
+    """Pin a fresh copy of ``t`` and copy it ``non_blocking``: the vLLM approach (its host cost: docs/benchmarks.md).
 
     A baseline the benchmark compares the ring with: safe as a copy (the
     fresh pinned buffer lives until the copy has read it), only slow.

@@ -72,9 +72,9 @@ MiB = 1024 * KiB
 DEFAULT_SLOT_BYTES = 4 * MiB  # one step's masks and features for a few streams
 DEFAULT_NUM_SLOTS = 4  # enough to double-buffer two producers
 DEFAULT_MAX_PINNED_BYTES = 512 * MiB  # pinned memory is locked RAM: bound what the ring may take
-# Up to this many bytes a copy rides the consumer's stream. On the H200 behind a busy queue the submit
-# of 16 KiB costs 0.021 ms p50 there against 0.039 through the copy stream, 64 KiB is a tie, and from
-# 256 KiB the consumer is slower (the slots a busy queue holds are touched cold).
+# Up to this many bytes a copy rides the consumer's stream: below it the consumer's queue is the cheaper
+# submit behind a busy queue, above it the copy stream is (the slots a busy queue holds are touched cold).
+# Figures: docs/design.md, "Defaults and the figures behind them".
 DEFAULT_CONSUMER_COPY_BYTES = 64 * KiB
 # Offsets of arrays packed into one slot: cudaMalloc's alignment, so that the
 # device views of a packed copy are as aligned as fresh allocations.

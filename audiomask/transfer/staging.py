@@ -32,12 +32,12 @@ __all__ = [
 ]
 
 # From this size the staging memcpy goes to torch's multi-threaded copy, when torch has at least
-# PARALLEL_COPY_MIN_THREADS intra-op threads. On the H200's 16-vCPU host, busy as a streaming
-# server's is, torch's copy moves 70-110 GB/s from 1 MiB (1 MiB p99 0.04 ms, 16 MiB 0.24 ms)
-# against numpy's single thread at 10-18 GB/s (0.08 ms, 1.5 ms); below 1 MiB numpy is as fast and
-# has no parallel region to wake. A parallel region waits for its slowest thread: right after the
-# host idled, torch's copy had 3-6 ms p99 tails there, and ~8 ms a call on a loaded 2-core machine,
-# so with few threads numpy copies everything under FEW_THREADS_PARALLEL_COPY_BYTES.
+# PARALLEL_COPY_MIN_THREADS intra-op threads: on a host busy as a streaming server's is, torch's copy
+# then moves several times what numpy's single thread does; below it numpy is as fast and has no
+# parallel region to wake. A parallel region waits for its slowest thread, which costs milliseconds
+# right after the host idled and on a loaded host of few cores, so with fewer threads numpy copies
+# everything under FEW_THREADS_PARALLEL_COPY_BYTES. Figures: docs/design.md, "Defaults and the
+# figures behind them".
 PARALLEL_COPY_BYTES = 1 * MiB
 PARALLEL_COPY_MIN_THREADS = 4
 FEW_THREADS_PARALLEL_COPY_BYTES = 32 * MiB

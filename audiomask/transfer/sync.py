@@ -3,8 +3,9 @@
 A ``non_blocking`` copy from pageable memory, or from a non-dense tensor
 (torch first makes a pageable dense copy of it), blocks the host until the
 stream's queued work has drained once the payload exceeds the driver's staging
-buffers (~1-2 MiB on the H200). ``torch.cuda.set_sync_debug_mode`` does not
-report these, so tests run under ``sync_check`` to catch them.
+buffers (from what size: ``transfer_h200.json``, docs/benchmarks.md).
+``torch.cuda.set_sync_debug_mode`` does not report these, so tests run under
+``sync_check`` to catch them.
 """
 
 from __future__ import annotations
