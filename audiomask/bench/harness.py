@@ -25,7 +25,9 @@ __all__ = [
     "mask_builder",
 ]
 
-_CALIBRATION_CYCLES = 20_000_000  # ~10 ms of torch.cuda._sleep at H200 clocks: long enough to time well
+# torch.cuda._sleep cycles per calibration round: milliseconds at a GPU's clocks, long enough to time well with
+# events (figures: docs/design.md, "Defaults and the figures behind them").
+_CALIBRATION_CYCLES = 20_000_000
 _CALIBRATION_ROUNDS = 2  # the first round also warms the clocks up; the last one counts
 # Phi-4MM-like in-place mask: 8 feature frames per token, chunks of 16 tokens, 4 chunks of left context.
 _TIME_REDUCTION = 8
@@ -74,9 +76,11 @@ class QueueFeed:
     """Keeps at least ``depth_ms`` of GPU work queued on ``stream`` whenever it is topped up.
 
     The GPU of a server under load never drains between copies. A copy made
-    in the first milliseconds after work is queued on an idle GPU costs 10-20x
-    more host time, whatever its strategy, so a measurement that fills an idle GPU before every copy measures that
-    transient, not the busy GPU. Work is queued in pieces of ``piece_ms``,
+    in the first milliseconds after work is queued on an idle GPU costs many
+    times more host time, whatever its strategy (figures: docs/design.md,
+    "Defaults and the figures behind them"), so a measurement that fills an
+    idle GPU before every copy measures that transient, not the busy GPU.
+    Work is queued in pieces of ``piece_ms``,
     each followed by an event: the depth still queued is then known from
     event queries alone, to within the piece that is running.
 
@@ -133,7 +137,7 @@ class HostWorkload:
     features with torch's intra-op threads. A measurement that instead blocks in
     ``torch.cuda.synchronize()`` for tens of ms leaves the cores, their caches
     and torch's thread pool cold, and the next call of *any* strategy then costs
-    10-20x more. ``wait_idle()`` waits for the device
+    many times more. ``wait_idle()`` waits for the device
     while running small torch CPU kernels (front-end-like work), so the timed
     call that follows starts on a hot host.
 

@@ -29,8 +29,8 @@ driver), ``settings``, ``models``, ``verdicts`` (the checks of the run's figures
 ``notes`` (what was skipped and why) and ``section_seconds``. Every section has
 a time budget, a share of ``--seconds`` (time a section leaves unused goes to
 the later ones), and prints progress. ``--quick`` is a smoke test of every
-section (tiny stand-ins for the full-size encoders, few repetitions) that
-finishes in under a minute on a 2-core CPU: not a measurement. The JSON is
+section (tiny stand-ins for the full-size encoders, few repetitions) within a
+50 s budget: not a measurement. The JSON is
 rewritten after every section, so a run stopped early keeps what it measured. PNG plots
 (matplotlib: the ``plot`` extra) are written beside the JSON, or later from
 it with ``--plot``.
@@ -85,8 +85,10 @@ PHI4MM_FULL_CHUNK_MS = 1280  # full-size Phi-4MM in the pipeline and throughput:
 PHI4MM_FULL_LEFT_CHUNKS = 4  # 5.12 s of left context (key/value cache: 80 tokens per stream and block)
 # (model, path, share of the throughput budget, first N tried): the driver's rows start front-end processes
 # per probe; the full-size rows start where they are known to pass, so that their time goes to their limits.
-FULL_SIZE_SEARCH_START = 8192  # every full-size row held >= 8,192 on the H200: probes below only spend its share
-SHIPPED_SEARCH_START = 512  # the small model held >= 4,096 through the driver: its probes from 1 up ate its share
+# Below the capacities docs/benchmarks.md commits: probes under them would only spend the row's share (each
+# driver probe starts front-end processes). Figures: docs/design.md, "Defaults and the figures behind them".
+FULL_SIZE_SEARCH_START = 8192
+SHIPPED_SEARCH_START = 512
 THROUGHPUT_RUNS = (
     ("shipped", "driver", 0.05, SHIPPED_SEARCH_START),
     ("phi4mm_full", "encoder_step", 0.15, FULL_SIZE_SEARCH_START),
@@ -139,8 +141,9 @@ FULL = RunSettings(
     latency_models=("shipped", "phi4mm_full"),
     latency_chunks=40,
     # A pipeline's fill and drain (one front-end cycle before the first step, one step after the last
-    # front-end cycle) cost a run one cycle of the shorter stage: over 24 cycles that took 4 % of the
-    # 10 % allowance. 96 cycles of 320 ms: one 30.7 s utterance per stream.
+    # front-end cycle) cost a run one cycle of the shorter stage: enough cycles keep that a small part of
+    # the 10 % allowance (figures: docs/design.md, "Defaults and the figures behind them").
+    # 96 cycles of 320 ms: one 30.7 s utterance per stream.
     pipeline_cycles=96,
     pipeline_repeats=5,
     pipeline_max_batch=4096,

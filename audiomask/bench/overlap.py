@@ -23,13 +23,12 @@ The section runs with torch's intra-op threads set to ``threads`` (the
 benchmark passes :func:`pipeline_threads`: one core fewer than the machine
 has) and puts the old count back after. Why: with as many pool threads as
 cores, the main thread launching the encoder step preempts one of them, and
-every parallel region of the front end then waits for the straggler; on a
-2-core CPU that doubled the front end's time under overlap, and one thread
-fewer took it back to 1.07-1.4x its time alone. On the H200 machine's 16
-cores it changed little (front end 1.99x slower under overlap with 16
-threads, 1.86x with 15): there the two threads' Python (the GIL) in cycles
-of ~3 ms is the rest, which a front end in its own process avoids
-(``frontend_process=True``, timed beside the thread).
+every parallel region of the front end then waits for the straggler. On few
+cores that straggler is most of the front end's slowdown under overlap; on
+many, one thread fewer changes little, and the slowdown is the two threads'
+Python (the GIL), which a front end in its own process avoids
+(``frontend_process=True``, timed beside the thread). Figures: docs/design.md,
+"Defaults and the figures behind them".
 """
 
 from __future__ import annotations
@@ -51,8 +50,9 @@ __all__ = ["WITHIN", "drive", "pipeline_runs", "pipeline_section", "pipeline_thr
 WITHIN = 0.10  # the target: overlapped wall within 10 % of max(T_cpu, T_gpu)
 CALIBRATION_CYCLES = 6
 # A cycle's larger stage (front end or encoder) takes at least this long at the calibrated B: a cycle's fixed
-# costs (thread hand-offs, the planner's and the driver's Python, ~0.5-1 ms a cycle) are then a few per cent
-# of it, so the overlap measured is the stages', not the driver's overhead over ~2 ms cycles.
+# costs (thread hand-offs, the planner's and the driver's Python) are then a few per cent of it, so the
+# overlap measured is the stages', not the driver's overhead. Figures: docs/design.md, "Defaults and the
+# figures behind them".
 MIN_CYCLE_S = 0.02
 
 
@@ -145,8 +145,8 @@ def pipeline_runs(
     # fit: a balanced B with fewer repeats tells more than an unbalanced one with all of them.
     final_runs = 3 * (warmup + cycles) / (warmup + CALIBRATION_CYCLES)
     # The process's first drive pays one-time costs (CUDA graph captures, allocator and ring growth): run
-    # untimed, so that neither B = 1's figures nor the budget rule see them (on the H200 it took 0.50 s,
-    # later ones 0.24 s, and with 96 cycles the rule then stopped the calibration at B = 1).
+    # untimed, so that neither B = 1's figures nor the budget rule see them (timed, they can stop the
+    # calibration at B = 1: docs/design.md, "Defaults and the figures behind them").
     drive(model, 1, CALIBRATION_CYCLES, chunk_size, left_chunk, overlap=False)
     batch = 1
     while True:

@@ -4,7 +4,7 @@ Strategies, for payloads of 16 KiB .. 64 MiB:
 
 - ``pageable``: a non-blocking ``Tensor.to`` from pageable memory
   (``audiomask.transfer.baselines.direct_copy``): the negative control, which
-  waits for the GPU queue from ~1-4 MiB
+  waits for the GPU queue once a payload outgrows the driver's own staging buffers
 - ``pin_per_copy``: pin a fresh copy, then a non-blocking ``Tensor.to`` (the vLLM approach)
 - ``ring``: ``audiomask.to_device`` (staging memcpy into a pinned ring slot + event-guarded submit)
 - ``ring_in_place``: a Phi-4MM mask built by ``hs_mask(out=)`` straight into a ring slot, then

@@ -155,7 +155,7 @@ def verdicts(entries: list[dict], busy_ms: float) -> dict[str, dict]:
         for n in sizes
     }
     # pageable, the negative control, may wait for the queue at any size (the driver's own staging
-    # absorbs it only mostly under ~1-2 MiB), and so drain it: the state must hold for the others.
+    # buffers absorb only small payloads, and not always), and so drain it: the state must hold for the others.
     steady = [e for e in entries if e["gpu_state"] == "busy_steady" and e["strategy"] != "pageable"]
     steady_gaps = {f"{e['strategy']}/{e['bytes']}": e["gpu_idle_gaps"] for e in steady}
     return {
