@@ -25,11 +25,13 @@ replica runs in a process group of its own), which tells every replica to
 drain (SIGTERM): each finishes its streams (final results, ``Done!``, close
 1000) and exits 0, and so does this process once all have; a second signal
 stops them at once. A replica that dies is reported and the others go on;
-once none is left the exit status is 1.
+once none is left the exit status is 1. A replica whose supervisor dies
+(SIGKILL) is sent SIGTERM and drains (:func:`stop_with_parent`).
 """
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import math
 import multiprocessing
@@ -45,7 +47,7 @@ from audiomask.serve.server import run
 from audiomask.serve.settings import SERVE_THREADS, ServeSettings
 from audiomask.serve.workers import CORES_PER_WS_WORKER, listen_socket, resolve_ws_workers, run_with_workers
 
-__all__ = ["REPLICA_HEADROOM", "replica_settings", "serve", "serve_replicas"]
+__all__ = ["REPLICA_HEADROOM", "replica_settings", "serve", "serve_replicas", "stop_with_parent"]
 
 # Each replica's connections (and encoder slots) over an even split of --max-connections: 2,000 connections
 # hashed over 2 replicas put more than 1,100 on one about once in 150,000 times (4.5 standard deviations).
@@ -53,6 +55,7 @@ REPLICA_HEADROOM = 1.1
 EXIT_STOPPED = 0
 EXIT_REPLICAS_FAILED = 1  # a replica exited with an error, was stopped at once, or died
 WATCH_PERIOD_S = 0.5  # how often this process checks its replicas
+PR_SET_PDEATHSIG = 1  # prctl(2) option: the signal this process gets when the thread that started it exits (Linux)
 
 
 def serve(settings: ServeSettings, *, reuse_port: bool = False) -> int:
@@ -156,7 +159,7 @@ def serve_replicas(settings: ServeSettings, replicas: int) -> int:
     context = multiprocessing.get_context("spawn")
     supervisor = _Supervisor(
         [
-            context.Process(target=_replica_main, args=(replica,), name=f"audiomask-serve-replica-{index}")
+            context.Process(target=_replica_main, args=(replica, os.getpid()), name=f"audiomask-serve-replica-{index}")
             for index, replica in enumerate(each)
         ]
     )
@@ -199,12 +202,24 @@ class _Supervisor:
             self.forced.set()
 
 
-def _replica_main(settings: ServeSettings) -> None:
+def stop_with_parent(parent: int) -> None:
+    """Have this process sent SIGTERM (a drain) once process ``parent``, which started it, has exited, so that a
+    server process is not left holding the address (Linux's ``PR_SET_PDEATHSIG``; elsewhere nothing)."""
+    if not sys.platform.startswith("linux"):
+        return
+    if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != parent:  # it exited before the request
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _replica_main(settings: ServeSettings, supervisor: int) -> None:
     """A replica: the whole server of ``settings`` on a socket of its own at their address (spawned process).
 
     It binds first and listens once its model is loaded; until its first step has run it refuses connections
     with HTTP 503 (``loading``), as a single server does, while the replicas that are ready serve."""
     os.setpgrp()  # Ctrl-C at a terminal reaches the supervisor alone, which passes one SIGTERM on
+    stop_with_parent(supervisor)
     try:
         status = serve(settings, reuse_port=True)
     except ValueError as error:

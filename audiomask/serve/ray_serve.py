@@ -344,7 +344,7 @@ def run(settings: ServeSettings, replicas: int, gpus_per_replica: float = 0.0) -
     _import_ray()
     application(settings, replicas, gpus_per_replica)  # checks the arguments before Ray starts
     driver = multiprocessing.get_context("spawn").Process(
-        target=_driver_main, args=(settings, replicas, gpus_per_replica), name="audiomask-serve-ray"
+        target=_driver_main, args=(settings, replicas, gpus_per_replica, os.getpid()), name="audiomask-serve-ray"
     )
 
     def pass_on(signum: int, frame: object) -> None:
@@ -364,9 +364,13 @@ def run(settings: ServeSettings, replicas: int, gpus_per_replica: float = 0.0) -
     return status if status >= 0 else SIGNAL_EXIT_BASE - status
 
 
-def _driver_main(settings: ServeSettings, replicas: int, gpus_per_replica: float) -> None:
-    """The driver (spawned process): :func:`_drive` in a process group of its own; its status is the exit status."""
+def _driver_main(settings: ServeSettings, replicas: int, gpus_per_replica: float, parent: int) -> None:
+    """The driver (spawned by process ``parent``): :func:`_drive` in a process group of its own; its status is the
+    exit status. It drains when ``parent`` dies (SIGKILL), as when told to stop."""
+    from audiomask.serve.launch import stop_with_parent
+
     os.setpgrp()  # before Ray starts its processes, which join this group: the group of `audiomask serve` gets none
+    stop_with_parent(parent)
     try:
         status = _drive(settings, replicas, gpus_per_replica)
     except ValueError as error:

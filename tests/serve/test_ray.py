@@ -29,6 +29,8 @@ from websockets.asyncio.client import connect  # the conftest skips the module w
 
 from audiomask.serve.client import DEFAULT_MESSAGE_SAMPLES, stream_audio
 
+from .test_replicas import _running
+
 pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason='needs Ray Serve (pip install -e ".[ray]")'),
     pytest.mark.system,  # Ray's start and two replicas take a minute on 2 cores
@@ -194,3 +196,16 @@ def test_two_replicas_share_16_clients_and_drain_on_sigterm(ray_server, sample_a
         assert 0 < len(result.sent_at) < len(long_audio) / DEFAULT_MESSAGE_SAMPLES, "SIGTERM did not come mid-stream"
         assert result.final_at > 0, "no final result"
         assert result.text.startswith(result.partials[-1][1] if result.partials else "")
+
+
+def test_killing_audiomask_serve_stops_ray_too(ray_server):
+    """SIGKILL to `audiomask serve --ray` (nothing passed on): its driver, in a process group of its own, drains
+    and stops Ray's processes instead of serving on without it."""
+    descendants = _processes_under(ray_server.process.pid)
+    ray_server.process.kill()
+    ray_server.process.wait()
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    while [pid for pid in descendants if _running(pid)] and time.monotonic() < deadline:
+        time.sleep(HEALTH_POLL_S)
+    left = {pid: Path(f"/proc/{pid}/cmdline").read_bytes()[:200] for pid in descendants if _running(pid)}
+    assert not left, f"Ray's processes outlived audiomask serve: {left}"

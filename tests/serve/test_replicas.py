@@ -9,12 +9,14 @@ ends the server with status 1 and says why.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -96,3 +98,29 @@ def test_replicas_that_cannot_load_their_model_end_the_server_with_status_1(tmp_
     assert process.returncode == 1, process.stderr
     for replica in range(REPLICAS):
         assert f"replica {replica}: error: " in process.stderr and str(missing) in process.stderr, process.stderr
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` exists and has not exited (a zombie, exited and not yet reaped, has)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def test_the_replicas_stop_when_their_supervisor_is_killed(start_server):
+    server = start_server("--replicas", str(REPLICAS), "--device", "cpu", "--max-connections", "4")
+    _replicas_ready(server)
+    replicas = _workers_of(server.process.pid)
+    assert len(replicas) == REPLICAS, replicas
+    try:
+        server.process.kill()  # SIGKILL: no drain is passed on
+        server.process.wait()
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        while any(map(_running, replicas)) and time.monotonic() < deadline:
+            time.sleep(POLL_S)
+        assert not [pid for pid in replicas if _running(pid)], "a replica outlived its supervisor"
+    finally:
+        for pid in replicas:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
