@@ -88,8 +88,7 @@ MAX_SAMPLE_RATE = 768000
 # torchaudio's resampling filter holds (new / g) phases of (orig / g + 2 * width) float64 taps,
 # g = gcd of the rates, and building it takes several times that memory, and seconds for the largest.
 # Every standard rate from 8 to 768 kHz needs at most 2.2 MiB (11.025 kHz); exotic 44.056 kHz
-# needs 85 MiB and coprime rates such as 16001 Hz 2 GB. Figures: docs/design.md, "Defaults and the
-# figures behind them".
+# needs 85 MiB and coprime rates such as 16001 Hz 2 GB. Figures: docs/defaults.md.
 MAX_RESAMPLE_FILTER_BYTES = 16 * 2**20
 _LOWPASS_FILTER_WIDTH = 6  # torchaudio.functional.resample's defaults, which the filter size follows
 _ROLLOFF = 0.99

@@ -1,7 +1,7 @@
 """Comments state facts and contracts; the figures that chose a default, and their machine, are in the docs.
 
 The library modules' comments and docstrings name no machine and no measurement's provenance, and every
-constant that docs/design.md's "Defaults and the figures behind them" lists holds the value listed there.
+constant that docs/defaults.md lists holds the value listed there.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ LIBRARY_MODULES = sorted(
 )
 # A machine named, or a figure's provenance told ("measured", "the box"): what belongs in the docs.
 PROVENANCE = re.compile(r"\b(H200|H100|A100|EPYC|Xeon|2-core|16-vCPU|measured|profiled|the box)\b", re.IGNORECASE)
-SECTION = "## 9. Defaults and the figures behind them"
+SECTION = "# audiomask: defaults and the figures behind them"
 # A table row whose first cell is one dotted name under audiomask: `audiomask.x.y.NAME` | value | ...
 CONSTANT_ROW = re.compile(r"^\| `(audiomask(?:\.\w+)+)` \| ([^|]+) \|")
 
@@ -57,7 +57,7 @@ def test_library_comments_and_docstrings_name_no_machine_nor_measurement(path: P
 
 
 def _section_rows() -> list[tuple[str, str]]:
-    text = (REPOSITORY / "docs" / "design.md").read_text()
+    text = (REPOSITORY / "docs" / "defaults.md").read_text()
     assert SECTION in text
     section = text.split(SECTION, 1)[1].split("\n## ", 1)[0]
     return [match.groups() for match in map(CONSTANT_ROW.match, section.splitlines()) if match]

@@ -26,7 +26,7 @@ __all__ = [
 ]
 
 # torch.cuda._sleep cycles per calibration round: milliseconds at a GPU's clocks, long enough to time well with
-# events (figures: docs/design.md, "Defaults and the figures behind them").
+# events (figures: docs/defaults.md).
 _CALIBRATION_CYCLES = 20_000_000
 _CALIBRATION_ROUNDS = 2  # the first round also warms the clocks up; the last one counts
 # Phi-4MM-like in-place mask: 8 feature frames per token, chunks of 16 tokens, 4 chunks of left context.
@@ -77,8 +77,7 @@ class QueueFeed:
 
     The GPU of a server under load never drains between copies. A copy made
     in the first milliseconds after work is queued on an idle GPU costs many
-    times more host time, whatever its strategy (figures: docs/design.md,
-    "Defaults and the figures behind them"), so a measurement that fills an
+    times more host time, whatever its strategy (figures: docs/defaults.md), so a measurement that fills an
     idle GPU before every copy measures that transient, not the busy GPU.
     Work is queued in pieces of ``piece_ms``,
     each followed by an event: the depth still queued is then known from

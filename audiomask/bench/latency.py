@@ -86,7 +86,7 @@ PHI4MM_FULL_LEFT_CHUNKS = 4  # 5.12 s of left context (key/value cache: 80 token
 # (model, path, share of the throughput budget, first N tried): the driver's rows start front-end processes
 # per probe; the full-size rows start where they are known to pass, so that their time goes to their limits.
 # Below the capacities docs/benchmarks.md commits: probes under them would only spend the row's share (each
-# driver probe starts front-end processes). Figures: docs/design.md, "Defaults and the figures behind them".
+# driver probe starts front-end processes). Figures: docs/defaults.md.
 FULL_SIZE_SEARCH_START = 8192
 SHIPPED_SEARCH_START = 512
 THROUGHPUT_RUNS = (
@@ -142,7 +142,7 @@ FULL = RunSettings(
     latency_chunks=40,
     # A pipeline's fill and drain (one front-end cycle before the first step, one step after the last
     # front-end cycle) cost a run one cycle of the shorter stage: enough cycles keep that a small part of
-    # the 10 % allowance (figures: docs/design.md, "Defaults and the figures behind them").
+    # the 10 % allowance (figures: docs/defaults.md).
     # 96 cycles of 320 ms: one 30.7 s utterance per stream.
     pipeline_cycles=96,
     pipeline_repeats=5,

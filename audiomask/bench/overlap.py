@@ -27,8 +27,7 @@ every parallel region of the front end then waits for the straggler. On few
 cores that straggler is most of the front end's slowdown under overlap; on
 many, one thread fewer changes little, and the slowdown is the two threads'
 Python (the GIL), which a front end in its own process avoids
-(``frontend_process=True``, timed beside the thread). Figures: docs/design.md,
-"Defaults and the figures behind them".
+(``frontend_process=True``, timed beside the thread). Figures: docs/defaults.md.
 """
 
 from __future__ import annotations
@@ -51,8 +50,7 @@ WITHIN = 0.10  # the target: overlapped wall within 10 % of max(T_cpu, T_gpu)
 CALIBRATION_CYCLES = 6
 # A cycle's larger stage (front end or encoder) takes at least this long at the calibrated B: a cycle's fixed
 # costs (thread hand-offs, the planner's and the driver's Python) are then a few per cent of it, so the
-# overlap measured is the stages', not the driver's overhead. Figures: docs/design.md, "Defaults and the
-# figures behind them".
+# overlap measured is the stages', not the driver's overhead. Figures: docs/defaults.md.
 MIN_CYCLE_S = 0.02
 
 
@@ -146,7 +144,7 @@ def pipeline_runs(
     final_runs = 3 * (warmup + cycles) / (warmup + CALIBRATION_CYCLES)
     # The process's first drive pays one-time costs (CUDA graph captures, allocator and ring growth): run
     # untimed, so that neither B = 1's figures nor the budget rule see them (timed, they can stop the
-    # calibration at B = 1: docs/design.md, "Defaults and the figures behind them").
+    # calibration at B = 1: docs/defaults.md).
     drive(model, 1, CALIBRATION_CYCLES, chunk_size, left_chunk, overlap=False)
     batch = 1
     while True:

@@ -27,11 +27,11 @@ __all__ = ["MEL_BLOCK_ROWS", "SLAB_FRAMES", "FeatureStream", "FeatureStreams", "
 # Frames per slab of torch calls inside one computation: 2 MB of float64 FFT
 # input at n_fft 512, small enough that the FFT's input and output stay in the
 # cache (larger slabs are slower), where a 1-hour file in one slab would need
-# 1.5 GB of scratch. Figures: docs/design.md, "Defaults and the figures behind them".
+# 1.5 GB of scratch. Figures: docs/defaults.md.
 SLAB_FRAMES = 512
 # Frames of every mel filter product (a multiple of 16, so that whole blocks of a 64-byte aligned
 # float32 array stay aligned). Fewer rows cost more a frame: each product call per block and group has
-# a fixed cost. Figures: docs/design.md, "Defaults and the figures behind them".
+# a fixed cost. Figures: docs/defaults.md.
 MEL_BLOCK_ROWS = 256
 
 

@@ -60,7 +60,7 @@ PCM_SCALE = 32768.0  # float samples -> 16-bit PCM range, the scale the model wa
 POWER_FLOOR = 1.0  # clamp before the log: log(1) = 0 for silence
 _SCRATCH = threading.local()  # per thread: {fft dtype: scratch buffers of one slab}
 # Filter groups of the banded mel product over 257 power bins: the fastest split in blocks of
-# MEL_BLOCK_ROWS frames (figures: docs/design.md, "Defaults and the figures behind them").
+# MEL_BLOCK_ROWS frames (figures: docs/defaults.md).
 MEL_GROUPS = 3
 
 
@@ -147,8 +147,7 @@ class Phi4MMFrontend(Frontend):
         Reused across calls rather than allocated per slab: freshly allocated
         megabyte buffers come back from the allocator as new pages often
         enough (glibc trims its heap) that page faults cost more than the
-        arithmetic (figures: docs/design.md, "Defaults and the figures behind
-        them"). Per thread, so that threads may share a front end.
+        arithmetic (figures: docs/defaults.md). Per thread, so that threads may share a front end.
         """
         buffers = getattr(_SCRATCH, "buffers", None)
         if buffers is None:

@@ -6,7 +6,7 @@ interpreter lock, and every torch call of the front end hands it over and
 takes it back: a main thread running Python at the same time makes each
 hand-back wait, whatever torch's thread count, the kind of wait or the switch
 interval, and a front-end cycle then costs many times its time alone
-(figures: docs/design.md, "Defaults and the figures behind them"). A process
+(figures: docs/defaults.md). A process
 has its own interpreter.
 
 :class:`FeatureProcess` splits the slots over ``workers`` spawned processes,
@@ -76,8 +76,8 @@ __all__ = [
 START_TIMEOUT_S = 120.0  # an interpreter and torch's import, on a loaded machine
 MAX_IN_FLIGHT = 2  # cycles submitted and not yet taken: one computing, one queued behind it
 _BUFFERS = MAX_IN_FLIGHT + 1  # and the one the caller reads
-# Default: one front-end process per this many cores, which its torch threads use (figures: docs/design.md,
-# "Defaults and the figures behind them").
+# Default: one front-end process per this many cores, which its torch threads use (figures: docs/defaults.md
+# ).
 CORES_PER_WORKER = 4
 _CYCLE_ROWS = len(dataclasses.fields(SlotCycle))  # a cycle's (B,) arrays, one row each
 _WALL, _CPU = range(2)  # a process's seconds per cycle: wall time, CPU time (all its threads)

@@ -70,7 +70,7 @@ HOP_SAMPLES = HOP_LENGTH  # 160: one frame per 10 ms
 MEL_HIGH_HZ = SAMPLE_RATE / 2
 POWER_FLOOR = 1e-10  # clamp before log10: -10 for digital silence
 # Filter groups of the banded mel product: among the fastest splits in blocks of MEL_BLOCK_ROWS frames
-# (figures: docs/design.md, "Defaults and the figures behind them").
+# (figures: docs/defaults.md).
 MEL_GROUPS = 5
 DYNAMIC_RANGE = 8.0  # log10 units (80 dB) kept below the peak
 LOG_OFFSET = 4.0  # (x + 4) / 4 maps the usual range to about [-1, 1.5]

@@ -258,6 +258,6 @@ def regular_band(size: int, chunk_size: int, left: int, out: np.ndarray) -> np.n
         mask[n_full * chunk_size :] = template[start : start + size]
     # Every batch row is the same mask: a contiguous block copy per row is
     # faster than re-reading the strided template row by row (figures:
-    # docs/design.md, "Defaults and the figures behind them").
+    # docs/defaults.md).
     batched[1:] = mask
     return out

@@ -18,8 +18,7 @@ does it wait for the oldest copy in flight.
 
 Copies that ride the consumer's stream hold their slot until the consumer's
 queue reaches them, so a busy queue needs hundreds of slots, and pinning costs
-milliseconds a call whatever the size (docs/design.md, "Defaults and the
-figures behind them"). Those slots are grown in segments: one
+milliseconds a call whatever the size (docs/defaults.md). Those slots are grown in segments: one
 pinned block carved into as many slots as the pool holds of that size already
 (their number doubles), up to ``SEGMENT_BYTES`` a block.
 

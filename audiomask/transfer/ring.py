@@ -74,7 +74,7 @@ DEFAULT_NUM_SLOTS = 4  # enough to double-buffer two producers
 DEFAULT_MAX_PINNED_BYTES = 512 * MiB  # pinned memory is locked RAM: bound what the ring may take
 # Up to this many bytes a copy rides the consumer's stream: below it the consumer's queue is the cheaper
 # submit behind a busy queue, above it the copy stream is (the slots a busy queue holds are touched cold).
-# Figures: docs/design.md, "Defaults and the figures behind them".
+# Figures: docs/defaults.md.
 DEFAULT_CONSUMER_COPY_BYTES = 64 * KiB
 # Offsets of arrays packed into one slot: cudaMalloc's alignment, so that the
 # device views of a packed copy are as aligned as fresh allocations.

@@ -36,8 +36,7 @@ __all__ = [
 # then moves several times what numpy's single thread does; below it numpy is as fast and has no
 # parallel region to wake. A parallel region waits for its slowest thread, which costs milliseconds
 # right after the host idled and on a loaded host of few cores, so with fewer threads numpy copies
-# everything under FEW_THREADS_PARALLEL_COPY_BYTES. Figures: docs/design.md, "Defaults and the
-# figures behind them".
+# everything under FEW_THREADS_PARALLEL_COPY_BYTES. Figures: docs/defaults.md.
 PARALLEL_COPY_BYTES = 1 * MiB
 PARALLEL_COPY_MIN_THREADS = 4
 FEW_THREADS_PARALLEL_COPY_BYTES = 32 * MiB
