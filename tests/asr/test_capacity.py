@@ -1,0 +1,48 @@
+"""audiomask.asr.capacity and the recognizer's sizes: one ChunkPlan, no streams opened only to size memory."""
+
+from __future__ import annotations
+
+import pytest
+
+from audiomask.asr.recognizer import StreamingRecognizer
+from audiomask.constants import SAMPLE_RATE
+from audiomask.streaming import Phi4MMStream, Qwen3ASRStream, chunk_plan
+
+MS_PER_S = 1000
+
+
+@pytest.fixture
+def opened(monkeypatch):
+    """The batch size of every stream of either family constructed while the test runs, in order."""
+    sizes: list[int] = []
+    for family in (Phi4MMStream, Qwen3ASRStream):
+        construct = family.__init__
+
+        def counting(self, encoder, batch_size=1, *args, _construct=construct, **kwargs):
+            sizes.append(batch_size)
+            _construct(self, encoder, batch_size, *args, **kwargs)
+
+        monkeypatch.setattr(family, "__init__", counting)
+    return sizes
+
+
+@pytest.mark.parametrize(("max_streams", "lanes", "sizes"), [(4, 1, [4]), (5, 2, [3, 2]), (3, 3, [1, 1, 1])])
+def test_a_recognizer_opens_its_lanes_streams_and_no_other(model, opened, max_streams, lanes, sizes):
+    with StreamingRecognizer(model, chunk_ms=160, left_chunks=2, max_streams=max_streams, lanes=lanes, overlap=False):
+        assert opened == sizes
+
+
+@pytest.mark.parametrize("family", ["phi4mm", "qwen3_asr"])
+def test_the_recognizers_sizes_are_its_plans(tiny_asr_model, family):
+    model = tiny_asr_model(family=family)
+    chunk_ms, left_chunks = (240, 3) if family == "phi4mm" else (None, None)
+    with StreamingRecognizer(model, chunk_ms=chunk_ms, left_chunks=left_chunks, overlap=False) as recognizer:
+        plan = recognizer.plan
+        assert plan == chunk_plan(model.encoder, chunk_ms, left_chunks, frontend=model.frontend)
+        assert (recognizer.chunk_ms, recognizer.left_chunks) == (plan.chunk_ms, plan.left_chunks)
+        assert (recognizer.first_block_samples, recognizer.block_samples) == (
+            plan.first_block_samples,
+            plan.block_samples,
+        )
+        assert recognizer.block_samples == plan.chunk_ms * SAMPLE_RATE // MS_PER_S  # one chunk of 16 kHz samples
+    assert "samples" in StreamingRecognizer.block_samples.__doc__  # a documented property, with its unit
