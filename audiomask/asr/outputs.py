@@ -56,8 +56,7 @@ import numpy as np
 import torch
 
 from audiomask.checks import check_int
-from audiomask.constants import FRAME_MS
-from audiomask.streaming import EncoderStream, Qwen3ASRStream
+from audiomask.streaming import EncoderStream
 
 __all__ = ["DEFAULT_MAX_PENDING", "ChunkQueue", "EncoderChunk", "OutputError", "TokenClock"]
 
@@ -98,9 +97,9 @@ class EncoderChunk:
 class TokenClock:
     """Where each output token of a stream's encoder starts, in ms: its chunk's start plus its place in the chunk.
 
-    A full chunk of ``chunk_frames`` frames yields ``tokens_per_chunk`` tokens
-    (Qwen3-ASR: its conv chunk's tokens, its steps returning 8 chunks' windows),
-    each ``ceil(chunk_frames / tokens_per_chunk)`` frames after the previous one.
+    The stream's :class:`~audiomask.streaming.ChunkPlan` says its family's clock: a full chunk of
+    ``chunk_ms`` yields ``chunk_tokens`` tokens (Qwen3-ASR: its conv chunk's, its steps returning 8 chunks'
+    windows), each ``token_ms`` after the previous one.
 
     >>> from audiomask.asr.checkpoint import load_model
     >>> from audiomask.streaming import open_stream
@@ -110,12 +109,8 @@ class TokenClock:
     """
 
     def __init__(self, stream: EncoderStream) -> None:
-        if isinstance(stream, Qwen3ASRStream):
-            self.tokens_per_chunk = stream.encoder.config.chunk_tokens
-        else:
-            self.tokens_per_chunk = stream.tokens_per_chunk
-        self.chunk_ms = stream.chunk_frames * FRAME_MS
-        self.token_ms = -(-stream.chunk_frames // self.tokens_per_chunk) * FRAME_MS
+        plan = stream.plan
+        self.tokens_per_chunk, self.chunk_ms, self.token_ms = plan.chunk_tokens, plan.chunk_ms, plan.token_ms
 
     def times_ms(self, start: int, count: int) -> np.ndarray:
         """``(count,)`` float64: the start, in ms, of tokens ``start .. start + count - 1``."""

@@ -53,6 +53,7 @@ from audiomask.constants import SAMPLE_RATE
 from audiomask.features.frontend import Frontend
 from audiomask.features.process import MAX_IN_FLIGHT
 from audiomask.features.slots import SlotCycle, SlotSamples
+from audiomask.streaming.plan import block_samples
 
 if TYPE_CHECKING:
     import torch
@@ -84,19 +85,6 @@ def ring_capacity(first_block: int, block: int) -> int:
 # Feature batches alive at once: the processes' buffers (one read, MAX_IN_FLIGHT in flight), or a thread's cycles.
 _FEATURE_BATCHES = MAX_IN_FLIGHT + 1
 _FLOAT32_BYTES = 4
-
-
-def block_samples(frontend: Frontend, chunk_frames: int) -> tuple[int, int]:
-    """Samples of a stream's first block and of each later one: exactly ``chunk_frames`` frames each.
-
-    The first chunk's last frame ends at ``hop * (chunk_frames - 1) + win`` samples of the padded signal.
-
-    >>> from audiomask.features import Phi4MMFrontend
-    >>> block_samples(Phi4MMFrontend(), 32)
-    (5360, 5120)
-    """
-    framing = frontend.framing
-    return framing.hop * (chunk_frames - 1) + framing.win - framing.pad, chunk_frames * framing.hop
 
 
 def slot_host_bytes(frontend: Frontend, chunk_frames: int) -> int:

@@ -42,8 +42,8 @@ from audiomask.asr.outputs import DEFAULT_MAX_PENDING, ChunkQueue, EncoderChunk
 from audiomask.asr.transcript import Transcript
 from audiomask.audio import load
 from audiomask.checks import check_int, check_seconds
-from audiomask.constants import FRAME_MS
 from audiomask.samples import as_samples
+from audiomask.streaming import chunk_plan
 from audiomask.transfer import require_device
 
 __all__ = ["MAX_WAIT_S", "RecognizerStream", "StreamingRecognizer"]
@@ -56,9 +56,8 @@ MAX_WAIT_S = threading.TIMEOUT_MAX  # seconds: the longest wait a lock takes (ab
 class RecognizerStream:
     """One utterance: ``accept(samples)`` as they arrive, ``partial()`` any time, ``finish()`` once.
 
-    Every method may be called from any thread (see :class:`StreamingRecognizer`).
-    A stream whose handle is garbage-collected unfinished is ended, and its
-    slot freed, at the recognizer's next call.
+    Every method may be called from any thread (see :class:`StreamingRecognizer`). A stream whose handle is
+    garbage-collected unfinished is ended, and its slot freed, at the recognizer's next call.
     """
 
     def __init__(self, recognizer: StreamingRecognizer, inner: DriverStream) -> None:
@@ -246,28 +245,23 @@ class StreamingRecognizer:
         model: an :class:`ASRModel`; its encoder and head are moved to ``device``.
         device: ``"cpu"``, ``"cuda"``, ``"cuda:N"``. A CUDA device on a machine without CUDA raises
             ``ValueError`` (no silent fallback: a server sized for a GPU would not keep up on the CPU).
-        chunk_ms: milliseconds of audio per encoder chunk, at most
-            :data:`~audiomask.asr.capacity.MAX_CHUNK_MS` (a minute); default: the encoder's. Phi-4MM: a multiple
-            of one token, ``10 * time_reduction`` ms (80 for the released model); default: the config's chunk.
-            Qwen3-ASR: its fixed conv chunk, 1000 ms (see :func:`~audiomask.streaming.open_stream`).
-        left_chunks: chunks of left context each chunk attends to; default: the config's (Qwen3-ASR:
-            ``None`` only, it attends inside windows of 8 chunks). ``(left_chunks + 1) * chunk_ms`` is
-            at most :data:`~audiomask.asr.capacity.MAX_CONTEXT_MS` (ten minutes).
+        chunk_ms, left_chunks, cuda_graph: milliseconds of audio per encoder chunk (at most a minute; Phi-4MM: a
+            multiple of one token, 80 ms for the released model; Qwen3-ASR: 1000), chunks of left context each
+            attends to (``(left_chunks + 1) * chunk_ms`` at most ten minutes; Qwen3-ASR: ``None`` only), and
+            CUDA graphs for the chunk step (default: on CUDA, for Phi-4MM; their memory is taken at the first
+            step, so later steps never allocate for the encoder); default: the encoder's. Checked and sized
+            once, as :func:`~audiomask.streaming.chunk_plan` says: the attribute ``plan``.
         max_streams: encoder slots, streams decoded at once (more wait for a free slot); default 4. Their caches
-            (measured on one- and two-slot streams of these settings) and sample rings must fit in the memory
-            free on ``device`` (and the host), else ``ValueError`` says how many fit, before allocating.
+            (counted by the configuration's :attr:`plan`) and sample rings must fit in the memory free on
+            ``device`` (and the host), else ``ValueError`` says how many fit, before allocating.
         overlap: compute the next chunk's features on a worker thread while the encoder runs.
         frontend_process: with ``overlap``, compute them in processes of their own instead, which share no
             interpreter lock with the encoder's thread (for servers: seconds to start, once; see
             :class:`~audiomask.asr.driver.StreamingDriver`). :meth:`close` (or ``with``) stops them.
-        frontend_workers: with ``frontend_process``, how many processes share the streams' slots
-            (default: one per four cores this process may run on, at most ``max_streams``); the text is
-            the same whatever the count.
+        frontend_workers: with ``frontend_process``, how many processes share the streams' slots (default: one per
+            four cores this process may run on, at most ``max_streams``); the text is the same whatever the count.
         outputs_on: where the embeddings of delivered encoder outputs live: ``"host"`` (pinned memory,
             the default) or ``"device"`` (``device``, for a consumer there); see :mod:`audiomask.asr.outputs`.
-        cuda_graph: replay the encoder's chunk step as CUDA graphs (default: on CUDA, for the families
-            that have them: Phi-4MM); their memory is taken once, at the first step, so later steps never
-            allocate for the encoder.
         idle_timeout_s: a stream that has not sent audio for this many seconds (``0 < idle_timeout_s <=
             MAX_WAIT_S``) is ended (as by :meth:`RecognizerStream.input_finished`) at the next call into the
             recognizer (:meth:`poll` included): it holds no slot, and its later ``accept`` raises
@@ -283,34 +277,28 @@ class StreamingRecognizer:
             step costs its slots, up to 16 lanes of one width (the slots rounded up to fill them), so a stream
             alone steps one slot (4 of 64). ``lanes=1``: the fewest steps for streams all fed at once.
 
-    Scheduling: a chunk step runs when every stream in a slot has its next
-    chunk (full batches: the best throughput), or once a ready chunk has
-    waited ``max_wait_ms`` for the others, or at once for a
-    stream that has ended: then it runs the streams that are ready, and the
-    others go on where they stopped when their audio comes. Waiting streams
-    take free slots as their first chunk arrives, whatever their order of
-    opening. Nothing runs between calls: a server calls :meth:`poll` every few
-    milliseconds (from a ticker thread) so that a ready chunk never waits
-    longer than the bound for a call to come in.
+    Scheduling: a chunk step runs when every stream in a slot has its next chunk (full batches: the best
+    throughput), or once a ready chunk has waited ``max_wait_ms`` for the others, or at once for a stream that has
+    ended: then it runs the streams that are ready, and the others go on where they stopped when their audio comes.
+    Waiting streams take free slots as their first chunk arrives, whatever their order of opening. Nothing runs
+    between calls: a server calls :meth:`poll` every few milliseconds (from a ticker thread) so that a ready chunk
+    never waits longer than the bound for a call to come in.
 
-    Thread safety: streams may be opened, fed, finished and read from several threads at once; the text of
-    each stream does not depend on the others, nor on how the calls interleave. One thread at a time runs
-    encoder steps (the feature worker runs beside it); the others' calls queue their audio and return, its
-    steps carrying their chunks too. The recognizer's lock guards only bookkeeping: it is let go during every
-    encoder step and every wait for the front end or the device, so a long ``accept`` delays another thread's
-    call by one step's bookkeeping at most, and :meth:`RecognizerStream.partial` takes no lock at all.
-    :meth:`transcribe` works while other threads stream. Each torch call of a step gives up the interpreter
-    lock and, while other threads run Python, waits up to :func:`sys.getswitchinterval` (5 ms by default) to
-    take it back: beside a busy event loop on the CPU a shorter one keeps steps short (``audiomask serve`` sets
-    0.5 ms there; on CUDA it measured worse).
+    Thread safety: streams may be opened, fed, finished and read from several threads at once; the text of each
+    stream does not depend on the others, nor on how the calls interleave. One thread at a time runs encoder steps
+    (the feature worker runs beside it); the others' calls queue their audio and return, its steps carrying their
+    chunks too. The recognizer's lock guards only bookkeeping: it is let go during every encoder step and every wait
+    for the front end or the device, so a long ``accept`` delays another thread's call by one step's bookkeeping at
+    most, and :meth:`RecognizerStream.partial` takes no lock at all. :meth:`transcribe` works while other threads
+    stream. Each torch call of a step gives up the interpreter lock and, while other threads run Python, waits up to
+    :func:`sys.getswitchinterval` (5 ms by default) to take it back: beside a busy event loop on the CPU a shorter
+    one keeps steps short (``audiomask serve`` sets 0.5 ms there; on CUDA it measured worse).
 
-    Failures: an error inside an encoder step (CUDA out of memory, a device
-    fault, Ctrl-C) leaves the step half done, so the recognizer stops: that
-    call raises (out of memory as ``torch.OutOfMemoryError`` naming what to
-    reduce), later calls raise ``RuntimeError``; ``partial()`` still returns
-    each stream's text so far, and the output queues of unfinished streams
-    fail with :class:`~audiomask.asr.outputs.OutputError` once their chunks are taken.
-    :meth:`close` too makes later calls raise ``RuntimeError``.
+    Failures: an error inside an encoder step (CUDA out of memory, a device fault, Ctrl-C) leaves the step half
+    done, so the recognizer stops: that call raises (out of memory as ``torch.OutOfMemoryError`` naming what to
+    reduce), later calls raise ``RuntimeError``; ``partial()`` still returns each stream's text so far, and the
+    output queues of unfinished streams fail with :class:`~audiomask.asr.outputs.OutputError` once their chunks are
+    taken. :meth:`close` too makes later calls raise ``RuntimeError``.
     """
 
     def __init__(
@@ -340,17 +328,16 @@ class StreamingRecognizer:
         max_streams = check_int("max_streams", max_streams, minimum=1)
         model.encoder.to(self.device).eval()
         model.head.to(self.device).eval()
+        self.plan = chunk_plan(model.encoder, chunk_ms, left_chunks, cuda_graph=cuda_graph, frontend=model.frontend)
         if lanes is None:
             lanes, max_streams = default_lanes(max_streams, self.device, frontend_workers)
         lanes = check_int("lanes", lanes, minimum=1, maximum=max_streams)
-        streams = open_fitting(model, self.device, max_streams, chunk_ms, left_chunks, cuda_graph, lanes)
-        stream = streams[0]
-        chunk = stream.chunk_frames * FRAME_MS
+        streams = open_fitting(model, self.device, max_streams, self.plan, lanes)
         if max_wait_ms is None:
-            max_wait_ms = chunk // lanes
+            max_wait_ms = self.chunk_ms // lanes
         max_wait_ms = check_int("max_wait_ms", max_wait_ms, minimum=0)
-        if max_wait_ms > chunk:
-            raise ValueError(f"max_wait_ms must be at most chunk_ms ({chunk}), got {max_wait_ms}")
+        if max_wait_ms > self.chunk_ms:
+            raise ValueError(f"max_wait_ms must be at most chunk_ms ({self.chunk_ms}), got {max_wait_ms}")
         self._driver = StreamingDriver(
             streams,
             model.head,
@@ -361,14 +348,7 @@ class StreamingRecognizer:
             frontend_workers=frontend_workers,
             wait_clock=lambda: _clock(),
         )
-        self.max_streams = self._driver.batch_size
-        self.lanes = lanes
-        self.chunk_ms = stream.chunk_frames * FRAME_MS
-        # Samples of a stream's first block and of each later one: a step takes nothing shorter from a stream
-        # that goes on, so a caller may hold samples back until they complete a block.
-        self.first_block_samples = self._driver.first_block_samples
-        self.block_samples = self._driver.block_samples
-        self.left_chunks = stream.left_chunk
+        self.max_streams, self.lanes = self._driver.batch_size, lanes
         self.max_wait_s = max_wait_ms / MS_PER_S  # how long a ready chunk waits for the other streams
         self._lock = threading.Condition(threading.Lock())  # guards the bookkeeping; notified as streams move
         self._running = False  # a thread is running encoder steps (it lets go of the lock during each)
@@ -377,6 +357,26 @@ class StreamingRecognizer:
         self._collected: deque[DriverStream] = deque()  # streams whose handle was collected, to end
         self._failure: str | None = None  # why the recognizer stopped
         self._closed = False
+
+    @property
+    def chunk_ms(self) -> int:
+        """Milliseconds of audio per encoder chunk (the :attr:`plan`'s)."""
+        return self.plan.chunk_ms
+
+    @property
+    def left_chunks(self) -> int | None:
+        """Chunks of left context each chunk attends to; ``None`` for Qwen3-ASR (it attends inside windows)."""
+        return self.plan.left_chunks
+
+    @property
+    def first_block_samples(self) -> int:
+        """16 kHz samples of a stream's first chunk of audio (its first frame's window included)."""
+        return self.plan.first_block_samples
+
+    @property
+    def block_samples(self) -> int:
+        """16 kHz samples of each later chunk of audio (``chunk_ms``): the block a caller reads or holds back."""
+        return self.plan.block_samples
 
     @property
     def stats(self) -> RunStats:

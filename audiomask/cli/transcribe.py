@@ -146,7 +146,7 @@ def _transcribe_source(recognizer: Any, source: _Source, output: Output, index: 
     from audiomask.audio import TruncatedAudioWarning
 
     name = source.name
-    block_samples = recognizer.chunk_ms * SAMPLE_RATE // MS_PER_S
+    block_samples = recognizer.block_samples  # one encoder chunk of 16 kHz samples
     started = time.perf_counter()
     stream, read = None, 0
     try:

@@ -18,6 +18,7 @@ from torch import nn
 
 from audiomask.checks import check_int
 from audiomask.models.layers import host_lengths
+from audiomask.streaming.plan import ChunkPlan
 from audiomask.streaming.protocol import EncoderStream
 from audiomask.transfer import parallel_copy_bytes, to_device, torch_dtype_of
 
@@ -80,13 +81,21 @@ class FrameBuffer:
 class BufferedStream(EncoderStream):
     """The shared part of the streams: slots, the frame buffer, input checks and ``last_lengths`` accounting.
 
-    A subclass sets :attr:`chunk_frames`, :attr:`tokens_per_chunk` and
-    :attr:`left_chunk`, and implements :meth:`_valid_tokens` (real output tokens
-    of the frames pushed to each slot) besides the protocol's methods.
+    :attr:`chunk_frames`, :attr:`tokens_per_chunk` and :attr:`left_chunk` are
+    the ``plan``'s. A subclass implements :meth:`_valid_tokens` (real output
+    tokens of the frames pushed to each slot) besides the protocol's methods.
     """
 
-    def __init__(self, module: nn.Module, batch_size: int, feature_size: int, time_dim: int, output_size: int) -> None:
+    def __init__(
+        self, module: nn.Module, batch_size: int, feature_size: int, time_dim: int, output_size: int, plan: ChunkPlan
+    ) -> None:
         self.batch_size = check_int("batch_size", batch_size, minimum=1)
+        self.plan = plan
+        self.chunk_frames, self.tokens_per_chunk, self.left_chunk = (
+            plan.chunk_frames,
+            plan.tokens_per_chunk,
+            plan.left_chunks,
+        )
         parameter = next(module.parameters())
         self.device, self.dtype = parameter.device, parameter.dtype
         self.feature_size, self.time_dim, self.output_size = feature_size, time_dim, output_size
@@ -94,6 +103,15 @@ class BufferedStream(EncoderStream):
         self._frames = np.zeros(self.batch_size, np.int64)  # frames per slot since its utterance began
         self._emitted = 0  # output tokens (per slot, valid or padding) push/flush returned since the last flush
         self.last_lengths = np.zeros(self.batch_size, np.int64)
+
+    @classmethod
+    def _given_plan(cls, plan: object) -> ChunkPlan:
+        """``plan`` checked: a :class:`~audiomask.streaming.ChunkPlan` of this class's streams."""
+        if not isinstance(plan, ChunkPlan):
+            raise ValueError(f"plan must be a ChunkPlan of a {cls.__name__}, got {type(plan).__name__}")
+        if plan.family != cls.__name__:
+            raise ValueError(f"plan must be a ChunkPlan of a {cls.__name__}, got one of a {plan.family}")
+        return plan
 
     def _push_frames(self, features: torch.Tensor, lengths: object) -> None:
         """Check ``features`` and append them to the buffer (time on dim 1 there)."""

@@ -16,13 +16,18 @@ import numpy as np
 import torch
 
 from audiomask.checks import check_int
+from audiomask.constants import FRAME_MS
 from audiomask.features import Phi4MMFrontend
+from audiomask.features.frontend import Frontend
 from audiomask.masks import padding_mask
 from audiomask.models.phi4mm import Phi4MMEncoder
 from audiomask.streaming.buffer import BufferedStream
+from audiomask.streaming.plan import ChunkPlan, block_samples
 from audiomask.transfer import to_device
 
 __all__ = ["Phi4MMStream"]
+
+_BOOL_BYTES = 1  # a torch.bool mask element
 
 
 class Phi4MMStream(BufferedStream):
@@ -35,6 +40,8 @@ class Phi4MMStream(BufferedStream):
         left_chunk: chunks of left context, ``>= 0``; ``None``: the config's.
         cuda_graph: replay the chunk step as CUDA graphs (one launch instead
             of hundreds; CUDA only), captured at the first step.
+        plan: instead of the three above, a :class:`~audiomask.streaming.ChunkPlan`
+            of this family (:meth:`make_plan`), which the stream then holds.
 
     State per slot: for every block the keys/values of the last
     ``(left_chunk + 1) * chunk_size`` tokens ``(2, B, H, S, D / H)`` and the
@@ -74,16 +81,21 @@ class Phi4MMStream(BufferedStream):
         left_chunk: int | None = None,
         *,
         cuda_graph: bool = False,
+        plan: ChunkPlan | None = None,
     ) -> None:
         if not isinstance(encoder, Phi4MMEncoder):
             raise ValueError(f"encoder must be a Phi4MMEncoder, got {type(encoder).__name__}")
+        if plan is None:
+            plan = self._sized(encoder, chunk_size, left_chunk, cuda_graph, self.default_frontend())
+        elif (chunk_size, left_chunk, cuda_graph) != (None, None, False):
+            raise ValueError(
+                f"chunk_size, left_chunk and cuda_graph are the plan's: leave them out with a plan, got "
+                f"chunk_size={chunk_size}, left_chunk={left_chunk}, cuda_graph={cuda_graph}"
+            )
         config = encoder.config
-        super().__init__(encoder, batch_size, config.input_size, time_dim=1, output_size=config.hidden_size)
-        chunk_size, left_chunk = encoder.chunking(chunk_size, left_chunk)
-        self.chunk_size = check_int("chunk_size", chunk_size, minimum=1)
-        self.left_chunk = left_chunk
-        self.tokens_per_chunk = self.chunk_size
-        self.chunk_frames = self.chunk_size * config.time_reduction
+        plan = self._given_plan(plan)
+        super().__init__(encoder, batch_size, config.input_size, time_dim=1, output_size=config.hidden_size, plan=plan)
+        self.chunk_size = self.tokens_per_chunk
         self.encoder = encoder
         self._blocks = self.left_chunk + 1  # chunks held by the key/value ring
         self._keys = self._blocks * self.chunk_size  # S: cached tokens plus the chunk's own
@@ -118,9 +130,7 @@ class Phi4MMStream(BufferedStream):
         self._position = np.zeros(self.batch_size, np.int64)
         # CUDA graphs of the chunk step, one per ring phase, captured on first use (None: eager).
         self._graphs: list[tuple[torch.cuda.CUDAGraph, torch.Tensor]] | None = None
-        if cuda_graph:
-            if self.device.type != "cuda":
-                raise ValueError(f"cuda_graph needs the encoder on a CUDA device, got {self.device}")
+        if plan.cuda_graph:
             self._graphs = []
             self._static_chunk = torch.zeros(batch, self.chunk_frames, config.input_size, **like)
             self._static_masks = torch.ones(batch, self.chunk_frames + self._keys, dtype=torch.bool, device=self.device)
@@ -129,6 +139,78 @@ class Phi4MMStream(BufferedStream):
     def default_frontend(cls) -> Phi4MMFrontend:
         """The Phi-4MM front end: 80 mels, ``(T, 80)`` frames of 25 ms every 10 ms, no centring."""
         return Phi4MMFrontend()
+
+    @classmethod
+    def _plan(
+        cls, encoder: object, chunk_ms: int | None, left_chunks: int | None, cuda_graph: bool | None, frontend: Frontend
+    ) -> ChunkPlan:
+        """Chunks of any whole number of tokens (``10 * time_reduction`` ms); ``None``: the config's chunk."""
+        if not isinstance(encoder, Phi4MMEncoder):
+            raise ValueError(f"encoder must be a Phi4MMEncoder, got {type(encoder).__name__}")
+        config = encoder.config
+        chunk_size = None
+        if chunk_ms is None and config.chunk_size < 1:
+            raise ValueError(
+                f"chunk_ms must be given: the encoder config's chunk_size ({config.chunk_size}) means full attention"
+            )
+        if chunk_ms is not None:
+            token_ms = FRAME_MS * config.time_reduction
+            if chunk_ms % token_ms:
+                raise ValueError(f"chunk_ms must be a multiple of {token_ms} (one encoder token), got {chunk_ms}")
+            chunk_size = chunk_ms // token_ms
+        return cls._sized(encoder, chunk_size, left_chunks, cuda_graph, frontend)
+
+    @classmethod
+    def _sized(
+        cls,
+        encoder: Phi4MMEncoder,
+        chunk_size: int | None,
+        left_chunk: int | None,
+        cuda_graph: bool | None,
+        frontend: Frontend,
+    ) -> ChunkPlan:
+        """The plan of chunks of ``chunk_size`` tokens and ``left_chunk`` chunks of context (the config's: ``None``).
+
+        The state is what :meth:`__init__` allocates: per slot the key/value ring ``(layers, 2, H, S, D / H)``,
+        the conv caches ``(layers, kernel_size - 1, D)``, each stride-2 subsampling stage's last input step,
+        and with CUDA graphs the step's static chunk and masks; per stream the bias ``(left_chunk + 1, H, C, S)``.
+        """
+        chunk_size, left_chunk = encoder.chunking(chunk_size, left_chunk)
+        chunk_size = check_int("chunk_size", chunk_size, minimum=1)
+        parameter = next(encoder.parameters())
+        graph = parameter.device.type == "cuda" if cuda_graph is None else bool(cuda_graph)
+        if graph and parameter.device.type != "cuda":
+            raise ValueError(f"cuda_graph needs the encoder on a CUDA device, got {parameter.device}")
+        config, width = encoder.config, parameter.element_size()
+        frames, keys, heads = (
+            chunk_size * config.time_reduction,
+            (left_chunk + 1) * chunk_size,
+            config.num_attention_heads,
+        )
+        layers = len(encoder.encoders)
+        elements = layers * (
+            2 * keys * heads * (config.hidden_size // heads) + (config.kernel_size - 1) * config.hidden_size
+        )
+        bins = config.input_size
+        for conv in encoder.embed.strided_convs():
+            elements += conv.in_channels * bins
+            bins = -(-bins // 2)
+        graph_bytes = (frames * config.input_size * width + (frames + keys) * _BOOL_BYTES) if graph else 0
+        first_block, block = block_samples(frontend, frames)
+        return ChunkPlan(
+            family=cls.__name__,
+            chunk_ms=frames * FRAME_MS,
+            chunk_frames=frames,
+            tokens_per_chunk=chunk_size,
+            chunk_tokens=chunk_size,
+            left_chunks=left_chunk,
+            left_tokens=left_chunk * chunk_size,
+            first_block_samples=first_block,
+            block_samples=block,
+            cuda_graph=graph,
+            slot_bytes=elements * width + graph_bytes,
+            shared_bytes=(left_chunk + 1) * heads * chunk_size * keys * width,
+        )
 
     def _valid_tokens(self) -> np.ndarray:
         return -(-self._frames // self.encoder.config.time_reduction)

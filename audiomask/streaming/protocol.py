@@ -14,7 +14,10 @@ utterances and advances all of them one chunk per :meth:`~EncoderStream.step`:
 - :meth:`~EncoderStream.reset_slots` starts new utterances in some slots while
   the others go on; a slot's outputs do not depend on the other slots;
 - :meth:`~EncoderStream.default_frontend` is the front end whose features the
-  family takes (its frames, mel bins and layout).
+  family takes (its frames, mel bins and layout);
+- :meth:`~EncoderStream.make_plan` sizes a configuration of the family (a
+  :class:`~audiomask.streaming.ChunkPlan`: chunk, tokens, blocks of samples,
+  state bytes) without allocating; a stream opened from it holds it as ``plan``.
 
 ``push``/``flush`` are the lock-step interface for callers that hold whole
 batches of frames (every slot starts together; any piece sizes).
@@ -32,7 +35,9 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from audiomask.checks import check_int
 from audiomask.features.frontend import Frontend
+from audiomask.streaming.plan import ChunkPlan
 
 __all__ = ["LANE_ATTRIBUTES", "EncoderStream", "as_lanes"]
 
@@ -53,6 +58,8 @@ class EncoderStream(ABC):
       ``None`` where the family's attention is not chunk-causal.
     - ``last_lengths``: ``(B,)`` int64, the real tokens of each slot in the
       outputs of the last ``step``, ``push`` or ``flush``.
+    - ``plan``: the :class:`~audiomask.streaming.ChunkPlan` of its sizes
+      (``chunk_frames``, ``tokens_per_chunk`` and ``left_chunk`` are its).
     """
 
     batch_size: int
@@ -65,6 +72,7 @@ class EncoderStream(ABC):
     output_size: int
     left_chunk: int | None
     last_lengths: np.ndarray
+    plan: ChunkPlan
 
     @property
     def chunk_shape(self) -> tuple[int, int, int]:
@@ -77,6 +85,37 @@ class EncoderStream(ABC):
     @abstractmethod
     def default_frontend(cls) -> Frontend:
         """A new front end of the family: the features its streams take (frames, mel bins, layout)."""
+
+    @classmethod
+    def make_plan(
+        cls,
+        encoder: object,
+        chunk_ms: int | None = None,
+        left_chunks: int | None = None,
+        *,
+        cuda_graph: bool | None = None,
+        frontend: Frontend | None = None,
+    ) -> ChunkPlan:
+        """The sizes of ``encoder``'s streams of this family: chunks of ``chunk_ms`` ms, ``left_chunks`` of context.
+
+        ``chunk_ms``: a positive integer (the family says which); ``None``: the encoder's. ``left_chunks``:
+        ``>= 0``, ``None``: the encoder's. ``cuda_graph``: replay steps as CUDA graphs; ``None``: where the
+        encoder is on CUDA and the family has them. ``frontend``: the front end whose framing sets the blocks of
+        samples (default :meth:`default_frontend`). Bad values raise ``ValueError`` naming the argument.
+        """
+        if chunk_ms is not None:
+            chunk_ms = check_int("chunk_ms", chunk_ms, minimum=1)
+        if left_chunks is not None:
+            left_chunks = check_int("left_chunks", left_chunks, minimum=0)
+        frontend = cls.default_frontend() if frontend is None else frontend
+        return cls._plan(encoder, chunk_ms, left_chunks, cuda_graph, frontend)
+
+    @classmethod
+    @abstractmethod
+    def _plan(
+        cls, encoder: object, chunk_ms: int | None, left_chunks: int | None, cuda_graph: bool | None, frontend: Frontend
+    ) -> ChunkPlan:
+        """:meth:`make_plan` once its arguments are checked integers (or ``None``): the family's own sizes."""
 
     @abstractmethod
     def reset_slots(self, slots: object) -> None:

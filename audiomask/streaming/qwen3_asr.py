@@ -12,9 +12,12 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from audiomask.constants import FRAME_MS
 from audiomask.features import WhisperFrontend
+from audiomask.features.frontend import Frontend
 from audiomask.models.qwen3_asr import Qwen3ASREncoder
 from audiomask.streaming.buffer import BufferedStream
+from audiomask.streaming.plan import ChunkPlan, block_samples
 from audiomask.transfer import to_device
 
 __all__ = ["Qwen3ASRStream"]
@@ -26,6 +29,8 @@ class Qwen3ASRStream(BufferedStream):
     Args:
         encoder: the encoder (its device and dtype are the stream's).
         batch_size: stream slots ``B``, ``>= 1``.
+        plan: a :class:`~audiomask.streaming.ChunkPlan` of this family (:meth:`make_plan`); ``None``: the
+            encoder's (its chunk is fixed).
 
     Each completed chunk of ``2 * n_window`` frames (100) goes through the
     conv stack once and its tokens (13) join its slot's current attention
@@ -52,15 +57,13 @@ class Qwen3ASRStream(BufferedStream):
     ((1, 7, 8), (1, 7, 8))
     """
 
-    def __init__(self, encoder: Qwen3ASREncoder, batch_size: int = 1) -> None:
+    def __init__(self, encoder: Qwen3ASREncoder, batch_size: int = 1, *, plan: ChunkPlan | None = None) -> None:
         if not isinstance(encoder, Qwen3ASREncoder):
             raise ValueError(f"encoder must be a Qwen3ASREncoder, got {type(encoder).__name__}")
         config = encoder.config
-        super().__init__(encoder, batch_size, config.num_mel_bins, time_dim=2, output_size=config.d_model)
+        plan = self.make_plan(encoder) if plan is None else self._given_plan(plan)
+        super().__init__(encoder, batch_size, config.num_mel_bins, time_dim=2, output_size=config.d_model, plan=plan)
         self.encoder = encoder
-        self.chunk_frames = config.chunk_frames
-        self.tokens_per_chunk = config.window_tokens  # a step returns whole windows
-        self.left_chunk = None  # bidirectional inside windows of 8 chunks: not chunk-causal
         self._window = torch.zeros(
             self.batch_size, config.window_tokens, config.d_model, device=self.device, dtype=self.dtype
         )
@@ -72,6 +75,43 @@ class Qwen3ASRStream(BufferedStream):
     def default_frontend(cls) -> WhisperFrontend:
         """The Qwen3-ASR front end (:meth:`WhisperFrontend.qwen3_asr`): 128 mels, ``(128, T)``, centred frames."""
         return WhisperFrontend.qwen3_asr()
+
+    @classmethod
+    def _plan(
+        cls, encoder: object, chunk_ms: int | None, left_chunks: int | None, cuda_graph: bool | None, frontend: Frontend
+    ) -> ChunkPlan:
+        """Chunks of the conv chunk (``2 * n_window`` frames) only, no left context (windows), no CUDA graphs.
+
+        A step returns whole windows (``tokens_per_chunk``: a window's tokens); the state per slot is its
+        window ``(window_tokens, D)``; the tokens of a window are bidirectional, so no chunk-causal context.
+        """
+        if not isinstance(encoder, Qwen3ASREncoder):
+            raise ValueError(f"encoder must be a Qwen3ASREncoder, got {type(encoder).__name__}")
+        config = encoder.config
+        chunk = config.chunk_frames * FRAME_MS
+        if chunk_ms not in (None, chunk):
+            raise ValueError(f"chunk_ms must be {chunk} (Qwen3-ASR's conv chunk) or None, got {chunk_ms}")
+        if left_chunks is not None:
+            raise ValueError(
+                f"left_chunks must be None for Qwen3-ASR (it attends inside fixed windows), got {left_chunks}"
+            )
+        if cuda_graph:
+            raise ValueError("cuda_graph must be False or None for Qwen3-ASR: its stream has no CUDA graph")
+        first_block, block = block_samples(frontend, config.chunk_frames)
+        return ChunkPlan(
+            family=cls.__name__,
+            chunk_ms=chunk,
+            chunk_frames=config.chunk_frames,
+            tokens_per_chunk=config.window_tokens,
+            chunk_tokens=config.chunk_tokens,
+            left_chunks=None,
+            left_tokens=None,
+            first_block_samples=first_block,
+            block_samples=block,
+            cuda_graph=False,
+            slot_bytes=config.window_tokens * config.d_model * next(encoder.parameters()).element_size(),
+            shared_bytes=0,
+        )
 
     def push(self, features: torch.Tensor, lengths: object = None) -> torch.Tensor:
         """Append ``features`` ``(B, num_mel_bins, t)``; returns the windows completed, ``(B, n, D)``.

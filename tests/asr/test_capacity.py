@@ -26,7 +26,7 @@ def opened(monkeypatch):
     return sizes
 
 
-@pytest.mark.parametrize(("max_streams", "lanes", "sizes"), [(4, 1, [4]), (5, 2, [3, 2]), (3, 3, [1, 1, 1])])
+@pytest.mark.parametrize(("max_streams", "lanes", "sizes"), [(4, 1, [4]), (5, 2, [2, 3]), (3, 3, [1, 1, 1])])
 def test_a_recognizer_opens_its_lanes_streams_and_no_other(model, opened, max_streams, lanes, sizes):
     with StreamingRecognizer(model, chunk_ms=160, left_chunks=2, max_streams=max_streams, lanes=lanes, overlap=False):
         assert opened == sizes
