@@ -52,6 +52,15 @@ def test_phi4mm_state_bytes_equal_what_its_streams_allocate(tiny_phi4mm, options
     assert plan.slot_bytes > 0 and plan.shared_bytes > 0  # key/value, conv caches; the position bias
 
 
+@pytest.mark.gpu
+def test_phi4mm_state_bytes_with_cuda_graphs_equal_what_its_streams_allocate(tiny_phi4mm):
+    encoder = tiny_phi4mm().cuda()
+    plan = chunk_plan(encoder, 160, 2)  # CUDA graphs by default on CUDA: their static inputs count too
+    assert plan.cuda_graph and plan.slot_bytes > chunk_plan(encoder, 160, 2, cuda_graph=False).slot_bytes
+    for slots in (1, 3):
+        assert allocated_bytes(open_stream(encoder, slots, plan=plan)) == plan.state_bytes(slots)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_qwen3_asr_state_bytes_equal_what_its_streams_allocate(tiny_qwen3_asr, dtype):
     encoder = tiny_qwen3_asr().to(dtype)
