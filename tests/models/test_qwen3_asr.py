@@ -68,7 +68,7 @@ def test_config_defaults_equal_transformers():
     transformers = pytest.importorskip("transformers")
     reference = transformers.Qwen3ASREncoderConfig()
     ours = Qwen3ASRConfig()
-    for field in ours.__dataclass_fields__:
+    for field in (field.name for field in dataclasses.fields(ours)):  # not its ClassVars
         assert getattr(ours, field) == getattr(reference, field), field
     assert (ours.chunk_frames, ours.chunk_tokens, ours.window_tokens) == (
         qwen3_asr.CHUNK_FRAMES,
@@ -166,4 +166,6 @@ def test_conv_chunks_in_bounded_calls_equal_one_call(tiny_qwen3_asr, monkeypatch
         monkeypatch.setattr(encoder.conv2d1, "forward", lambda hidden: calls.append(len(hidden)) or conv(hidden))
         split = encoder.embed_chunks(chunks)
     assert calls == [3, 3, 1]
-    torch.testing.assert_close(split, whole, rtol=0, atol=1e-6)
+    # The kernels' rounding: the conv kernel a batch of 3 chunks gets may differ from one of 7 (on AMD CPUs it
+    # does) and round a few float32 ulps apart.
+    torch.testing.assert_close(split, whole, rtol=2e-6, atol=1e-6)
