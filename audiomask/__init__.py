@@ -27,7 +27,7 @@ _LAZY = {
     "Phi4MMEncoder": "audiomask.models",
     "Qwen3ASREncoder": "audiomask.models",
     "from_pretrained": "audiomask.models",
-    "open_stream": "audiomask.streaming",
+    "open_slots": "audiomask.streaming",
     "ASRModel": "audiomask.asr.model",
     "StreamingRecognizer": "audiomask.asr.recognizer",
 }

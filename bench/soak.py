@@ -12,7 +12,7 @@ Every transfer is audited. Each :func:`~audiomask.transfer.to_device` call
 made inside audiomask (the encoder's feature batches and masks) gets a
 checksum of its host data, converted to the result's dtype, before the copy,
 and one of the result computed where the result lives (on the device, after
-the copy, in the same stream as the encoder step that reads it); each
+the copy, on the same CUDA stream as the encoder step that reads it); each
 :func:`~audiomask.transfer.to_host` call (the argmax ids, CUDA only) gets one
 on the device and one of the host copy once its event has completed. The
 checksum is a position-weighted sum of the payload's 16-bit words (exact
@@ -54,7 +54,7 @@ from audiomask.checks import check_int
 from audiomask.constants import FRAME_MS, SAMPLE_RATE
 from audiomask.models import Phi4MMEncoder
 from audiomask.models.ctc import CTCHead
-from audiomask.streaming import open_stream
+from audiomask.streaming import open_slots
 from audiomask.transfer import PinnedRing, default_ring
 
 __all__ = ["TransferAudit", "checksum", "main", "run_soak"]
@@ -199,7 +199,7 @@ def run_soak(
     torch.manual_seed(seed)
     encoder = Phi4MMEncoder(TINY_PHI4MM).eval().to(device)  # random weights: PyTorch's initialisation
     head = CTCHead(encoder.config.hidden_size, VOCAB).eval().to(device)
-    driver = StreamingDriver(open_stream(encoder, streams, chunk_ms=CHUNK_MS, left_chunks=LEFT_CHUNKS), head)
+    driver = StreamingDriver(open_slots(encoder, streams, chunk_ms=CHUNK_MS, left_chunks=LEFT_CHUNKS), head)
     target = torch.device(device)
     ring = PinnedRing() if target.type == "cpu" else None  # CPU copies take no ring: the audit stages them
     rings = [ring] if ring is not None else [default_ring(target)]

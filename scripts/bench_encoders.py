@@ -53,7 +53,7 @@ from audiomask.bench.models import TINY_PHI4MM
 from audiomask.bench.timing import MS_PER_S, percentiles
 from audiomask.constants import FRAME_MS
 from audiomask.models import Phi4MMAudioConfig, Phi4MMEncoder
-from audiomask.streaming import Phi4MMStream
+from audiomask.streaming import Phi4MMSlots
 
 
 def run(
@@ -64,7 +64,7 @@ def run(
 ) -> dict:
     """Stream ``args.warmup + args.chunks`` chunks twice (idle, then gated); per-chunk times."""
     config = encoder.config
-    stream = Phi4MMStream(encoder, batch_size, args.chunk_size, args.left_chunk)
+    slots = Phi4MMSlots(encoder, batch_size, args.chunk_size, args.left_chunk)
     chunk_frames = args.chunk_size * config.time_reduction
     features = torch.randn(batch_size, chunk_frames, config.input_size)  # host features, as a front end makes
     cuda = filler is not None
@@ -80,7 +80,7 @@ def run(
                     filler.fill(args.gate_ms)
                 start.record()
             began = time.perf_counter()
-            outputs = stream.push(features)
+            outputs = slots.push(features)
             host_ms = (time.perf_counter() - began) * MS_PER_S
             if cuda:
                 end.record()
@@ -97,8 +97,8 @@ def run(
                 if gated:
                     gate_held.append(held)
         if gated:  # in the steady state: the caches are full, every chunk whole
-            diagnostics = diagnose(stream, features)
-        stream.flush()
+            diagnostics = diagnose(slots, features)
+        slots.flush()
     row: dict = {"batch_size": batch_size, "chunks": args.chunks}
     for name, samples in times.items():
         if samples:
@@ -112,12 +112,12 @@ def run(
     return row
 
 
-def diagnose(stream, features: torch.Tensor) -> dict:
+def diagnose(slots, features: torch.Tensor) -> dict:
     """Whether a push makes a synchronising call, and what it launches (see the module docstring)."""
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        stream.push(features)
+        slots.push(features)
         sync_calls = "none"
     except RuntimeError as error:
         sync_calls = str(error).splitlines()[0]
@@ -127,7 +127,7 @@ def diagnose(stream, features: torch.Tensor) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        stream.push(features)
+        slots.push(features)
         torch.cuda.synchronize()
     device_events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     table = prof.key_averages().table(sort_by="device_time_total", row_limit=15, max_name_column_width=60)

@@ -14,7 +14,7 @@ Two measurements, one JSON:
   serial run's times (the pipelined run's own ``cpu_s`` is larger: its two
   threads share cores and the GIL).
 - ``step``: one chunk step of the full-size encoder (``B`` = 1 and 16, 1.28 s
-  chunks) through :meth:`Phi4MMStream.step`, eager and as CUDA graphs:
+  chunks) through :meth:`Phi4MMSlots.step`, eager and as CUDA graphs:
   host time of the call, GPU time (events), and latency from the call to the
   output being complete on the device (p50/p99).
 
@@ -38,7 +38,7 @@ from audiomask.bench.models import build_model
 from audiomask.bench.overlap import drive, pipeline_section, pipeline_threads
 from audiomask.bench.timing import MS_PER_S, Budget, percentiles
 from audiomask.models import Phi4MMEncoder
-from audiomask.streaming import Phi4MMStream
+from audiomask.streaming import Phi4MMSlots
 
 CHUNK_TOKENS = 16  # 16 tokens x 80 ms = 1.28 s chunks
 LEFT_CHUNKS = 2
@@ -81,7 +81,7 @@ def step_section(encoder: Phi4MMEncoder, repeats: int) -> list[dict]:
     rows = []
     for batch in STEP_BATCHES:
         for cuda_graph in (False, True):
-            stream = Phi4MMStream(encoder, batch, CHUNK_TOKENS, LEFT_CHUNKS, cuda_graph=cuda_graph)
+            slots = Phi4MMSlots(encoder, batch, CHUNK_TOKENS, LEFT_CHUNKS, cuda_graph=cuda_graph)
             frames = CHUNK_TOKENS * encoder.config.time_reduction
             chunk = np.random.default_rng(0).standard_normal((batch, frames, encoder.config.input_size))
             chunk = chunk.astype(np.float32)
@@ -92,7 +92,7 @@ def step_section(encoder: Phi4MMEncoder, repeats: int) -> list[dict]:
                 torch.cuda.synchronize()
                 began = time.perf_counter()
                 start.record()
-                stream.step(chunk, valid)
+                slots.step(chunk, valid)
                 end.record()
                 queued = time.perf_counter()
                 end.synchronize()
@@ -101,7 +101,7 @@ def step_section(encoder: Phi4MMEncoder, repeats: int) -> list[dict]:
                     host.append((queued - began) * MS_PER_S)
                     gpu.append(start.elapsed_time(end))
                     latency.append((finished - began) * MS_PER_S)
-            row = {"batch": batch, "cuda_graph": cuda_graph, "dtype": str(stream.dtype)}
+            row = {"batch": batch, "cuda_graph": cuda_graph, "dtype": str(slots.dtype)}
             for name, values in (("host_ms", host), ("gpu_ms", gpu), ("latency_ms", latency)):
                 row.update({f"{name}_{key}": value for key, value in percentiles(values).items()})
             rows.append(row)

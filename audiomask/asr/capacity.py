@@ -1,11 +1,11 @@
-"""What a recognizer's streams need, checked before anything large is allocated: caches and rings.
+"""What a recognizer's slots need, checked before anything large is allocated: caches and rings.
 
-:func:`open_fitting` opens an encoder's streams of ``max_streams`` slots only
+:func:`open_fitting` opens an encoder's ``max_streams`` slots only
 once their state fits in the memory free on their device (and the driver's
 sample rings and feature batches on the host). The state comes from the
 configuration's :class:`~audiomask.streaming.ChunkPlan`, whose family counts
 it from the config (its chunk and context were bounded when it was made:
-:data:`MAX_CHUNK_MS`, :data:`MAX_CONTEXT_MS`); no stream is opened to measure it.
+:data:`MAX_CHUNK_MS`, :data:`MAX_CONTEXT_MS`); no slots are opened to measure it.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from audiomask.asr.model import ASRModel
 from audiomask.asr.planner import slot_host_bytes
 from audiomask.checks import check_int
 from audiomask.features.process import lane_bounds
-from audiomask.streaming import ChunkPlan, EncoderStream, open_stream
+from audiomask.streaming import ChunkPlan, EncoderSlots, open_slots
 from audiomask.streaming.plan import MAX_CHUNK_MS, MAX_CONTEXT_MS, MS_PER_S
 
 __all__ = [
@@ -46,11 +46,11 @@ _KiB = 1024
 
 def open_fitting(
     model: ASRModel, device: torch.device, max_streams: int, plan: ChunkPlan, lanes: int = 1
-) -> list[EncoderStream]:
-    """The encoder's streams of ``plan``, ``max_streams`` slots in all, once their state is known to fit.
+) -> list[EncoderSlots]:
+    """The encoder's slots of ``plan``, ``max_streams`` in all, once their state is known to fit.
 
-    ``lanes`` streams (a driver's lanes), their slots differing by one at most
-    (:func:`~audiomask.features.process.lane_bounds`); one stream by default. Each
+    ``lanes`` batches of slots (a driver's lanes), their sizes differing by one at most
+    (:func:`~audiomask.features.process.lane_bounds`); one batch by default. Each
     lane holds the plan's ``shared_bytes`` and each slot its ``slot_bytes`` on
     ``device``, and :func:`~audiomask.asr.planner.slot_host_bytes` on the host;
     more than is free raises ``ValueError`` naming what to reduce, before allocating.
@@ -61,7 +61,7 @@ def open_fitting(
         places = [(device, sum(per_slot), plan.shared_bytes)]
     for place, slot_bytes, shared_bytes in places:
         _check_fits(place, max_streams, slot_bytes, lanes * shared_bytes, plan)  # each lane has its own
-    return [open_stream(model.encoder, hi - lo, plan=plan) for lo, hi in lane_bounds(max_streams, lanes)]
+    return [open_slots(model.encoder, hi - lo, plan=plan) for lo, hi in lane_bounds(max_streams, lanes)]
 
 
 def default_lanes(max_streams: int, device: torch.device, frontend_workers: int | None = None) -> tuple[int, int]:

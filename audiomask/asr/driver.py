@@ -1,7 +1,7 @@
 """The streaming driver: CPU features of cycle N+1 overlap the encoder step of cycle N, for many streams.
 
-:class:`StreamingDriver` owns the ``B`` slots of an encoder stream (any
-:class:`~audiomask.streaming.EncoderStream`: preallocated caches, static
+:class:`StreamingDriver` owns an encoder's ``B`` slots (any
+:class:`~audiomask.streaming.EncoderSlots`: preallocated caches, static
 shapes) and advances every utterance that occupies a slot by one encoder
 chunk per *cycle*:
 
@@ -12,11 +12,11 @@ chunk per *cycle*:
    in; a few ``(B,)`` array operations, no per-stream Python in the steady state.
 2. **features** (worker thread or processes): the frames of every slot's
    block in one batched front-end call per process, laid out as the
-   stream's ``chunk_shape`` host batch.
+   slots' ``chunk_shape`` host batch.
 3. **encode** (main thread): the batch staged with
    :func:`audiomask.transfer.to_device` (the only host->device path), new
    slots reset, one chunk step, the CTC head and the per-frame argmax; on
-   CUDA on a compute stream between two events, the argmax copied back
+   CUDA on its compute stream between two events, the argmax copied back
    without blocking.
 4. **collect** (main thread, one cycle later, when the copy has long
    landed): greedy-CTC decoding of each active slot's real frames
@@ -42,12 +42,12 @@ cycle when every occupied slot has its next block or has ended: every step
 carries every stream); with ``max_wait_s`` a ready block waits at most that
 long for the stragglers, then a cycle runs over the ready slots alone, and a
 stream that has ended never waits. A slot left out is passed as inactive
-(:meth:`~audiomask.streaming.EncoderStream.step`'s ``active``): its caches,
+(:meth:`~audiomask.streaming.EncoderSlots.step`'s ``active``): its caches,
 ring position and front-end state stay as they were (the step still
 computes its row: static shapes, CUDA graphs). Waiting streams take free
 slots in the order their first block (or their end) arrived.
 
-Lanes: given several streams of one encoder, the driver's slots are theirs, lane after lane, and a
+Lanes: given several batches of slots of one encoder, the driver's slots are theirs, lane after lane, and a
 cycle plans and steps one lane (lanes take turns), so a cycle costs the device one lane's step. Every
 front-end process owns a piece of every lane: when all streams have a chunk at once, the first lane's
 features are ready after about ``1 / lanes`` of the front end's time and its step runs while the next
@@ -93,7 +93,7 @@ from audiomask.features.process import MAX_IN_FLIGHT, FeatureProcess
 from audiomask.features.slots import SlotFeatures, SlotSamples
 from audiomask.models.ctc import CTCHead
 from audiomask.samples import as_samples
-from audiomask.streaming import EncoderStream, as_lanes
+from audiomask.streaming import EncoderSlots, as_lanes
 from audiomask.transfer import pinned_empty, to_host
 
 __all__ = ["OUTPUT_PLACES", "RECENT_CYCLES", "CycleTiming", "DriverStream", "RunStats", "StreamingDriver"]
@@ -119,16 +119,16 @@ class StreamingDriver:
     """Advance many streams through front end, encoder step, CTC head and greedy decoding, pipelined.
 
     Args:
-        stream: the encoder stream whose slots the utterances take (any
-            :class:`~audiomask.streaming.EncoderStream`, e.g. from
-            :func:`~audiomask.streaming.open_stream`; its encoder in eval mode).
+        slots: the encoder's slots that the utterances take (any
+            :class:`~audiomask.streaming.EncoderSlots`, e.g. from
+            :func:`~audiomask.streaming.open_slots`; its encoder in eval mode).
             Its ``batch_size`` is the number of concurrent utterances. Or
-            several streams of one encoder and chunking, the driver's *lanes*:
+            several batches of slots of one encoder and chunking, the driver's *lanes*:
             their slots are the driver's, lane after lane, and a cycle steps
             one lane (see "Lanes" in the module docstring).
-        head: the :class:`~audiomask.models.ctc.CTCHead` over the encoder outputs (on the stream's device).
-        frontend: the front end (default: the stream's ``default_frontend()``); its mel bins and layout
-            must be the stream's.
+        head: the :class:`~audiomask.models.ctc.CTCHead` over the encoder outputs (on the slots' device).
+        frontend: the front end (default: the slots' ``default_frontend()``); its mel bins and layout
+            must be the slots'.
         keep_outputs: open every stream with ``outputs=True`` and no bound on its queue (its chunks are
             kept until taken: ``DriverStream.outputs``), for tests and analysis.
         outputs_on: where delivered embeddings live, one of :data:`OUTPUT_PLACES`: ``"host"`` (pinned
@@ -149,9 +149,9 @@ class StreamingDriver:
 
     >>> import numpy as np
     >>> from audiomask.asr.checkpoint import load_model
-    >>> from audiomask.streaming import open_stream
+    >>> from audiomask.streaming import open_slots
     >>> model = load_model()  # the shipped model: 40 ms tokens, 320 ms chunks
-    >>> driver = StreamingDriver(open_stream(model.encoder, batch_size=2), model.head)
+    >>> driver = StreamingDriver(open_slots(model.encoder, batch_size=2), model.head)
     >>> streams = driver.run([np.zeros(8000, np.float32), np.zeros(3000, np.float32)])
     >>> [s.tokens for s in streams]  # ceil(frames / 4): 48 and 17 frames
     [12, 5]
@@ -159,7 +159,7 @@ class StreamingDriver:
 
     A stream's encoder outputs as they come (:class:`~audiomask.asr.outputs.EncoderChunk`):
 
-    >>> driver = StreamingDriver(open_stream(model.encoder), model.head)
+    >>> driver = StreamingDriver(open_slots(model.encoder), model.head)
     >>> stream = driver.open("caller-1", outputs=True)
     >>> driver.feed(stream, np.zeros(8000, np.float32)); driver.end(stream); driver.advance()
     2
@@ -170,7 +170,7 @@ class StreamingDriver:
 
     def __init__(
         self,
-        stream: EncoderStream | Sequence[EncoderStream],
+        slots: EncoderSlots | Sequence[EncoderSlots],
         head: CTCHead,
         frontend: Frontend | None = None,
         *,
@@ -181,19 +181,19 @@ class StreamingDriver:
         frontend_workers: int | None = None,
         wait_clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        lanes = as_lanes(stream)
-        stream = lanes[0]  # every lane's attributes are its
+        lanes = as_lanes(slots)
+        first = lanes[0]  # every lane's attributes are its
         if not isinstance(head, CTCHead):
             raise ValueError(f"head must be a CTCHead, got {type(head).__name__}")
-        if head.proj.in_features != stream.output_size:
+        if head.proj.in_features != first.output_size:
             raise ValueError(
-                f"head input_size ({head.proj.in_features}) must equal the stream's output_size ({stream.output_size})"
+                f"head input_size ({head.proj.in_features}) must equal the slots' output_size ({first.output_size})"
             )
-        self.frontend = stream.default_frontend() if frontend is None else frontend
-        if self.frontend.n_mels != stream.feature_size or self.frontend.time_axis + 1 != stream.time_dim:
-            layout = "(T, n_mels)" if stream.time_dim == 1 else "(n_mels, T)"
+        self.frontend = first.default_frontend() if frontend is None else frontend
+        if self.frontend.n_mels != first.feature_size or self.frontend.time_axis + 1 != first.time_dim:
+            layout = "(T, n_mels)" if first.time_dim == 1 else "(n_mels, T)"
             raise ValueError(
-                f"frontend must give {layout} features of {stream.feature_size} mels (the stream's), got a "
+                f"frontend must give {layout} features of {first.feature_size} mels (the slots'), got a "
                 f"{type(self.frontend).__name__} of {self.frontend.n_mels} mels, time axis {self.frontend.time_axis}"
             )
         if outputs_on not in OUTPUT_PLACES:
@@ -207,7 +207,7 @@ class StreamingDriver:
             narrowest = min(lane.batch_size for lane in lanes)
             if frontend_workers > narrowest:
                 raise ValueError(
-                    f"frontend_workers must be at most the batch_size of the stream (of its narrowest lane) "
+                    f"frontend_workers must be at most the batch_size of the slots (of the narrowest lane) "
                     f"({narrowest}): each process owns slots of every lane, got {frontend_workers}"
                 )
         self.lanes, self.head = lanes, head
@@ -215,12 +215,12 @@ class StreamingDriver:
         self.lane_bounds = list(zip(ends[:-1], ends[1:]))  # each lane's slots, [lo, hi)
         self._lane_at = dict(zip(self.lane_bounds, lanes))  # a planned cycle's lane, by its bounds
         self._next_lane = 0  # the lane the next plan tries first: lanes take turns
-        self.batch_size, self.device, self.chunk_frames = ends[-1], stream.device, stream.chunk_frames
+        self.batch_size, self.device, self.chunk_frames = ends[-1], first.device, first.chunk_frames
         # Samples of a stream's first cycle, and of each later one.
         self.first_block_samples, self.block_samples = block_samples(self.frontend, self.chunk_frames)
         self.keep_outputs = bool(keep_outputs)
         self.outputs_on = outputs_on
-        self.clock = TokenClock(stream)  # each output token's time
+        self.clock = TokenClock(first)  # each output token's time
         self._listening: set[DriverStream] = set()  # streams whose final chunk is still to come
         self.overlap = bool(overlap)
         self.stats = RunStats()
@@ -256,7 +256,7 @@ class StreamingDriver:
         self._compute = torch.cuda.Stream(self.device) if cuda else None
         # Two of each, alternating by cycle: cycle N's are read at its collection, before cycle N + 2 reuses them.
         # Flat: a step's (B, n) argmax, n <= tokens_per_chunk, lands in the first B * n entries.
-        widest = self.batch_size * stream.tokens_per_chunk
+        widest = self.batch_size * first.tokens_per_chunk
         self._best_host = [pinned_empty((widest,), torch.int64) for _ in range(2 * cuda)]
         self._step_events = [
             (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(2 * cuda)
@@ -523,11 +523,11 @@ class StreamingDriver:
         started, cpu_started = time.perf_counter(), time.thread_time()
         events = None
         lo, hi = plan.lane or (0, self.batch_size)
-        stream = self._lane_at[lo, hi]
+        lane = self._lane_at[lo, hi]
         context = torch.cuda.stream(self._compute) if self._compute is not None else contextlib.nullcontext()
         with context:
             if plan.joins.size:
-                stream.reset_slots(plan.joins - lo)
+                lane.reset_slots(plan.joins - lo)
             if self._compute is not None:
                 events = self._step_events[plan.index % 2]
                 events[0].record()
@@ -535,7 +535,7 @@ class StreamingDriver:
             # A full cycle passes no mask: every slot steps (the free ones with no frames).
             active = plan.blocks.active[lo:hi] if plan.skipped else None
             final = plan.blocks.final[lo:hi]
-            outputs, valid = stream.step(plan.features[lo:hi], plan.counts[lo:hi], final, active)
+            outputs, valid = lane.step(plan.features[lo:hi], plan.counts[lo:hi], final, active)
             embeddings = None
             if self._listening:  # enqueued before the argmax copy, so that its event covers both
                 embeddings = to_host(outputs)[0] if self.outputs_on == "host" else outputs.clone()

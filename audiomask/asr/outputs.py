@@ -56,7 +56,7 @@ import numpy as np
 import torch
 
 from audiomask.checks import check_int
-from audiomask.streaming import EncoderStream
+from audiomask.streaming import EncoderSlots
 
 __all__ = ["DEFAULT_MAX_PENDING", "ChunkQueue", "EncoderChunk", "OutputError", "TokenClock"]
 
@@ -95,21 +95,21 @@ class EncoderChunk:
 
 
 class TokenClock:
-    """Where each output token of a stream's encoder starts, in ms: its chunk's start plus its place in the chunk.
+    """Where each encoder output token of a stream starts, in ms: its chunk's start plus its place in the chunk.
 
-    The stream's :class:`~audiomask.streaming.ChunkPlan` says its family's clock: a full chunk of
+    The slots' :class:`~audiomask.streaming.ChunkPlan` says its family's clock: a full chunk of
     ``chunk_ms`` yields ``chunk_tokens`` tokens (Qwen3-ASR: its conv chunk's, its steps returning 8 chunks'
     windows), each ``token_ms`` after the previous one.
 
     >>> from audiomask.asr.checkpoint import load_model
-    >>> from audiomask.streaming import open_stream
-    >>> clock = TokenClock(open_stream(load_model().encoder))  # the shipped model: 40 ms tokens, 320 ms chunks
+    >>> from audiomask.streaming import open_slots
+    >>> clock = TokenClock(open_slots(load_model().encoder))  # the shipped model: 40 ms tokens, 320 ms chunks
     >>> clock.times_ms(7, 3).tolist()
     [280.0, 320.0, 360.0]
     """
 
-    def __init__(self, stream: EncoderStream) -> None:
-        plan = stream.plan
+    def __init__(self, slots: EncoderSlots) -> None:
+        plan = slots.plan
         self.tokens_per_chunk, self.chunk_ms, self.token_ms = plan.chunk_tokens, plan.chunk_ms, plan.token_ms
 
     def times_ms(self, start: int, count: int) -> np.ndarray:

@@ -154,7 +154,7 @@ class PlannedCycle:
     skipped: int = 0  # occupied slots left out (not ready): 0 in a full cycle
     lane: tuple[int, int] | None = None  # [lo, hi): the slots the cycle was planned over (None: all)
     pending: object = None  # the front end's Future, on a worker thread
-    features: np.ndarray | None = None  # the stream's chunk_shape host batch
+    features: np.ndarray | None = None  # the slots' chunk_shape host batch
     counts: np.ndarray | None = None  # (B,) int64: frames per slot
     frontend_s: float = 0.0  # the front end's wall time
     frontend_cpu_s: float = 0.0

@@ -332,14 +332,14 @@ class StreamingRecognizer:
         if lanes is None:
             lanes, max_streams = default_lanes(max_streams, self.device, frontend_workers)
         lanes = check_int("lanes", lanes, minimum=1, maximum=max_streams)
-        streams = open_fitting(model, self.device, max_streams, self.plan, lanes)
+        slots = open_fitting(model, self.device, max_streams, self.plan, lanes)
         if max_wait_ms is None:
             max_wait_ms = self.chunk_ms // lanes
         max_wait_ms = check_int("max_wait_ms", max_wait_ms, minimum=0)
         if max_wait_ms > self.chunk_ms:
             raise ValueError(f"max_wait_ms must be at most chunk_ms ({self.chunk_ms}), got {max_wait_ms}")
         self._driver = StreamingDriver(
-            streams,
+            slots,
             model.head,
             model.frontend,
             outputs_on=outputs_on,

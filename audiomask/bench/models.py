@@ -37,7 +37,7 @@ from audiomask.models import (
     Qwen3ASREncoder,
 )
 from audiomask.models.ctc import CTCHead
-from audiomask.streaming import open_stream
+from audiomask.streaming import open_slots
 
 __all__ = [
     "MODEL_NAMES",
@@ -113,7 +113,7 @@ class BenchModel:
 
         Phi-4MM: ``chunk_size`` tokens per chunk, ``left_chunk`` chunks of left context (both required).
         Qwen3-ASR: both ``None`` (its 1 s chunks in 8 s windows). ``cuda_graph``: replay the Phi-4MM chunk
-        step as CUDA graphs (``None``: on CUDA); ``lanes``: the slots split into that many streams
+        step as CUDA graphs (``None``: on CUDA); ``lanes``: the slots split into that many batches
         (:func:`~audiomask.features.process.lane_bounds`), a cycle a lane; ``options`` go to the driver
         (``overlap``, ...).
         """
@@ -130,11 +130,10 @@ class BenchModel:
                     f"got {chunk_size!r} and {left_chunk!r}"
                 )
             chunking = {}
-        streams = [
-            open_stream(encoder, hi - lo, **chunking, cuda_graph=cuda_graph)
-            for lo, hi in lane_bounds(batch_size, lanes)
+        slots = [
+            open_slots(encoder, hi - lo, **chunking, cuda_graph=cuda_graph) for lo, hi in lane_bounds(batch_size, lanes)
         ]
-        return StreamingDriver(streams, self.asr.head, self.asr.frontend, **options)
+        return StreamingDriver(slots, self.asr.head, self.asr.frontend, **options)
 
     def info(self) -> dict:
         """JSON-ready: name, source, dtype, parameter count and the encoder config."""

@@ -19,8 +19,8 @@ and its encoder step run one after the other). Two ways to run a probe:
 - ``encoder_step``: the encoder's streaming step alone, from host features
   (the front end's output, random here) to the encoder outputs complete on
   the device, where their consumer (a CTC head, an LLM decoder) would read
-  them: ``Phi4MMStream.step`` (one cache-aware chunk step), or
-  ``Qwen3ASRStream.step`` (one 1 s conv chunk of every stream, and the 8 s
+  them: ``Phi4MMSlots.step`` (one cache-aware chunk step), or
+  ``Qwen3ASRSlots.step`` (one 1 s conv chunk of every stream, and the 8 s
   attention windows that it completes). Beside the driver's row it separates
   the GPU's capacity from the host's.
 
@@ -61,7 +61,7 @@ from audiomask.bench.timing import MS_PER_S
 from audiomask.checks import check_int
 from audiomask.constants import FRAME_MS, SAMPLE_RATE
 from audiomask.features.process import available_cores
-from audiomask.streaming import Phi4MMStream, Qwen3ASRStream
+from audiomask.streaming import Phi4MMSlots, Qwen3ASRSlots
 
 __all__ = ["PATHS", "ChunkCost", "ProbePlan", "ProbeTimes", "make_probe", "timed_chunks"]
 
@@ -94,7 +94,7 @@ class ProbeTimes:
     costs: list[ChunkCost] = field(default_factory=list)  # one per timed chunk, where the step reports them
     frontend_processes: int = 0  # processes the driver's front end ran in
     torch_threads: int = field(default_factory=torch.get_num_threads)  # this process's intra-op threads
-    setup_s: float = 0.0  # building the stream or driver (its front-end processes started), before the first chunk
+    setup_s: float = 0.0  # building the slots or driver (its front-end processes started), before the first chunk
 
 
 def timed_chunks(
@@ -252,11 +252,11 @@ def _phi4mm_step_probe(
     warmup, timed = _schedule(model, plan, left_chunk)
 
     def probe(streams: int) -> ProbeTimes:
-        stream = Phi4MMStream(encoder, streams, chunk_size, left_chunk, cuda_graph=cuda_graph)
+        slots = Phi4MMSlots(encoder, streams, chunk_size, left_chunk, cuda_graph=cuda_graph)
         features = np.tile(block, (streams, 1, 1))  # (N, frames, 80) host float32, as the front end gives
         valid = np.full(streams, frames)
         return timed_chunks(
-            lambda index: _device_cost(device, lambda: stream.step(features, valid)),
+            lambda index: _device_cost(device, lambda: slots.step(features, valid)),
             warmup,
             timed,
             frames * FRAME_MS / MS_PER_S,
@@ -272,14 +272,14 @@ def _qwen3_step_probe(model: BenchModel, plan: ProbePlan) -> Callable[[int], Pro
     warmup, timed = _schedule(model, plan, 0)
 
     def probe(streams: int) -> ProbeTimes:
-        stream = Qwen3ASRStream(encoder, streams)
+        slots = Qwen3ASRSlots(encoder, streams)
         features = np.tile(block, (streams, 1, 1))  # (N, 128, 100) host float32, as the front end gives
         opening = _start_step(streams, _start_groups(model))
 
         def step(index: int) -> ChunkCost:
             started = opening <= index  # a stream not started yet sits the step out
             valid = np.where(started, config.chunk_frames, 0)
-            return _device_cost(device, lambda: stream.step(features, valid, active=started))
+            return _device_cost(device, lambda: slots.step(features, valid, active=started))
 
         return timed_chunks(step, warmup, timed, config.chunk_frames * FRAME_MS / MS_PER_S)
 

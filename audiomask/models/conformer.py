@@ -2,7 +2,7 @@
 
 Parameter names and shapes equal transformers' ``Phi4MultimodalAudioModel``
 submodules. Every layer takes a whole sequence, or one streaming chunk with
-its caches (what :class:`~audiomask.streaming.Phi4MMStream` keeps per slot):
+its caches (what :class:`~audiomask.streaming.Phi4MMSlots` keeps per slot):
 
 - :class:`MeanVarianceNorm`: per-mel-bin normalisation (``encoder_embedding``);
 - :class:`ConvSubsampling`: NeMo ``dw_striding`` subsampling (``embed``), with
@@ -120,8 +120,8 @@ class ConvSubsampling(nn.Module):
             return self._tokens(self.conv(hidden))
         if len(hidden) <= SUBSAMPLING_SLICE:
             return self._tokens(self._exact(hidden, frame_valid, caches))
-        # The stages' outputs are the largest tensors of a step (the first is ~5 MB per stream at
-        # 1.28 s chunks, in bf16): slices of the batch keep them from bounding how many streams fit.
+        # The stages' outputs are the largest tensors of a step (the first is ~5 MB per slot at
+        # 1.28 s chunks, in bf16): slices of the batch keep them from bounding how many slots fit.
         slices = [slice(start, start + SUBSAMPLING_SLICE) for start in range(0, len(hidden), SUBSAMPLING_SLICE)]
         return torch.cat(
             [
@@ -148,8 +148,8 @@ class ConvSubsampling(nn.Module):
         stride = 1  # input frames per step of `hidden`
         # Without autograd the activation and the masking run in place on the conv's output: the
         # first stage's output is the step's largest tensor (1024 channels x T/2 x F/2, ~5 MB per
-        # stream in bf16 at 1.28 s chunks), and one copy of it alive instead of three is what lets
-        # a CUDA-graph step hold thousands of streams.
+        # slot in bf16 at 1.28 s chunks), and one copy of it alive instead of three is what lets
+        # a CUDA-graph step hold thousands of slots.
         in_place = not torch.is_grad_enabled()
         if frame_valid is not None:
             hidden = hidden * frame_valid[:, None, :, None]
@@ -305,7 +305,7 @@ class _DepthwiseSeparableConv(nn.Module):
         super().__init__()
         dim = config.hidden_size
         # Upstream pads both sides and drops the right end; here the input
-        # arrives already left-padded (zeros or the stream's cache), so no padding.
+        # arrives already left-padded (zeros or the slot's cache), so no padding.
         self.multiplier = config.depthwise_multiplier
         self.dw_conv = nn.Conv1d(dim, dim * config.depthwise_multiplier, config.kernel_size, groups=dim)
         self.pw_conv = nn.Conv1d(dim * config.depthwise_multiplier, config.depthwise_separable_out_channel, 1)

@@ -1,9 +1,9 @@
-"""What the streams of every encoder family share: the frame buffer, lock-step ``push`` accounting, input checks.
+"""What the slots of every encoder family share: the frame buffer, lock-step ``push`` accounting, input checks.
 
 :class:`FrameBuffer` holds the feature frames pushed to each slot until they
-fill a chunk; :class:`BufferedStream` is the base of
-:class:`~audiomask.streaming.Phi4MMStream` and
-:class:`~audiomask.streaming.Qwen3ASRStream`: the checks of ``push`` and
+fill a chunk; :class:`BufferedSlots` is the base of
+:class:`~audiomask.streaming.Phi4MMSlots` and
+:class:`~audiomask.streaming.Qwen3ASRSlots`: the checks of ``push`` and
 ``step`` inputs, the count of real tokens per slot, the move of a chunk to
 the device.
 """
@@ -19,14 +19,14 @@ from torch import nn
 from audiomask.checks import check_int
 from audiomask.models.layers import host_lengths
 from audiomask.streaming.plan import ChunkPlan
-from audiomask.streaming.protocol import EncoderStream
+from audiomask.streaming.protocol import EncoderSlots
 from audiomask.transfer import parallel_copy_bytes, to_device, torch_dtype_of
 
-__all__ = ["BufferedStream", "FrameBuffer"]
+__all__ = ["BufferedSlots", "FrameBuffer"]
 
 
 class FrameBuffer:
-    """Feature frames pushed to each stream slot, waiting to fill a chunk.
+    """Feature frames pushed to each slot, waiting to fill a chunk.
 
     ``frames`` is a ``(B, P, F)`` tensor on the encoder's device; slot ``b``
     holds ``counts[b]`` frames at its start and zeros after them (the zeros
@@ -78,8 +78,8 @@ class FrameBuffer:
         return chunk, valid
 
 
-class BufferedStream(EncoderStream):
-    """The shared part of the streams: slots, the frame buffer, input checks and ``last_lengths`` accounting.
+class BufferedSlots(EncoderSlots):
+    """The shared part of the slots classes: the batch, the frame buffer, input checks and ``last_lengths`` accounting.
 
     :attr:`chunk_frames`, :attr:`tokens_per_chunk` and :attr:`left_chunk` are
     the ``plan``'s. A subclass implements :meth:`_valid_tokens` (real output
@@ -106,7 +106,7 @@ class BufferedStream(EncoderStream):
 
     @classmethod
     def _given_plan(cls, plan: object) -> ChunkPlan:
-        """``plan`` checked: a :class:`~audiomask.streaming.ChunkPlan` of this class's streams."""
+        """``plan`` checked: a :class:`~audiomask.streaming.ChunkPlan` of this class's slots."""
         if not isinstance(plan, ChunkPlan):
             raise ValueError(f"plan must be a ChunkPlan of a {cls.__name__}, got {type(plan).__name__}")
         if plan.family != cls.__name__:

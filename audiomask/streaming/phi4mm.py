@@ -21,27 +21,27 @@ from audiomask.features import Phi4MMFrontend
 from audiomask.features.frontend import Frontend
 from audiomask.masks import padding_mask
 from audiomask.models.phi4mm import Phi4MMEncoder
-from audiomask.streaming.buffer import BufferedStream
+from audiomask.streaming.buffer import BufferedSlots
 from audiomask.streaming.plan import ChunkPlan, block_samples
 from audiomask.transfer import to_device
 
-__all__ = ["Phi4MMStream"]
+__all__ = ["Phi4MMSlots"]
 
 _BOOL_BYTES = 1  # a torch.bool mask element
 
 
-class Phi4MMStream(BufferedStream):
+class Phi4MMSlots(BufferedSlots):
     """Cache-aware streaming of :class:`~audiomask.models.phi4mm.Phi4MMEncoder`, chunk by chunk.
 
     Args:
-        encoder: the encoder (its device and dtype are the stream's).
-        batch_size: stream slots ``B``, ``>= 1``.
+        encoder: the encoder (its device and dtype are the slots').
+        batch_size: slots ``B``, ``>= 1``.
         chunk_size: tokens per chunk, ``>= 1``; ``None``: the encoder config's.
         left_chunk: chunks of left context, ``>= 0``; ``None``: the config's.
         cuda_graph: replay the chunk step as CUDA graphs (one launch instead
             of hundreds; CUDA only), captured at the first step.
         plan: instead of the three above, a :class:`~audiomask.streaming.ChunkPlan`
-            of this family (:meth:`make_plan`), which the stream then holds.
+            of this family (:meth:`make_plan`), which the slots then hold.
 
     State per slot: for every block the keys/values of the last
     ``(left_chunk + 1) * chunk_size`` tokens ``(2, B, H, S, D / H)`` and the
@@ -57,7 +57,7 @@ class Phi4MMStream(BufferedStream):
 
     ``push(features (B, t, 80), lengths=None) -> (B, n, D)``: ``n`` is a
     multiple of ``chunk_size``, possibly 0. ``flush() -> (B, n, D)``: the rest,
-    the last chunk padded; afterwards the stream is empty and starts new
+    the last chunk padded; afterwards the slots are empty and start new
     utterances. Concatenated over time the outputs are ``(B, ceil(T / 8), D)``,
     ``T`` the longest utterance, and equal ``encoder(..., mask_mode="hard")``
     on each utterance's valid tokens; ``last_lengths`` counts the valid ones of
@@ -66,10 +66,10 @@ class Phi4MMStream(BufferedStream):
     >>> from audiomask.models import Phi4MMAudioConfig, Phi4MMEncoder
     >>> config = Phi4MMAudioConfig(hidden_size=8, intermediate_size=8, num_blocks=1, num_attention_heads=2,
     ...                            ext_pw_out_channel=8, depthwise_separable_out_channel=8, nemo_conv_channels=2)
-    >>> stream = Phi4MMStream(Phi4MMEncoder(config).eval(), chunk_size=2, left_chunk=1)
-    >>> [tuple(stream.push(torch.randn(1, 10, 80)).shape) for _ in range(3)]  # 16 frames per chunk
+    >>> slots = Phi4MMSlots(Phi4MMEncoder(config).eval(), chunk_size=2, left_chunk=1)
+    >>> [tuple(slots.push(torch.randn(1, 10, 80)).shape) for _ in range(3)]  # 16 frames per chunk
     [(1, 0, 8), (1, 2, 8), (1, 0, 8)]
-    >>> tuple(stream.flush().shape)  # 30 frames in all -> 4 tokens
+    >>> tuple(slots.flush().shape)  # 30 frames in all -> 4 tokens
     (1, 2, 8)
     """
 
@@ -173,7 +173,7 @@ class Phi4MMStream(BufferedStream):
 
         The state is what :meth:`__init__` allocates: per slot the key/value ring ``(layers, 2, H, S, D / H)``,
         the conv caches ``(layers, kernel_size - 1, D)``, each stride-2 subsampling stage's last input step,
-        and with CUDA graphs the step's static chunk and masks; per stream the bias ``(left_chunk + 1, H, C, S)``.
+        and with CUDA graphs the step's static chunk and masks; shared by the slots the bias ``(left_chunk + 1, H, C, S)``.
         """
         chunk_size, left_chunk = encoder.chunking(chunk_size, left_chunk)
         chunk_size = check_int("chunk_size", chunk_size, minimum=1)
@@ -229,7 +229,7 @@ class Phi4MMStream(BufferedStream):
         return self._emit(steps)
 
     def flush(self) -> torch.Tensor:
-        """End the utterances: encode what is left (the last chunk zero-padded) and reset the stream.
+        """End the utterances: encode what is left (the last chunk zero-padded) and reset the slots.
 
         Returns ``(B, n, D)``, trimmed so that all outputs since the previous
         flush number ``ceil(max frames / time_reduction)``.
@@ -275,7 +275,7 @@ class Phi4MMStream(BufferedStream):
         row (the rest is ignored); ``final`` is checked and not needed (every
         chunk's tokens are final when emitted); ``active`` ``(B,)``: the slots
         that take this chunk (default all), the others keep their state (see
-        :meth:`~audiomask.streaming.EncoderStream.step`). The stream must hold
+        :meth:`~audiomask.streaming.EncoderSlots.step`). The slots must hold
         no buffered frames. Equals pushing ``chunk`` with ``valid`` as lengths
         when the buffer held nothing.
         """
@@ -375,10 +375,10 @@ class Phi4MMStream(BufferedStream):
         which write the caches; it happens before the first chunk is encoded,
         when every cache is still zero (made so, reset or flushed), so zeroing
         them afterwards restores them (a saved copy would cost as much device
-        memory as the caches: ~8 MB per stream for the full-size encoder). The
+        memory as the caches: ~8 MB per slot for the full-size encoder). The
         warm-up's activations are handed back to the device before capture, so
         that the graphs' pool can take that memory rather than leave it cached
-        for eager work that a graph-driven stream never runs.
+        for eager work that graph-driven slots never run.
         """
         caches = (self._kv_all, self._conv_all, *self._subsampling)
         frame_valid = self._static_masks[:, : self.chunk_frames]

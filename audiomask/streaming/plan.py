@@ -1,13 +1,13 @@
 """A streaming configuration's sizes, worked out once: :class:`ChunkPlan`, and the bounds every plan is within.
 
-An encoder family's stream class turns an encoder, a chunk length in
+An encoder family's slots class turns an encoder, a chunk length in
 milliseconds and a left context into a plan
-(:meth:`~audiomask.streaming.EncoderStream.make_plan`, for any encoder
+(:meth:`~audiomask.streaming.EncoderSlots.make_plan`, for any encoder
 through :func:`~audiomask.streaming.chunk_plan`): the chunk in frames and
 tokens, the samples a driver gathers for each chunk, where each output token
-starts, and the bytes of state its streams hold, by arithmetic on the config
-(nothing is allocated). Streams are opened from a plan
-(``open_stream(encoder, slots, plan=plan)``), and a recognizer, its memory
+starts, and the bytes of state its slots hold, by arithmetic on the config
+(nothing is allocated). Slots are opened from a plan
+(``open_slots(encoder, batch_size, plan=plan)``), and a recognizer, its memory
 checks and its callers read their sizes from it.
 
 >>> from audiomask.models import Phi4MMAudioConfig, Phi4MMEncoder
@@ -32,7 +32,7 @@ from audiomask.features.frontend import Frontend
 __all__ = ["MAX_CHUNK_MS", "MAX_CONTEXT_MS", "MS_PER_S", "ChunkPlan", "block_samples"]
 
 MS_PER_S = 1000
-# Audio a stream's attention context spans, (left_chunks + 1) * chunk_ms: ten minutes (7,500 tokens of
+# Audio an utterance's chunk attends to, (left_chunks + 1) * chunk_ms: ten minutes (7,500 tokens of
 # 80 ms) is far beyond any streaming setting; larger settings are refused before anything is allocated.
 MAX_CONTEXT_MS = 10 * 60 * MS_PER_S
 # Audio of one encoder chunk: a minute is far beyond any streaming setting (Qwen3-ASR's chunk is 1 s).
@@ -40,7 +40,7 @@ MAX_CHUNK_MS = 60 * MS_PER_S
 
 
 def block_samples(frontend: Frontend, chunk_frames: int) -> tuple[int, int]:
-    """16 kHz samples of a stream's first block and of each later one: exactly ``chunk_frames`` frames each.
+    """16 kHz samples of an utterance's first block and of each later one: exactly ``chunk_frames`` frames each.
 
     The first chunk's last frame ends at ``hop * (chunk_frames - 1) + win`` samples of the padded signal.
 
@@ -57,7 +57,7 @@ class ChunkPlan:
     """The sizes of one streaming configuration of an encoder (made by its family: see the module docstring).
 
     Attributes:
-        family: the name of the stream class whose streams the plan opens (``"Phi4MMStream"``, ...).
+        family: the name of the slots class whose slots the plan opens (``"Phi4MMSlots"``, ...).
         chunk_ms: milliseconds of audio per chunk step, ``1 <= chunk_ms <= MAX_CHUNK_MS``.
         chunk_frames: feature frames (10 ms each) per slot and step: ``chunk_ms / 10``.
         tokens_per_chunk: the most output tokens one step returns per slot (Qwen3-ASR: a window's, 104).
@@ -66,14 +66,14 @@ class ChunkPlan:
             is not chunk-causal (Qwen3-ASR attends inside windows). ``(left_chunks + 1) * chunk_ms`` is at
             most :data:`MAX_CONTEXT_MS`.
         left_tokens: output tokens of that left context (``None`` with ``left_chunks``).
-        first_block_samples, block_samples: 16 kHz samples of a stream's first chunk of audio and of each
+        first_block_samples, block_samples: 16 kHz samples of an utterance's first chunk of audio and of each
             later one, for the front end the plan was made for (:func:`block_samples`).
-        cuda_graph: the streams replay their chunk step as CUDA graphs.
-        slot_bytes: bytes of state each slot of a stream holds on the encoder's device, in its dtype
+        cuda_graph: the slots replay their chunk step as CUDA graphs.
+        slot_bytes: bytes of state each slot holds on the encoder's device, in its dtype
             (Phi-4MM: the key/value cache of the context and the conv and subsampling caches of every
             block, and with CUDA graphs the step's static inputs; Qwen3-ASR: its attention window).
-        shared_bytes: bytes a stream holds on that device whatever its slots (Phi-4MM: the relative
-            position bias of each key/value ring phase). Besides these a stream keeps a few int64
+        shared_bytes: bytes a batch of slots holds on that device whatever its size (Phi-4MM: the relative
+            position bias of each key/value ring phase). Besides these the slots keep a few int64
             counters per slot on the host.
     """
 
@@ -95,7 +95,7 @@ class ChunkPlan:
         left = self.left_chunks
         if left is not None and (left + 1) * self.chunk_ms > MAX_CONTEXT_MS:
             raise ValueError(
-                f"left_chunks={left} with chunk_ms={self.chunk_ms}: a stream attends to (left_chunks + 1) * "
+                f"left_chunks={left} with chunk_ms={self.chunk_ms}: a chunk attends to (left_chunks + 1) * "
                 f"chunk_ms = {(left + 1) * self.chunk_ms} ms of audio, more than MAX_CONTEXT_MS = {MAX_CONTEXT_MS}"
             )
 
@@ -105,5 +105,5 @@ class ChunkPlan:
         return -(-self.chunk_frames // self.chunk_tokens) * FRAME_MS
 
     def state_bytes(self, slots: int) -> int:
-        """Bytes of state one stream of ``slots`` slots holds on the encoder's device."""
+        """Bytes of state a batch of ``slots`` slots holds on the encoder's device."""
         return self.shared_bytes + slots * self.slot_bytes

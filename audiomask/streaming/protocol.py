@@ -1,30 +1,30 @@
-"""The chunk-step protocol every encoder family's stream implements: what a streaming driver relies on.
+"""The chunk-step protocol every encoder family's slots implement: what a streaming driver relies on.
 
-An :class:`EncoderStream` holds ``B`` stream *slots* of one encoder with their
-caches preallocated on the encoder's device. A driver fills the slots with
-utterances and advances all of them one chunk per :meth:`~EncoderStream.step`:
+An :class:`EncoderSlots` holds ``B`` *slots* of one encoder, batch rows with
+their caches preallocated on the encoder's device. A driver fills the slots
+with utterances' streams and advances all of them one chunk per :meth:`~EncoderSlots.step`:
 
 - ``chunk_frames`` feature frames per slot and step, laid out as the front
-  end makes them (:attr:`~EncoderStream.time_dim`: 1 for ``(B, T, F)``, 2 for
+  end makes them (:attr:`~EncoderSlots.time_dim`: 1 for ``(B, T, F)``, 2 for
   ``(B, F, T)``); a chunk's tokens need no frame beyond the chunk, so a
   driver steps as soon as every slot holds its next chunk (or has ended);
 - the outputs of a step are at most ``tokens_per_chunk`` tokens per slot,
   ``(B, n, D)``, of which ``lengths[b]`` are real (they come first), and are
   final: no later step revises them;
-- :meth:`~EncoderStream.reset_slots` starts new utterances in some slots while
+- :meth:`~EncoderSlots.reset_slots` starts new utterances in some slots while
   the others go on; a slot's outputs do not depend on the other slots;
-- :meth:`~EncoderStream.default_frontend` is the front end whose features the
+- :meth:`~EncoderSlots.default_frontend` is the front end whose features the
   family takes (its frames, mel bins and layout);
-- :meth:`~EncoderStream.make_plan` sizes a configuration of the family (a
+- :meth:`~EncoderSlots.make_plan` sizes a configuration of the family (a
   :class:`~audiomask.streaming.ChunkPlan`: chunk, tokens, blocks of samples,
-  state bytes) without allocating; a stream opened from it holds it as ``plan``.
+  state bytes) without allocating; slots opened from it hold it as ``plan``.
 
 ``push``/``flush`` are the lock-step interface for callers that hold whole
 batches of frames (every slot starts together; any piece sizes).
 
-Implementations: :class:`~audiomask.streaming.Phi4MMStream`,
-:class:`~audiomask.streaming.Qwen3ASRStream`;
-:func:`~audiomask.streaming.open_stream` opens the one of an encoder.
+Implementations: :class:`~audiomask.streaming.Phi4MMSlots`,
+:class:`~audiomask.streaming.Qwen3ASRSlots`;
+:func:`~audiomask.streaming.open_slots` opens the one of an encoder.
 """
 
 from __future__ import annotations
@@ -39,11 +39,11 @@ from audiomask.checks import check_int
 from audiomask.features.frontend import Frontend
 from audiomask.streaming.plan import ChunkPlan
 
-__all__ = ["LANE_ATTRIBUTES", "EncoderStream", "as_lanes"]
+__all__ = ["LANE_ATTRIBUTES", "EncoderSlots", "as_lanes"]
 
 
-class EncoderStream(ABC):
-    """``batch_size`` stream slots of one encoder, advanced one chunk step at a time (see the module docstring).
+class EncoderSlots(ABC):
+    """``batch_size`` slots of one encoder, advanced one chunk step at a time (see the module docstring).
 
     Attributes every implementation sets:
 
@@ -84,7 +84,7 @@ class EncoderStream(ABC):
     @classmethod
     @abstractmethod
     def default_frontend(cls) -> Frontend:
-        """A new front end of the family: the features its streams take (frames, mel bins, layout)."""
+        """A new front end of the family: the features its slots take (frames, mel bins, layout)."""
 
     @classmethod
     def make_plan(
@@ -96,7 +96,7 @@ class EncoderStream(ABC):
         cuda_graph: bool | None = None,
         frontend: Frontend | None = None,
     ) -> ChunkPlan:
-        """The sizes of ``encoder``'s streams of this family: chunks of ``chunk_ms`` ms, ``left_chunks`` of context.
+        """The sizes of ``encoder``'s slots of this family: chunks of ``chunk_ms`` ms, ``left_chunks`` of context.
 
         ``chunk_ms``: a positive integer (the family says which); ``None``: the encoder's. ``left_chunks``:
         ``>= 0``, ``None``: the encoder's. ``cuda_graph``: replay steps as CUDA graphs; ``None``: where the
@@ -142,7 +142,7 @@ class EncoderStream(ABC):
                 chunk; ``None``: no slot's does. Families whose outputs wait
                 for more chunks (Qwen3-ASR's windows) emit them then.
             active: ``(B,)`` bool (host); ``None``: every slot. An inactive
-                slot (a stream whose next chunk has not arrived) is left
+                slot (one whose utterance's next chunk has not arrived) is left
                 exactly as it was, as if the step had not happened for it:
                 its ``valid`` is 0, it is not ``final``, its ``lengths`` is 0.
                 The step still computes over all ``B`` rows (static shapes):
@@ -158,34 +158,34 @@ class EncoderStream(ABC):
 
     @abstractmethod
     def flush(self) -> torch.Tensor:
-        """End every slot's utterance: the remaining outputs ``(B, n, D)``; then the stream starts afresh."""
+        """End every slot's utterance: the remaining outputs ``(B, n, D)``; then the slots start afresh."""
 
 
 # What every lane of a driver must share: its slots' steps and outputs are interchangeable.
 LANE_ATTRIBUTES = ("device", "dtype", "feature_size", "time_dim", "chunk_frames", "tokens_per_chunk", "output_size")
 
 
-def as_lanes(stream: object) -> tuple[EncoderStream, ...]:
-    """``stream`` (one :class:`EncoderStream`, or a sequence of several of one encoder's) as a driver's lanes.
+def as_lanes(slots: object) -> tuple[EncoderSlots, ...]:
+    """``slots`` (one :class:`EncoderSlots`, or a sequence of several of one encoder's) as a driver's lanes.
 
-    Lanes must agree on every attribute a step's batch depends on (:data:`LANE_ATTRIBUTES`), so that a
-    stream's outputs are the same in any of them; their ``batch_size`` may differ. Raises
+    Lanes must agree on every attribute a step's batch depends on (:data:`LANE_ATTRIBUTES`), so that an
+    utterance's outputs are the same in any of them; their ``batch_size`` may differ. Raises
     :class:`ValueError` naming the first lane that differs.
     """
-    lanes = (stream,) if isinstance(stream, EncoderStream) else tuple(stream) if isinstance(stream, Sequence) else ()
-    if not lanes or not all(isinstance(lane, EncoderStream) for lane in lanes):
+    lanes = (slots,) if isinstance(slots, EncoderSlots) else tuple(slots) if isinstance(slots, Sequence) else ()
+    if not lanes or not all(isinstance(lane, EncoderSlots) for lane in lanes):
         raise ValueError(
-            f"stream must be an EncoderStream (audiomask.streaming) or a non-empty sequence of them, got "
-            f"{type(stream).__name__}"
+            f"slots must be an EncoderSlots (audiomask.streaming) or a non-empty sequence of them, got "
+            f"{type(slots).__name__}"
         )
     first = lanes[0]
     for index, lane in enumerate(lanes[1:], 1):
         if type(lane) is not type(first) or lane is first:
-            raise ValueError(f"stream[{index}] must be another {type(first).__name__}, got {lane!r}")
+            raise ValueError(f"slots[{index}] must be another {type(first).__name__}, got {lane!r}")
         for name in LANE_ATTRIBUTES:
             if getattr(lane, name) != getattr(first, name):
                 raise ValueError(
-                    f"stream[{index}].{name} must equal stream[0]'s ({getattr(first, name)!r}): lanes step alike, "
+                    f"slots[{index}].{name} must equal slots[0]'s ({getattr(first, name)!r}): lanes step alike, "
                     f"got {getattr(lane, name)!r}"
                 )
     return lanes

@@ -16,19 +16,19 @@ from audiomask.constants import FRAME_MS
 from audiomask.features import WhisperFrontend
 from audiomask.features.frontend import Frontend
 from audiomask.models.qwen3_asr import Qwen3ASREncoder
-from audiomask.streaming.buffer import BufferedStream
+from audiomask.streaming.buffer import BufferedSlots
 from audiomask.streaming.plan import ChunkPlan, block_samples
 from audiomask.transfer import to_device
 
-__all__ = ["Qwen3ASRStream"]
+__all__ = ["Qwen3ASRSlots"]
 
 
-class Qwen3ASRStream(BufferedStream):
+class Qwen3ASRSlots(BufferedSlots):
     """Streaming of :class:`~audiomask.models.qwen3_asr.Qwen3ASREncoder`, one conv chunk at a time.
 
     Args:
-        encoder: the encoder (its device and dtype are the stream's).
-        batch_size: stream slots ``B``, ``>= 1``.
+        encoder: the encoder (its device and dtype are the slots').
+        batch_size: slots ``B``, ``>= 1``.
         plan: a :class:`~audiomask.streaming.ChunkPlan` of this family (:meth:`make_plan`); ``None``: the
             encoder's (its chunk is fixed).
 
@@ -50,10 +50,10 @@ class Qwen3ASRStream(BufferedStream):
     >>> from audiomask.models import Qwen3ASRConfig, Qwen3ASREncoder
     >>> config = Qwen3ASRConfig(encoder_layers=1, encoder_attention_heads=2, encoder_ffn_dim=8, d_model=8,
     ...                         downsample_hidden_size=2)
-    >>> stream = Qwen3ASRStream(Qwen3ASREncoder(config).eval())
-    >>> tuple(stream.push(torch.randn(1, 128, 850)).shape)  # 8 chunks of 100 frames: one window
+    >>> slots = Qwen3ASRSlots(Qwen3ASREncoder(config).eval())
+    >>> tuple(slots.push(torch.randn(1, 128, 850)).shape)  # 8 chunks of 100 frames: one window
     (1, 104, 8)
-    >>> tuple(stream.partial().shape), tuple(stream.flush().shape)  # 50 frames left: 7 tokens
+    >>> tuple(slots.partial().shape), tuple(slots.flush().shape)  # 50 frames left: 7 tokens
     ((1, 7, 8), (1, 7, 8))
     """
 
@@ -96,7 +96,7 @@ class Qwen3ASRStream(BufferedStream):
                 f"left_chunks must be None for Qwen3-ASR (it attends inside fixed windows), got {left_chunks}"
             )
         if cuda_graph:
-            raise ValueError("cuda_graph must be False or None for Qwen3-ASR: its stream has no CUDA graph")
+            raise ValueError("cuda_graph must be False or None for Qwen3-ASR: its slots have no CUDA graph")
         first_block, block = block_samples(frontend, config.chunk_frames)
         return ChunkPlan(
             family=cls.__name__,
@@ -182,8 +182,8 @@ class Qwen3ASRStream(BufferedStream):
         ``(B,)`` one; the outputs hold every slot's window when any is emitted,
         ``lengths`` counting the real tokens of the emitted ones (0 for the others).
         ``active`` ``(B,)``: the slots that take this chunk (default all); the
-        others keep their windows (see :meth:`~audiomask.streaming.EncoderStream.step`).
-        Only the windows that close are attended. The stream must hold no buffered frames.
+        others keep their windows (see :meth:`~audiomask.streaming.EncoderSlots.step`).
+        Only the windows that close are attended. The slots must hold no buffered frames.
         """
         valid, final, active = self._check_step(chunk, valid, final, active)
         frames = self._chunk_on_device(chunk).transpose(1, 2)  # (B, chunk_frames, mel), as the buffer holds them
@@ -251,7 +251,7 @@ class Qwen3ASRStream(BufferedStream):
     def _close_windows(self, closing: np.ndarray) -> torch.Tensor:
         """Attend the ``closing`` slots' windows and start them anew: ``(B, window_tokens, D)``, zero elsewhere.
 
-        Only the closing windows are attended (streams that started at
+        Only the closing windows are attended (utterances that started at
         different times close their windows at different steps, so a step
         attends about one window in eight per slot, not every slot's).
         """

@@ -1,4 +1,4 @@
-"""audiomask.asr.capacity and the recognizer's sizes: one ChunkPlan, no streams opened only to size memory."""
+"""audiomask.asr.capacity and the recognizer's sizes: one ChunkPlan, no slots opened only to size memory."""
 
 from __future__ import annotations
 
@@ -6,16 +6,16 @@ import pytest
 
 from audiomask.asr.recognizer import StreamingRecognizer
 from audiomask.constants import SAMPLE_RATE
-from audiomask.streaming import Phi4MMStream, Qwen3ASRStream, chunk_plan
+from audiomask.streaming import Phi4MMSlots, Qwen3ASRSlots, chunk_plan
 
 MS_PER_S = 1000
 
 
 @pytest.fixture
 def opened(monkeypatch):
-    """The batch size of every stream of either family constructed while the test runs, in order."""
+    """The batch size of all slots of either family constructed while the test runs, in order."""
     sizes: list[int] = []
-    for family in (Phi4MMStream, Qwen3ASRStream):
+    for family in (Phi4MMSlots, Qwen3ASRSlots):
         construct = family.__init__
 
         def counting(self, encoder, batch_size=1, *args, _construct=construct, **kwargs):
@@ -27,7 +27,7 @@ def opened(monkeypatch):
 
 
 @pytest.mark.parametrize(("max_streams", "lanes", "sizes"), [(4, 1, [4]), (5, 2, [2, 3]), (3, 3, [1, 1, 1])])
-def test_a_recognizer_opens_its_lanes_streams_and_no_other(model, opened, max_streams, lanes, sizes):
+def test_a_recognizer_opens_its_lanes_slots_and_no_other(model, opened, max_streams, lanes, sizes):
     with StreamingRecognizer(model, chunk_ms=160, left_chunks=2, max_streams=max_streams, lanes=lanes, overlap=False):
         assert opened == sizes
 

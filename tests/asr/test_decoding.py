@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from audiomask.asr.decoding import BLANK_ID, CharTokenizer, GreedyCTCDecoder, greedy_decode
 from audiomask.models.ctc import CTCHead
-from audiomask.streaming import Phi4MMStream
+from audiomask.streaming import Phi4MMSlots
 
 ALPHABET = "abcdefghijklmnopqrstuvwxyz '"
 
@@ -126,7 +126,7 @@ def test_ctc_head_log_probs():
 
 
 def test_streaming_encoder_to_text_equals_offline(tiny_phi4mm):
-    """Encoder stream -> CTC head -> decoder, piece by piece, gives the offline forward's text."""
+    """Encoder slots -> CTC head -> decoder, piece by piece, gives the offline forward's text."""
     torch.manual_seed(0)
     encoder = tiny_phi4mm()
     tokenizer = CharTokenizer(ALPHABET)
@@ -136,12 +136,12 @@ def test_streaming_encoder_to_text_equals_offline(tiny_phi4mm):
     with torch.no_grad():
         outputs, output_lengths = encoder(features, lengths, chunk_size=4, left_chunk=2, mask_mode="hard")
         offline = [tokenizer.decode(ids) for ids in greedy_decode(head(outputs), output_lengths)]
-        stream = Phi4MMStream(encoder, batch_size=2, chunk_size=4, left_chunk=2)
+        slots = Phi4MMSlots(encoder, batch_size=2, chunk_size=4, left_chunk=2)
         decoder = GreedyCTCDecoder(2)
         texts = ["", ""]
         for start in range(0, 400, 50):
             real = np.clip(np.array(lengths) - start, 0, 50)
-            piece = stream.push(features[:, start : start + 50], real) if start < 333 else stream.flush()
-            for row, ids in enumerate(decoder.push(head(piece), stream.last_lengths)):
+            piece = slots.push(features[:, start : start + 50], real) if start < 333 else slots.flush()
+            for row, ids in enumerate(decoder.push(head(piece), slots.last_lengths)):
                 texts[row] += tokenizer.decode(ids)
     assert texts == offline and any(offline)

@@ -14,14 +14,14 @@ from audiomask.asr.decoding import greedy_decode
 from audiomask.asr.driver import RECENT_CYCLES, CycleTiming, RunStats, StreamingDriver
 from audiomask.features import WhisperFrontend
 from audiomask.models.ctc import CTCHead
-from audiomask.streaming import Phi4MMStream, open_stream
+from audiomask.streaming import Phi4MMSlots, open_slots
 
 TOLERANCE = 1e-4  # float32 on CPU
 
 
 def driver_of(encoder, head, batch_size: int = 1, chunk_size: int = 2, left_chunk: int = 1, **options):
-    """A driver over a Phi-4MM stream of ``batch_size`` slots."""
-    return StreamingDriver(Phi4MMStream(encoder, batch_size, chunk_size, left_chunk), head, **options)
+    """A driver over ``batch_size`` Phi-4MM slots."""
+    return StreamingDriver(Phi4MMSlots(encoder, batch_size, chunk_size, left_chunk), head, **options)
 
 
 def test_single_stream_equals_offline(encoder, head, chunking, random_signals, offline_outputs, joined_outputs):
@@ -200,18 +200,18 @@ def test_lanes_give_each_stream_what_one_stream_of_all_the_slots_gives(
     encoder, tiny_qwen3_asr, head, random_signals, joined_outputs, family, options
 ):
     """Lanes of 3, 2 and 2 slots: each cycle steps one lane, and every stream's outputs and ids equal those of
-    the same streams in one 7-slot stream (streams start at random cycles and reuse freed slots)."""
+    the same streams in one batch of 7 slots (streams start at random cycles and reuse freed slots)."""
     phi4mm = family == "phi4mm"
     model = encoder if phi4mm else tiny_qwen3_asr()
 
     def opened(batch_size: int):
-        return Phi4MMStream(model, batch_size, 2, 1) if phi4mm else open_stream(model, batch_size=batch_size)
+        return Phi4MMSlots(model, batch_size, 2, 1) if phi4mm else open_slots(model, batch_size=batch_size)
 
     batch = random_signals(13, 11, 400, 30000 if phi4mm else 60000)
     starts = np.random.default_rng(13).integers(0, 5, len(batch)).tolist()
     results, cycles = [], []
-    for stream in (opened(7), [opened(3), opened(2), opened(2)]):
-        driver = StreamingDriver(stream, head, keep_outputs=True, **options)
+    for slots in (opened(7), [opened(3), opened(2), opened(2)]):
+        driver = StreamingDriver(slots, head, keep_outputs=True, **options)
         try:
             results.append(driver.run(batch, starts))
             cycles.append(driver.stats.count)
@@ -225,30 +225,30 @@ def test_lanes_give_each_stream_what_one_stream_of_all_the_slots_gives(
 
 
 def test_bad_arguments(encoder, head, random_signals):
-    stream = Phi4MMStream(encoder, chunk_size=2)
-    with pytest.raises(ValueError, match="stream must be an EncoderStream"):
+    slots = Phi4MMSlots(encoder, chunk_size=2)
+    with pytest.raises(ValueError, match="slots must be an EncoderSlots"):
         StreamingDriver(encoder, head)
     with pytest.raises(ValueError, match="head must be a CTCHead"):
-        StreamingDriver(stream, encoder)
-    with pytest.raises(ValueError, match=r"head input_size \(8\) must equal the stream's output_size \(16\)"):
-        StreamingDriver(stream, CTCHead(8, 5))
+        StreamingDriver(slots, encoder)
+    with pytest.raises(ValueError, match=r"head input_size \(8\) must equal the slots' output_size \(16\)"):
+        StreamingDriver(slots, CTCHead(8, 5))
     with pytest.raises(ValueError, match=r"frontend must give \(T, n_mels\) features of 80 mels"):
-        StreamingDriver(stream, head, WhisperFrontend(n_mels=80))
+        StreamingDriver(slots, head, WhisperFrontend(n_mels=80))
     with pytest.raises(ValueError, match="frontend_process=True needs overlap=True"):
-        StreamingDriver(stream, head, overlap=False, frontend_process=True)
+        StreamingDriver(slots, head, overlap=False, frontend_process=True)
     with pytest.raises(ValueError, match="frontend_workers needs frontend_process=True"):
-        StreamingDriver(stream, head, frontend_workers=2)
-    with pytest.raises(ValueError, match=r"frontend_workers must be at most the batch_size of the stream .* \(1\)"):
-        StreamingDriver(stream, head, frontend_process=True, frontend_workers=2)
+        StreamingDriver(slots, head, frontend_workers=2)
+    with pytest.raises(ValueError, match=r"frontend_workers must be at most the batch_size of the slots .* \(1\)"):
+        StreamingDriver(slots, head, frontend_process=True, frontend_workers=2)
     with pytest.raises(ValueError, match="a non-empty sequence of them, got list"):
         StreamingDriver([], head)
-    with pytest.raises(ValueError, match=r"stream\[1\] must be another Phi4MMStream"):
-        StreamingDriver([stream, stream], head)
-    with pytest.raises(ValueError, match=r"stream\[1\].chunk_frames must equal stream\[0\]'s \(16\)"):
-        StreamingDriver([stream, Phi4MMStream(encoder, chunk_size=3)], head)
+    with pytest.raises(ValueError, match=r"slots\[1\] must be another Phi4MMSlots"):
+        StreamingDriver([slots, slots], head)
+    with pytest.raises(ValueError, match=r"slots\[1\].chunk_frames must equal slots\[0\]'s \(16\)"):
+        StreamingDriver([slots, Phi4MMSlots(encoder, chunk_size=3)], head)
     with pytest.raises(ValueError, match="frontend_workers must be >= 1, got 0"):
-        StreamingDriver(stream, head, frontend_process=True, frontend_workers=0)
-    driver = StreamingDriver(stream, head)
+        StreamingDriver(slots, head, frontend_process=True, frontend_workers=0)
+    driver = StreamingDriver(slots, head)
     with pytest.raises(ValueError, match="starts"):
         driver.run(random_signals(1, 2), [0])
     driver.close()
@@ -260,7 +260,7 @@ def test_qwen3_asr_streams_equal_the_offline_windowed_forward(tiny_qwen3_asr, he
     features (what a stream's front end computes), and its ids the greedy decoding of that."""
     encoder = tiny_qwen3_asr()
     batch = [*random_signals(6, 3, 3000, 40000), random_signals(7, 1, 150000, 150001)[0], np.zeros(100, np.float32)]
-    driver = StreamingDriver(open_stream(encoder, batch_size=3), head, keep_outputs=True)
+    driver = StreamingDriver(open_slots(encoder, batch_size=3), head, keep_outputs=True)
     streams = driver.run(batch, [0, 2, 0, 1, 9])
     driver.close()
     frontend = WhisperFrontend.qwen3_asr(floor="running")

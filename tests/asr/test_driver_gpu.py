@@ -13,7 +13,7 @@ import torch
 
 from audiomask.asr.decoding import greedy_decode
 from audiomask.asr.driver import StreamingDriver
-from audiomask.streaming import Phi4MMStream
+from audiomask.streaming import Phi4MMSlots
 from audiomask.transfer import default_ring, sync_check
 
 pytestmark = pytest.mark.gpu
@@ -39,9 +39,9 @@ def models(encoder, head):
 
 
 def cuda_driver(encoder, head, batch_size: int, chunk_size: int, left_chunk: int, cuda_graph: bool, **options):
-    """A driver over a Phi-4MM stream on CUDA, its chunk step eager or as CUDA graphs."""
-    stream = Phi4MMStream(encoder, batch_size, chunk_size, left_chunk, cuda_graph=cuda_graph)
-    return StreamingDriver(stream, head, **options)
+    """A driver over Phi-4MM slots on CUDA, its chunk step eager or as CUDA graphs."""
+    slots = Phi4MMSlots(encoder, batch_size, chunk_size, left_chunk, cuda_graph=cuda_graph)
+    return StreamingDriver(slots, head, **options)
 
 
 @pytest.mark.parametrize("cuda_graph", [False, True], ids=["eager", "graph"])
@@ -89,14 +89,14 @@ def test_cuda_graph_equals_eager_in_a_batch_of_64(models, random_signals, joined
 @pytest.mark.parametrize(
     "frontend", [{}, {"frontend_process": True, "frontend_workers": 2}], ids=["thread", "processes"]
 )
-def test_lanes_of_cuda_graphs_equal_one_stream_of_all_the_slots(models, random_signals, joined_outputs, frontend):
-    """Three lanes, each replaying its own CUDA graphs, give every stream what one 8-slot graph stream gives."""
+def test_lanes_of_cuda_graphs_equal_one_batch_of_all_the_slots(models, random_signals, joined_outputs, frontend):
+    """Three lanes, each replaying its own CUDA graphs, give every stream what one batch of 8 graph-replaying slots gives."""
     _, _, encoder, head = models
     batch = random_signals(21, 14, 400, 30000)
     starts = np.random.default_rng(21).integers(0, 6, len(batch)).tolist()
     results = []
     for sizes in ([8], [3, 3, 2]):
-        lanes = [Phi4MMStream(encoder, size, 2, 1, cuda_graph=True) for size in sizes]
+        lanes = [Phi4MMSlots(encoder, size, 2, 1, cuda_graph=True) for size in sizes]
         driver = StreamingDriver(lanes, head, keep_outputs=True, **frontend)
         try:
             results.append(driver.run(batch, starts))

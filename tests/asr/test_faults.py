@@ -16,7 +16,7 @@ from audiomask import AudioError
 from audiomask.asr.driver import StreamingDriver
 from audiomask.asr.recognizer import StreamingRecognizer
 from audiomask.errors import PinnedMemoryWarning
-from audiomask.streaming import Phi4MMStream
+from audiomask.streaming import Phi4MMSlots
 from audiomask.transfer import KiB, PinnedRing, to_device
 
 CHUNK_MS, LEFT_CHUNKS = 160, 1
@@ -286,7 +286,7 @@ def test_a_bad_stream_never_affects_the_others(model, noise, alone):
 
 
 def test_the_driver_refuses_non_finite_samples(encoder, head):
-    driver = StreamingDriver(Phi4MMStream(encoder, chunk_size=2, left_chunk=1), head)
+    driver = StreamingDriver(Phi4MMSlots(encoder, chunk_size=2, left_chunk=1), head)
     stream = driver.open("poisoned")
     with pytest.raises(AudioError, match=r"^samples: non-finite sample \(inf\) at frame 3"):
         driver.feed(stream, np.array([0.0, 0.1, 0.2, np.inf], np.float32))
@@ -303,8 +303,8 @@ def test_non_finite_features_in_one_slot_stay_in_it(encoder, head, monkeypatch):
     starts = [0, 0, 0, 4]  # the fourth opens after the poisoned one ended: it takes its slot
 
     def run(batch, starts_=None):
-        stream = Phi4MMStream(encoder, len(batch) if starts_ is None else 3, chunk_size=2, left_chunk=1)
-        driver = StreamingDriver(stream, head, keep_outputs=True)
+        slots = Phi4MMSlots(encoder, len(batch) if starts_ is None else 3, chunk_size=2, left_chunk=1)
+        driver = StreamingDriver(slots, head, keep_outputs=True)
         streams = driver.run(batch, starts_)
         driver.close()
         return streams

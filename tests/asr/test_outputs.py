@@ -21,7 +21,7 @@ from audiomask.asr.driver import StreamingDriver
 from audiomask.asr.outputs import ChunkQueue, EncoderChunk, OutputError
 from audiomask.asr.recognizer import StreamingRecognizer
 from audiomask.features import WhisperFrontend
-from audiomask.streaming import Phi4MMStream, open_stream
+from audiomask.streaming import Phi4MMSlots, open_slots
 
 TOLERANCE = 1e-4  # float32 on CPU, as the driver's outputs
 CHUNK_SIZE, LEFT_CHUNK = 2, 1  # the Phi-4MM driver's chunking: 2 tokens per chunk
@@ -49,8 +49,8 @@ def family_encoder(family, encoder, tiny_qwen3_asr):
 
 def family_driver(family: str, encoder, head, batch_size: int, **options) -> StreamingDriver:
     if family == "phi4mm":
-        return StreamingDriver(Phi4MMStream(encoder, batch_size, CHUNK_SIZE, LEFT_CHUNK), head, **options)
-    return StreamingDriver(open_stream(encoder, batch_size=batch_size), head, **options)
+        return StreamingDriver(Phi4MMSlots(encoder, batch_size, CHUNK_SIZE, LEFT_CHUNK), head, **options)
+    return StreamingDriver(open_slots(encoder, batch_size=batch_size), head, **options)
 
 
 def check_sequence(chunks: list[EncoderChunk], name: str) -> None:

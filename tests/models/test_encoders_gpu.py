@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from audiomask.models import Phi4MMAudioConfig, Phi4MMEncoder
-from audiomask.streaming import Phi4MMStream, Qwen3ASRStream
+from audiomask.streaming import Phi4MMSlots, Qwen3ASRSlots
 
 pytestmark = pytest.mark.gpu
 
@@ -90,12 +90,12 @@ def test_phi4mm_cuda_stream_equals_hard_forward(no_tf32, tiny_phi4mm, max_valid_
     features = torch.randn(3, 333, 80)
     with torch.no_grad():
         reference, reference_lengths = encoder(features, lengths, chunk_size=4, left_chunk=2, mask_mode="hard")
-    stream = Phi4MMStream(encoder, batch_size=3, chunk_size=4, left_chunk=2)
+    slots = Phi4MMSlots(encoder, batch_size=3, chunk_size=4, left_chunk=2)
     pieces = []
     for start in range(0, 333, 45):
         real = [max(0, min(n - start, 45)) for n in lengths]
-        pieces.append(stream.push(features[:, start : start + 45], real))
-    pieces.append(stream.flush())
+        pieces.append(slots.push(features[:, start : start + 45], real))
+    pieces.append(slots.flush())
     outputs = torch.cat(pieces, dim=1)
     assert torch.isfinite(outputs).all()
     assert max_valid_diff(outputs.cpu(), reference.cpu(), reference_lengths.tolist()) <= TOLERANCE
@@ -122,8 +122,8 @@ def test_phi4mm_bf16_within_tolerance(no_tf32, tiny_phi4mm, size):
         reference, output_lengths = encoder(features, lengths, **settings)
         encoder.to(torch.bfloat16)
         low, _ = encoder(features, lengths, **settings)
-    stream = Phi4MMStream(encoder, batch_size=2, chunk_size=16, left_chunk=2)
-    streamed = torch.cat([stream.push(features, lengths), stream.flush()], dim=1)
+    slots = Phi4MMSlots(encoder, batch_size=2, chunk_size=16, left_chunk=2)
+    streamed = torch.cat([slots.push(features, lengths), slots.flush()], dim=1)
     output_lengths = output_lengths.tolist()
     assert low.dtype == streamed.dtype == torch.bfloat16
     for outputs in (low, streamed):
@@ -180,17 +180,17 @@ def assert_never_waits(filler, call):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_phi4mm_stream_push_and_flush_never_wait_for_the_gpu(filler, tiny_phi4mm, lengths, dtype):
     encoder = tiny_phi4mm().to("cuda", dtype)
-    stream = Phi4MMStream(encoder, batch_size=3, chunk_size=2, left_chunk=2)
+    slots = Phi4MMSlots(encoder, batch_size=3, chunk_size=2, left_chunk=2)
     features = torch.randn(3, 50, 80)  # host features, as the front end makes them: 3 chunks of 16 frames
     with torch.no_grad():
         for _ in range(2):  # warm up (first-use allocations and library handles), then a fresh utterance
             for _ in range(4):
-                stream.push(features, lengths)
-            stream.flush()
+                slots.push(features, lengths)
+            slots.flush()
         for _ in range(4):  # the cache fills (left_chunk = 2) and the steady state follows
-            outputs = assert_never_waits(filler, lambda: stream.push(features, lengths))
+            outputs = assert_never_waits(filler, lambda: slots.push(features, lengths))
             assert outputs.shape[1] % 2 == 0 and outputs.shape[1] > 0
-        outputs = assert_never_waits(filler, lambda: torch.cat([stream.push(features, lengths), stream.flush()], 1))
+        outputs = assert_never_waits(filler, lambda: torch.cat([slots.push(features, lengths), slots.flush()], 1))
     assert torch.isfinite(outputs).all()
 
 
@@ -212,10 +212,10 @@ def test_qwen3_asr_forward_and_stream_never_wait_for_the_gpu(filler, tiny_qwen3_
     with torch.no_grad():
         encoder(features, [900, 450])  # warm up
         assert_never_waits(filler, lambda: encoder(features, [900, 450]))
-        stream = Qwen3ASRStream(encoder, batch_size=2)
+        slots = Qwen3ASRSlots(encoder, batch_size=2)
         for _ in range(2):
-            assert_never_waits(filler, lambda: stream.push(features[:, :, :450], [450, 300]))
-        assert_never_waits(filler, lambda: (stream.partial(), stream.flush()))
+            assert_never_waits(filler, lambda: slots.push(features[:, :, :450], [450, 300]))
+        assert_never_waits(filler, lambda: (slots.partial(), slots.flush()))
 
 
 @pytest.mark.parametrize("mask_mode", ["hard", "phi4mm_compat"])

@@ -1,4 +1,4 @@
-"""Fixtures of the streaming tests: pushing utterances through a stream in pieces, and checking the outputs."""
+"""Fixtures of the streaming tests: pushing utterances through an encoder's slots in pieces, and checking the outputs."""
 
 from __future__ import annotations
 
@@ -11,15 +11,15 @@ import torch
 TOLERANCE = 1e-4  # float32 on CPU
 
 
-def stream_in_pieces(stream, features: torch.Tensor, lengths: list[int], sizes: list[int]):
+def stream_in_pieces(slots, features: torch.Tensor, lengths: list[int], sizes: list[int]):
     """Push each utterance's frames in pieces of ``sizes`` frames (cycled), all slots in lock step, then flush.
 
     A piece holds ``size`` frames per slot, of which ``real[b]`` are slot
     ``b``'s next frames and the rest noise (shorter utterances run out first).
-    Time is on the stream's ``time_dim`` of ``features``. Returns the outputs
+    Time is on the slots' ``time_dim`` of ``features``. Returns the outputs
     of every call (the flush last) and the sum of their ``last_lengths``.
     """
-    time_dim = stream.time_dim
+    time_dim = slots.time_dim
     lengths = np.asarray(lengths)
     generator = torch.Generator().manual_seed(3)
     sent = np.zeros(lengths.size, np.int64)
@@ -35,11 +35,11 @@ def stream_in_pieces(stream, features: torch.Tensor, lengths: list[int], sizes: 
         piece = torch.randn(shape, generator=generator) * 3
         for row, (start, count) in enumerate(zip(sent.tolist(), real.tolist())):
             piece[row].narrow(time_dim - 1, 0, count).copy_(features[row].narrow(time_dim - 1, start, count))
-        outputs.append(stream.push(piece, real))
-        valid += stream.last_lengths
+        outputs.append(slots.push(piece, real))
+        valid += slots.last_lengths
         sent += real
-    outputs.append(stream.flush())
-    return outputs, valid + stream.last_lengths
+    outputs.append(slots.flush())
+    return outputs, valid + slots.last_lengths
 
 
 def assert_streamed_equals(pieces, valid, reference, reference_lengths, push_unit: int, max_valid_diff) -> None:

@@ -1,4 +1,4 @@
-"""audiomask.streaming.Phi4MMStream: chunk-by-chunk outputs equal the ``hard``-masked forward.
+"""audiomask.streaming.Phi4MMSlots: chunk-by-chunk outputs equal the ``hard``-masked forward.
 
 The concatenated ``push``/``flush`` outputs equal ``encoder(...,
 mask_mode="hard")`` with the same chunk settings on every utterance's valid
@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from audiomask.models import conformer
-from audiomask.streaming import Phi4MMStream, buffer
+from audiomask.streaming import Phi4MMSlots, buffer
 
 TOLERANCE = 1e-4  # float32 on CPU
 PHI_MEL = 80
@@ -46,8 +46,8 @@ def test_phi4mm_stream_equals_hard_forward(
         reference, reference_lengths = phi4mm(
             features, lengths, chunk_size=chunk_size, left_chunk=left_chunk, mask_mode="hard"
         )
-    stream = Phi4MMStream(phi4mm, batch_size=len(lengths), chunk_size=chunk_size, left_chunk=left_chunk)
-    pieces, valid = stream_in_pieces(stream, features, lengths, sizes)
+    slots = Phi4MMSlots(phi4mm, batch_size=len(lengths), chunk_size=chunk_size, left_chunk=left_chunk)
+    pieces, valid = stream_in_pieces(slots, features, lengths, sizes)
     assert_streamed_equals(pieces, valid, reference, reference_lengths, push_unit=chunk_size)
 
 
@@ -60,8 +60,8 @@ def test_phi4mm_stream_in_subsampling_slices_equals_hard_forward(
     with torch.no_grad():
         reference, reference_lengths = phi4mm(features, lengths, chunk_size=2, left_chunk=1, mask_mode="hard")
     monkeypatch.setattr(conformer, "SUBSAMPLING_SLICE", 2)  # slices of 2, 2 and 1 utterances
-    stream = Phi4MMStream(phi4mm, batch_size=len(lengths), chunk_size=2, left_chunk=1)
-    pieces, valid = stream_in_pieces(stream, features, lengths, [16, 9, 40])
+    slots = Phi4MMSlots(phi4mm, batch_size=len(lengths), chunk_size=2, left_chunk=1)
+    pieces, valid = stream_in_pieces(slots, features, lengths, [16, 9, 40])
     assert_streamed_equals(pieces, valid, reference, reference_lengths, push_unit=2)
 
 
@@ -71,42 +71,42 @@ def test_phi4mm_stream_long_utterance(phi4mm, stream_in_pieces):
     features = torch.randn(1, frames, PHI_MEL)
     with torch.no_grad():
         reference, _ = phi4mm(features, [frames], chunk_size=16, left_chunk=2, mask_mode="hard")
-    stream = Phi4MMStream(phi4mm, chunk_size=16, left_chunk=2)
-    outputs = torch.cat(stream_in_pieces(stream, features, [frames], [1000, 37])[0], dim=1)
+    slots = Phi4MMSlots(phi4mm, chunk_size=16, left_chunk=2)
+    outputs = torch.cat(stream_in_pieces(slots, features, [frames], [1000, 37])[0], dim=1)
     assert (outputs - reference).abs().max().item() <= TOLERANCE
 
 
-def test_phi4mm_stream_emits_each_chunk_once_its_frames_are_in(phi4mm):
+def test_phi4mm_slots_emits_each_chunk_once_its_frames_are_in(phi4mm):
     """No lookahead: chunk k is emitted by the push that completes its chunk_size * 8 frames."""
-    stream = Phi4MMStream(phi4mm, batch_size=2, chunk_size=3, left_chunk=1)
+    slots = Phi4MMSlots(phi4mm, batch_size=2, chunk_size=3, left_chunk=1)
     chunk_frames = 3 * 8
-    assert stream.push(torch.randn(2, chunk_frames - 1, PHI_MEL)).shape == (2, 0, 16)
-    assert stream.last_lengths.tolist() == [0, 0]
-    assert stream.push(torch.randn(2, 1, PHI_MEL)).shape == (2, 3, 16)
-    assert stream.push(torch.randn(2, 2 * chunk_frames, PHI_MEL)).shape == (2, 6, 16)
-    assert stream.last_lengths.tolist() == [6, 6]
+    assert slots.push(torch.randn(2, chunk_frames - 1, PHI_MEL)).shape == (2, 0, 16)
+    assert slots.last_lengths.tolist() == [0, 0]
+    assert slots.push(torch.randn(2, 1, PHI_MEL)).shape == (2, 3, 16)
+    assert slots.push(torch.randn(2, 2 * chunk_frames, PHI_MEL)).shape == (2, 6, 16)
+    assert slots.last_lengths.tolist() == [6, 6]
     # A slot that lags holds the batch back (lock step) until flush.
-    assert stream.push(torch.randn(2, chunk_frames, PHI_MEL), lengths=[chunk_frames, 5]).shape == (2, 0, 16)
-    assert stream.flush().shape == (2, 3, 16)  # 4 chunks in all, the last one padded in slot 1
-    assert stream.last_lengths.tolist() == [3, 1]  # slot 1: 5 frames -> 1 token
+    assert slots.push(torch.randn(2, chunk_frames, PHI_MEL), lengths=[chunk_frames, 5]).shape == (2, 0, 16)
+    assert slots.flush().shape == (2, 3, 16)  # 4 chunks in all, the last one padded in slot 1
+    assert slots.last_lengths.tolist() == [3, 1]  # slot 1: 5 frames -> 1 token
 
 
-def test_phi4mm_stream_reusable_after_flush(phi4mm):
+def test_phi4mm_slots_reusable_after_flush(phi4mm):
     features = torch.randn(2, 100, PHI_MEL)
-    stream = Phi4MMStream(phi4mm, batch_size=2, chunk_size=2, left_chunk=1)
-    first = torch.cat([stream.push(features, [100, 60]), stream.flush()], dim=1)
-    assert stream.flush().shape == (2, 0, 16)  # nothing pushed since
-    second = torch.cat([stream.push(features, [100, 60]), stream.flush()], dim=1)
+    slots = Phi4MMSlots(phi4mm, batch_size=2, chunk_size=2, left_chunk=1)
+    first = torch.cat([slots.push(features, [100, 60]), slots.flush()], dim=1)
+    assert slots.flush().shape == (2, 0, 16)  # nothing pushed since
+    second = torch.cat([slots.push(features, [100, 60]), slots.flush()], dim=1)
     torch.testing.assert_close(second, first, rtol=0, atol=0)
 
 
 def test_phi4mm_empty_streams_stay_finite(phi4mm):
     """A slot that never gets a frame attends to no valid key at all: finite padding, no NaN."""
-    stream = Phi4MMStream(phi4mm, batch_size=3, chunk_size=2, left_chunk=0)
-    pushed = stream.push(torch.randn(3, 100, PHI_MEL), [100, 0, 3])
-    assert stream.last_lengths.tolist() == [0, 0, 0]  # slots 1 and 2 hold the others back
-    outputs = torch.cat([pushed, stream.flush()], dim=1)
-    assert stream.last_lengths.tolist() == [13, 0, 1]
+    slots = Phi4MMSlots(phi4mm, batch_size=3, chunk_size=2, left_chunk=0)
+    pushed = slots.push(torch.randn(3, 100, PHI_MEL), [100, 0, 3])
+    assert slots.last_lengths.tolist() == [0, 0, 0]  # slots 1 and 2 hold the others back
+    outputs = torch.cat([pushed, slots.flush()], dim=1)
+    assert slots.last_lengths.tolist() == [13, 0, 1]
     assert outputs.shape == (3, 13, 16)
     assert torch.isfinite(outputs).all()
 
@@ -114,14 +114,14 @@ def test_phi4mm_empty_streams_stay_finite(phi4mm):
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({}, "chunk_size must be >= 1, got -1"),  # the config's default: full attention cannot stream
+        ({}, "chunk_size must be >= 1, got -1"),  # the config's default: full attention cannot slots
         ({"chunk_size": 2, "left_chunk": -1}, "left_chunk must be >= 0, got -1"),
         ({"chunk_size": 2, "batch_size": 0}, "batch_size must be >= 1, got 0"),
     ],
 )
-def test_phi4mm_stream_bad_settings(phi4mm, kwargs, message):
+def test_phi4mm_slots_bad_settings(phi4mm, kwargs, message):
     with pytest.raises(ValueError, match=message):
-        Phi4MMStream(phi4mm, **kwargs)
+        Phi4MMSlots(phi4mm, **kwargs)
 
 
 @pytest.mark.parametrize(
@@ -133,9 +133,9 @@ def test_phi4mm_stream_bad_settings(phi4mm, kwargs, message):
         (torch.zeros(1, 8, 80), [1, 2], r"lengths must have 1 entries \(batch_size\), got 2"),
     ],
 )
-def test_phi4mm_stream_bad_push(phi4mm, features, lengths, message):
+def test_phi4mm_slots_bad_push(phi4mm, features, lengths, message):
     with pytest.raises(ValueError, match=message):
-        Phi4MMStream(phi4mm, chunk_size=2).push(features, lengths)
+        Phi4MMSlots(phi4mm, chunk_size=2).push(features, lengths)
 
 
 def test_phi4mm_step_casts_host_frames_on_the_device(phi4mm, monkeypatch):
@@ -143,7 +143,7 @@ def test_phi4mm_step_casts_host_frames_on_the_device(phi4mm, monkeypatch):
     cast), unless they are as large as a staging memcpy that runs on torch's pool anyway."""
     encoder = copy.deepcopy(phi4mm).to(torch.bfloat16)
     frames = np.random.default_rng(3).standard_normal((2, 16, PHI_MEL)).astype(np.float32)
-    cast_first = Phi4MMStream(encoder, batch_size=2, chunk_size=2, left_chunk=1)
+    cast_first = Phi4MMSlots(encoder, batch_size=2, chunk_size=2, left_chunk=1)
     expected, _ = cast_first.step(torch.from_numpy(frames).to(torch.bfloat16), [16, 9])
     crossed = []
     original = buffer.to_device
@@ -154,36 +154,36 @@ def test_phi4mm_step_casts_host_frames_on_the_device(phi4mm, monkeypatch):
         return result
 
     monkeypatch.setattr(buffer, "to_device", recording)
-    outputs, _ = Phi4MMStream(encoder, batch_size=2, chunk_size=2, left_chunk=1).step(frames, [16, 9])
+    outputs, _ = Phi4MMSlots(encoder, batch_size=2, chunk_size=2, left_chunk=1).step(frames, [16, 9])
     assert outputs.dtype == torch.bfloat16
     torch.testing.assert_close(outputs, expected, rtol=0, atol=0)
     assert torch.float32 in crossed and torch.bfloat16 not in crossed  # the frames crossed as they were
     crossed.clear()
     monkeypatch.setattr(buffer, "parallel_copy_bytes", lambda: frames.nbytes)  # as large as a parallel memcpy
-    outputs, _ = Phi4MMStream(encoder, batch_size=2, chunk_size=2, left_chunk=1).step(frames, [16, 9])
+    outputs, _ = Phi4MMSlots(encoder, batch_size=2, chunk_size=2, left_chunk=1).step(frames, [16, 9])
     torch.testing.assert_close(outputs, expected, rtol=0, atol=0)
     assert torch.bfloat16 in crossed and torch.float32 not in crossed  # cast while staging: half the bytes
 
 
 def test_phi4mm_step_refuses_bad_input(phi4mm):
-    stream = Phi4MMStream(phi4mm, batch_size=2, chunk_size=2, left_chunk=1)
+    slots = Phi4MMSlots(phi4mm, batch_size=2, chunk_size=2, left_chunk=1)
     with pytest.raises(ValueError, match=r"chunk must have shape \(2, 16, 80\), got \(2, 15, 80\)"):
-        stream.step(np.zeros((2, 15, PHI_MEL), np.float32), [15, 15])
+        slots.step(np.zeros((2, 15, PHI_MEL), np.float32), [15, 15])
     with pytest.raises(ValueError, match="valid"):
-        stream.step(np.zeros((2, 16, PHI_MEL), np.float32), [17, 3])
+        slots.step(np.zeros((2, 16, PHI_MEL), np.float32), [17, 3])
     with pytest.raises(ValueError, match=r"final must be None or a \(2,\) bool array"):
-        stream.step(np.zeros((2, 16, PHI_MEL), np.float32), [16, 3], final=[1, 0])
+        slots.step(np.zeros((2, 16, PHI_MEL), np.float32), [16, 3], final=[1, 0])
     with pytest.raises(ValueError, match=r"slots must lie in \[0, 2\), got \[2\]"):
-        stream.reset_slots([2])
-    stream.push(torch.zeros(2, 5, PHI_MEL))
+        slots.reset_slots([2])
+    slots.push(torch.zeros(2, 5, PHI_MEL))
     with pytest.raises(ValueError, match="empty frame buffer"):
-        stream.step(np.zeros((2, 16, PHI_MEL), np.float32), [16, 16])
+        slots.step(np.zeros((2, 16, PHI_MEL), np.float32), [16, 16])
     with pytest.raises(ValueError, match="slots must hold no buffered frames"):
-        stream.reset_slots([0])
+        slots.reset_slots([0])
 
 
 def test_phi4mm_cuda_graph_needs_cuda(phi4mm):
     if torch.cuda.is_available():
         pytest.skip("checks the error without CUDA")
     with pytest.raises(ValueError, match="cuda_graph needs the encoder on a CUDA device, got cpu"):
-        Phi4MMStream(phi4mm, cuda_graph=True, chunk_size=2, left_chunk=1)
+        Phi4MMSlots(phi4mm, cuda_graph=True, chunk_size=2, left_chunk=1)

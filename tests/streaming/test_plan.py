@@ -1,6 +1,6 @@
-"""audiomask.streaming's ChunkPlan: a configuration's sizes, made once by its family's stream class.
+"""audiomask.streaming's ChunkPlan: a configuration's sizes, made once by its family's slots class.
 
-The state bytes are arithmetic on the config; these tests hold them to what real streams allocate.
+The state bytes are arithmetic on the config; these tests hold them to what real slots allocate.
 """
 
 from __future__ import annotations
@@ -12,15 +12,15 @@ import torch
 
 from audiomask.asr.outputs import TokenClock
 from audiomask.features import Phi4MMFrontend
-from audiomask.streaming import ChunkPlan, Phi4MMStream, Qwen3ASRStream, chunk_plan, open_stream
+from audiomask.streaming import ChunkPlan, Phi4MMSlots, Qwen3ASRSlots, chunk_plan, open_slots
 from audiomask.streaming.plan import MAX_CHUNK_MS, MAX_CONTEXT_MS
 
 
-def allocated_bytes(stream: object) -> int:
-    """Bytes of the distinct tensor storages ``stream`` holds (its attributes, their lists and objects)."""
+def allocated_bytes(slots: object) -> int:
+    """Bytes of the distinct tensor storages ``slots`` holds (its attributes, their lists and objects)."""
     seen: set[int] = set()
     total = 0
-    pending = [(stream, 3)]
+    pending = [(slots, 3)]
     while pending:
         value, depth = pending.pop()
         if isinstance(value, torch.Tensor):
@@ -44,29 +44,29 @@ def allocated_bytes(stream: object) -> int:
         ({"chunk_ms": 240, "left_chunks": 5}, torch.float16),
     ],
 )
-def test_phi4mm_state_bytes_equal_what_its_streams_allocate(tiny_phi4mm, options, dtype):
+def test_phi4mm_state_bytes_equal_what_its_slots_allocate(tiny_phi4mm, options, dtype):
     encoder = tiny_phi4mm().to(dtype)
     plan = chunk_plan(encoder, **options)
     for slots in (1, 2, 5):
-        assert allocated_bytes(open_stream(encoder, slots, plan=plan)) == plan.state_bytes(slots)
+        assert allocated_bytes(open_slots(encoder, slots, plan=plan)) == plan.state_bytes(slots)
     assert plan.slot_bytes > 0 and plan.shared_bytes > 0  # key/value, conv caches; the position bias
 
 
 @pytest.mark.gpu
-def test_phi4mm_state_bytes_with_cuda_graphs_equal_what_its_streams_allocate(tiny_phi4mm):
+def test_phi4mm_state_bytes_with_cuda_graphs_equal_what_its_slots_allocate(tiny_phi4mm):
     encoder = tiny_phi4mm().cuda()
     plan = chunk_plan(encoder, 160, 2)  # CUDA graphs by default on CUDA: their static inputs count too
     assert plan.cuda_graph and plan.slot_bytes > chunk_plan(encoder, 160, 2, cuda_graph=False).slot_bytes
     for slots in (1, 3):
-        assert allocated_bytes(open_stream(encoder, slots, plan=plan)) == plan.state_bytes(slots)
+        assert allocated_bytes(open_slots(encoder, slots, plan=plan)) == plan.state_bytes(slots)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_qwen3_asr_state_bytes_equal_what_its_streams_allocate(tiny_qwen3_asr, dtype):
+def test_qwen3_asr_state_bytes_equal_what_its_slots_allocate(tiny_qwen3_asr, dtype):
     encoder = tiny_qwen3_asr().to(dtype)
     plan = chunk_plan(encoder)
     for slots in (1, 3):
-        assert allocated_bytes(open_stream(encoder, slots, plan=plan)) == plan.state_bytes(slots)
+        assert allocated_bytes(open_slots(encoder, slots, plan=plan)) == plan.state_bytes(slots)
     assert plan.shared_bytes == 0
 
 
@@ -74,7 +74,7 @@ def test_phi4mm_sizes_from_milliseconds(tiny_phi4mm):
     plan = chunk_plan(tiny_phi4mm(), 160, 2)  # tokens of 8 frames: 80 ms
     assert dataclasses.astuple(plan) == dataclasses.astuple(
         ChunkPlan(
-            family="Phi4MMStream",
+            family="Phi4MMSlots",
             chunk_ms=160,
             chunk_frames=16,
             tokens_per_chunk=2,
@@ -96,7 +96,7 @@ def test_phi4mm_sizes_from_milliseconds(tiny_phi4mm):
 def test_qwen3_asr_sizes(tiny_qwen3_asr):
     plan = chunk_plan(tiny_qwen3_asr())
     assert (plan.family, plan.chunk_ms, plan.chunk_frames, plan.tokens_per_chunk, plan.chunk_tokens) == (
-        "Qwen3ASRStream",
+        "Qwen3ASRSlots",
         1000,
         100,
         104,
@@ -112,22 +112,22 @@ def test_the_front_end_sets_the_block_samples(tiny_qwen3_asr):
     assert (plan.first_block_samples, plan.block_samples) == (99 * 160 + 400, 100 * 160)
 
 
-def test_a_stream_holds_the_plan_of_its_sizes(tiny_phi4mm, tiny_qwen3_asr):
+def test_slots_hold_the_plan_of_their_sizes(tiny_phi4mm, tiny_qwen3_asr):
     encoder = tiny_phi4mm()
-    direct = Phi4MMStream(encoder, 2, chunk_size=3, left_chunk=1)
+    direct = Phi4MMSlots(encoder, 2, chunk_size=3, left_chunk=1)
     assert direct.plan == chunk_plan(encoder, 240, 1)
     assert (direct.chunk_frames, direct.tokens_per_chunk, direct.left_chunk) == (24, 3, 1)
     plan = chunk_plan(encoder, 160, 4)
-    stream = open_stream(encoder, 3, plan=plan)
-    assert stream.plan is plan and (stream.chunk_frames, stream.tokens_per_chunk, stream.left_chunk) == (16, 2, 4)
-    qwen = Qwen3ASRStream(tiny_qwen3_asr())
+    slots = open_slots(encoder, 3, plan=plan)
+    assert slots.plan is plan and (slots.chunk_frames, slots.tokens_per_chunk, slots.left_chunk) == (16, 2, 4)
+    qwen = Qwen3ASRSlots(tiny_qwen3_asr())
     assert qwen.plan == chunk_plan(tiny_qwen3_asr()) and qwen.tokens_per_chunk == qwen.plan.tokens_per_chunk
 
 
 def test_the_token_clock_is_the_plans(tiny_phi4mm, tiny_qwen3_asr):
-    qwen = TokenClock(open_stream(tiny_qwen3_asr()))  # 13 tokens per 1 s conv chunk, 80 ms apart
+    qwen = TokenClock(open_slots(tiny_qwen3_asr()))  # 13 tokens per 1 s conv chunk, 80 ms apart
     assert qwen.times_ms(12, 3).tolist() == [960.0, 1000.0, 1080.0]
-    phi = TokenClock(open_stream(tiny_phi4mm(), chunk_ms=240))
+    phi = TokenClock(open_slots(tiny_phi4mm(), chunk_ms=240))
     assert phi.times_ms(2, 2).tolist() == [160.0, 240.0]
 
 
@@ -163,14 +163,14 @@ def test_bad_settings_are_refused_naming_the_argument(tiny_phi4mm, tiny_qwen3_as
         chunk_plan(encoder, **options)
 
 
-def test_a_plan_opens_only_its_familys_streams(tiny_phi4mm, tiny_qwen3_asr):
+def test_a_plan_opens_only_its_familys_slots(tiny_phi4mm, tiny_qwen3_asr):
     plan = chunk_plan(tiny_qwen3_asr())
-    with pytest.raises(ValueError, match=r"^plan must be a ChunkPlan of a Phi4MMStream, got one of a Qwen3ASRStream"):
-        open_stream(tiny_phi4mm(), plan=plan)
+    with pytest.raises(ValueError, match=r"^plan must be a ChunkPlan of a Phi4MMSlots, got one of a Qwen3ASRSlots"):
+        open_slots(tiny_phi4mm(), plan=plan)
     with pytest.raises(ValueError, match=r"^chunk_ms, left_chunks and cuda_graph must be None with a plan"):
-        open_stream(tiny_qwen3_asr(), plan=plan, chunk_ms=1000)
-    with pytest.raises(ValueError, match=r"^plan must be a ChunkPlan of a Qwen3ASRStream, got dict"):
-        Qwen3ASRStream(tiny_qwen3_asr(), plan={})
+        open_slots(tiny_qwen3_asr(), plan=plan, chunk_ms=1000)
+    with pytest.raises(ValueError, match=r"^plan must be a ChunkPlan of a Qwen3ASRSlots, got dict"):
+        Qwen3ASRSlots(tiny_qwen3_asr(), plan={})
 
 
 def test_sizes_beyond_any_memory_are_arithmetic(tiny_phi4mm):

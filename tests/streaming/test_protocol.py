@@ -1,5 +1,5 @@
 """audiomask.streaming's protocol: a driver's steps (slots reset at any step, short and final last chunks) equal
-each utterance's offline forward, for every encoder family; open_stream and default_frontend by encoder."""
+each utterance's offline forward, for every encoder family; open_slots and default_frontend by encoder."""
 
 from __future__ import annotations
 
@@ -8,14 +8,14 @@ import pytest
 import torch
 
 from audiomask.features import Phi4MMFrontend, WhisperFrontend
-from audiomask.streaming import EncoderStream, Phi4MMStream, Qwen3ASRStream, default_frontend, open_stream
+from audiomask.streaming import EncoderSlots, Phi4MMSlots, Qwen3ASRSlots, default_frontend, open_slots
 
 TOLERANCE = 1e-4  # float32 on CPU
 
 
 @pytest.fixture(params=["phi4mm", "qwen3_asr"])
 def family(request, tiny_phi4mm, tiny_qwen3_asr):
-    """``(stream of 3 slots, offline forward of one utterance's (T, F) frames -> its real tokens (N, D))``."""
+    """``(3 slots, offline forward of one utterance's (T, F) frames -> its real tokens (N, D))``."""
     if request.param == "phi4mm":
         encoder = tiny_phi4mm()
 
@@ -23,17 +23,17 @@ def family(request, tiny_phi4mm, tiny_qwen3_asr):
             outputs, lengths = encoder(frames[None], [len(frames)], chunk_size=2, left_chunk=1, mask_mode="hard")
             return outputs[0, : int(lengths[0])]
 
-        return open_stream(encoder, 3, chunk_ms=160, left_chunks=1), offline
+        return open_slots(encoder, 3, chunk_ms=160, left_chunks=1), offline
     encoder = tiny_qwen3_asr()
 
     def offline(frames: torch.Tensor) -> torch.Tensor:
         outputs, lengths = encoder(frames.T[None], [len(frames)])
         return outputs[0, : int(lengths[0])]
 
-    return open_stream(encoder, 3), offline
+    return open_slots(encoder, 3), offline
 
 
-# (slot, step) pairs where a slot's stream has no chunk ready: the slot is inactive and keeps its state.
+# (slot, step) pairs where a slot's utterance has no chunk ready: the slot is inactive and keeps its state.
 HELD_STEPS = {(0, 1), (0, 2), (0, 5), (1, 2), (1, 5), (1, 6), (0, 9), (0, 10), (0, 11), (0, 12), (0, 13)}
 
 
@@ -41,20 +41,20 @@ HELD_STEPS = {(0, 1), (0, 2), (0, 5), (1, 2), (1, 5), (1, 6), (0, 9), (0, 10), (
 def test_steps_with_slots_reset_at_any_step_equal_each_utterance_offline(family, held):
     """Whole chunks per step as a driver sends them: utterances start in their slots at different steps
     (reset_slots), end with a short or a full final chunk, and slots idle in between; with ``held``, a slot
-    whose stream has no chunk ready sits some steps out (``active``), mid-utterance (for Phi-4MM across
+    whose utterance has no chunk ready sits some steps out (``active``), mid-utterance (for Phi-4MM across
     every ring phase). Each utterance's outputs, joined over the steps, equal its offline forward."""
-    stream, offline = family
-    chunk_frames = stream.chunk_frames
+    slots, offline = family
+    chunk_frames = slots.chunk_frames
     # Per slot: (first step, frames) of each utterance, one after another.
     plans = [[(0, 9 * chunk_frames + 7)], [(1, 2 * chunk_frames), (4, 3 * chunk_frames - 5)], [(2, 5)]]
     generator = torch.Generator().manual_seed(5)
     utterances = [
-        [torch.randn(frames, stream.feature_size, generator=generator) for _, frames in plan] for plan in plans
+        [torch.randn(frames, slots.feature_size, generator=generator) for _, frames in plan] for plan in plans
     ]
     collected = [[[] for _ in plan] for plan in plans]
     current = [None] * 3  # (utterance index, frames sent) per slot
     for step in range(12 + len(held)):
-        chunk = torch.zeros(3, chunk_frames, stream.feature_size)
+        chunk = torch.zeros(3, chunk_frames, slots.feature_size)
         valid, final, joins = np.zeros(3, np.int64), np.zeros(3, bool), []
         active = np.array([(slot, step) not in held for slot in range(3)])
         for slot, plan in enumerate(plans):
@@ -68,10 +68,10 @@ def test_steps_with_slots_reset_at_any_step_equal_each_utterance_offline(family,
                 valid[slot] = min(chunk_frames, len(frames) - sent)
                 chunk[slot, : valid[slot]] = frames[sent : sent + valid[slot]]
                 final[slot] = sent + valid[slot] == len(frames)
-        stream.reset_slots(joins)
-        layout = chunk if stream.time_dim == 1 else chunk.transpose(1, 2)
-        outputs, lengths = stream.step(layout.numpy(), valid, final, active if held else None)
-        assert outputs.shape[1] <= stream.tokens_per_chunk and stream.last_lengths.tolist() == lengths.tolist()
+        slots.reset_slots(joins)
+        layout = chunk if slots.time_dim == 1 else chunk.transpose(1, 2)
+        outputs, lengths = slots.step(layout.numpy(), valid, final, active if held else None)
+        assert outputs.shape[1] <= slots.tokens_per_chunk and slots.last_lengths.tolist() == lengths.tolist()
         assert not lengths[~active].any()
         for slot in range(3):
             if current[slot] is not None and active[slot]:
@@ -86,12 +86,12 @@ def test_steps_with_slots_reset_at_any_step_equal_each_utterance_offline(family,
                 assert (streamed - reference).abs().max().item() <= TOLERANCE, (slot, index)
 
 
-def test_open_stream_picks_the_family_and_its_geometry(tiny_phi4mm, tiny_qwen3_asr):
-    phi = open_stream(tiny_phi4mm(chunk_size=3, left_chunk=2), 2)  # the config's chunking
-    assert isinstance(phi, Phi4MMStream) and isinstance(phi, EncoderStream)
+def test_open_slots_picks_the_family_and_its_geometry(tiny_phi4mm, tiny_qwen3_asr):
+    phi = open_slots(tiny_phi4mm(chunk_size=3, left_chunk=2), 2)  # the config's chunking
+    assert isinstance(phi, Phi4MMSlots) and isinstance(phi, EncoderSlots)
     assert (phi.chunk_frames, phi.tokens_per_chunk, phi.left_chunk, phi.chunk_shape) == (24, 3, 2, (2, 24, 80))
-    qwen = open_stream(tiny_qwen3_asr(), 2, chunk_ms=1000)
-    assert isinstance(qwen, Qwen3ASRStream)
+    qwen = open_slots(tiny_qwen3_asr(), 2, chunk_ms=1000)
+    assert isinstance(qwen, Qwen3ASRSlots)
     assert (qwen.chunk_frames, qwen.tokens_per_chunk, qwen.left_chunk, qwen.chunk_shape) == (
         100,
         104,
@@ -116,12 +116,12 @@ def test_open_stream_picks_the_family_and_its_geometry(tiny_phi4mm, tiny_qwen3_a
         ("other", {}, "encoder must be a Phi4MMEncoder or Qwen3ASREncoder, got Linear"),
     ],
 )
-def test_open_stream_bad_options(tiny_phi4mm, tiny_qwen3_asr, family, options, message):
+def test_open_slots_bad_options(tiny_phi4mm, tiny_qwen3_asr, family, options, message):
     encoder = {"phi4mm": tiny_phi4mm, "qwen3_asr": tiny_qwen3_asr}.get(family, lambda: torch.nn.Linear(2, 2))()
     if family == "phi4mm" and torch.cuda.is_available() and "cuda_graph" in options:
         pytest.skip("checks the error without CUDA")
     with pytest.raises(ValueError, match=message):
-        open_stream(encoder, **options)
+        open_slots(encoder, **options)
 
 
 @pytest.mark.parametrize(
@@ -133,6 +133,6 @@ def test_open_stream_bad_options(tiny_phi4mm, tiny_qwen3_asr, family, options, m
     ],
 )
 def test_step_refuses_frames_for_inactive_slots(family, valid, final, active, message):
-    stream, _ = family
+    slots, _ = family
     with pytest.raises(ValueError, match=message):
-        stream.step(np.zeros(stream.chunk_shape, np.float32), np.array(valid), final and np.array(final), active)
+        slots.step(np.zeros(slots.chunk_shape, np.float32), np.array(valid), final and np.array(final), active)
