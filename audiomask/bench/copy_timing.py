@@ -44,7 +44,7 @@ SETTLE_MS = 1.0  # busy_hot: host work between queueing the GPU work and the tim
 # queue drained): 10 ms removes most of the transient after work is queued on an idle GPU.
 STEADY_LEAD_MS = 10.0
 # busy_steady: untimed repetitions last at least this many queue depths, so that blocks the caching
-# allocators hand back only once the queue has passed them (a ring result used on the busy stream,
+# allocators hand back only once the queue has passed them (a ring result used on the busy CUDA stream,
 # pin_per_copy's pinned block) are being reused when timing starts, as in a server under load.
 STEADY_WARMUP_DEPTHS = 2.0
 GATE_MS = 20.0  # GPU work queued ahead of a GPU-side timing: longer than any strategy's host work
@@ -65,7 +65,7 @@ class Strategy:
     """
 
     name: str
-    side_stream: bool  # copies on a copy stream (timed there), not on the current stream
+    side_stream: bool  # copies on a copy stream (timed there), not on the current CUDA stream
     run: Callable[[Any, torch.cuda.Stream | None, object], object]
     prepare: Callable[[Any], object] = _nothing
     finish: Callable[[object], None] = _nothing

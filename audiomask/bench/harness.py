@@ -1,7 +1,7 @@
 """Measurement harness of the transfer benchmark and the GPU tests.
 
-It holds a calibrated GPU queue filler (the "busy
-stream" of the measurements), a feed that keeps a stream's queue at a known
+It holds a calibrated GPU queue filler (the "busy CUDA
+stream" of the measurements), a feed that keeps a CUDA stream's queue at a known
 depth, a host workload that keeps the host as busy as a streaming server's,
 and the in-place mask builder used to fill ring slots.
 """
@@ -37,7 +37,7 @@ _HOST_WORK_ELEMENTS = 1 << 18  # float32 operands of the host workload: 1 MiB ea
 
 
 class QueueFiller:
-    """Queues a calibrated amount of GPU time (``torch.cuda._sleep``) on a stream.
+    """Queues a calibrated amount of GPU time (``torch.cuda._sleep``) on a CUDA stream.
 
     ``fill(50)`` leaves ~50 ms of work queued on the stream: the busy stream
     behind which a stalling copy waits. ``cycles_per_ms`` comes from timing
@@ -53,7 +53,7 @@ class QueueFiller:
             self.cycles_per_ms = _CALIBRATION_CYCLES / self._time_cycles(_CALIBRATION_CYCLES)
 
     def fill(self, ms: float, stream: torch.cuda.Stream | None = None) -> None:
-        """Queue ~``ms`` milliseconds of GPU work on ``stream`` (default: the current stream)."""
+        """Queue ~``ms`` milliseconds of GPU work on ``stream`` (default: the current CUDA stream)."""
         with torch.cuda.stream(stream if stream is not None else torch.cuda.current_stream(self.device)):
             torch.cuda._sleep(int(ms * self.cycles_per_ms))
 
@@ -85,7 +85,7 @@ class QueueFeed:
 
     Args:
         filler: the calibrated source of GPU work.
-        stream: the stream kept busy (the copies' consumer).
+        stream: the CUDA stream kept busy (the copies' consumer).
         depth_ms: milliseconds of work :meth:`top_up` leaves queued, at least.
         piece_ms: milliseconds per queued piece: the resolution of :meth:`queued_ms`.
     """
@@ -101,7 +101,7 @@ class QueueFeed:
         self._spare: list[torch.cuda.Event] = []  # events of completed pieces, recorded again by later pieces
 
     def queued_ms(self) -> float:
-        """Milliseconds of work queued on the stream now, at least: whole pieces not yet started.
+        """Milliseconds of work queued on the CUDA stream now, at least: whole pieces not yet started.
 
         Events complete in queue order, so the pieces whose events have not
         completed are the queue; the first of them may be running, so it does
@@ -151,10 +151,10 @@ class HostWorkload:
         self._out = torch.empty(_HOST_WORK_ELEMENTS)
 
     def wait_idle(self) -> int:
-        """Run host work until the device's current stream has drained, then synchronise; return the rounds done.
+        """Run host work until the device's current CUDA stream has drained, then synchronise; return the rounds done.
 
         The final ``torch.cuda.synchronize()`` only catches short work left on
-        other streams (copies), so the host does not go idle in it.
+        other CUDA streams (copies), so the host does not go idle in it.
         """
         done = None
         if self.device.type == "cuda":

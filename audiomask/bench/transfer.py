@@ -25,7 +25,7 @@ see :data:`CONDITIONS`: ``idle`` (a synchronised device); ``waited`` (the host f
 ``BUSY_MS`` with the GPU idle: the control of ``busy``); ``busy`` (``BUSY_MS`` of GPU work queued
 right before each copy, the host blocked in the previous repetition's synchronise); ``busy_hot``
 (as ``busy``, the host running front-end-like work meanwhile and for ``SETTLE_MS`` after queueing);
-``busy_steady``, the state of a server under load: the current stream is kept fed for a whole
+``busy_steady``, the state of a server under load: the current CUDA stream is kept fed for a whole
 block (:class:`~audiomask.bench.harness.QueueFeed`, topped up outside the timed region to
 >= ``BUSY_MS`` of queued work, the depth before each timed copy recorded as ``queue_ms_min`` /
 ``queue_ms_p50``), the GPU never idle within the block (``gpu_idle_gaps`` counts top-ups that
@@ -108,7 +108,7 @@ BUSY_MS = 50.0  # GPU work queued ahead of a busy-stream copy
 class GpuState(NamedTuple):
     """How a state sets the GPU and the host up before each timed copy."""
 
-    busy: bool  # GPU work is queued on the current stream ahead of the copy
+    busy: bool  # GPU work is queued on the current CUDA stream ahead of the copy
     host_wait: bool  # the host sleeps BUSY_MS first, with the GPU idle (the control of "busy")
     hot: bool  # the host runs front-end-like work instead of blocking while the GPU drains
     steady: bool  # the queue is kept fed through the whole block: it never drains between copies

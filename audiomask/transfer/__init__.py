@@ -2,7 +2,7 @@
 
 - :func:`to_device`: copy numpy arrays, lists and tensors to a device through
   a persistent pinned ring, ``non_blocking``, without stalling the host
-  whatever the GPU queue holds (on the consumer's stream up to 64 KiB, else
+  whatever the GPU queue holds (on the consumer's CUDA stream up to 64 KiB, else
   on a copy stream while the consumer is busy); :func:`to_host` the way back.
 - :class:`PinnedRing`: pinned host slots that builders write into in place,
   each reused only after its last copy has completed; :func:`default_ring`:

@@ -1,8 +1,8 @@
 """Which of a pinned ring's slots are free, asking the driver as little as possible.
 
 Every slot is in exactly one place: leased (staged), idle (its last copy known
-complete; kept by capacity), in flight in the queue of the stream its copy's
-event was recorded on (in record order: events on one stream complete in
+complete; kept by capacity), in flight in the queue of the CUDA stream its copy's
+event was recorded on (in record order: events on one CUDA stream complete in
 order), or guarded by a caller's event.
 
 An acquire takes the smallest idle slot that fits, the most recently released
@@ -10,13 +10,13 @@ of those: its memory is the likeliest to be in the CPU's caches still. Only
 when none fits does it ask the driver, per stream: about the newest copy
 (complete: the whole queue is free at once), else about the oldest (running:
 so is the rest), and, when the oldest is complete but too small, bisects for
-the first copy still running. A submit that finds its stream idle frees that
+the first copy still running. A submit that finds its CUDA stream idle frees that
 stream's queue without asking (:meth:`SlotPool.stream_idle`). When nothing
 fits, the pool grows through the ring's ``new_slots`` (which pins), within
 ``max_pinned_bytes``, dropping idle blocks to make room; only at that bound
 does it wait for the oldest copy in flight.
 
-Copies that ride the consumer's stream hold their slot until the consumer's
+Copies that ride the consumer's CUDA stream hold their slot until the consumer's
 queue reaches them, so a busy queue needs hundreds of slots, and pinning costs
 milliseconds a call whatever the size (docs/defaults.md). Those slots are grown in segments: one
 pinned block carved into as many slots as the pool holds of that size already
@@ -43,7 +43,7 @@ __all__ = ["SEGMENT_BYTES", "SMALL_SLOT_BYTES", "Completion", "Segment", "Slot",
 SMALL_SLOT_BYTES = 64 * 1024  # the smallest slot the pool grows for a copy that rides the consumer
 SEGMENT_BYTES = 4 * 1024 * 1024  # the largest block pinned at once for such slots: 64 slots of 64 KiB
 
-StreamKey = tuple[int, int, int]  # (stream id, device index, device type): names a stream
+StreamKey = tuple[int, int, int]  # (stream id, device index, device type): names a CUDA stream
 
 
 class Completion(Protocol):
@@ -181,7 +181,7 @@ class SlotPool:
         stream: StreamKey | None = None,
         record_on: Any = None,
     ) -> None:
-        """Hand ``slot`` back, guarded by ``pending``; ``stream``: the key of the stream a submit records it on.
+        """Hand ``slot`` back, guarded by ``pending``; ``stream``: the key of the CUDA stream a submit records it on.
 
         ``copied``: the bytes a submit copied (``None``: no copy). ``record_on``:
         the stream to record ``pending`` on first. The record is made under the
@@ -291,7 +291,7 @@ class SlotPool:
     def _grow_size(self, nbytes: int) -> int:
         """The capacity of the slot the pool grows for ``nbytes``: a power of two, at least ``slot_bytes``.
 
-        A copy on the consumer's stream holds its slot until the queue reaches
+        A copy on the consumer's CUDA stream holds its slot until the queue reaches
         it: many may be in flight, so they grow slots of their own size.
         """
         smallest = min(self.slot_bytes, SMALL_SLOT_BYTES) if nbytes <= self.consumer_copy_bytes else self.slot_bytes

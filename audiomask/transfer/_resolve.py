@@ -1,4 +1,4 @@
-"""Argument resolution shared by the transfer modules: devices, dtypes, streams, ``out`` tensors.
+"""Argument resolution shared by the transfer modules: devices, dtypes, CUDA streams, ``out`` tensors.
 
 Every helper returns the canonical value or raises :class:`ValueError` whose
 message names the argument and the value, like :mod:`audiomask.checks`.

@@ -8,8 +8,8 @@ records the slot's own CUDA event (made once, recorded again by each copy),
 and the slot is handed out again only once that event has completed. Which
 slots are free is :mod:`audiomask.transfer._pool`'s business.
 
-Which stream copies: a payload of up to ``consumer_copy_bytes`` (64 KiB: a
-step's masks and lengths) is copied on the consumer's (current) stream, queued
+Which CUDA stream copies: a payload of up to ``consumer_copy_bytes`` (64 KiB: a
+step's masks and lengths) is copied on the consumer's (current) CUDA stream, queued
 behind its work like the kernels that will read it: no stream switch, no
 cross-stream wait; its slot is busy until the queue reaches the copy, which
 small slots afford. A larger payload is copied on the ring's copy stream when
@@ -306,7 +306,7 @@ class PinnedRing:
             raise
 
     def _copy_on_consumer(self, slot: Slot, part: _Part, tensor: torch.Tensor, target: torch.device) -> torch.Tensor:
-        """Copy ``part`` of the leased ``slot`` (``tensor``: its view) on ``target``'s current stream; release the slot.
+        """Copy ``part`` of the leased ``slot`` (``tensor``: its view) on ``target``'s current CUDA stream; release the slot.
 
         The whole submit of a small payload: one ``Tensor.to`` (an allocation
         and the copy in a single call) and the slot's event, in the consumer's
@@ -401,7 +401,7 @@ class Staged:
         """Copy the only staged array to ``device`` and hand the slot back; see :meth:`to_many`.
 
         ``out``: a dense tensor on ``device`` with the staged shape and dtype to
-        copy into. The copy then runs on the current stream (unless ``stream``
+        copy into. The copy then runs on the current CUDA stream (unless ``stream``
         is given), after all work already queued there (which may still read
         ``out``), so the slot stays busy until that work is done.
         """
@@ -416,7 +416,7 @@ class Staged:
         """Copy all staged arrays to ``device`` in one copy; return a view per array.
 
         On CUDA the copy is ``non_blocking`` on ``stream`` (default: the current
-        stream for up to the ring's ``consumer_copy_bytes`` or when nothing is
+        CUDA stream for up to the ring's ``consumer_copy_bytes`` or when nothing is
         queued on it, else the ring's copy stream for the device); the host
         never waits for the work queued on the current stream, and the current
         stream is made to wait for a copy on another, so the results are ready
@@ -455,7 +455,7 @@ class Staged:
     def _submit(
         self, target: torch.device, out: torch.Tensor | None, stream: torch.cuda.Stream | None
     ) -> tuple[torch.Tensor, ...]:
-        """Copy the slot to ``target`` on the stream :meth:`to_many` names, and release it."""
+        """Copy the slot to ``target`` on the CUDA stream :meth:`to_many` names, and release it."""
         slot = self._live()
         ring = self._ring
         if target.type == "cpu":

@@ -167,7 +167,7 @@ def to_device(
 
     Host data is staged: copied (dense, converted) into a pinned ring slot,
     then copied to the device with ``non_blocking=True`` on the stream above;
-    work queued on the current stream afterwards sees the result (a copy on
+    work queued on the current CUDA stream afterwards sees the result (a copy on
     the copy stream is waited for, and the caching allocator knows the result
     is used on the current stream), and the slot is reused only after the
     copy has completed. So the call costs the staging memcpy plus a submit,
@@ -265,7 +265,7 @@ def pinned_empty(shape: int | tuple[int, ...], dtype: torch.dtype) -> torch.Tens
 def to_host(tensor: torch.Tensor, *, out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.cuda.Event | None]:
     """Start a copy of ``tensor`` to host memory without waiting for it; return ``(host, done)``.
 
-    For a CUDA tensor the copy is ``non_blocking`` on the current stream into
+    For a CUDA tensor the copy is ``non_blocking`` on the current CUDA stream into
     ``out`` (a pinned CPU tensor of the same shape and dtype, e.g. from
     :func:`pinned_empty`, reused by the caller once it has read it) or else a
     fresh pinned tensor (from torch's pinned-memory cache). A pageable ``out``
