@@ -35,10 +35,9 @@ __all__ = [
 # A recognizer's encoder slots unless told: streams of several threads each hold one at once.
 DEFAULT_MAX_STREAMS = 4
 # On the CPU a chunk step costs a fixed part (its Python and kernel dispatch) and a part per slot, and it computes
-# every slot of its lane (static shapes): the shipped model's step took 9.3 ms for 1 slot, 14.7 for 4, 37.6 for 16
-# and 134 for 64 (2-core AMD EPYC, one torch thread). So by default the slots of a CPU recognizer form up to this many
-# lanes: a stream alone costs a step of a lane's few slots (one slot up to 16 streams, 4 of 64), and 64 streams
-# fed at once cost 16 steps a chunk, about twice one step of all 64 (bench/results/server_cpu.json).
+# every slot of its lane (static shapes). So by default the slots of a CPU recognizer form up to this many lanes: a
+# stream alone costs a step of a lane's few slots (one slot up to 16 streams, 4 of 64), and 64 streams fed at once
+# cost 16 steps a chunk instead of one step of all 64 (figures: docs/defaults.md).
 CPU_LANES = 16
 _GiB = 2**30
 _KiB = 1024

@@ -31,9 +31,8 @@ AUDIO_SUFFIXES = frozenset(
     ".wav .wave .flac .ogg .oga .opus .mp3 .aiff .aif .aifc .au .snd .caf .w64 .rf64 .sph".split()
 )
 # torch intra-op threads while transcribing. A chunk step multiplies matrices of a few tokens,
-# too small to share out, and the front end runs on a second thread beside it (audiomask.asr.driver):
-# on the shared 2-core CPU the shipped architecture's CLI RTF was 0.10 with one thread against
-# 0.12 with two (bench/results/cli_rtf_cpu_2core.json; 0.14 against 0.25 when the load was higher).
+# too small to share out, and the front end runs on a second thread beside it (audiomask.asr.driver)
+# (figures: docs/defaults.md).
 TRANSCRIBE_THREADS = 1
 FIFO_WRITER_WAIT_S = 10.0  # how long a named pipe without a writer is waited for before it is an error
 TERMINATION_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # Ctrl-C, and `kill`, `timeout`, service managers

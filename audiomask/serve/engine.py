@@ -79,16 +79,12 @@ FEEDERS = 2
 # with thousands of streams the sweeps take at most 1 / (1 + SWEEP_PAUSE_FACTOR) of the ticker's time.
 SWEEP_PAUSE_FACTOR = 3
 # On CUDA a ready chunk waits at most this long for the others by default, whatever the chunk: a step computes
-# every slot (static shapes), so a longer wait makes no step cheaper, only later. On an H200 at 2,000 real-time
-# clients, 80 and 160 ms gave the shipped model (320 ms chunks) no lower partial p99 than 40 ms, and the
-# full-size Phi-4MM encoder (1,280 ms chunks, GPU-bound steps) had its lowest p99 at 40 ms of 0-640 ms
-# (server_h200.json, server_phi4mm_h200.json).
+# every slot (static shapes), so a longer wait makes no step cheaper, only later (figures: docs/defaults.md).
 GPU_MAX_WAIT_MS = 40
 # Every torch call of an encoder step releases the interpreter lock, and while the event loop and the ticker
 # run Python the step's thread then waits up to one switch interval to take it back. On the CPU the engine
-# lowers the interval to this: measured with a model whose steps cost next to nothing on 2 cores, partial
-# p99 fell about a third at 450 clients. On CUDA it keeps Python's 5 ms: on an H200 with the shipped model,
-# 0.2-1 ms gave 2,000 clients no lower partial p99 (bench/results/server_h200.json).
+# lowers the interval to this; on CUDA it keeps Python's 5 ms, which a shorter one did not beat (figures:
+# docs/defaults.md).
 SWITCH_INTERVAL_S = 0.0005
 WARMUP_CHUNKS = 2  # chunks of silence the first step runs on before the server says it is ready
 WARMUP_TIMEOUT_S = 600.0  # a first CUDA step compiles kernels and captures graphs: minutes on a cold machine
@@ -352,9 +348,8 @@ class Engine:
         except Exception as error:  # noqa: BLE001 - any failure is reported by /health and refused handshakes
             self._fail(error)
             return
-        # The libraries and the model live as long as the server: full collections skip them from now on. A full
-        # collection of the loaded server's ~190,000 objects takes ~50 ms on a 2-core CPU with every thread
-        # stopped; on an H200 they made ~1 % of the partials 250-650 ms late at 1,000-1,250 clients.
+        # The libraries and the model live as long as the server: full collections, which stop every thread,
+        # skip them from now on (figures: docs/defaults.md).
         gc.collect()
         gc.freeze()
         self._served_from = recognizer.stats.count  # the warm-up's cycles, compiling kernels, are not served ones

@@ -110,7 +110,7 @@ class Segmenter:
 
     def _segment(self, *, final: bool) -> Segment:
         # Only the tokens new since the last call are converted: a sweep updates every speaking stream after
-        # each step, and converting a whole 300-token segment takes ~100 us of the ticker's interpreter lock.
+        # each step, and converting a whole segment each time would hold the ticker's interpreter lock per token said.
         times, start_s = self._times_s, self._start_s
         times += [round(time - start_s, 3) for time in self._latest.times_s[self._first + len(times) :]]
         tokens = self._latest.tokens[self._first :]

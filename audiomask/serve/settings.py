@@ -44,8 +44,8 @@ LOOPBACK = "127.0.0.1"  # the default address: reachable from this machine only,
 DEFAULT_PORT = 6006  # sherpa-onnx's servers' default, so its clients' defaults find this one
 MAX_PORT = 65535
 # Every connection is an encoder slot (max_streams), and a chunk step computes every slot of its lane (static
-# shapes): on a CPU 16 lanes of 4 slots, ~15 ms a step of the shipped model, one client's chunk costing one
-# step and 64 clients' 16 (~0.25 s per 320 ms chunk, capacity.default_lanes); raise it on a GPU (one lane).
+# shapes): on a CPU 16 lanes of 4 slots (capacity.default_lanes), one client's chunk costing one lane's step and
+# 64 clients' 16; raise it on a GPU (one lane).
 DEFAULT_MAX_CONNECTIONS = 64
 FLOAT32_BYTES = 4
 DEFAULT_MAX_MESSAGE_BYTES = 2**20  # 1 MiB a frame: 16 s of float32 samples, sherpa-onnx's default limit
