@@ -391,6 +391,7 @@ def write_hour(path: Path, rate: int = 16000) -> float:
     return sum(float(b.sum(dtype=np.float64)) for b in sf.blocks(path, blocksize=160000, dtype="float32"))
 
 
+@pytest.mark.system  # a soak: an hour of audio
 @pytest.mark.parametrize("rate", [16000, 8000])
 def test_iter_blocks_reads_an_hour_in_bounded_memory(tmp_path, rate):
     """Peak RSS of iter_blocks over a 1-hour file (read as is, or resampled from 8 kHz), in a fresh

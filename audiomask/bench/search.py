@@ -43,9 +43,10 @@ COST_FIELDS = ("gpu_ms_per_cycle", "frontend_ms_per_cycle", "host_ms_per_cycle")
 
 
 def _release_memory(device: torch.device) -> None:
-    """Give the last probe's buffers back, so that the next one starts from the same free memory."""
-    gc.collect()
+    """On CUDA, give the last probe's buffers back, so that the next one starts from the same free device memory
+    (probes on the CPU measure no memory)."""
     if device.type == "cuda":
+        gc.collect()
         torch.cuda.empty_cache()
 
 
