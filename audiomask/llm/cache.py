@@ -1,0 +1,100 @@
+"""The key/value cache of a :class:`~audiomask.llm.lm.CausalLM`: one fixed-size slot per stream.
+
+Each of ``slots`` sequences has room for ``capacity`` positions in every
+layer; ``lengths[s]`` (host ``int64``) says how many hold keys. Slots are
+independent: a stream joins at length 0 (:meth:`KVCache.reset`), rolls back
+by cropping its length (:meth:`KVCache.crop`: the keys beyond are dead and
+are overwritten by the next inputs), and leaves by being reset. Memory is
+fixed when the cache is made: ``2 * layers * slots * kv_heads * capacity *
+head_dim`` elements (:attr:`KVCache.nbytes`), so a stream's context is
+bounded by ``capacity``.
+
+>>> cache = KVCache(layers=1, slots=2, kv_heads=1, capacity=8, head_dim=4)
+>>> cache.lengths[1] = 5
+>>> cache.crop(1, 3); cache.lengths.tolist()
+[0, 3]
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from audiomask.checks import check_int
+
+__all__ = ["KVCache"]
+
+
+class KVCache:
+    """Keys and values ``(slots, kv_heads, capacity, head_dim)`` per layer, with each slot's length on the host."""
+
+    def __init__(
+        self,
+        layers: int,
+        slots: int,
+        kv_heads: int,
+        capacity: int,
+        head_dim: int,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        shape = (
+            check_int("slots", slots, minimum=1),
+            check_int("kv_heads", kv_heads, minimum=1),
+            check_int("capacity", capacity, minimum=1),
+            check_int("head_dim", head_dim, minimum=1),
+        )
+        layers = check_int("layers", layers, minimum=1)
+        self.keys = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(layers)]
+        self.values = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(layers)]
+        self.lengths = np.zeros(slots, np.int64)
+
+    @property
+    def slots(self) -> int:
+        return self.keys[0].shape[0]
+
+    @property
+    def capacity(self) -> int:
+        return self.keys[0].shape[2]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the cache holds on its device."""
+        return sum(tensor.numel() * tensor.element_size() for tensor in (*self.keys, *self.values))
+
+    def reset(self, slots: object) -> None:
+        """Empty the slots ``slots`` (an index or indices): their next input is at position 0."""
+        self.lengths[np.asarray(slots, np.int64)] = 0
+
+    def crop(self, slot: int, length: int) -> None:
+        """Keep the first ``length`` positions of slot ``slot`` (at most its length): a roll-back."""
+        slot = check_int("slot", slot, minimum=0, maximum=self.slots - 1)
+        length = check_int("length", length, minimum=0, maximum=int(self.lengths[slot]))
+        self.lengths[slot] = length
+
+    def write(
+        self,
+        layer: int,
+        slots: torch.Tensor,
+        positions: torch.Tensor,
+        valid: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        span: int,
+        leading: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store the real rows of ``keys``/``values`` ``(B, n, kv_heads, head_dim)`` of layer ``layer``.
+
+        Row ``b``'s input ``i`` goes to slot ``slots[b]`` at ``positions[b, i]`` where ``valid[b, i]``.
+        Returns the keys and values ``(B, kv_heads, span, head_dim)`` of positions ``0 .. span - 1`` of the
+        rows' slots: a view when ``leading`` (``slots`` is ``0 .. B - 1`` in order), else a gathered copy.
+        """
+        rows, inputs = valid.nonzero(as_tuple=True)
+        where = (slots[rows], slice(None), positions[rows, inputs])
+        # Advanced indices split by a slice put the indexed dimension first: (count, kv_heads, head_dim).
+        self.keys[layer][where[0], :, where[2]] = keys[rows, inputs]
+        self.values[layer][where[0], :, where[2]] = values[rows, inputs]
+        if leading:
+            batch = slots.shape[0]
+            return self.keys[layer][:batch, :, :span], self.values[layer][:batch, :, :span]
+        return self.keys[layer][slots, :, :span], self.values[layer][slots, :, :span]

@@ -1,0 +1,280 @@
+"""The causal language model of an LLM recogniser, decoding many streams at once over a :class:`KVCache`.
+
+:class:`CausalLM` is the decoder stack of Qwen3 (Qwen3-ASR's language
+model) and of Phi-4-mini (Phi-4-multimodal's), weight-compatible with
+transformers' ``Qwen3ForCausalLM``: token embedding, ``layers`` of RMSNorm,
+grouped-query attention with rotary positions (an RMSNorm on each query and
+key head when ``qk_norm``), RMSNorm and a SiLU-gated MLP, a final RMSNorm and
+the head. Phi-4's fused ``qkv_proj`` and ``gate_up_proj`` are split into
+these projections when a checkpoint is read.
+
+One forward takes the next ``n`` input embeddings of ``B`` cache slots, of
+different lengths and at different positions: each row continues its slot
+from the slot's length, so streams join, roll back (:meth:`KVCache.crop`) and
+leave independently. Positions are each slot's own; the rotary tables come
+from transformers' own functions for the checkpoint's ``rope_parameters``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from audiomask.checks import check_int
+from audiomask.llm.cache import KVCache
+
+__all__ = ["CausalLM", "LMConfig"]
+
+
+@dataclass(frozen=True)
+class LMConfig:
+    """The sizes of a :class:`CausalLM` (read from a transformers text config by :meth:`from_transformers`).
+
+    ``inv_freq`` ``(rotary_dim // 2,)`` float32: the rotary inverse frequencies; ``rope_scale``: the factor on
+    their cos and sin (LongRoPE's attention factor; 1 otherwise); ``max_positions``: the positions the tables hold
+    (for LongRoPE, its original context: its short factors hold there).
+    """
+
+    vocab_size: int
+    hidden_size: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float
+    qk_norm: bool
+    tie_word_embeddings: bool
+    inv_freq: tuple[float, ...]
+    rope_scale: float
+    max_positions: int
+
+    @classmethod
+    def from_transformers(cls, config: Any, *, qk_norm: bool) -> LMConfig:
+        """The sizes of a transformers text config (``Qwen3Config``, ``Phi4MultimodalConfig``).
+
+        The rotary frequencies are transformers' own (``ROPE_INIT_FUNCTIONS`` for the config's
+        ``rope_parameters``); LongRoPE's short factors are used, so positions stay below its
+        ``original_max_position_embeddings``.
+        """
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        rope = dict(config.rope_parameters or {})
+        rope_type = rope.get("rope_type", "default")
+        max_positions = config.max_position_embeddings
+        if rope_type == "default":
+            base = rope["rope_theta"]
+            dim = int(head_dim * rope.get("partial_rotary_factor", 1.0))
+            inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+            scale = 1.0
+        elif rope_type == "longrope":
+            inv_freq, scale = ROPE_INIT_FUNCTIONS[rope_type](config, torch.device("cpu"), seq_len=None)
+            max_positions = rope["original_max_position_embeddings"]
+        else:
+            raise ValueError(f"rope_parameters' rope_type must be 'default' or 'longrope', got {rope_type!r}")
+        return cls(
+            vocab_size=config.vocab_size,
+            hidden_size=config.hidden_size,
+            layers=config.num_hidden_layers,
+            heads=config.num_attention_heads,
+            kv_heads=config.num_key_value_heads,
+            head_dim=head_dim,
+            intermediate_size=config.intermediate_size,
+            rms_norm_eps=config.rms_norm_eps,
+            qk_norm=qk_norm,
+            tie_word_embeddings=bool(config.tie_word_embeddings),
+            inv_freq=tuple(inv_freq.tolist()),
+            rope_scale=float(scale),
+            max_positions=max_positions,
+        )
+
+
+class _RMSNorm(nn.Module):
+    """RMSNorm computed in float32, as transformers' (``weight * x / rms(x)``)."""
+
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+class _Attention(nn.Module):
+    def __init__(self, config: LMConfig) -> None:
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = config.heads, config.kv_heads, config.head_dim
+        self.q_proj = nn.Linear(config.hidden_size, config.heads * config.head_dim, bias=False)
+        self.k_proj = nn.Linear(config.hidden_size, config.kv_heads * config.head_dim, bias=False)
+        self.v_proj = nn.Linear(config.hidden_size, config.kv_heads * config.head_dim, bias=False)
+        self.o_proj = nn.Linear(config.heads * config.head_dim, config.hidden_size, bias=False)
+        if config.qk_norm:
+            self.q_norm = _RMSNorm(config.head_dim, config.rms_norm_eps)
+            self.k_norm = _RMSNorm(config.head_dim, config.rms_norm_eps)
+        self.qk_norm = config.qk_norm
+
+    def forward(self, x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor], step: _Step) -> torch.Tensor:
+        batch, n, _ = x.shape
+        q = self.q_proj(x).view(batch, n, self.heads, self.head_dim)
+        k = self.k_proj(x).view(batch, n, self.kv_heads, self.head_dim)
+        v = self.v_proj(x).view(batch, n, self.kv_heads, self.head_dim)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = _rotate(q, *rotary), _rotate(k, *rotary)
+        keys, values = step.cache.write(
+            step.layer, step.slots, step.positions, step.valid, k, v, step.span, step.leading
+        )
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), keys, values, attn_mask=step.mask, enable_gqa=self.heads != self.kv_heads
+        )
+        return self.o_proj(out.transpose(1, 2).reshape(batch, n, self.heads * self.head_dim))
+
+
+class _MLP(nn.Module):
+    def __init__(self, config: LMConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class _Layer(nn.Module):
+    def __init__(self, config: LMConfig) -> None:
+        super().__init__()
+        self.input_layernorm = _RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = _Attention(config)
+        self.post_attention_layernorm = _RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = _MLP(config)
+
+    def forward(self, x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor], step: _Step) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), rotary, step)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+@dataclass
+class _Step:
+    """What every layer of one forward shares: the cache, the rows' slots and positions, the attention mask."""
+
+    cache: KVCache
+    layer: int
+    slots: torch.Tensor  # (B,) long
+    positions: torch.Tensor  # (B, n) long: each input's position in its slot
+    valid: torch.Tensor  # (B, n) bool: the inputs that are real (rows are padded to n)
+    span: int  # keys attended: positions 0 .. span - 1 of each slot
+    leading: bool  # the rows are slots 0 .. B - 1 in order: the cache is read without a copy
+    mask: torch.Tensor  # (B, 1, n, span) bool, True = may attend
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary positions on the first ``2 * cos.shape[-1] / 2`` dims of each head of ``x`` ``(B, n, H, D)``."""
+    dim = cos.shape[-1]
+    rotated, rest = x[..., :dim], x[..., dim:]
+    half = dim // 2
+    turned = torch.cat((-rotated[..., half:], rotated[..., :half]), dim=-1)
+    out = rotated * cos[:, :, None] + turned * sin[:, :, None]
+    return torch.cat((out, rest), dim=-1) if rest.shape[-1] else out
+
+
+class CausalLM(nn.Module):
+    """A decoder-only language model over a slot-indexed :class:`KVCache` (see the module docstring).
+
+    >>> config = LMConfig(vocab_size=11, hidden_size=8, layers=1, heads=2, kv_heads=1, head_dim=4,
+    ...     intermediate_size=16, rms_norm_eps=1e-6, qk_norm=True, tie_word_embeddings=True,
+    ...     inv_freq=(1.0, 0.01), rope_scale=1.0, max_positions=64)
+    >>> lm = CausalLM(config).eval()
+    >>> cache = lm.new_cache(slots=2, capacity=16)
+    >>> logits = lm(lm.embed(torch.tensor([[1, 2, 3], [4, 5, 0]])), torch.tensor([0, 1]), np.array([3, 2]), cache)
+    >>> tuple(logits.shape), cache.lengths.tolist()  # the logits of each row's last real input
+    ((2, 11), [3, 2])
+    """
+
+    def __init__(self, config: LMConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(_Layer(config) for _ in range(config.layers))
+        self.norm = _RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self.register_buffer("inv_freq", torch.tensor(config.inv_freq, dtype=torch.float32), persistent=False)
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed_tokens.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed_tokens.weight.dtype
+
+    def new_cache(self, slots: int, capacity: int) -> KVCache:
+        """An empty cache of ``slots`` sequences of up to ``capacity`` positions each, on this model's device."""
+        capacity = check_int("capacity", capacity, minimum=1)
+        if capacity > self.config.max_positions:
+            raise ValueError(
+                f"capacity must be <= {self.config.max_positions} (the model's rotary positions), got {capacity}"
+            )
+        config = self.config
+        return KVCache(config.layers, slots, config.kv_heads, capacity, config.head_dim, self.device, self.dtype)
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """Token embeddings ``(..., hidden_size)`` of token ids ``ids`` (long, any shape)."""
+        return self.embed_tokens(ids.to(self.device))
+
+    def forward(
+        self, embeds: torch.Tensor, slots: torch.Tensor, counts: np.ndarray, cache: KVCache, *, all_logits: bool = False
+    ) -> torch.Tensor:
+        """Append ``embeds`` ``(B, n, hidden_size)`` to the cache slots ``slots`` ``(B,)``; the next-token logits.
+
+        Row ``b`` holds ``counts[b]`` real inputs (``0 < counts[b] <= n``; the rest is padding, never
+        written), placed at positions ``cache.lengths[slots[b]] ..``; the slot's length grows by
+        ``counts[b]``. Returns float32 logits ``(B, vocab_size)`` of each row's last real input, or
+        ``(B, n, vocab_size)`` of every input with ``all_logits``.
+        """
+        batch, n, _ = embeds.shape
+        counts = np.asarray(counts, np.int64)
+        if counts.shape != (batch,) or (counts < 1).any() or (counts > n).any():
+            raise ValueError(f"counts must be {batch} integers in [1, {n}], got {counts.tolist()}")
+        host_slots = slots.cpu().numpy()
+        starts = cache.lengths[host_slots]
+        ends = starts + counts
+        if ends.max() > cache.capacity:
+            raise ValueError(
+                f"the inputs would grow a slot to {ends.max()} positions, over the cache's {cache.capacity}"
+            )
+        device = self.device
+        offsets = torch.arange(n, device=device)
+        positions = torch.as_tensor(starts, device=device)[:, None] + offsets
+        valid = offsets < torch.as_tensor(counts, device=device)[:, None]
+        span = int(ends.max())
+        keys = torch.arange(span, device=device)
+        # Query i of row b sees its slot's keys up to its own position; a padded query sees key 0 (no NaN).
+        mask = (keys <= positions[:, :, None]) & (valid[:, :, None] | (keys == 0))
+        angles = positions[:, :, None].float() * self.inv_freq
+        angles = torch.cat((angles, angles), dim=-1)
+        scale = self.config.rope_scale
+        rotary = ((angles.cos() * scale).to(embeds.dtype), (angles.sin() * scale).to(embeds.dtype))
+        leading = bool((host_slots == np.arange(batch)).all())
+        step = _Step(cache, 0, slots.to(device), positions, valid, span, leading, mask[:, None])
+        x = embeds.to(device, self.dtype)
+        for index, layer in enumerate(self.layers):
+            step.layer = index
+            x = layer(x, rotary, step)
+        cache.lengths[host_slots] = ends
+        if all_logits:
+            return self.lm_head(self.norm(x)).float()
+        last = x[torch.arange(batch, device=device), torch.as_tensor(counts - 1, device=device)]
+        return self.lm_head(self.norm(last)).float()

@@ -1,0 +1,114 @@
+"""An LLM recogniser in one bundle: :class:`AudioLM` (encoder, projector, language model, tokenizer, prompt).
+
+:meth:`AudioLM.transcribe` is the offline path: each utterance's features
+through the encoder and the projector, its prompt around them, and greedy
+decoding, every utterance in its own cache slot, so an utterance's text does
+not depend on the others in the call.
+
+>>> # doctest: +SKIP
+>>> from audiomask.llm import load
+>>> model = load("Qwen3-ASR-0.6B")
+>>> model.transcribe([samples], language="en")[0].text
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from audiomask.features.frontend import Frontend
+from audiomask.llm.generate import greedy
+from audiomask.llm.lm import CausalLM
+from audiomask.llm.prompt import PromptParts
+from audiomask.models import Phi4MMEncoder, Qwen3ASREncoder
+from audiomask.samples import as_samples
+
+__all__ = ["DEFAULT_MAX_NEW_TOKENS", "AudioLM", "LLMTranscript"]
+
+DEFAULT_MAX_NEW_TOKENS = 512  # the qwen-asr package's default answer length
+
+
+@dataclass(frozen=True)
+class LLMTranscript:
+    """One utterance's answer: ``text`` (parsed), ``language`` ("" when not said), the answer's ``tokens``, ``raw``."""
+
+    text: str
+    language: str
+    tokens: tuple[int, ...]
+    raw: str
+
+
+@dataclass
+class AudioLM:
+    """An LLM recogniser: ``encoder`` -> ``projector`` -> ``lm``, with its tokenizer and prompt rules.
+
+    ``family``: ``"qwen3_asr"`` or ``"phi4mm"``; ``prompt(context, language)``: the ids around the audio;
+    ``parse(answer, language)``: ``(language, text)`` of a decoded answer; ``stop_ids``: the end tokens.
+    """
+
+    family: str
+    encoder: Phi4MMEncoder | Qwen3ASREncoder
+    projector: nn.Module
+    lm: CausalLM
+    tokenizer: Any
+    frontend: Frontend
+    prompt: Callable[[str, str | None], PromptParts]
+    parse: Callable[[str, str | None], tuple[str, str]]
+    stop_ids: frozenset[int]
+    path: str = ""
+    description: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm.device
+
+    def audio_inputs(self, features: torch.Tensor, lengths: np.ndarray) -> list[torch.Tensor]:
+        """Language-model inputs of a padded feature batch ``(B, bins, T)``: per utterance ``(n_b, hidden_size)``."""
+        outputs, counts = self.encoder(features, lengths)
+        projected = self.projector(outputs)
+        return [projected[row, :count] for row, count in enumerate(counts.tolist())]
+
+    def prompt_inputs(self, parts: PromptParts, audio: torch.Tensor) -> torch.Tensor:
+        """``(len(head) + n + len(tail), hidden_size)``: the prompt's embeddings with ``audio`` ``(n, hidden_size)``."""
+        embed = self.lm.embed
+        head = embed(torch.tensor(parts.head, dtype=torch.long))
+        tail = embed(torch.tensor(parts.tail, dtype=torch.long))
+        return torch.cat((head, audio.to(head.dtype), tail))
+
+    def answer(self, tokens: Sequence[int], language: str | None) -> LLMTranscript:
+        """The transcript of an answer's token ids."""
+        raw = self.tokenizer.decode(list(tokens), skip_special_tokens=True)
+        said, text = self.parse(raw, language)
+        return LLMTranscript(text=text, language=said, tokens=tuple(tokens), raw=raw)
+
+    @torch.inference_mode()
+    def transcribe(
+        self,
+        signals: Sequence[object],
+        *,
+        context: str = "",
+        language: str | None = None,
+        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+    ) -> list[LLMTranscript]:
+        """Transcribe whole utterances (1-D 16 kHz float samples each), greedily; one transcript each.
+
+        ``context``: text the model is told first (names, terms it should prefer); ``language``: a
+        language to force (a name or an ISO code), ``None`` to let the model detect it;
+        ``max_new_tokens``: the longest answer.
+        """
+        if not signals:
+            return []
+        features, lengths = self.frontend.batch(
+            [as_samples(f"signals[{index}]", signal) for index, signal in enumerate(signals)]
+        )
+        audio = self.audio_inputs(torch.from_numpy(features), lengths)
+        parts = self.prompt(context, language)
+        inputs = [self.prompt_inputs(parts, row) for row in audio]
+        cache = self.lm.new_cache(len(inputs), max(len(row) for row in inputs) + max_new_tokens)
+        answers = greedy(self.lm, cache, range(len(inputs)), inputs, max_new_tokens, self.stop_ids)
+        return [self.answer(tokens, language) for tokens in answers]

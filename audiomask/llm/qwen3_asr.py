@@ -1,0 +1,61 @@
+"""Qwen3-ASR as an LLM recogniser: its projector, its prompt and how its answer reads.
+
+The prompt is the checkpoint's chat template for a transcription request
+(what the ``qwen-asr`` package and transformers' processor build): a system
+turn holding the optional context text (how users bias the model toward
+their words), a user turn holding the audio between ``<|audio_start|>`` and
+``<|audio_end|>``, one ``<|audio_pad|>`` placeholder per encoder token, and
+the assistant's turn; a forced language appends ``language X<asr_text>``, so
+the model writes only the text. Its answer otherwise reads
+``language X<asr_text>text`` (:func:`audiomask.llm.parse.parse_output`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from audiomask.llm.parse import ASR_TEXT_TAG, language_name, parse_output
+from audiomask.llm.prompt import PromptParts, split_at_audio
+
+__all__ = ["AUDIO_PLACEHOLDER", "Qwen3ASRProjector", "qwen3_asr_prompt", "qwen3_asr_text"]
+
+AUDIO_PLACEHOLDER = "<|audio_pad|>"  # the chat template's one placeholder; the prompt repeats it per audio token
+
+
+class Qwen3ASRProjector(nn.Module):
+    """Encoder tokens ``(..., d_model)`` -> language-model inputs ``(..., output_dim)``: linear, GELU, linear.
+
+    Weight-compatible with transformers' ``Qwen3ASRMultiModalProjector`` (``linear_1``, ``linear_2``).
+    """
+
+    def __init__(self, d_model: int, output_dim: int) -> None:
+        super().__init__()
+        self.linear_1 = nn.Linear(d_model, d_model)
+        self.linear_2 = nn.Linear(d_model, output_dim)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.linear_2(nn.functional.gelu(self.linear_1(tokens)))
+
+
+def qwen3_asr_prompt(tokenizer: Any, context: str, language: str | None) -> PromptParts:
+    """The token ids around the audio of a transcription request, from the checkpoint's chat template.
+
+    ``context``: the system turn's text ("" for none); ``language``: a language name or code to force
+    (:func:`~audiomask.llm.parse.language_name`), or ``None`` to let the model say it.
+    """
+    messages = [
+        {"role": "system", "content": context},
+        {"role": "user", "content": [{"type": "audio", "audio": ""}]},
+    ]
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    if language is not None:
+        text += f"language {language_name(language)}{ASR_TEXT_TAG}"
+    return split_at_audio(tokenizer, text, AUDIO_PLACEHOLDER)
+
+
+def qwen3_asr_text(answer: str, language: str | None) -> tuple[str, str]:
+    """``(language, text)`` of the model's decoded answer (the forced language's name when one was forced)."""
+    return parse_output(answer, None if language is None else language_name(language))

@@ -1,0 +1,99 @@
+"""Offline transcription equals transformers' own ``generate``, one utterance at a time, float32 on the CPU."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from audiomask.llm import checkpoint
+from audiomask.llm.lm import CausalLM, LMConfig
+
+transformers = pytest.importorskip("transformers")
+
+MAX_NEW_TOKENS = 24
+
+
+def reference(directory: Path, signal: np.ndarray, context: str, language: str | None) -> list[int]:
+    """transformers' greedy answer for one utterance: its processor, its chat template, its ``generate``."""
+    from transformers import AutoProcessor, Qwen3ASRForConditionalGeneration
+
+    processor = AutoProcessor.from_pretrained(directory)
+    model = Qwen3ASRForConditionalGeneration.from_pretrained(directory).eval()
+    messages = [
+        {"role": "system", "content": context},
+        {"role": "user", "content": [{"type": "audio", "audio": ""}]},
+    ]
+    text = processor.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    if language is not None:
+        text += f"language {language}<asr_text>"
+    inputs = processor(text=text, audio=signal, return_tensors="pt")
+    with torch.inference_mode():
+        out = model.generate(**inputs, max_new_tokens=MAX_NEW_TOKENS, do_sample=False)
+    sequences = out.sequences if hasattr(out, "sequences") else out
+    answer = sequences[0, inputs["input_ids"].shape[1] :].tolist()
+    stops = set(model.generation_config.eos_token_id)
+    return answer[: next((i for i, token in enumerate(answer) if token in stops), len(answer))]
+
+
+@pytest.fixture(scope="module")
+def qwen3_asr(tiny_qwen3_asr_dir: Path):
+    return checkpoint.load(tiny_qwen3_asr_dir)
+
+
+@pytest.mark.parametrize(
+    ("seconds", "context", "language"),
+    [(0.3, "", None), (2.4, "names: Ada", None), (5.0, "", "English"), (17.3, "", None), (9.05, "ctx", "en")],
+)
+def test_qwen3_asr_tokens_equal_transformers_generate(
+    qwen3_asr, tiny_qwen3_asr_dir: Path, speech: Callable, seconds: float, context: str, language: str | None
+) -> None:
+    signal = speech(seconds, seed=int(seconds * 100))
+    ours = qwen3_asr.transcribe([signal], context=context, language=language, max_new_tokens=MAX_NEW_TOKENS)[0]
+    name = None if language is None else {"en": "English"}.get(language, language)
+    assert list(ours.tokens) == reference(tiny_qwen3_asr_dir, signal, context, name)
+
+
+def test_an_utterance_decoded_beside_others_equals_itself_alone(qwen3_asr, speech: Callable) -> None:
+    signals = [speech(seconds, seed) for seed, seconds in enumerate((0.5, 3.3, 12.0, 1.1))]
+    together = qwen3_asr.transcribe(signals, max_new_tokens=MAX_NEW_TOKENS)
+    alone = [qwen3_asr.transcribe([signal], max_new_tokens=MAX_NEW_TOKENS)[0] for signal in signals]
+    assert [t.tokens for t in together] == [t.tokens for t in alone]
+    assert len({t.tokens for t in alone}) > 1  # the tiny model's answers depend on what it hears
+
+
+def test_lm_logits_equal_transformers_qwen3_over_ragged_rows_and_steps(tiny_qwen3_asr_dir: Path) -> None:
+    """Rows of different lengths prefilled together, then extended one by one, give transformers' logits."""
+    from transformers import AutoConfig, Qwen3ForCausalLM
+
+    config = AutoConfig.from_pretrained(tiny_qwen3_asr_dir).text_config
+    torch.manual_seed(1)
+    upstream = Qwen3ForCausalLM(config).eval()
+    ours = CausalLM(LMConfig.from_transformers(config, qk_norm=True)).eval()
+    state = {name.removeprefix("model."): tensor for name, tensor in upstream.state_dict().items()}
+    ours.load_state_dict(state)
+    rows = [torch.randint(0, config.vocab_size, (length,)) for length in (7, 3, 12)]
+    cache = ours.new_cache(slots=4, capacity=32)
+    slots = [2, 0, 3]
+    with torch.inference_mode():
+        first = [row[: max(1, len(row) - 2)] for row in rows]
+        width = max(len(row) for row in first)
+        embeds = torch.zeros(3, width, config.hidden_size)
+        for index, row in enumerate(first):
+            embeds[index, : len(row)] = ours.embed(row)
+        ours(embeds, torch.tensor(slots), np.array([len(row) for row in first]), cache)
+        rest = [row[len(head) :] for row, head in zip(rows, first, strict=True)]
+        for step in range(2):
+            live = [index for index, tail in enumerate(rest) if len(tail) > step]
+            logits = ours(
+                ours.embed(torch.stack([rest[index][step] for index in live]))[:, None],
+                torch.tensor([slots[index] for index in live]),
+                np.ones(len(live), np.int64),
+                cache,
+            )
+            for position, index in enumerate(live):
+                expected = upstream(rows[index][None, : len(first[index]) + step + 1]).logits[0, -1]
+                torch.testing.assert_close(logits[position], expected, rtol=1e-4, atol=1e-4)
