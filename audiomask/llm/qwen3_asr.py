@@ -17,10 +17,16 @@ from typing import Any
 import torch
 from torch import nn
 
+from audiomask.llm.files import CheckpointFiles, fill
+from audiomask.llm.lm import CausalLM, LMConfig
+from audiomask.llm.model import AudioLM
 from audiomask.llm.parse import ASR_TEXT_TAG, language_name, parse_output
 from audiomask.llm.prompt import PromptParts, split_at_audio
+from audiomask.models.config import Qwen3ASRConfig
+from audiomask.models.qwen3_asr import Qwen3ASREncoder
+from audiomask.streaming import default_frontend
 
-__all__ = ["AUDIO_PLACEHOLDER", "Qwen3ASRProjector", "qwen3_asr_prompt", "qwen3_asr_text"]
+__all__ = ["AUDIO_PLACEHOLDER", "Qwen3ASRProjector", "build", "qwen3_asr_prompt", "qwen3_asr_text"]
 
 AUDIO_PLACEHOLDER = "<|audio_pad|>"  # the chat template's one placeholder; the prompt repeats it per audio token
 
@@ -59,3 +65,35 @@ def qwen3_asr_prompt(tokenizer: Any, context: str, language: str | None) -> Prom
 def qwen3_asr_text(answer: str, language: str | None) -> tuple[str, str]:
     """``(language, text)`` of the model's decoded answer (the forced language's name when one was forced)."""
     return parse_output(answer, None if language is None else language_name(language))
+
+
+def build(files: CheckpointFiles, device: torch.device | str, dtype: torch.dtype) -> AudioLM:
+    """The Qwen3-ASR recogniser of a checkpoint's files (transformers' names), on ``device`` in ``dtype``."""
+    from transformers import AutoConfig
+
+    config = files.config
+    audio = config.get("audio_config") or {}
+    text = AutoConfig.for_model(**(config.get("text_config") or {}))
+    tokenizer = files.tokenizer()
+    encoder = Qwen3ASREncoder(Qwen3ASRConfig.from_dict(audio))
+    projector = Qwen3ASRProjector(encoder.output_size, audio.get("output_dim", text.hidden_size))
+    lm = CausalLM(LMConfig.from_transformers(text, qk_norm=True))
+    fill(encoder, files.read("model.audio_tower."), "encoder", files)
+    fill(projector, files.read("model.multi_modal_projector."), "projector", files)
+    lm_state = files.read("model.language_model.")
+    lm_state.update({f"lm_head.{name}": tensor for name, tensor in files.read("lm_head.").items()})
+    fill(lm, lm_state, "language model", files, ("lm_head.weight",) if lm.config.tie_word_embeddings else ())
+    for module in (encoder, projector, lm):
+        module.to(device=device, dtype=dtype).eval()
+    return AudioLM(
+        family="qwen3_asr",
+        encoder=encoder,
+        projector=projector,
+        lm=lm,
+        tokenizer=tokenizer,
+        frontend=default_frontend(encoder),
+        prompt=lambda context, language: qwen3_asr_prompt(tokenizer, context, language),
+        parse=qwen3_asr_text,
+        stop_ids=files.stop_ids(),
+        path=str(files.directory),
+    )
