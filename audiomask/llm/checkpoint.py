@@ -5,6 +5,8 @@ Supported (``model_type`` of config.json -> family):
 - ``qwen3_asr``: transformers' ``Qwen3ASRForConditionalGeneration``, and the
   original Qwen3-ASR layout that ``qwen-asr`` and vLLM load (``thinker_config``;
   converted on reading) -> :mod:`audiomask.llm.qwen3_asr`.
+- ``phi4_multimodal``: transformers' ``Phi4MultimodalForCausalLM``, its
+  ``speech-lora/`` adapter merged on reading -> :mod:`audiomask.llm.phi4mm`.
 
 The directory holds ``config.json``, the weights and the tokenizer with its
 chat template (:class:`~audiomask.llm.files.CheckpointFiles`). What is
@@ -20,7 +22,7 @@ from typing import Any
 
 import torch
 
-from audiomask.llm import qwen3_asr
+from audiomask.llm import phi4mm, qwen3_asr
 from audiomask.llm.files import CheckpointFiles
 from audiomask.llm.model import AudioLM
 
@@ -29,6 +31,7 @@ __all__ = ["FAMILIES", "describe", "is_llm_checkpoint", "load"]
 # model_type -> the family's builder: (files, device, dtype) -> AudioLM
 FAMILIES: dict[str, Callable[[CheckpointFiles, torch.device | str, torch.dtype], AudioLM]] = {
     "qwen3_asr": qwen3_asr.build,
+    "phi4_multimodal": phi4mm.build,
 }
 
 

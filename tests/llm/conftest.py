@@ -150,3 +150,99 @@ def speech() -> Callable[[float, int], np.ndarray]:
 
 def read_json(path: Path) -> dict:
     return json.loads(path.read_text())
+
+
+PHI4MM_SPECIALS = ("<|endoftext|>", "<|user|>", "<|end|>", "<|assistant|>", "<|system|>", "<|audio|>", "<|image|>")
+PHI4MM_NAMED = {"audio_token": "<|audio|>", "image_token": "<|image|>"}
+# The chat template of the released Phi-4-multimodal tokenizer, reduced to what a transcription request uses.
+PHI4MM_CHAT_TEMPLATE = (
+    "{% for message in messages %}{{ '<|' + message['role'] + '|>' + message['content'] + '<|end|>' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% else %}{{ eos_token }}{% endif %}"
+)
+PHI4MM_AUDIO = {
+    "hidden_size": 16,
+    "intermediate_size": 32,
+    "num_blocks": 2,
+    "num_attention_heads": 2,
+    "ext_pw_out_channel": 16,
+    "depthwise_separable_out_channel": 16,
+    "nemo_conv_channels": 8,
+    "initializer_range": 1.0,
+}
+PHI4MM_VISION = {  # as small as the config allows: the checkpoint holds a vision tower the recogniser does not read
+    "hidden_size": 8,
+    "intermediate_size": 8,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "image_size": 28,
+    "patch_size": 14,
+    "crop_size": 28,
+}
+# Phi-4-mini's shape in small: grouped-query attention, LongRoPE over 3/4 of each head (short factors used below
+# original_max_position_embeddings; the attention factor from max_position_embeddings / original).
+PHI4MM_TEXT = {
+    "hidden_size": 32,
+    "intermediate_size": 48,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 8192,
+    "original_max_position_embeddings": 4096,
+    "initializer_range": 1.0,
+    "rope_parameters": {
+        "rope_type": "longrope",
+        "rope_theta": 10000.0,
+        "partial_rotary_factor": 0.75,
+        "short_factor": [1.0, 1.5, 2.5],
+        "long_factor": [2.0, 3.0, 4.0],
+        "original_max_position_embeddings": 4096,
+    },
+}
+# The speech LoRA's modules: the decoder's linear layers (the audio encoder's have the same names).
+PHI4MM_LORA_TARGETS = r"model\.layers\.\d+\.(self_attn\.(qkv|o)_proj|mlp\.(gate_up|down)_proj)"
+
+
+def _save_phi4mm(directory: Path, seed: int, tie_word_embeddings: bool, lora: bool) -> Path:
+    from transformers import Phi4MultimodalConfig, Phi4MultimodalFeatureExtractor, Phi4MultimodalForCausalLM
+
+    tokenizer = byte_tokenizer(PHI4MM_SPECIALS, (), PHI4MM_CHAT_TEMPLATE, PHI4MM_NAMED)
+    ids = {token: tokenizer.convert_tokens_to_ids(token) for token in PHI4MM_SPECIALS}
+    config = Phi4MultimodalConfig(
+        **PHI4MM_TEXT,
+        vocab_size=len(tokenizer),
+        tie_word_embeddings=tie_word_embeddings,
+        bos_token_id=ids["<|endoftext|>"],
+        pad_token_id=ids["<|endoftext|>"],
+        eos_token_id=[ids["<|endoftext|>"], ids["<|end|>"]],
+        audio_config={**PHI4MM_AUDIO, "audio_token_id": ids["<|audio|>"]},
+        vision_config={**PHI4MM_VISION, "image_token_id": ids["<|image|>"]},
+    )
+    torch.manual_seed(seed)
+    model = Phi4MultimodalForCausalLM(config).eval()
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    Phi4MultimodalFeatureExtractor().save_pretrained(directory)
+    if lora:
+        peft = pytest.importorskip("peft")
+        adapter = peft.get_peft_model(
+            model,
+            peft.LoraConfig(r=4, lora_alpha=6, target_modules=PHI4MM_LORA_TARGETS, init_lora_weights=False),
+        )
+        with torch.no_grad():  # random, nonzero A and B, large enough to change the answers
+            for name, parameter in adapter.named_parameters():
+                if ".lora_" in name:
+                    parameter.normal_(0.0, 0.5)
+        adapter.save_pretrained(directory / "speech-lora")
+    return directory
+
+
+@pytest.fixture(scope="session")
+def tiny_phi4mm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Phi-4-multimodal checkpoint (``Phi4MultimodalForCausalLM.save_pretrained``), tied head, no LoRA."""
+    return _save_phi4mm(tmp_path_factory.mktemp("phi4mm-tiny"), seed=0, tie_word_embeddings=True, lora=False)
+
+
+@pytest.fixture(scope="session")
+def tiny_phi4mm_lora_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Phi-4-multimodal checkpoint, untied head, with a random ``speech-lora/`` saved by peft."""
+    return _save_phi4mm(tmp_path_factory.mktemp("phi4mm-lora"), seed=1, tie_word_embeddings=False, lora=True)
