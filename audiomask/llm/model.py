@@ -94,12 +94,13 @@ class AudioLM:
         context: str = "",
         language: str | None = None,
         max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+        stop: bool = True,
     ) -> list[LLMTranscript]:
         """Transcribe whole utterances (1-D 16 kHz float samples each), greedily; one transcript each.
 
         ``context``: text the model is told first (names, terms it should prefer); ``language``: a
         language to force (a name or an ISO code), ``None`` to let the model detect it;
-        ``max_new_tokens``: the longest answer.
+        ``max_new_tokens``: the longest answer; ``stop=False``: always that long (random weights, benchmarks).
         """
         if not signals:
             return []
@@ -110,5 +111,5 @@ class AudioLM:
         parts = self.prompt(context, language)
         inputs = [self.prompt_inputs(parts, row) for row in audio]
         cache = self.lm.new_cache(len(inputs), max(len(row) for row in inputs) + max_new_tokens)
-        answers = greedy(self.lm, cache, range(len(inputs)), inputs, max_new_tokens, self.stop_ids)
+        answers = greedy(self.lm, cache, range(len(inputs)), inputs, max_new_tokens, self.stop_ids, stop=stop)
         return [self.answer(tokens, language) for tokens in answers]

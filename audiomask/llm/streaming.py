@@ -1,0 +1,348 @@
+"""Streaming transcription with an LLM recogniser, incrementally, many streams decoded in one batch.
+
+The policy is the official ``qwen-asr`` streaming recipe's (:class:`StreamPolicy`):
+every ``chunk_s`` of audio, a partial: the model answers the audio so far,
+its answer starting from the previous answer less its last
+``unfixed_tokens`` tokens (no such prefix for the first ``unfixed_chunks``
+chunks). The recipe re-feeds all audio through the encoder and re-decodes the
+whole prompt every chunk, so its cost grows with the utterance. Here the work
+done once is kept:
+
+- **encoder**: Qwen3-ASR attends inside fixed 8 s windows, so a closed
+  window's outputs are final; each update encodes only the open window's
+  frames (features come from a streaming front end, each frame computed once).
+- **language model**: the KV cache of the prompt head (system turn, context,
+  user turn) and of the closed windows' audio tokens is kept in the stream's
+  slot; an update crops the slot back to it and runs only the newly closed
+  windows, the open window, the prompt tail and the rolled-back prefix, then
+  decodes.
+
+All streams that have a chunk due update together: one encoder call, one
+prefill, one batched greedy loop over slots of different lengths
+(:func:`~audiomask.llm.generate.greedy`), so a stream's partials do not
+depend on the others. When a stream ends, its final text is the model's
+offline answer for the whole utterance (:meth:`AudioLM.transcribe`, a second
+pass as in two-pass decoding), so partials are fast and finals are the
+model's best.
+
+Long streams: a segment holds ``segment_windows`` closed windows at most (32 s
+by default); once it has them, the segment ends at that window's last sample,
+its offline answer is committed to the stream's text, and the stream goes on
+as a new utterance from there. Memory per stream is so bounded: one cache slot
+(:attr:`LLMStreams.capacity` positions), the open window's frames and the
+current segment's samples.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from audiomask.checks import check_int
+from audiomask.constants import HOP_LENGTH, SAMPLE_RATE
+from audiomask.features.frontend import FeatureStream
+from audiomask.llm.generate import greedy
+from audiomask.llm.model import DEFAULT_MAX_NEW_TOKENS, AudioLM, LLMTranscript
+from audiomask.models import Qwen3ASREncoder
+from audiomask.samples import as_samples
+
+__all__ = ["LLMStreams", "Partial", "StreamPolicy"]
+
+DEFAULT_CHUNK_S = 2.0  # the recipe's chunk: a partial every 2 s of audio
+DEFAULT_UNFIXED_CHUNKS = 2  # the recipe's first chunks decoded without a prefix
+DEFAULT_UNFIXED_TOKENS = 5  # the recipe's roll-back: the previous answer's last tokens are decoded again
+DEFAULT_UPDATE_TOKENS = 32  # the longest answer one update adds beyond its prefix (~8 s of speech at ~4 tokens/s)
+DEFAULT_SEGMENT_WINDOWS = 4  # closed 8 s windows a segment holds: 32 s
+REPLACEMENT_CHARACTER = "\ufffd"  # a cut through a multi-byte character decodes to this
+
+
+@dataclass(frozen=True)
+class StreamPolicy:
+    """When partials come and what they start from (the ``qwen-asr`` recipe's knobs, same defaults).
+
+    ``update_tokens``: the most tokens one update decodes after its prefix; ``fixed_tokens``: decode
+    exactly this many instead, ignoring the end token (a benchmark of random weights, which never say it);
+    ``segment_windows``: closed encoder windows a segment may hold before a new one starts;
+    ``final_tokens``: the longest final (offline) answer of a segment.
+    """
+
+    chunk_s: float = DEFAULT_CHUNK_S
+    unfixed_chunks: int = DEFAULT_UNFIXED_CHUNKS
+    unfixed_tokens: int = DEFAULT_UNFIXED_TOKENS
+    update_tokens: int = DEFAULT_UPDATE_TOKENS
+    fixed_tokens: int | None = None
+    segment_windows: int = DEFAULT_SEGMENT_WINDOWS
+    final_tokens: int = DEFAULT_MAX_NEW_TOKENS
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.chunk_s, (int, float)) and 0 < self.chunk_s <= 60):
+            raise ValueError(f"chunk_s must be in (0, 60] seconds, got {self.chunk_s!r}")
+        check_int("unfixed_chunks", self.unfixed_chunks, minimum=0)
+        check_int("unfixed_tokens", self.unfixed_tokens, minimum=0)
+        check_int("update_tokens", self.update_tokens, minimum=1)
+        check_int("segment_windows", self.segment_windows, minimum=1)
+        check_int("final_tokens", self.final_tokens, minimum=1)
+        if self.fixed_tokens is not None:
+            check_int("fixed_tokens", self.fixed_tokens, minimum=1)
+
+    @property
+    def chunk_samples(self) -> int:
+        """Samples per chunk at 16 kHz (the recipe rounds, at least 1)."""
+        return max(1, round(self.chunk_s * SAMPLE_RATE))
+
+
+@dataclass(frozen=True)
+class Partial:
+    """A stream's text after an update: ``text`` (earlier segments' final text, then this answer's), ``language``,
+    ``tokens``: this segment's answer ids (prefix included), ``final``: the utterance's last word on it."""
+
+    stream: str
+    text: str
+    language: str
+    tokens: tuple[int, ...]
+    final: bool
+
+
+@dataclass
+class _Stream:
+    name: str
+    slot: int
+    features: FeatureStream
+    samples: list[np.ndarray] = field(default_factory=list)  # the current segment's samples, for its final pass
+    pending: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))  # samples of the next chunk
+    window_frames: list[np.ndarray] = field(default_factory=list)  # feature frames of the open window
+    chunks: int = 0  # updates made in this segment
+    fixed: int = 0  # cache positions kept: the prompt head and the closed windows' audio tokens
+    closed_windows: int = 0
+    raw: str = ""  # the answer so far, as decoded text (the recipe's _raw_decoded)
+    tokens: tuple[int, ...] = ()
+    committed: list[str] = field(default_factory=list)  # earlier segments' final texts
+    language: str = ""
+
+
+class LLMStreams:
+    """Up to ``slots`` concurrent streams of one :class:`~audiomask.llm.model.AudioLM`, decoded in batches.
+
+    ``open(name)`` starts a stream, ``feed(name, samples)`` buffers its
+    audio, ``update()`` runs one chunk of every stream that has one due and
+    returns their partials, ``finish(names)`` ends streams with their final
+    text. One thread drives it; the cache is allocated once:
+    ``slots x capacity`` positions (:attr:`capacity`).
+    """
+
+    def __init__(
+        self,
+        model: AudioLM,
+        slots: int,
+        *,
+        policy: StreamPolicy | None = None,
+        context: str = "",
+        language: str | None = None,
+    ) -> None:
+        if not isinstance(model.encoder, Qwen3ASREncoder):
+            raise ValueError(f"model must be a Qwen3-ASR recogniser for streaming, got family {model.family!r}")
+        self.model = model
+        self.policy = policy or StreamPolicy()
+        self.context, self.language = context, language
+        self.parts = model.prompt(context, language)
+        config = model.encoder.config
+        self.window_frames = config.window_tokens * config.chunk_frames // config.chunk_tokens  # 800 frames: 8 s
+        self.window_tokens = config.window_tokens
+        answer = self.policy.fixed_tokens or self.policy.update_tokens
+        # The slot's longest content: head, a segment's windows and one open window, tail, and the answer so
+        # far, which grows by at most one update's answer per chunk of the segment (and its open window).
+        segment_s = (self.policy.segment_windows + 1) * self.window_frames * HOP_LENGTH / SAMPLE_RATE
+        self.capacity = (
+            len(self.parts.head)
+            + (self.policy.segment_windows + 1) * self.window_tokens
+            + len(self.parts.tail)
+            + (int(np.ceil(segment_s / self.policy.chunk_s)) + 1) * answer
+        )
+        self.cache = model.lm.new_cache(check_int("slots", slots, minimum=1), self.capacity)
+        self._free = list(range(slots))[::-1]
+        self._streams: dict[str, _Stream] = {}
+        self._head = model.lm.embed(torch.tensor(self.parts.head, dtype=torch.long))
+
+    def __len__(self) -> int:
+        return len(self._streams)
+
+    def open(self, name: str) -> None:
+        """Start a stream named ``name`` (a slot must be free)."""
+        if name in self._streams:
+            raise ValueError(f"name {name!r} is already an open stream")
+        if not self._free:
+            raise ValueError(f"all {self.cache.slots} slots hold streams: finish one before opening {name!r}")
+        stream = _Stream(name, self._free.pop(), self.model.frontend.stream())
+        self._streams[name] = stream
+        self._start_segment(stream)
+
+    def _start_segment(self, stream: _Stream) -> None:
+        stream.features = self.model.frontend.stream()
+        stream.samples, stream.window_frames = [], []
+        stream.chunks = stream.closed_windows = 0
+        stream.raw, stream.tokens = "", ()
+        self.cache.reset(stream.slot)
+        stream.fixed = 0  # the head is prefilled with the first update
+
+    def feed(self, name: str, samples: object) -> None:
+        """Buffer ``samples`` (1-D float32, 16 kHz, any length) for stream ``name``."""
+        stream = self._stream(name)
+        samples = as_samples("samples", samples)
+        stream.pending = np.concatenate((stream.pending, samples))
+
+    def _stream(self, name: str) -> _Stream:
+        if name not in self._streams:
+            raise ValueError(f"name must be an open stream, got {name!r}")
+        return self._streams[name]
+
+    def due(self) -> list[str]:
+        """The streams with a whole chunk buffered."""
+        size = self.policy.chunk_samples
+        return [name for name, stream in self._streams.items() if len(stream.pending) >= size]
+
+    @torch.inference_mode()
+    def update(self, names: Sequence[str] | None = None) -> list[Partial]:
+        """One chunk of each stream in ``names`` (default :meth:`due`), in one batch: their partials."""
+        names = self.due() if names is None else list(names)
+        size = self.policy.chunk_samples
+        streams = [self._stream(name) for name in names]
+        for stream in streams:
+            if len(stream.pending) < size:
+                raise ValueError(f"stream {stream.name!r} has {len(stream.pending)} samples buffered, under a chunk")
+        chunks = []
+        for stream in streams:
+            chunks.append(stream.pending[:size])
+            stream.pending = stream.pending[size:]
+        partials = self._decode(streams, chunks)
+        self._next_segments([stream for stream in streams if stream.closed_windows >= self.policy.segment_windows])
+        return partials
+
+    def _next_segments(self, streams: list[_Stream]) -> None:
+        """End the segments of ``streams`` at their last closed window: commit its offline text, go on after it."""
+        if not streams:
+            return
+        cut = self.policy.segment_windows * self.window_frames * HOP_LENGTH
+        heard = [np.concatenate(stream.samples) for stream in streams]
+        finals = self._finals([samples[:cut] for samples in heard])
+        for stream, samples, transcript in zip(streams, heard, finals, strict=True):
+            stream.committed.append(transcript.text)
+            self._start_segment(stream)
+            stream.pending = np.concatenate((samples[cut:], stream.pending))
+
+    def _decode(self, streams: list[_Stream], chunks: list[np.ndarray]) -> list[Partial]:
+        if not streams:
+            return []
+        model, lm = self.model, self.model.lm
+        for stream, chunk in zip(streams, chunks, strict=True):
+            stream.samples.append(chunk)
+            stream.window_frames.append(stream.features.push(chunk))
+        audio = self._open_window_inputs(streams)
+        inputs, budgets = [], []
+        for stream, (closed, open_window) in zip(streams, audio, strict=True):
+            prefix = self._prefix(stream)
+            prefix_ids = self.model.tokenizer.encode(prefix, add_special_tokens=False) if prefix else []
+            self.cache.crop(stream.slot, stream.fixed)
+            pieces = [] if stream.fixed else [self._head]  # the head goes in with the segment's first update
+            pieces += [closed, open_window, lm.embed(torch.tensor([*self.parts.tail, *prefix_ids], dtype=torch.long))]
+            inputs.append(torch.cat([piece.to(lm.dtype) for piece in pieces]))
+            stream.fixed += (0 if stream.fixed else len(self.parts.head)) + len(closed)
+            stream.raw = prefix
+            budgets.append(self.policy.fixed_tokens or self.policy.update_tokens)
+        answers = greedy(
+            lm,
+            self.cache,
+            [stream.slot for stream in streams],
+            inputs,
+            budgets,
+            model.stop_ids,
+            stop=self.policy.fixed_tokens is None,
+        )
+        partials = []
+        for stream, answer in zip(streams, answers, strict=True):
+            stream.raw += model.tokenizer.decode(answer, skip_special_tokens=True)
+            stream.tokens = tuple(answer)
+            stream.chunks += 1
+            language, text = model.parse(stream.raw, self.language)
+            stream.language = language or stream.language
+            partials.append(Partial(stream.name, self._joined(stream, text), stream.language, stream.tokens, False))
+        return partials
+
+    def _open_window_inputs(self, streams: list[_Stream]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per stream: (inputs of windows closed since its last update, inputs of its open window).
+
+        A window's frames close once ``window_frames`` of them are in; its tokens are then final.
+        """
+        bins = self.model.encoder.config.num_mel_bins
+        frames = [
+            np.concatenate([np.zeros((bins, 0), np.float32), *stream.window_frames], axis=1) for stream in streams
+        ]
+        closing = [frame.shape[1] // self.window_frames for frame in frames]
+        lengths = np.array([frame.shape[1] for frame in frames], np.int64)
+        width = max(1, int(lengths.max()))
+        batch = np.zeros((len(frames), bins, width), np.float32)
+        for row, frame in enumerate(frames):
+            batch[row, :, : frame.shape[1]] = frame
+        inputs = self.model.audio_inputs(torch.from_numpy(batch), lengths)
+        result = []
+        for stream, frame, count, tokens in zip(streams, frames, closing, inputs, strict=True):
+            split = count * self.window_tokens
+            result.append((tokens[:split], tokens[split:]))
+            stream.closed_windows += count
+            kept = frame[:, count * self.window_frames :]
+            stream.window_frames = [kept] if kept.shape[1] else []
+        return result
+
+    def _prefix(self, stream: _Stream) -> str:
+        """The text the answer starts from: the previous answer less its last tokens (the recipe's roll-back)."""
+        if stream.chunks < self.policy.unfixed_chunks or not stream.raw:
+            return ""
+        tokenizer = self.model.tokenizer
+        ids = tokenizer.encode(stream.raw, add_special_tokens=False)
+        back = self.policy.unfixed_tokens
+        while True:
+            end = max(0, len(ids) - back)
+            prefix = tokenizer.decode(ids[:end]) if end > 0 else ""
+            if REPLACEMENT_CHARACTER not in prefix or end == 0:
+                return prefix
+            back += 1
+
+    def _joined(self, stream: _Stream, text: str) -> str:
+        return " ".join(piece for piece in (*stream.committed, text) if piece)
+
+    @torch.inference_mode()
+    def finish(self, names: Sequence[str]) -> list[Partial]:
+        """End streams ``names``: each one's final text (the offline answer for its audio), slots freed."""
+        streams = [self._stream(name) for name in names]
+        signals = []
+        for stream in streams:
+            stream.samples.append(stream.pending)
+            stream.pending = np.zeros(0, np.float32)
+            signals.append(np.concatenate(stream.samples))
+        finals = self._finals(signals)
+        results = []
+        for stream, transcript in zip(streams, finals, strict=True):
+            language = transcript.language or stream.language
+            results.append(
+                Partial(stream.name, self._joined(stream, transcript.text), language, transcript.tokens, True)
+            )
+            self.cache.reset(stream.slot)
+            self._free.append(stream.slot)
+            del self._streams[stream.name]
+        return results
+
+    def _finals(self, signals: list[np.ndarray]) -> list[LLMTranscript]:
+        """The offline answers for whole segments; with ``fixed_tokens``, that many tokens per chunk of audio."""
+        policy = self.policy
+        budget = policy.final_tokens
+        if policy.fixed_tokens is not None:
+            budget = -(-max(len(signal) for signal in signals) // policy.chunk_samples) * policy.fixed_tokens
+        return self.model.transcribe(
+            signals,
+            context=self.context,
+            language=self.language,
+            max_new_tokens=max(budget, 1),
+            stop=policy.fixed_tokens is None,
+        )

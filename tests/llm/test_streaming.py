@@ -1,0 +1,158 @@
+"""Incremental streaming equals the official re-feed recipe, written here over transformers' ``generate``.
+
+The reference re-feeds all features so far and the whole prompt every
+chunk, as ``qwen-asr``'s ``streaming_transcribe`` does; the features are the
+stream's own (a streaming front end's), so the two differ only in what the
+incremental path keeps: encoder windows and the language model's cache.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from audiomask.llm import checkpoint
+from audiomask.llm.streaming import LLMStreams, StreamPolicy
+
+transformers = pytest.importorskip("transformers")
+
+UPDATE_TOKENS = 12
+
+
+class ReFeed:
+    """The recipe: every chunk, all features so far and the previous answer less its last tokens, re-decoded."""
+
+    def __init__(self, directory: Path, policy: StreamPolicy, context: str, language: str | None) -> None:
+        from transformers import AutoProcessor, Qwen3ASRForConditionalGeneration
+
+        self.processor = AutoProcessor.from_pretrained(directory)
+        self.model = Qwen3ASRForConditionalGeneration.from_pretrained(directory).eval()
+        self.policy = policy
+        messages = [
+            {"role": "system", "content": context},
+            {"role": "user", "content": [{"type": "audio", "audio": ""}]},
+        ]
+        tokenizer = self.processor.tokenizer
+        self.prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        if language is not None:
+            self.prompt += f"language {language}<asr_text>"
+        self.raw, self.chunk = "", 0
+        self.stops = set(self.model.generation_config.eos_token_id)
+
+    def prefix(self) -> str:
+        if self.chunk < self.policy.unfixed_chunks:
+            return ""
+        tokenizer = self.processor.tokenizer
+        ids = tokenizer.encode(self.raw)
+        back = self.policy.unfixed_tokens
+        while True:
+            end = max(0, len(ids) - back)
+            prefix = tokenizer.decode(ids[:end]) if end > 0 else ""
+            if "\ufffd" not in prefix or end == 0:
+                return prefix
+            back += 1
+
+    def step(self, features: np.ndarray) -> list[int]:
+        """One chunk: ``features`` ``(128, T)`` are all the stream's frames so far; the new answer's ids."""
+        prefix = self.prefix()
+        frames = features.shape[1]
+        tokens = (frames // 100) * 13 + _conv(frames % 100)
+        head, tail = (self.prompt + prefix).split("<|audio_pad|>")
+        ids = self.processor.tokenizer.encode(head + "<|audio_pad|>" * tokens + tail)
+        padded = -(-frames // 100) * 100  # transformers' encoder takes whole conv chunks, the rest masked
+        inputs = {
+            "input_ids": torch.tensor([ids]),
+            "attention_mask": torch.ones(1, len(ids), dtype=torch.long),
+            "input_features": torch.nn.functional.pad(torch.from_numpy(features), (0, padded - frames))[None],
+            "input_features_mask": (torch.arange(padded) < frames).long()[None],
+        }
+        with torch.inference_mode():
+            out = self.model.generate(**inputs, max_new_tokens=UPDATE_TOKENS, do_sample=False)
+        sequences = out.sequences if hasattr(out, "sequences") else out
+        answer = sequences[0, len(ids) :].tolist()
+        answer = answer[: next((i for i, token in enumerate(answer) if token in self.stops), len(answer))]
+        self.raw = prefix + self.processor.tokenizer.decode(answer, skip_special_tokens=True)
+        self.chunk += 1
+        return answer
+
+
+def _conv(frames: int) -> int:
+    for _ in range(3):
+        frames = (frames - 1) // 2 + 1 if frames > 0 else 0
+    return frames
+
+
+@pytest.fixture(scope="module")
+def qwen3_asr(tiny_qwen3_asr_dir: Path):
+    return checkpoint.load(tiny_qwen3_asr_dir)
+
+
+@pytest.mark.parametrize(("chunk_s", "seconds", "language"), [(2.0, 19.0, None), (1.0, 6.5, "English")])
+def test_partials_equal_the_re_feed_recipe_and_the_final_is_the_offline_answer(
+    qwen3_asr, tiny_qwen3_asr_dir: Path, speech: Callable, chunk_s: float, seconds: float, language: str | None
+) -> None:
+    policy = StreamPolicy(chunk_s=chunk_s, update_tokens=UPDATE_TOKENS, segment_windows=8, final_tokens=64)
+    streams = LLMStreams(qwen3_asr, slots=2, policy=policy, language=language)
+    reference = ReFeed(tiny_qwen3_asr_dir, policy, "", language)
+    frontend = qwen3_asr.frontend.stream()
+    signal = speech(seconds, seed=7)
+    streams.open("a")
+    features = np.zeros((128, 0), np.float32)
+    chunks = 0
+    for start in range(0, len(signal) - policy.chunk_samples + 1, policy.chunk_samples):
+        chunk = signal[start : start + policy.chunk_samples]
+        streams.feed("a", chunk)
+        (partial,) = streams.update()
+        features = np.concatenate((features, frontend.push(chunk)), axis=1)
+        assert list(partial.tokens) == reference.step(features), f"chunk {chunks}"
+        chunks += 1
+    assert chunks >= 6 and streams.cache.lengths[0] > 104  # windows were closed and kept in the cache
+    streams.feed("a", signal[chunks * policy.chunk_samples :])
+    (final,) = streams.finish(["a"])
+    offline = qwen3_asr.transcribe([signal], language=language, max_new_tokens=policy.final_tokens)[0]
+    assert final.final and final.text == offline.text and final.tokens == offline.tokens
+
+
+def test_a_stream_beside_others_equals_itself_alone(qwen3_asr, speech: Callable) -> None:
+    policy = StreamPolicy(chunk_s=1.0, update_tokens=UPDATE_TOKENS, final_tokens=40)
+    signals = {
+        name: speech(seconds, seed) for seed, (name, seconds) in enumerate((("a", 9.0), ("b", 4.0), ("c", 12.0)))
+    }
+
+    def run(names: list[str]) -> dict[str, list[tuple[int, ...]]]:
+        streams = LLMStreams(qwen3_asr, slots=4, policy=policy)
+        seen: dict[str, list[tuple[int, ...]]] = {name: [] for name in names}
+        for name in names:
+            streams.open(name)
+            streams.feed(name, signals[name])
+        while streams.due():
+            for partial in streams.update():
+                seen[partial.stream].append(partial.tokens)
+        for final in streams.finish(names):
+            seen[final.stream].append(final.tokens)
+        return seen
+
+    together = run(["c", "a", "b"])
+    for name in signals:
+        assert together[name] == run([name])[name]
+
+
+def test_long_streams_go_on_in_segments_within_the_slot(qwen3_asr, speech: Callable) -> None:
+    policy = StreamPolicy(chunk_s=2.0, update_tokens=8, segment_windows=1, final_tokens=40)
+    streams = LLMStreams(qwen3_asr, slots=1, policy=policy)
+    signal = speech(21.0, seed=3)
+    streams.open("long")
+    streams.feed("long", signal)
+    partials = []
+    while streams.due():
+        partials += streams.update()
+        assert streams.cache.lengths.max() <= streams.capacity
+    (final,) = streams.finish(["long"])
+    first = qwen3_asr.transcribe([signal[:128000]], max_new_tokens=policy.final_tokens)[0]
+    assert final.text.startswith(first.text)
+    # a segment ends once its window's frames are in (a chunk after its last sample); that chunk starts the next
+    assert len(partials) >= len(signal) // policy.chunk_samples
