@@ -67,7 +67,8 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     device_help = "auto (default: cuda when available), cpu, cuda or cuda:N"
     model_help = (
-        "a model file written by audiomask.asr.checkpoint.save_model (default: the model shipped in the package)"
+        "a model file written by audiomask.asr.checkpoint.save_model (default: the model shipped in the package), "
+        "or the directory of a Qwen3-ASR or Phi-4-multimodal checkpoint"
     )
 
     transcribe_parser = commands.add_parser(
@@ -89,6 +90,12 @@ def _parser() -> argparse.ArgumentParser:
         "--partials", action="store_true", help="show the text while each file is transcribed"
     )
     transcribe_parser.add_argument("--model", help=model_help)
+    transcribe_parser.add_argument(
+        "--context", default="", help="text an LLM recogniser is told first: names and terms it should prefer"
+    )
+    transcribe_parser.add_argument(
+        "--language", help="the language an LLM recogniser writes (a name or ISO code; default: it detects)"
+    )
     transcribe_parser.add_argument(
         "--threads",
         type=int,

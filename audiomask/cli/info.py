@@ -104,11 +104,28 @@ def _card_lines(card: dict, stages: Sequence[_Stage] = ()) -> Iterator[str]:
         yield f"{key}: {_summary(value)}"
 
 
+def _llm_lines(path: str) -> Iterator[str]:
+    """The model and streaming lines of an LLM checkpoint directory (read from its files, no weight loaded)."""
+    from audiomask.llm.checkpoint import describe
+    from audiomask.llm.streaming import StreamPolicy
+
+    described = describe(path)
+    yield "model"
+    yield f"  {'path':<12}{path}"
+    for key, value in described.items():
+        yield f"  {key:<16}{f'{value:,}' if isinstance(value, int) else value}"
+    policy = StreamPolicy()
+    yield "settings"
+    yield f"  {'chunk_ms':<12}{round(policy.chunk_s * 1000)} (a partial per chunk: --chunk-ms)"
+    yield f"  {'rollback':<12}{policy.unfixed_tokens} tokens re-decoded, none for the first {policy.unfixed_chunks} chunks"
+
+
 def _info_lines(args: argparse.Namespace) -> Iterator[str]:
     import torch
     import torchaudio
 
     from audiomask.asr.checkpoint import model_info
+    from audiomask.llm.checkpoint import is_llm_checkpoint
 
     device = pick_device(args.device, "--device")
     yield "versions"
@@ -123,6 +140,9 @@ def _info_lines(args: argparse.Namespace) -> Iterator[str]:
     yield "device"
     cuda = device.startswith("cuda")
     yield f"  {'name':<12}{device} ({torch.cuda.get_device_name(device) if cuda else f'{os.cpu_count()} cores'})"
+    if args.model is not None and is_llm_checkpoint(args.model):
+        yield from _llm_lines(args.model)
+        return
     info = model_info(args.model)
     config = info["encoder_config"]
     yield "model"

@@ -183,10 +183,32 @@ def _check_threads(threads: object) -> int:
     return threads
 
 
+def _llm_recognizer(args: argparse.Namespace, device: str) -> Any:
+    """The streaming recogniser of an LLM checkpoint directory (Qwen3-ASR, Phi-4-multimodal)."""
+    from audiomask.llm.recognizer import LLMRecognizer
+    from audiomask.llm.streaming import StreamPolicy
+
+    if args.left_chunks is not None:
+        raise ValueError(
+            f"--left-chunks is for CTC models; {args.model!r} is an LLM recogniser, got {args.left_chunks}"
+        )
+    policy = StreamPolicy() if args.chunk_ms is None else StreamPolicy(chunk_s=args.chunk_ms / 1000)
+    return LLMRecognizer.from_pretrained(
+        args.model, device, policy=policy, context=args.context, language=args.language
+    )
+
+
 def _recognizer(args: argparse.Namespace, device: str) -> Any:
     from audiomask.asr.checkpoint import load_model
     from audiomask.asr.recognizer import StreamingRecognizer
+    from audiomask.llm.checkpoint import is_llm_checkpoint
 
+    if args.model is not None and is_llm_checkpoint(args.model):
+        return _llm_recognizer(args, device)
+    if args.context or args.language is not None:
+        raise ValueError(
+            "--context and --language need an LLM checkpoint directory as --model (Qwen3-ASR, Phi-4-multimodal)"
+        )
     model = load_model(args.model)
     try:
         return StreamingRecognizer(model, device, args.chunk_ms, args.left_chunks)

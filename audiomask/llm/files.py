@@ -96,8 +96,10 @@ class CheckpointFiles:
         try:
             tokenizer = AutoTokenizer.from_pretrained(str(self.directory), local_files_only=True)
         except (OSError, ValueError, TypeError) as error:
+            first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             raise ValueError(
-                f"model {str(self.directory)!r} lacks a tokenizer transformers can read: {error}"
+                f"model {str(self.directory)!r} lacks a tokenizer transformers can read (tokenizer.json, or "
+                f"vocab.json and merges.txt, with tokenizer_config.json): {first}"
             ) from None
         if tokenizer.chat_template is None:
             raise ValueError(
