@@ -246,3 +246,56 @@ def tiny_phi4mm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def tiny_phi4mm_lora_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random Phi-4-multimodal checkpoint, untied head, with a random ``speech-lora/`` saved by peft."""
     return _save_phi4mm(tmp_path_factory.mktemp("phi4mm-lora"), seed=1, tie_word_embeddings=False, lora=True)
+
+
+# transformers' name prefix -> the original Qwen3-ASR layout's (qwen-asr's modules: the audio tower holds proj1, proj2)
+QWEN3_ASR_TO_ORIGINAL = (
+    ("model.multi_modal_projector.linear_1.", "thinker.audio_tower.proj1."),
+    ("model.multi_modal_projector.linear_2.", "thinker.audio_tower.proj2."),
+    ("model.audio_tower.", "thinker.audio_tower."),
+    ("model.language_model.", "thinker.model."),
+    ("lm_head.", "thinker.lm_head."),
+)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_asr_original_dir(tiny_qwen3_asr_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Qwen3-ASR in the original published layout (``thinker_config``, ``thinker.*`` weights), same tensors."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    directory = tmp_path_factory.mktemp("qwen3-asr-tiny-original")
+    for file in tiny_qwen3_asr_dir.iterdir():
+        if file.name not in ("config.json", "model.safetensors"):
+            shutil.copy(file, directory / file.name)
+    config = read_json(tiny_qwen3_asr_dir / "config.json")
+    text = dict(config["text_config"])
+    rope = text.pop("rope_parameters")
+    text.update(
+        model_type="qwen3_asr_text",
+        rope_theta=rope["rope_theta"],
+        rope_scaling={
+            "rope_type": "default",
+            "type": "default",
+            "mrope_section": [2, 1, 1],
+            "interleaved": True,
+        },
+    )
+    original = {
+        "architectures": ["Qwen3ASRForConditionalGeneration"],
+        "model_type": "qwen3_asr",
+        "thinker_config": {
+            "model_type": "qwen3_asr_thinker",
+            "audio_token_id": config["audio_token_id"],
+            "audio_config": {**config["audio_config"], "model_type": "qwen3_asr_audio_encoder"},
+            "text_config": text,
+        },
+    }
+    (directory / "config.json").write_text(json.dumps(original))
+    weights = {}
+    for name, tensor in load_file(tiny_qwen3_asr_dir / "model.safetensors").items():
+        prefix, target = next(pair for pair in QWEN3_ASR_TO_ORIGINAL if name.startswith(pair[0]))
+        weights[target + name[len(prefix) :]] = tensor.contiguous()
+    save_file(weights, directory / "model.safetensors")
+    return directory

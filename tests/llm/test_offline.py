@@ -97,3 +97,14 @@ def test_lm_logits_equal_transformers_qwen3_over_ragged_rows_and_steps(tiny_qwen
             for position, index in enumerate(live):
                 expected = upstream(rows[index][None, : len(first[index]) + step + 1]).logits[0, -1]
                 torch.testing.assert_close(logits[position], expected, rtol=1e-4, atol=1e-4)
+
+
+def test_the_original_layout_gives_the_tokens_of_the_transformers_layout(
+    qwen3_asr, tiny_qwen3_asr_original_dir: Path, speech: Callable
+) -> None:
+    original = checkpoint.load(tiny_qwen3_asr_original_dir)
+    assert checkpoint.describe(tiny_qwen3_asr_original_dir)["layout"].startswith("original")
+    for seconds in (0.7, 9.3):
+        signal = speech(seconds, seed=11)
+        ours, theirs = (model.transcribe([signal], max_new_tokens=MAX_NEW_TOKENS)[0] for model in (original, qwen3_asr))
+        assert ours.tokens == theirs.tokens
