@@ -1,0 +1,214 @@
+"""Qwen3-ASR's raw output parsed as upstream parses it: ``language <Name><asr_text><text>``.
+
+The model writes its language first, then the tag, then the transcription;
+on silence it writes ``language None<asr_text>``. When the language is forced,
+the prompt already ends in ``language <Name><asr_text>`` and the model writes
+the text alone. Before any parsing, upstream collapses the runaway repetitions
+a decoder can fall into (:func:`fix_repetitions`).
+
+>>> parse_output("language English<asr_text>Hello world.")
+('English', 'Hello world.')
+>>> parse_output("language None<asr_text>")
+('', '')
+>>> parse_output("Hello world.", language=language_name("en"))
+('English', 'Hello world.')
+
+The recipe is qwen-asr 0.0.6's ``parse_asr_output`` and
+``detect_and_fix_repetitions`` (``qwen_asr/inference/utils.py``, the official
+package). transformers 5.25 ports it to ``Qwen3ASRProcessor.parse_output``
+(``_parse_single_output`` in ``processing_qwen3_asr.py``) with the same
+repetition fix but a parser that differs; this module follows qwen-asr:
+
+- no language is ``""`` here and in qwen-asr, ``None`` in transformers (which
+  returns a dict ``{"language", "transcription"}``);
+- transformers first drops everything up to the first ``"assistant\\n"`` (a
+  decode that kept the chat prompt); qwen-asr does not;
+- transformers has no forced language; qwen-asr returns the forced language
+  and the whole (repetition-fixed) output as text, tag or not;
+- silence: qwen-asr takes ``language none`` anywhere before the tag, in any
+  case; transformers only a prefix that is exactly that, stripped;
+- the language: qwen-asr reads the first line before the tag that starts with
+  ``language `` and recases its value (``"ENGLISH"`` -> ``"English"``), or
+  gives ``""``; transformers reads the first non-empty line only, keeps the
+  value's case, and takes a line without ``language `` whole as the language.
+
+:func:`language_name` resolves a name in any case or a code, as transformers'
+``resolve_language`` does for the processor; it ignores surrounding spaces, as
+qwen-asr's ``normalize_language_name`` does. Standard library only: no torch.
+"""
+
+from __future__ import annotations
+
+from itertools import groupby
+
+__all__ = [
+    "ASR_TEXT_TAG",
+    "LANGUAGES",
+    "LANGUAGE_CODE_TO_NAME",
+    "LANGUAGE_PREFIX",
+    "MAX_PATTERN_LENGTH",
+    "NO_SPEECH",
+    "REPETITION_THRESHOLD",
+    "fix_repetitions",
+    "language_name",
+    "parse_output",
+]
+
+ASR_TEXT_TAG = "<asr_text>"  # ends the model's metadata; the transcription follows
+LANGUAGE_PREFIX = "language "  # starts the metadata line that names the language
+NO_SPEECH = "language none"  # the metadata (lowercased) on silence: no language, empty text
+REPETITION_THRESHOLD = 20  # a character or pattern repeated this often (a character: more) collapses to one copy
+MAX_PATTERN_LENGTH = 20  # the longest repeated pattern, in characters, that the fix looks for
+
+# The names the model was trained with (the forced-language suffix "language <Name><asr_text>" and
+# what it writes itself), keyed by ISO code: transformers 5.25's LANGUAGE_CODE_TO_NAME, the same 30
+# names as qwen-asr 0.0.6's SUPPORTED_LANGUAGES.
+LANGUAGE_CODE_TO_NAME: dict[str, str] = {
+    "ar": "Arabic",
+    "yue": "Cantonese",
+    "zh": "Chinese",
+    "cs": "Czech",
+    "da": "Danish",
+    "nl": "Dutch",
+    "en": "English",
+    "fil": "Filipino",
+    "fi": "Finnish",
+    "fr": "French",
+    "de": "German",
+    "el": "Greek",
+    "hi": "Hindi",
+    "hu": "Hungarian",
+    "id": "Indonesian",
+    "it": "Italian",
+    "ja": "Japanese",
+    "ko": "Korean",
+    "mk": "Macedonian",
+    "ms": "Malay",
+    "fa": "Persian",
+    "pl": "Polish",
+    "pt": "Portuguese",
+    "ro": "Romanian",
+    "ru": "Russian",
+    "es": "Spanish",
+    "sv": "Swedish",
+    "th": "Thai",
+    "tr": "Turkish",
+    "vi": "Vietnamese",
+}
+LANGUAGES: tuple[str, ...] = tuple(LANGUAGE_CODE_TO_NAME.values())  # the canonical names, alphabetical
+_BY_KEY = {key.lower(): name for code, name in LANGUAGE_CODE_TO_NAME.items() for key in (code, name)}
+
+
+def language_name(language: str) -> str:
+    """The model's name for ``language``, given as a name in any case or an ISO code.
+
+    >>> language_name("en"), language_name("english"), language_name(" YUE ")
+    ('English', 'English', 'Cantonese')
+    >>> language_name("Klingon")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: language='Klingon' is not one Qwen3-ASR was trained with: give a name or an ISO code, such as ...
+    """
+    name = _BY_KEY.get(language.strip().lower()) if isinstance(language, str) else None
+    if name is None:
+        raise ValueError(
+            f"language={language!r} is not one Qwen3-ASR was trained with: give a name or an ISO code, such as "
+            f"'English' or 'en', 'Chinese' or 'zh', 'Spanish' or 'es' (all {len(LANGUAGES)}: {__name__}.LANGUAGES)"
+        )
+    return name
+
+
+def _first_repetition(text: str, start: int) -> tuple[int, str, int] | None:
+    """Upstream's search in ``text[start:]``: (where, pattern, end) of the first repeated pattern, or None."""
+    n = len(text)
+    for i in range(start, n - 2 * REPETITION_THRESHOLD + 1):  # upstream stops where fewer than 40 characters remain
+        for k in range(1, MAX_PATTERN_LENGTH + 1):
+            if i + k * REPETITION_THRESHOLD > n:
+                break
+            pattern = text[i : i + k]
+            if all(text[i + r * k : i + r * k + k] == pattern for r in range(1, REPETITION_THRESHOLD)):
+                end = i + REPETITION_THRESHOLD * k
+                while end + k <= n and text[end : end + k] == pattern:
+                    end += k
+                return i, pattern, end
+    return None
+
+
+def _fix_pattern_repeats(text: str) -> str:
+    """Upstream's ``fix_pattern_repeats``, its tail recursion made a loop (no recursion limit on long outputs)."""
+    out: list[str] = []
+    start = 0  # where upstream's recursive call on the rest would begin
+    while (found := _first_repetition(text, start)) is not None:
+        i, pattern, end = found
+        out += (text[start:i], pattern)  # what came before, and one copy of the pattern
+        start = end
+    out.append(text[start:])
+    return "".join(out)
+
+
+def fix_repetitions(text: str) -> str:
+    """``text`` with runaway repetitions collapsed, as upstream does before parsing.
+
+    First a character repeated more than :data:`REPETITION_THRESHOLD` times in a
+    row becomes one; then, left to right, the first pattern of up to
+    :data:`MAX_PATTERN_LENGTH` characters repeated at least that many times
+    becomes one copy, and the rest is fixed the same way. Upstream only starts
+    a pattern where at least twice the threshold of characters remain, so a
+    repetition near the end survives. Same output as qwen-asr's
+    ``detect_and_fix_repetitions`` and transformers' ``_detect_and_fix_repetitions``.
+
+    >>> fix_repetitions("ha" * 30 + "!")
+    'ha!'
+    >>> fix_repetitions("So" + "o" * 25 + " good.")
+    'So good.'
+    >>> fix_repetitions("no no no")
+    'no no no'
+    """
+    runs = ("".join(group) for _, group in groupby(text))
+    return _fix_pattern_repeats("".join(run[0] if len(run) > REPETITION_THRESHOLD else run for run in runs))
+
+
+def parse_output(raw: str, language: str | None = None) -> tuple[str, str]:
+    """``(language, text)`` of one raw Qwen3-ASR output, as qwen-asr's ``parse_asr_output``.
+
+    ``raw`` is stripped and :func:`fix_repetitions` applied; empty, it gives
+    ``("", "")``. A forced ``language`` (any non-empty string; pass the
+    canonical :func:`language_name`, which is what the prompt held) comes back
+    as given, with that fixed output as the text (tag or not, and not stripped
+    again after the fix), as upstream does.
+    Otherwise: without :data:`ASR_TEXT_TAG` the whole output is text and the
+    language ``""``; with it, the text is what follows its first occurrence,
+    stripped; ``language none`` before it (any case) means no language; else
+    the first line before it that starts with ``language `` gives the
+    language, recased to a capital and lowercase (``"ENGLISH"`` ->
+    ``"English"``), ``""`` if there is none. The language is not checked
+    against :data:`LANGUAGES`. The module docstring lists where transformers'
+    parser differs.
+
+    >>> parse_output("language english\\n<asr_text> Bonjour. ")
+    ('English', 'Bonjour.')
+    >>> parse_output("language None<asr_text>")
+    ('', '')
+    >>> parse_output("No tag at all")
+    ('', 'No tag at all')
+    >>> parse_output("Ja" + ", ja" * 25, language="German")
+    ('German', 'Ja, ja')
+    """
+    s = raw.strip()
+    if not s:
+        return "", ""
+    s = fix_repetitions(s)
+    if language:
+        return language, s
+    if ASR_TEXT_TAG not in s:
+        return "", s.strip()
+    meta, text = s.split(ASR_TEXT_TAG, 1)
+    text = text.strip()
+    if NO_SPEECH in meta.lower():
+        return "", text
+    for line in meta.splitlines():
+        line = line.strip()
+        if line.lower().startswith(LANGUAGE_PREFIX):
+            value = line[len(LANGUAGE_PREFIX) :].strip()
+            return (value[:1].upper() + value[1:].lower() if value else ""), text
+    return "", text
