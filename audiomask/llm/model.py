@@ -5,10 +5,11 @@ through the encoder and the projector, its prompt around them, and greedy
 decoding, every utterance in its own cache slot, so an utterance's text does
 not depend on the others in the call.
 
->>> # doctest: +SKIP
->>> from audiomask.llm import load
->>> model = load("Qwen3-ASR-0.6B")
->>> model.transcribe([samples], language="en")[0].text
+Usage (with a checkpoint directory on disk)::
+
+    from audiomask.llm.checkpoint import load
+    model = load("Qwen3-ASR-0.6B", device="cuda", dtype=torch.bfloat16)
+    print(model.transcribe([samples], language="en", context="Ada Lovelace")[0].text)
 """
 
 from __future__ import annotations

@@ -6,11 +6,12 @@ shows its ``partial()`` text (updated every chunk of the
 model's offline answer for the whole utterance. Streams are driven on the
 caller's thread: an ``accept`` that completes a chunk runs that update.
 
->>> # doctest: +SKIP
->>> with LLMRecognizer.from_pretrained("Qwen3-ASR-0.6B", "cuda", language="en") as recognizer:
-...     stream = recognizer.open_stream("talk")
-...     stream.accept(samples)
-...     print(stream.finish())
+Usage (with a checkpoint directory on disk)::
+
+    with LLMRecognizer.from_pretrained("Qwen3-ASR-0.6B", "cuda", language="en") as recognizer:
+        stream = recognizer.open_stream("talk")
+        stream.accept(samples)  # partials: stream.partial()
+        print(stream.finish())
 """
 
 from __future__ import annotations
