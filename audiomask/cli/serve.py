@@ -14,6 +14,7 @@ import importlib
 import ssl
 import sys
 
+from audiomask.checks import pick_device
 from audiomask.cli.common import EXIT_USAGE
 from audiomask.serve.settings import (
     DEFAULT_DTYPE,
@@ -34,6 +35,9 @@ from audiomask.serve.settings import (
 __all__ = ["add_parser", "serve"]
 
 RAY_MODULE = "audiomask.serve.ray_serve"
+# An LLM checkpoint's connections on the CPU by default: each is a cache slot allocated at start (a 0.6B
+# Qwen3-ASR's is ~0.3 GB in float32), and a CPU decodes few streams in real time.
+DEFAULT_LLM_CONNECTIONS_CPU = 4
 
 
 def add_parser(commands: argparse._SubParsersAction, device_help: str, model_help: str) -> None:
@@ -48,20 +52,29 @@ def add_parser(commands: argparse._SubParsersAction, device_help: str, model_hel
     parser.add_argument("--host", default=LOOPBACK, help=f"address to bind (default {LOOPBACK}: this machine only)")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"TCP port (default {DEFAULT_PORT})")
     parser.add_argument("--model", help=model_help)
+    parser.add_argument(
+        "--context", default="", help="an LLM checkpoint's context: text it is told first (names, terms to prefer)"
+    )
+    parser.add_argument(
+        "--language", help="the language an LLM checkpoint writes (a name or ISO code; default: it detects)"
+    )
     parser.add_argument("--device", default="auto", help=device_help)
     parser.add_argument(
         "--dtype",
         choices=DTYPES,
         default=DEFAULT_DTYPE,
-        help=f"the model's precision (default {DEFAULT_DTYPE}; bfloat16 for large encoders on a GPU)",
+        help=f"a CTC model's precision (default {DEFAULT_DTYPE}; bfloat16 for large encoders on a GPU); an LLM "
+        "checkpoint runs in bfloat16 on CUDA, float32 on the CPU",
     )
-    parser.add_argument("--chunk-ms", type=int, help="audio per encoder chunk (default: the model's)")
+    parser.add_argument(
+        "--chunk-ms", type=int, help="audio per encoder chunk (default: the model's; an LLM checkpoint's: 2000)"
+    )
     parser.add_argument("--left-chunks", type=int, help="chunks of left context (default: the model's)")
     parser.add_argument(
         "--max-connections",
         type=int,
-        default=DEFAULT_MAX_CONNECTIONS,
-        help=f"connections served at once, one encoder slot each; more get HTTP 503 (default {DEFAULT_MAX_CONNECTIONS})",
+        help="connections served at once, one encoder slot each; more get HTTP 503 (default "
+        f"{DEFAULT_MAX_CONNECTIONS}; an LLM checkpoint's: {DEFAULT_LLM_CONNECTIONS_CPU} on the CPU)",
     )
     parser.add_argument(
         "--max-message-bytes",
@@ -161,8 +174,49 @@ def _check_tls(certfile: str | None, keyfile: str | None) -> None:
         raise ValueError(f"--certfile {certfile} / --keyfile {keyfile}: cannot be used for TLS ({error})") from None
 
 
+def _check_model_options(args: argparse.Namespace) -> bool:
+    """Whether ``--model`` is an LLM checkpoint directory; ``ValueError`` for an option its kind of model does not
+    take (the CTC model's with an LLM, ``--context``/``--language`` without one)."""
+    from audiomask.llm.checkpoint import is_llm_checkpoint
+    from audiomask.llm.serving import check_streamable
+
+    if args.model is None or not is_llm_checkpoint(args.model):
+        if args.context or args.language is not None:
+            raise ValueError("--context and --language need an LLM checkpoint directory as --model (Qwen3-ASR)")
+        return False
+    check_streamable(args.model)
+    misused = [
+        name
+        for name, given in (
+            ("--left-chunks", args.left_chunks is not None),
+            ("--frontend-workers", args.frontend_workers is not None),
+            ("--dtype", args.dtype != DEFAULT_DTYPE),
+            ("--endpoint-silence-s", args.endpoint_silence_s not in (0, DEFAULT_ENDPOINT_SILENCE_S)),
+            ("--max-segment-s", args.max_segment_s != DEFAULT_MAX_SEGMENT_S),
+        )
+        if given
+    ]
+    if misused:
+        raise ValueError(
+            f"{', '.join(misused)}: for CTC models; {args.model!r} is an LLM checkpoint (it runs in bfloat16 on "
+            "CUDA, float32 on the CPU, one segment per connection)"
+        )
+    return True
+
+
+def _max_connections(args: argparse.Namespace, llm: bool) -> int:
+    """``--max-connections``, or its default: an LLM checkpoint's cache holds every slot from the start, so fewer
+    on the CPU."""
+    if args.max_connections is not None:
+        return args.max_connections
+    if llm and pick_device(args.device, "--device") == "cpu":
+        return DEFAULT_LLM_CONNECTIONS_CPU
+    return DEFAULT_MAX_CONNECTIONS
+
+
 def serve(args: argparse.Namespace) -> int:
     """Run ``audiomask serve``; the exit status (0 after a stop signal, 2 for a bad argument)."""
+    llm = _check_model_options(args)
     settings = ServeSettings(
         host=args.host,
         port=args.port,
@@ -171,7 +225,7 @@ def serve(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         chunk_ms=args.chunk_ms,
         left_chunks=args.left_chunks,
-        max_connections=args.max_connections,
+        max_connections=_max_connections(args, llm),
         max_message_bytes=args.max_message_bytes,
         idle_timeout_s=args.idle_timeout_s,
         handshake_timeout_s=args.handshake_timeout_s,
@@ -185,6 +239,8 @@ def serve(args: argparse.Namespace) -> int:
         token=args.token,
         certfile=args.certfile,
         keyfile=args.keyfile,
+        context=args.context,
+        language=args.language,
     )
     _check_tls(settings.certfile, settings.keyfile)
     if args.ray:

@@ -111,10 +111,21 @@ def build_recognizer(settings: ServeSettings) -> StreamingRecognizer:
     ``settings.max_wait_ms`` for the other connections' (default
     :func:`default_max_wait_ms`). Raises ``ValueError`` naming the option for a
     bad model file, device or streaming setting.
+
+    An LLM checkpoint directory as ``settings.model`` gives an
+    :class:`~audiomask.llm.serving.LLMServingRecognizer` instead: the same calls over the LLM's streams.
     """
     import torch
 
     from audiomask.asr.checkpoint import load_model
+    from audiomask.llm.checkpoint import is_llm_checkpoint
+
+    if settings.model is not None and is_llm_checkpoint(settings.model):
+        from audiomask.llm.serving import build_llm_recognizer
+
+        return build_llm_recognizer(settings)  # type: ignore[return-value]  # the calls the engine makes
+    if settings.context or settings.language is not None:
+        raise ValueError("--context and --language need an LLM checkpoint directory as --model (Qwen3-ASR)")
 
     device = pick_device(settings.device, "--device")
     model = load_model(settings.model, dtype=getattr(torch, settings.dtype))
@@ -255,6 +266,8 @@ class Engine:
         if self._inbox is None:
             raise RuntimeError("the recognizer is not built yet: attach connections once the engine is READY")
         feed = self._inbox.open(name)
+        # Endpoints are token positions in a text that only grows: none where partials revise the text (LLMs).
+        endpoints = endpoints and not getattr(self._recognizer, "revises_text", False)
         segmenter = Segmenter(*(self.settings.endpoints if endpoints else (None, None)))
         with self._feeds_lock:
             self._feeds[feed] = listener

@@ -116,6 +116,8 @@ class ServeSettings:
         token: when set, a client must send ``Authorization: Bearer TOKEN`` or ``?token=TOKEN``
             (otherwise HTTP 401 at the handshake).
         certfile, keyfile: a PEM certificate and its key: serve ``wss://`` / ``https://`` (both or neither).
+        context, language: for an LLM checkpoint directory as ``model``: text the recogniser is told first,
+            and the language it writes (``None``: it detects); a CTC model takes neither.
         replica: this server's number among the replicas of ``audiomask serve --replicas N`` (``/health``
             reports it); ``None``: the only one (:mod:`audiomask.serve.launch`).
     """
@@ -141,6 +143,8 @@ class ServeSettings:
     token: str | None = None
     certfile: str | None = None
     keyfile: str | None = None
+    context: str = ""
+    language: str | None = None
     replica: int | None = None
 
     def __post_init__(self) -> None:
@@ -176,6 +180,8 @@ class ServeSettings:
             not isinstance(self.token, str) or not self.token or self.token != self.token.strip()
         ):
             raise ValueError("--token must be a non-empty string without surrounding whitespace")
+        if not isinstance(self.context, str) or not (self.language is None or isinstance(self.language, str)):
+            raise ValueError(f"--context and --language must be text, got {self.context!r}, {self.language!r}")
         if self.replica is not None:
             check_int("replica", self.replica, minimum=0)
         if (self.certfile is None) != (self.keyfile is None):

@@ -1,0 +1,503 @@
+"""An LLM recogniser behind ``audiomask serve``: :class:`LLMServingRecognizer`, what the server's engine calls.
+
+The server's :class:`~audiomask.serve.engine.Engine` drives a
+:class:`~audiomask.asr.recognizer.StreamingRecognizer` through a few calls:
+``open_stream``, ``accept_many`` (samples, and the streams that end),
+``poll``, and per stream ``transcript()``, ``token_count``, ``done``,
+``cancel()`` and ``finish(timeout)``; ``stats``, ``max_wait_s``,
+``chunk_ms``, the block sizes, ``max_streams``, ``device`` and ``close``.
+This module gives the same calls over :class:`~audiomask.llm.streaming.LLMStreams`
+(an adapter: the engine, its feeds, the sessions and the protocols run unchanged):
+
+- a *chunk* is the streaming policy's (2 s by default); a stream's blocks are
+  chunks, and an update (:meth:`LLMStreams.update`, all due streams in one
+  batch) is a *cycle* of :attr:`stats`;
+- a stream's ``transcript()`` is its latest partial, then its final: the
+  model's offline answer for the whole utterance. Its ``tokens`` are the
+  text's words (with their trailing spaces: joined, they are the text) and
+  it has no token times (an LLM gives none). A partial may rewrite its last
+  words (the recipe's roll-back), so :attr:`LLMServingRecognizer.revises_text`
+  is true and the engine makes one segment per connection (no endpoints: they
+  are token positions in a text that only grows). ``token_count`` counts the
+  text's changes: the engine reads ``transcript()`` when it moves;
+- thread safety: the engine calls from two feeder threads and a ticker.
+  ``accept_many``, ``cancel`` and ``open_stream`` only queue, under a short
+  lock; whichever thread then finds :class:`LLMStreams` free runs everything
+  due (opens, samples, cancels, finals, updates) with it held, and a thread
+  that finds it busy returns at once: the one running sees the new work
+  before it lets go. ``transcript()`` and ``token_count`` take no lock;
+- a due stream's update waits up to :attr:`max_wait_s` for the other streams'
+  chunks, so that streams out of step share updates; it runs at once when
+  every open stream is due;
+- a stream ending runs its final pass at once, in one batch with the others
+  ending then; a cancelled one frees its slot without a final pass.
+
+Usage (with a checkpoint directory on disk)::
+
+    recognizer = LLMServingRecognizer(load("Qwen3-ASR-0.6B", device="cuda", dtype=torch.bfloat16), max_streams=64)
+    stream = recognizer.open_stream("caller")
+    recognizer.accept_many([(stream, samples)], finished=[stream])
+    print(stream.transcript().text)
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import threading
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from audiomask.asr.stats import CycleTiming, RunStats
+from audiomask.asr.transcript import Transcript
+from audiomask.checks import check_int, pick_device
+from audiomask.constants import SAMPLE_RATE
+from audiomask.llm.checkpoint import load
+from audiomask.llm.files import CheckpointFiles
+from audiomask.llm.model import AudioLM
+from audiomask.llm.streaming import LLMStreams, Partial, StreamPolicy
+from audiomask.samples import as_samples
+
+if TYPE_CHECKING:
+    from audiomask.serve.settings import ServeSettings
+
+__all__ = [
+    "DEFAULT_LLM_MAX_WAIT_MS",
+    "LLMServingRecognizer",
+    "LLMServingStream",
+    "build_llm_recognizer",
+    "check_streamable",
+    "words",
+]
+
+MS_PER_S = 1000
+# A due stream's update waits at most this long for the other streams' chunks (or a chunk, if shorter): a
+# partial comes every 2 s, so 40 ms is little latency, and streams that started apart still share updates.
+DEFAULT_LLM_MAX_WAIT_MS = 40
+STREAMING_FAMILY = "qwen3_asr"  # the family LLMStreams streams
+_WORDS = re.compile(r"\S+\s*|\s+")
+
+
+def words(text: str) -> tuple[str, ...]:
+    """``text`` cut into words, each with the spaces after it (leading spaces alone): joined, they are ``text``.
+
+    >>> words("hello  world "), words(" hi"), words("")
+    (('hello  ', 'world '), (' ', 'hi'), ())
+    """
+    return tuple(_WORDS.findall(text))
+
+
+class LLMServingStream:
+    """One connection's utterance on an :class:`LLMServingRecognizer`: the calls the server makes on a stream."""
+
+    def __init__(self, recognizer: LLMServingRecognizer, name: str, key: str) -> None:
+        self.name = name
+        self._recognizer = recognizer
+        self._key = key  # its name in LLMStreams: unique, whatever names clients bring
+        self._intake: list[np.ndarray] = []  # samples accepted and not yet handed to LLMStreams
+        self._accepted = 0  # samples accepted: where the next ones start, for error messages
+        self._fed = 0  # samples handed to LLMStreams
+        self._ended = False  # its input has ended (finish, input_finished, cancel)
+        self._cancelled = False
+        self._open = False  # it holds a slot of LLMStreams
+        self._done = False  # ended, and its final text is in (or it was cancelled)
+        self._transcript = Transcript()
+        self._changes = 0
+        self._decoded = 0  # samples of the chunks decoded
+
+    def __repr__(self) -> str:
+        return f"LLMServingStream({self.name!r}, finished={self._ended})"
+
+    @property
+    def token_count(self) -> int:
+        """How many times its text has changed: :meth:`transcript` differs exactly when this moves (no lock)."""
+        return self._changes
+
+    @property
+    def decoded_s(self) -> float:
+        """Seconds of its audio decoded into partials so far (no lock)."""
+        return self._decoded / SAMPLE_RATE
+
+    @property
+    def finished(self) -> bool:
+        """Its input has ended (:meth:`finish`, :meth:`input_finished`, :meth:`cancel`)."""
+        return self._ended
+
+    @property
+    def done(self) -> bool:
+        """Ended, and :meth:`transcript` is the final text (no lock)."""
+        return self._done
+
+    def transcript(self) -> Transcript:
+        """The latest partial (``Transcript()`` before the first), then the final text (no lock)."""
+        return self._transcript
+
+    def partial(self) -> str:
+        """:meth:`transcript`'s text."""
+        return self._transcript.text
+
+    def accept(self, samples: object) -> None:
+        """Append 16 kHz mono float samples in [-1, 1]; runs the updates that are due (see the module)."""
+        (error,) = self._recognizer.accept_many([(self, samples)])
+        if error is not None:
+            raise error
+
+    def input_finished(self) -> None:
+        """No more samples will come: its final pass runs now (or with the next call, when another thread is
+        running updates); :attr:`done` once its final text is in."""
+        self._recognizer.accept_many([], finished=[self])
+
+    def cancel(self) -> None:
+        """Abandon the stream: its slot is freed at the recognizer's next call, without a final pass. Takes only
+        the short queueing lock and runs nothing, so an event loop may call it."""
+        self._recognizer._cancel(self)
+
+    def finish(self, timeout: float | None = None) -> str:
+        """End the utterance and return its final text: the model's offline answer for all its audio.
+
+        Waits for the final pass (run by this thread, or by another one running updates) at most ``timeout``
+        seconds (``None``: as long as it takes); ``RuntimeError`` when it does not come in time, the
+        recognizer was closed or stopped after an error.
+        """
+        self.input_finished()
+        self._recognizer._wait_done(self, timeout)
+        return self._transcript.text
+
+
+class LLMServingRecognizer:
+    """Streams of one LLM recogniser (:class:`~audiomask.llm.model.AudioLM`) for the server: see the module.
+
+    Args:
+        model: a Qwen3-ASR recogniser (:class:`LLMStreams` streams no other family: :func:`check_streamable`).
+        max_streams: slots of the cache: streams open at once (one per connection).
+        policy: chunk and answer lengths (:class:`~audiomask.llm.streaming.StreamPolicy`).
+        context, language: the prompt's context text and forced language (``None``: detected).
+        max_wait_ms: how long a due stream waits for the others' chunks; ``None``:
+            :data:`DEFAULT_LLM_MAX_WAIT_MS`, or the chunk if shorter.
+    """
+
+    revises_text = True  # a partial may rewrite its last words: no endpoints over its tokens
+
+    def __init__(
+        self,
+        model: AudioLM,
+        *,
+        max_streams: int,
+        policy: StreamPolicy | None = None,
+        context: str = "",
+        language: str | None = None,
+        max_wait_ms: int | None = None,
+    ) -> None:
+        self.model = model
+        self.max_streams = check_int("max_streams", max_streams, minimum=1)
+        self._streams: LLMStreams | None = LLMStreams(
+            model, max_streams, policy=policy, context=context, language=language
+        )
+        self.policy = self._streams.policy
+        if max_wait_ms is None:
+            max_wait_ms = min(self.chunk_ms, DEFAULT_LLM_MAX_WAIT_MS)
+        self.max_wait_s = check_int("max_wait_ms", max_wait_ms, minimum=0) / MS_PER_S
+        self.stats = RunStats()
+        self._lock = threading.Lock()  # the queue: streams' intake, ends, cancels, the live streams
+        self._changed = threading.Condition(self._lock)  # notified when streams are done, or on an error
+        self._work = threading.Lock()  # LLMStreams and the stats: held by the thread running what is due
+        self._epoch = 0  # counts changes to the queue: the thread running sees those made meanwhile
+        self._live: dict[str, LLMServingStream] = {}  # by key: opened and not done
+        self._due_since: dict[str, float] = {}  # by key: when its oldest due chunk came due
+        self._serial = itertools.count()
+        self._error: BaseException | None = None
+        self._closed = False
+
+    # -- what the engine reads -------------------------------------------------------------------
+
+    @property
+    def chunk_ms(self) -> int:
+        """Milliseconds of audio per chunk (a partial each)."""
+        return round(self.policy.chunk_samples * MS_PER_S / SAMPLE_RATE)
+
+    @property
+    def block_samples(self) -> int:
+        """Samples per chunk (16 kHz)."""
+        return self.policy.chunk_samples
+
+    @property
+    def first_block_samples(self) -> int:
+        """Samples of a stream's first chunk: as every other."""
+        return self.policy.chunk_samples
+
+    @property
+    def device(self) -> torch.device:
+        """Where the model runs."""
+        return self.model.device
+
+    # -- calls -----------------------------------------------------------------------------------
+
+    def open_stream(self, name: str | None = None) -> LLMServingStream:
+        """A new utterance; it takes a slot at the next run of what is due (when one is free)."""
+        self._check_usable()
+        with self._lock:
+            serial = next(self._serial)
+            name = f"stream-{serial}" if name is None else name
+            stream = LLMServingStream(self, name, f"{name}#{serial}")
+            self._live[stream._key] = stream
+            self._epoch += 1
+        return stream
+
+    def accept_many(
+        self,
+        pairs: Iterable[tuple[LLMServingStream, np.ndarray]],
+        *,
+        checked: bool = False,
+        finished: Iterable[LLMServingStream] = (),
+    ) -> list[Exception | None]:
+        """Queue each pair's samples (``checked``: ``(n,)`` float32 already checked), end the ``finished``
+        streams, then run what is due; per pair ``None`` or the error that refused its samples whole."""
+        self._check_usable()
+        pairs = list(pairs)
+        errors: list[Exception | None] = [None] * len(pairs)
+        arrays: list[np.ndarray | None] = [None] * len(pairs)
+        for index, (stream, samples) in enumerate(pairs):
+            try:
+                source = f"stream {stream.name!r}"
+                arrays[index] = (
+                    samples
+                    if checked
+                    else as_samples(f"samples for {source}", samples, source=source, offset=stream._accepted)
+                )
+            except ValueError as error:  # AudioError included
+                errors[index] = error
+        with self._lock:
+            for index, ((stream, _), array) in enumerate(zip(pairs, arrays, strict=True)):
+                if array is None:
+                    continue
+                if stream._ended:
+                    errors[index] = ValueError(f"accept after finish: stream {stream.name!r} has ended")
+                    continue
+                stream._intake.append(array)
+                stream._accepted += len(array)
+            for stream in finished:
+                stream._ended = True
+            self._epoch += 1
+        self._run()
+        return errors
+
+    def poll(self) -> int:
+        """Run what is due now (updates whose wait for the others is over); how many updates ran (0 while
+        another thread runs them)."""
+        self._check_usable()
+        return self._run()
+
+    def close(self) -> None:
+        """Drop the streams and the cache once the update in flight, if any, is over; later calls raise
+        ``RuntimeError``. Idempotent."""
+        with self._lock:
+            self._closed = True
+            self._changed.notify_all()
+        with self._work:
+            self._streams = None
+
+    def __enter__(self) -> LLMServingRecognizer:
+        return self
+
+    def __exit__(self, *args: object) -> None:
+        self.close()
+
+    # -- inside ----------------------------------------------------------------------------------
+
+    def _check_usable(self) -> None:
+        if self._error is not None:
+            raise RuntimeError(f"the recognizer stopped after an error: {self._error!r}")
+        if self._closed:
+            raise RuntimeError("the recognizer is closed")
+
+    def _cancel(self, stream: LLMServingStream) -> None:
+        with self._lock:
+            if stream._done:
+                return
+            stream._ended = stream._cancelled = True
+            stream._intake.clear()
+            self._epoch += 1
+
+    def _wait_done(self, stream: LLMServingStream, timeout: float | None) -> None:
+        with self._changed:
+            self._changed.wait_for(lambda: stream._done or self._error is not None or self._closed, timeout)
+        if stream._done:
+            return
+        self._check_usable()
+        raise RuntimeError(f"stream {stream.name!r} did not get its final text within {timeout} s")
+
+    def _run(self) -> int:
+        """Run what is due with :class:`LLMStreams` held, again while the queue changed meanwhile; returns at
+        once, 0, when another thread holds it (that thread sees this one's changes)."""
+        ran = 0
+        while self._work.acquire(blocking=False):
+            try:
+                with self._lock:
+                    seen = self._epoch
+                if self._streams is not None:
+                    ran += self._drain(self._streams)
+            except BaseException as error:
+                with self._lock:
+                    self._error = error
+                    self._changed.notify_all()
+                raise
+            finally:
+                self._work.release()
+            with self._lock:
+                if self._epoch == seen:
+                    break
+        return ran
+
+    def _take(self) -> tuple[list[str], list[str], list[tuple[str, np.ndarray]], list[LLMServingStream]]:
+        """Under the queue's lock: keys to drop (cancelled), keys to open, samples to hand over, streams ending."""
+        drop, opening, samples, ending = [], [], [], []
+        for key, stream in list(self._live.items()):
+            if stream._cancelled:
+                del self._live[key]
+                stream._done = True
+                if stream._open:
+                    drop.append(key)
+        free = self.max_streams - sum(stream._open for stream in self._live.values())
+        for key, stream in self._live.items():
+            if not stream._open:
+                if not free:
+                    continue  # waits for a slot
+                free -= 1
+                stream._open = True
+                opening.append(key)
+            if stream._intake:
+                pieces, stream._intake = stream._intake, []
+                array = np.concatenate(pieces) if len(pieces) > 1 else pieces[0]
+                samples.append((key, array))
+                stream._fed += len(array)
+            if stream._ended:
+                ending.append(stream)
+        return drop, opening, samples, ending
+
+    def _drain(self, streams: LLMStreams) -> int:
+        """With :class:`LLMStreams` held: everything due, then updates for as long as they are due."""
+        updates = 0
+        while True:
+            with self._lock:
+                drop, opening, samples, ending = self._take()
+            for key in drop:
+                self._drop(streams, key)
+            for key in opening:
+                streams.open(key)
+            for key, array in samples:
+                streams.feed(key, array)
+            if ending:
+                self._finish(streams, ending)
+            due = self._due(streams)
+            if not due:
+                return updates
+            started = time.perf_counter()
+            partials = streams.update(due)
+            self._record(len(due), time.perf_counter() - started, len(due) * self.policy.chunk_samples)
+            self._publish(partials)
+            updates += 1
+
+    def _due(self, streams: LLMStreams) -> list[str]:
+        """The streams to update now: all due ones, once each open stream is due or the oldest has waited
+        :attr:`max_wait_s`; else none."""
+        due = streams.due()
+        now = time.monotonic()
+        self._due_since = {key: self._due_since.get(key, now) for key in due}
+        if not due:
+            return []
+        if len(due) == len(streams) or now - min(self._due_since.values()) >= self.max_wait_s:
+            return due
+        return []
+
+    def _finish(self, streams: LLMStreams, ending: list[LLMServingStream]) -> None:
+        """The final passes of ``ending``, in one batch (a stream that got no samples ends with no text)."""
+        heard = [stream for stream in ending if stream._fed]
+        for stream in ending:
+            if not stream._fed:
+                self._drop(streams, stream._key)
+        started = time.perf_counter()
+        finals = streams.finish([stream._key for stream in heard]) if heard else []
+        if heard:
+            self._record(len(heard), time.perf_counter() - started, sum(stream._fed for stream in heard))
+        texts = {final.stream: final.text for final in finals}
+        with self._lock:
+            for stream in ending:
+                self._set_text(stream, texts.get(stream._key, ""))
+                stream._done = True
+                self._live.pop(stream._key, None)
+                self._due_since.pop(stream._key, None)
+            self._changed.notify_all()
+
+    def _publish(self, partials: list[Partial]) -> None:
+        with self._lock:
+            for partial in partials:
+                stream = self._live.get(partial.stream)
+                if stream is not None:
+                    stream._decoded += self.policy.chunk_samples
+                    self._set_text(stream, partial.text)
+
+    @staticmethod
+    def _set_text(stream: LLMServingStream, text: str) -> None:
+        if text != stream._transcript.text:
+            stream._transcript = Transcript(text, words(text), ())
+            stream._changes += 1
+
+    def _record(self, count: int, seconds: float, samples: int) -> None:
+        timing = CycleTiming(self.stats.count, count, 0.0, 0.0, seconds, 0.0, audio_s=samples / SAMPLE_RATE)
+        self.stats.record(timing)
+
+    @staticmethod
+    def _drop(streams: LLMStreams, key: str) -> None:
+        """Free stream ``key``'s slot without a final pass: what :meth:`LLMStreams.finish` does after its pass
+        (LLMStreams has no call for it)."""
+        stream = streams._streams.pop(key)
+        streams.cache.reset(stream.slot)
+        streams._free.append(stream.slot)
+
+
+def check_streamable(path: str | Path) -> None:
+    """``ValueError`` unless the LLM checkpoint directory ``path`` is of a family that streams (Qwen3-ASR): a
+    Phi-4-multimodal encoder attends over the whole utterance, so no chunk gives a partial (read from config.json,
+    no weight loaded)."""
+    family = CheckpointFiles(path).model_type
+    if family != STREAMING_FAMILY:
+        raise ValueError(
+            f"--model {path}: a {family} checkpoint does not stream (its encoder attends over the whole utterance); "
+            f"audiomask serve takes {STREAMING_FAMILY} checkpoints"
+        )
+
+
+def build_llm_recognizer(settings: ServeSettings) -> LLMServingRecognizer:
+    """The recogniser of the LLM checkpoint directory ``settings.model``, for the server.
+
+    bfloat16 on CUDA, float32 on the CPU; ``settings.chunk_ms``: the policy's chunk (default 2 s);
+    ``max_connections`` slots; ``context``, ``language`` and ``max_wait_ms`` as given. The CTC
+    options do not apply: ``left_chunks`` is refused, ``frontend_workers`` unused (the update's thread
+    computes the features), and ``dtype`` follows the device. Raises ``ValueError`` naming the option.
+    """
+    if settings.left_chunks is not None:
+        raise ValueError(f"--left-chunks is for CTC models; {settings.model!r} is an LLM recogniser")
+    check_streamable(str(settings.model))
+    device = pick_device(settings.device, "--device")
+    try:
+        policy = StreamPolicy() if settings.chunk_ms is None else StreamPolicy(chunk_s=settings.chunk_ms / MS_PER_S)
+    except ValueError as error:
+        raise ValueError(f"--chunk-ms: {error}") from None
+    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    model = load(str(settings.model), device=device, dtype=dtype)
+    try:
+        return LLMServingRecognizer(
+            model,
+            max_streams=settings.max_connections,
+            policy=policy,
+            context=settings.context,
+            language=settings.language,
+            max_wait_ms=settings.max_wait_ms,
+        )
+    except ValueError as error:
+        raise ValueError(f"--model {settings.model}: {error}") from None
