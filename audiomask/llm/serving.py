@@ -386,7 +386,7 @@ class LLMServingRecognizer:
             with self._lock:
                 drop, opening, samples, ending = self._take()
             for key in drop:
-                self._drop(streams, key)
+                streams.drop(key)
             for key in opening:
                 streams.open(key)
             for key, array in samples:
@@ -419,7 +419,7 @@ class LLMServingRecognizer:
         heard = [stream for stream in ending if stream._fed]
         for stream in ending:
             if not stream._fed:
-                self._drop(streams, stream._key)
+                streams.drop(stream._key)
         started = time.perf_counter()
         finals = streams.finish([stream._key for stream in heard]) if heard else []
         if heard:
@@ -450,14 +450,6 @@ class LLMServingRecognizer:
     def _record(self, count: int, seconds: float, samples: int) -> None:
         timing = CycleTiming(self.stats.count, count, 0.0, 0.0, seconds, 0.0, audio_s=samples / SAMPLE_RATE)
         self.stats.record(timing)
-
-    @staticmethod
-    def _drop(streams: LLMStreams, key: str) -> None:
-        """Free stream ``key``'s slot without a final pass: what :meth:`LLMStreams.finish` does after its pass
-        (LLMStreams has no call for it)."""
-        stream = streams._streams.pop(key)
-        streams.cache.reset(stream.slot)
-        streams._free.append(stream.slot)
 
 
 def check_streamable(path: str | Path) -> None:

@@ -328,10 +328,14 @@ class LLMStreams:
             results.append(
                 Partial(stream.name, self._joined(stream, transcript.text), language, transcript.tokens, True)
             )
-            self.cache.reset(stream.slot)
-            self._free.append(stream.slot)
-            del self._streams[stream.name]
+            self.drop(stream.name)
         return results
+
+    def drop(self, name: str) -> None:
+        """End stream ``name`` without a final (its client went away): its slot is free at once."""
+        stream = self._streams.pop(self._stream(name).name)
+        self.cache.reset(stream.slot)
+        self._free.append(stream.slot)
 
     def _finals(self, signals: list[np.ndarray]) -> list[LLMTranscript]:
         """The offline answers for whole segments; with ``fixed_tokens``, that many tokens per chunk of audio."""
