@@ -1,0 +1,543 @@
+"""The LLM streaming benchmark's parts: Qwen3-ASR at its real sizes with random weights, and what drives it.
+
+Used by ``scripts/bench_llm.py`` (the sections, the report): nothing here is
+part of :mod:`audiomask`.
+
+- :func:`build_model`: an :class:`~audiomask.llm.model.AudioLM` of
+  :data:`SIZES` (Qwen3-ASR-0.6B, -1.7B, or a tiny stand-in for CPU smoke
+  runs), random weights (normal, std 0.02), no checkpoint; its tokenizer is
+  :class:`BenchTokenizer` (Qwen3-ASR's prompt and special ids, no vocabulary files).
+- :class:`BenchStreams`: :class:`~audiomask.llm.streaming.LLMStreams` that can
+  start a stream's next utterance without the final pass (``restart``) and
+  count its front end's time; :class:`ReFeedStreams`: the official
+  ``qwen-asr`` re-feed recipe over the same model code (every update encodes
+  all the utterance's features and prefills the whole prompt again).
+- :class:`Driver`: streams in real time (chunks due on a clock, phases spread
+  over a chunk) for capacity runs (``scripts/bench_llm.py`` searches the most
+  streams whose p99 partial latency stays under the chunk); :func:`one_stream` and
+  :class:`Probe`: one stream's updates, timed (encoder and decoder apart on a
+  GPU by CUDA events) and counted (encoder frames, prefill tokens).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import time
+import zlib
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from audiomask.bench.signals import OFFSET_SPAN, noise, stream_offsets
+from audiomask.bench.timing import MS_PER_S, percentiles
+from audiomask.constants import SAMPLE_RATE
+from audiomask.llm.generate import greedy
+from audiomask.llm.lm import CausalLM, LMConfig
+from audiomask.llm.model import AudioLM
+from audiomask.llm.qwen3_asr import Qwen3ASRProjector, qwen3_asr_prompt, qwen3_asr_text
+from audiomask.llm.streaming import DEFAULT_UNFIXED_TOKENS, LLMStreams, Partial
+from audiomask.models import Qwen3ASRConfig, Qwen3ASREncoder
+from audiomask.streaming import default_frontend
+
+__all__ = [
+    "SIZES",
+    "BenchStreams",
+    "BenchTokenizer",
+    "Driver",
+    "Probe",
+    "ReFeedStreams",
+    "build_model",
+    "fixed_tokens",
+    "one_stream",
+]
+
+# Qwen3-ASR's released sizes. The 1.7B's are transformers' Qwen3ASRConfig defaults (5.25: audio_config 24 layers,
+# 16 heads, ffn 4096, d_model 1024, downsample_hidden_size 480; text_config 2048 hidden, 28 layers, 16 heads, 8 kv
+# heads, head_dim 128, intermediate 6144, tied) with Qwen3Config's vocab_size 151936, and output_dim 2048 (its
+# checkpoint's config.json; transformers' default, 3584, is no released size). The 0.6B's: the Qwen/Qwen3-ASR-0.6B
+# config.json as public ports list it (ivan-digital/qwen3-asr-swift docs/asr-model.md: encoder 896 / 18 layers /
+# 14 heads / ffn 3584, output_dim 1024; a C port's model reference: text 1024 hidden, 28 layers, 16 heads, 8 kv,
+# head_dim 128, intermediate 3072, vocab 151936, tied, rope theta 1e6, the Qwen/Qwen3-0.6B config.json's decoder),
+# as audiomask.bench.models.QWEN3_ASR_06B (its encoder). max_position_embeddings 65536: transformers' text default.
+_QWEN3_TEXT = dict(num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128)
+_QWEN3_TEXT.update(vocab_size=151936, tie_word_embeddings=True, max_position_embeddings=65536)
+_QWEN3_TEXT.update(rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0})
+SIZES: dict[str, dict[str, Any]] = {
+    "0.6b": {
+        "audio": dict(encoder_layers=18, encoder_attention_heads=14, encoder_ffn_dim=3584, d_model=896),
+        "output_dim": 1024,
+        "text": dict(_QWEN3_TEXT, hidden_size=1024, intermediate_size=3072),
+    },
+    "1.7b": {
+        "audio": dict(encoder_layers=24, encoder_attention_heads=16, encoder_ffn_dim=4096, d_model=1024),
+        "output_dim": 2048,
+        "text": dict(_QWEN3_TEXT, hidden_size=2048, intermediate_size=6144),
+    },
+    "tiny": {  # every code path, CPU-cheap: a smoke test, not a measurement
+        "audio": dict(
+            encoder_layers=2, encoder_attention_heads=2, encoder_ffn_dim=48, d_model=32, downsample_hidden_size=4
+        ),
+        "output_dim": 32,
+        "text": dict(_QWEN3_TEXT, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+        | dict(vocab_size=512, hidden_size=32, intermediate_size=64, max_position_embeddings=4096),
+    },
+}
+INIT_STD = 0.02  # random weights: normal(0, 0.02) matrices, zero biases, unit norms
+TOKENS_PER_S = 4  # an update's answer beyond the rolled-back tokens: about 4 tokens per second of new audio
+GOLDEN = 0.6180339887498949  # stream i's phase: frac(i * GOLDEN) of a chunk, even over any first n streams
+LEAD_S = 0.05  # an episode's first chunk is due this long after it starts
+
+# Qwen3-ASR's special tokens and their ids in its tokenizer; "<asr_text>" is added, not special.
+QWEN3_SPECIAL_IDS = {
+    "<|endoftext|>": 151643,
+    "<|im_start|>": 151644,
+    "<|im_end|>": 151645,
+    "<|audio_start|>": 151669,
+    "<|audio_end|>": 151670,
+    "<|audio_pad|>": 151676,
+}
+ASR_TEXT = ("<asr_text>", 151704)
+STOP_TOKENS = ("<|endoftext|>", "<|im_end|>")
+CODEPOINT_BASE = 0x10000  # decode writes id i as chr(CODEPOINT_BASE + i): one character, never U+FFFD
+
+
+def fixed_tokens(chunk_s: float) -> int:
+    """Tokens every update decodes: the rolled-back ones plus about 4 per second of new audio (13 at 2 s)."""
+    return DEFAULT_UNFIXED_TOKENS + round(TOKENS_PER_S * chunk_s)
+
+
+class BenchTokenizer:
+    """Qwen3-ASR's chat template and special ids over ``vocab_size`` ids, without vocabulary files.
+
+    ``decode`` writes a plain id ``i`` as the one character ``chr(0x10000 + i)`` (special ids as their
+    text, or nothing with ``skip_special_tokens``), so ``encode(decode(ids)) == ids``: an answer of n
+    tokens re-encodes to n tokens and the recipe's roll-back cuts where the model's tokens were, as with
+    the real tokenizer. ``encode`` takes special and added tokens whole, a run of ASCII letters as one id
+    and any other character as one id, so that the prompt around the audio has the real tokenizer's
+    counts (head 9, tail 6). The special ids are Qwen3-ASR's where the vocabulary holds them, else its top ids.
+
+    >>> tokenizer = BenchTokenizer(151936)
+    >>> parts = qwen3_asr_prompt(tokenizer, "", None)
+    >>> len(parts.head), len(parts.tail), parts.head[0], parts.tail[0]
+    (9, 6, 151644, 151670)
+    >>> tokenizer.encode(tokenizer.decode([5, 151645, 70000]))
+    [5, 151645, 70000]
+    """
+
+    def __init__(self, vocab_size: int) -> None:
+        named = {**QWEN3_SPECIAL_IDS, ASR_TEXT[0]: ASR_TEXT[1]}
+        if vocab_size <= max(named.values()):
+            named = {token: vocab_size - len(named) + index for index, token in enumerate(named)}
+        self.vocab_size = vocab_size
+        self.ids = named
+        self.special = frozenset(named[token] for token in QWEN3_SPECIAL_IDS)
+        self.text = {index: token for token, index in named.items()}
+        self.plain = min(named.values())  # ids below are plain: prompt words hash into them
+        pieces = sorted(named, key=len, reverse=True)
+        self._pattern = re.compile("|".join(map(re.escape, pieces)) + r"|[A-Za-z]+|.", re.DOTALL)
+
+    def __len__(self) -> int:
+        return self.vocab_size
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        ids = []
+        for piece in self._pattern.findall(text):
+            known = self.ids.get(piece)
+            if known is None:
+                code = ord(piece[0]) - CODEPOINT_BASE
+                plain = len(piece) == 1 and 0 <= code < self.vocab_size and code not in self.text
+                known = code if plain else zlib.crc32(piece.encode()) % self.plain
+            ids.append(known)
+        return ids
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        out = []
+        for index in ids:
+            index = int(index)
+            if index in self.text:
+                if not (skip_special_tokens and index in self.special):
+                    out.append(self.text[index])
+            else:
+                out.append(chr(CODEPOINT_BASE + index))
+        return "".join(out)
+
+    def apply_chat_template(
+        self, messages: Sequence[dict], add_generation_prompt: bool = False, tokenize: bool = False, **_: object
+    ) -> str | list[int]:
+        """The released Qwen3-ASR template's text for system and user turns (audio and text items)."""
+        text = ""
+        for message in messages:
+            content = message["content"]
+            if message["role"] == "system":
+                text += f"<|im_start|>system\n{content if isinstance(content, str) else ''}<|im_end|>\n"
+            elif message["role"] == "user":
+                items = [{"type": "text", "text": content}] if isinstance(content, str) else content
+                body = "".join(
+                    "<|audio_start|><|audio_pad|><|audio_end|>" if item["type"] == "audio" else item.get("text", "")
+                    for item in items
+                )
+                text += f"<|im_start|>user\n{body}<|im_end|>\n"
+            else:
+                raise ValueError(f"role must be 'system' or 'user', got {message['role']!r}")
+        if add_generation_prompt:
+            text += "<|im_start|>assistant\n"
+        return self.encode(text) if tokenize else text
+
+
+def _randomize(module: torch.nn.Module, std: float) -> None:
+    with torch.no_grad():
+        for name, parameter in module.named_parameters():
+            if parameter.dim() >= 2:
+                parameter.normal_(0.0, std)
+            elif name.endswith("bias"):
+                parameter.zero_()
+
+
+def build_model(
+    size: str, device: torch.device | str, dtype: torch.dtype, seed: int = 0, std: float = INIT_STD
+) -> AudioLM:
+    """Qwen3-ASR of :data:`SIZES` ``size``, random weights (``std``), on ``device`` in ``dtype`` (as ``qwen3_asr.build``)."""
+    from transformers import Qwen3Config
+
+    spec = SIZES[size]
+    torch.manual_seed(seed)
+    with torch.device(device):  # made where they run: a 0.6B model's weights are never on the host
+        encoder = Qwen3ASREncoder(Qwen3ASRConfig(**spec["audio"]))
+        projector = Qwen3ASRProjector(encoder.output_size, spec["output_dim"])
+        lm = CausalLM(LMConfig.from_transformers(Qwen3Config(**spec["text"]), qk_norm=True))
+    for module in (encoder, projector, lm):
+        _randomize(module, std)
+        module.to(device=device, dtype=dtype).eval()
+    tokenizer = BenchTokenizer(lm.config.vocab_size)
+    return AudioLM(
+        family="qwen3_asr",
+        encoder=encoder,
+        projector=projector,
+        lm=lm,
+        tokenizer=tokenizer,
+        frontend=default_frontend(encoder),
+        prompt=lambda context, language: qwen3_asr_prompt(tokenizer, context, language),
+        parse=qwen3_asr_text,
+        stop_ids=frozenset(tokenizer.ids[token] for token in STOP_TOKENS),
+        description={"size": size, "random_weights": True},
+    )
+
+
+class _TimedFeatures:
+    """A stream's front end whose ``push`` seconds are added to ``seconds[0]`` (its owner's, without a cycle)."""
+
+    def __init__(self, inner: Any, seconds: list[float]) -> None:
+        self.inner, self.seconds = inner, seconds
+
+    def push(self, samples: np.ndarray) -> np.ndarray:
+        began = time.perf_counter()
+        frames = self.inner.push(samples)
+        self.seconds[0] += time.perf_counter() - began
+        return frames
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+class BenchStreams(LLMStreams):
+    """:class:`LLMStreams` with :meth:`restart` (a stream's next utterance, no final pass), :meth:`close` (a stream
+    ended without it) and ``frontend_s``: seconds in the streams' front ends (host), over all updates."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._frontend = [0.0]
+        super().__init__(*args, **kwargs)
+
+    @property
+    def frontend_s(self) -> float:
+        return self._frontend[0]
+
+    def _start_segment(self, stream: Any) -> None:
+        super()._start_segment(stream)
+        stream.features = _TimedFeatures(stream.features, self._frontend)
+
+    def restart(self, name: str) -> None:
+        """Start stream ``name``'s next utterance in its slot, its audio dropped (finals are not measured)."""
+        stream = self._stream(name)
+        self._start_segment(stream)
+        stream.pending = np.zeros(0, np.float32)
+
+    def close(self, name: str) -> None:
+        """End stream ``name`` without its final pass: its slot emptied and freed."""
+        stream = self._stream(name)
+        del self._streams[name]
+        self.cache.reset(stream.slot)
+        self._free.append(stream.slot)
+
+    def answer_length(self, updates: int) -> int:
+        """Tokens of a stream's answer after ``updates`` updates of this policy (``fixed_tokens`` each)."""
+        policy, length = self.policy, 0
+        for update in range(updates):
+            kept = max(0, length - policy.unfixed_tokens) if update >= policy.unfixed_chunks else 0
+            length = kept + (policy.fixed_tokens or policy.update_tokens)
+        return length
+
+
+class ReFeedStreams(BenchStreams):
+    """The ``qwen-asr`` re-feed recipe on the same model code: every update encodes all the utterance's features
+    and prefills the whole prompt (head, all audio tokens, tail, rolled-back prefix) into an emptied slot.
+
+    The features are the streaming front end's, each frame computed once (the recipe recomputes them too,
+    so this is a lower bound of its cost); policy, prefix and decoding are :class:`LLMStreams`'.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._frames: dict[str, list[np.ndarray]] = {}
+        super().__init__(*args, **kwargs)
+
+    def _start_segment(self, stream: Any) -> None:
+        super()._start_segment(stream)
+        self._frames[stream.name] = []
+
+    def close(self, name: str) -> None:
+        super().close(name)
+        del self._frames[name]
+
+    def _decode(self, streams: list[Any], chunks: list[np.ndarray]) -> list[Partial]:
+        if not streams:
+            return []
+        model, lm = self.model, self.model.lm
+        frames = []
+        for stream, chunk in zip(streams, chunks, strict=True):
+            self._frames[stream.name].append(stream.features.push(chunk))
+            frames.append(np.concatenate(self._frames[stream.name], axis=1))
+        lengths = np.array([frame.shape[1] for frame in frames], np.int64)
+        batch = np.zeros((len(frames), frames[0].shape[0], max(1, int(lengths.max()))), np.float32)
+        for row, frame in enumerate(frames):
+            batch[row, :, : frame.shape[1]] = frame
+        audio = model.audio_inputs(torch.from_numpy(batch), lengths)
+        inputs = []
+        for stream, tokens in zip(streams, audio, strict=True):
+            prefix = self._prefix(stream)
+            prefix_ids = model.tokenizer.encode(prefix, add_special_tokens=False) if prefix else []
+            self.cache.reset(stream.slot)
+            tail = lm.embed(torch.tensor([*self.parts.tail, *prefix_ids], dtype=torch.long))
+            inputs.append(torch.cat([piece.to(lm.dtype) for piece in (self._head, tokens, tail)]))
+            stream.raw = prefix
+        budget = self.policy.fixed_tokens or self.policy.update_tokens
+        stop = self.policy.fixed_tokens is None
+        answers = greedy(lm, self.cache, [s.slot for s in streams], inputs, budget, model.stop_ids, stop=stop)
+        partials = []
+        for stream, answer in zip(streams, answers, strict=True):
+            stream.raw += model.tokenizer.decode(answer, skip_special_tokens=True)
+            stream.tokens = tuple(answer)
+            stream.chunks += 1
+            language, text = model.parse(stream.raw, self.language)
+            stream.language = language or stream.language
+            partials.append(Partial(stream.name, self._joined(stream, text), stream.language, stream.tokens, False))
+        return partials
+
+
+class Probe:
+    """Per update of one :class:`AudioLM`: encoder (with projector) and decoder time, by CUDA events on a GPU
+    (device time of their kernels) or the host clock on a CPU; encoder frames (real and padded), prefill
+    tokens (the update's first language-model call) and decode steps (its later calls)."""
+
+    def __init__(self, model: AudioLM) -> None:
+        self.cuda = model.device.type == "cuda"
+        self.handles = [
+            model.encoder.register_forward_pre_hook(self._encoder_start),
+            model.projector.register_forward_hook(self._encoder_end),
+            model.lm.register_forward_pre_hook(self._lm_start),
+            model.lm.register_forward_hook(self._lm_end),
+        ]
+        self.begin()
+
+    def close(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+    def begin(self) -> None:
+        self.encoder, self.decoder = [], []
+        self.counts = {"encoder_frames": 0, "encoder_frames_padded": 0, "prefill_tokens": 0, "decode_steps": 0}
+
+    def _mark(self) -> Any:
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def _encoder_start(self, module: Any, args: tuple) -> None:
+        features, lengths = args[0], np.asarray(args[1])
+        self.counts["encoder_frames"] += int(lengths.sum())
+        self.counts["encoder_frames_padded"] += int(features.shape[0] * features.shape[2])
+        self.encoder.append([self._mark(), None])
+
+    def _encoder_end(self, module: Any, args: tuple, output: Any) -> None:
+        self.encoder[-1][1] = self._mark()
+
+    def _lm_start(self, module: Any, args: tuple) -> None:
+        if self.decoder:
+            self.counts["decode_steps"] += 1
+        else:
+            self.counts["prefill_tokens"] += int(np.asarray(args[2]).sum())
+        self.decoder.append([self._mark(), None])
+
+    def _lm_end(self, module: Any, args: tuple, output: Any) -> None:
+        self.decoder[-1][1] = self._mark()
+
+    def _ms(self, pairs: list) -> float:
+        if self.cuda:
+            return float(sum(start.elapsed_time(end) for start, end in pairs))
+        return float(sum(end - start for start, end in pairs) * MS_PER_S)
+
+    def end(self) -> dict:
+        """This update's ``encoder_ms``, ``decoder_ms`` and counts (waits for the device)."""
+        if self.cuda:
+            torch.cuda.synchronize()
+        return {"encoder_ms": self._ms(self.encoder), "decoder_ms": self._ms(self.decoder), **self.counts}
+
+
+def _synchronize(model: AudioLM) -> None:
+    if model.device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def one_stream(streams: BenchStreams, seconds: float, *, probe: bool = False, seed: int = 0) -> list[dict]:
+    """One stream through ``seconds`` of audio, an update per chunk back to back: per update ``audio_s`` and
+    ``host_ms`` (chunk fed -> partial returned, the latency of a stream alone), with :class:`Probe`'s fields
+    when ``probe``. The stream is finished without its final pass (its slot emptied)."""
+    size = streams.policy.chunk_samples
+    chunks = max(1, round(seconds / streams.policy.chunk_s))
+    signal = noise(chunks * size, seed)
+    name = f"one-{seed}"
+    streams.open(name)
+    probing = Probe(streams.model) if probe else None
+    rows = []
+    try:
+        for index in range(chunks):
+            if probing:
+                probing.begin()
+            _synchronize(streams.model)
+            began = time.perf_counter()
+            streams.feed(name, signal[index * size : (index + 1) * size])
+            streams.update([name])
+            row = {"update": index + 1, "audio_s": round((index + 1) * size / SAMPLE_RATE, 3)}
+            row["host_ms"] = (time.perf_counter() - began) * MS_PER_S
+            if probing:
+                row.update(probing.end())
+            rows.append(row)
+    finally:
+        if probing:
+            probing.close()
+        streams.close(name)
+    return rows
+
+
+class Driver:
+    """Streams of ``utterance_s``-long utterances in real time on one :class:`BenchStreams`.
+
+    Stream ``i`` reads a shared noise signal from its own offset; its chunks are due every ``chunk_s`` at
+    phase ``frac(i * golden ratio) * chunk_s``; at its utterance's end it restarts (:meth:`BenchStreams.restart`).
+    New streams are first run, flat out and untimed, to a random position in their utterance, so that a
+    measured level holds streams at every point of their utterances, as a server's would.
+    """
+
+    def __init__(self, streams: BenchStreams, utterance_s: float, seed: int = 0) -> None:
+        self.streams = streams
+        self.size = streams.policy.chunk_samples
+        self.chunk_s = streams.policy.chunk_s
+        self.utterance_chunks = max(1, round(utterance_s / self.chunk_s))
+        self.source = noise(OFFSET_SPAN + self.utterance_chunks * self.size, seed)
+        self.rng = np.random.default_rng(seed)
+        self.names: list[str] = []
+        self.positions: list[int] = []
+        self.offsets = np.zeros(0, np.int64)
+
+    def _feed(self, index: int) -> None:
+        start = int(self.offsets[index]) + self.positions[index] * self.size
+        self.streams.feed(self.names[index], self.source[start : start + self.size])
+        self.positions[index] += 1
+
+    def _after(self, index: int) -> None:
+        if self.positions[index] >= self.utterance_chunks:
+            self.streams.restart(self.names[index])
+            self.positions[index] = 0
+
+    def grow(self, count: int) -> float:
+        """Open streams up to ``count`` and run the new ones to random points of their utterances; seconds spent.
+
+        The run decodes one token an update (a prefill, no decoding steps); then each new stream's answer so far
+        is set to random tokens as many as the policy's updates would have made, so that its next prefixes
+        have their steady lengths. What an update keeps (head, closed windows, open window) is the real one's.
+        """
+        began = time.perf_counter()
+        streams, new = self.streams, list(range(len(self.names), count))
+        for index in new:
+            self.names.append(f"s{index}")
+            self.positions.append(0)
+            streams.open(self.names[index])
+        self.offsets = stream_offsets(len(self.names), OFFSET_SPAN)
+        targets = self.rng.integers(0, self.utterance_chunks, size=len(new))
+        policy = streams.policy
+        streams.policy = dataclasses.replace(policy, fixed_tokens=1)
+        try:
+            for step in range(int(targets.max(initial=0))):
+                batch = [index for index, target in zip(new, targets) if target > step]
+                for index in batch:
+                    self._feed(index)
+                streams.update([self.names[index] for index in batch])
+        finally:
+            streams.policy = policy
+        tokenizer = streams.model.tokenizer
+        for index, target in zip(new, targets):
+            tokens = self.rng.integers(0, tokenizer.plain, streams.answer_length(int(target)))
+            streams._stream(self.names[index]).raw = tokenizer.decode(tokens.tolist()) if target else ""
+        return time.perf_counter() - began
+
+    def episode(self, count: int, warm_s: float, measure_s: float, abort_lag_s: float) -> dict:
+        """Streams ``0 .. count - 1`` in real time for ``warm_s + measure_s``: latencies of chunks due after ``warm_s``.
+
+        A partial's latency: its chunk's last sample due -> its partial returned. Each loop feeds every
+        stream whose chunk is due and updates them in one call; it ends once no chunk is due before the
+        end, or (failed) once a due chunk waits over ``abort_lag_s``.
+        """
+        chunk_s = self.chunk_s
+        start = time.perf_counter() + LEAD_S
+        due = start + ((np.arange(count) * GOLDEN) % 1.0) * chunk_s
+        measure_from, end = start + warm_s, start + warm_s + measure_s
+        latencies, batches, aborted = [], [], False
+        frontend_s, update_s = self.streams.frontend_s, 0.0
+        while True:
+            now = time.perf_counter()
+            ready = np.flatnonzero((due <= now) & (due <= end))
+            if not ready.size:
+                upcoming = due[due <= end]
+                if not upcoming.size:
+                    break
+                time.sleep(max(0.0, float(upcoming.min()) - now))
+                continue
+            if now - float(due[ready].min()) > abort_lag_s:
+                aborted = True
+                break
+            for index in ready:
+                self._feed(int(index))
+            self.streams.update([self.names[index] for index in ready])
+            done = time.perf_counter()
+            update_s += done - now
+            measured = due[ready] >= measure_from
+            latencies.extend((done - due[ready][measured]).tolist())
+            batches.append(len(ready))
+            due[ready] += chunk_s
+            for index in ready:
+                self._after(int(index))
+        wall = time.perf_counter() - start
+        result: dict = {"streams": count, "partials": len(latencies), "update_calls": len(batches)}
+        result["batch_mean"] = float(np.mean(batches)) if batches else 0.0
+        result["batch_max"] = int(max(batches, default=0))
+        result["busy_share"] = update_s / wall  # of the episode's wall time, in update() (front end included)
+        result["frontend_share"] = (self.streams.frontend_s - frontend_s) / wall
+        result["aborted"] = aborted
+        if latencies:
+            result["latency_ms"] = {k: v * MS_PER_S for k, v in percentiles(latencies).items()}
+        p99 = result.get("latency_ms", {}).get("p99", float("inf"))
+        result["passed"] = bool(not aborted and p99 < chunk_s * MS_PER_S)
+        return result

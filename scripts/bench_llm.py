@@ -1,0 +1,376 @@
+#!/usr/bin/env python3
+"""Qwen3-ASR streaming through ``LLMStreams`` against the official re-feed recipe: random weights, real sizes.
+
+One JSON report (and ``<out stem>.png`` where matplotlib imports) of three sections:
+
+- ``capacity``: concurrent real-time streams through :class:`~audiomask.llm.streaming.LLMStreams` (one
+  slot each; 30 s utterances at random points, chunks due at phases spread over a chunk; the driver
+  updates every due stream in one call): p50/p95/p99 partial latency (chunk due -> partial) per number
+  of streams, doubling then bisection to the most whose p99 is under the chunk, for 2 s and 1 s chunks;
+  the first partial of one stream alone (its first chunk fed -> its partial).
+- ``anchor``: the same for the re-feed recipe on the same model code
+  (:class:`~bench.llm_streams.ReFeedStreams`: all features encoded and the whole prompt prefilled every update).
+- ``cost``: one stream alone through a long utterance (64 s), both ways: per update its latency (chunk fed ->
+  partial), encoder and decoder time (CUDA events on a GPU) and the work counted: encoder frames and
+  prefill tokens.
+
+Every update decodes ``5 + round(4 * chunk_s)`` tokens (``StreamPolicy.fixed_tokens``: random weights never
+say the end token); finals (the offline pass at an utterance's end) are not run. Each section stops at
+``--max-seconds``. The model is built in memory (:func:`bench.llm_streams.build_model`), bf16 on CUDA;
+``--sdpa`` says which attention kernels may run (by default all but cuDNN's: see :data:`SDPA`).
+
+Usage (the H200): python3 scripts/bench_llm.py --out bench/results/llm_streams_h200.json
+CPU smoke test:   python3 scripts/bench_llm.py --tiny --out /tmp/llm_smoke.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import gc
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: bench/ is not installed
+
+import numpy as np
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from audiomask.bench.environment import capture_environment, write_result
+from audiomask.bench.timing import MS_PER_S, Budget, log, percentiles
+from audiomask.constants import HOP_LENGTH, SAMPLE_RATE
+from audiomask.llm.streaming import StreamPolicy
+from bench.llm_streams import SIZES, BenchStreams, Driver, ReFeedStreams, build_model, fixed_tokens, one_stream
+
+SECTIONS = ("capacity", "anchor", "cost")
+# --sdpa: the kernels scaled_dot_product_attention may use. "default" is torch's own pick, as audiomask runs: on an
+# H200 (torch 2.11) the language model's masked grouped-query attention goes to cuDNN, which builds an execution plan
+# for every new shape (about 1.5 ms of host time a call, 28 calls a forward), so a run's timings depend on which
+# earlier run first met a shape. "nocudnn" (the benchmark's default) leaves it out: the language model's attention
+# runs on the math kernel, the encoder's on the memory-efficient one.
+SDPA = {
+    "default": None,
+    "nocudnn": [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH],
+    "math": [SDPBackend.MATH],
+    "cudnn": [SDPBackend.CUDNN_ATTENTION],
+}
+SEGMENT_WINDOWS = 4  # LLMStreams' default: a 30 s utterance never ends a segment (that would run a final pass)
+WARMUP_REPEATS = 2  # untimed first partials before the timed ones
+# Defaults of the real sizes (an H200 run of all sections in about 7 minutes) and of --tiny (a CPU smoke run).
+DEFAULTS = {
+    "full": dict(start_streams=32, max_streams=4096, seconds=30.0, warm_s=2.0, measure_s=6.0, max_seconds=120.0)
+    | dict(cost_seconds=64.0, first_repeats=10),
+    "tiny": dict(start_streams=2, max_streams=16, seconds=12.0, warm_s=1.0, measure_s=4.0, max_seconds=30.0)
+    | dict(cost_seconds=24.0, first_repeats=3),
+}
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True, help="the JSON report (a PNG beside it)")
+    parser.add_argument("--model", choices=sorted(SIZES), default="0.6b", help="Qwen3-ASR size (random weights)")
+    parser.add_argument("--tiny", action="store_true", help="--model tiny and small counts: a CPU smoke run")
+    parser.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS))
+    parser.add_argument("--chunks", type=float, nargs="+", default=[2.0, 1.0], help="capacity chunk seconds")
+    parser.add_argument("--anchor-chunks", type=float, nargs="+", default=[2.0], help="anchor chunk seconds")
+    parser.add_argument("--cost-chunk", type=float, default=2.0, help="the cost section's chunk seconds")
+    parser.add_argument("--seconds", type=float, help="utterance seconds (streams restart after it)")
+    parser.add_argument("--start-streams", type=int, help="the search's first level")
+    parser.add_argument("--max-streams", type=int, help="the search's last level (CUDA: also what memory holds)")
+    parser.add_argument("--warm-s", type=float, help="seconds of each level before latencies count")
+    parser.add_argument("--measure-s", type=float, help="seconds of each level whose latencies count")
+    parser.add_argument("--max-seconds", type=float, help="wall-time budget of each section")
+    parser.add_argument("--cost-seconds", type=float, help="the cost section's utterance seconds")
+    parser.add_argument("--first-repeats", type=int, help="timed first partials at one stream")
+    parser.add_argument("--reserve-gib", type=float, default=16.0, help="CUDA memory left beside the cache")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--sdpa", choices=sorted(SDPA), default="nocudnn", help="attention kernels allowed (see SDPA)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-plot", action="store_true")
+    args = parser.parse_args(argv)
+    if args.tiny:
+        args.model = "tiny"
+    for name, value in DEFAULTS["tiny" if args.model == "tiny" else "full"].items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    return args
+
+
+def policy_for(chunk_s: float, segment_windows: int = SEGMENT_WINDOWS) -> StreamPolicy:
+    """The recipe's policy with :func:`~bench.llm_streams.fixed_tokens` per update."""
+    return StreamPolicy(chunk_s=chunk_s, fixed_tokens=fixed_tokens(chunk_s), segment_windows=segment_windows)
+
+
+def first_partials(streams: BenchStreams, repeats: int) -> dict:
+    """Milliseconds from a new utterance's first chunk fed to its partial, one stream alone, over ``repeats``."""
+    size = streams.policy.chunk_samples
+    signal = np.random.default_rng(1).standard_normal(size).astype(np.float32) * 0.1
+    streams.open("first")
+    times = []
+    for index in range(WARMUP_REPEATS + repeats):
+        elapsed = one_update(streams, "first", signal)
+        if index >= WARMUP_REPEATS:
+            times.append(elapsed)
+        streams.restart("first")
+    streams.close("first")
+    return {"repeats": repeats, **percentiles(times)}
+
+
+def one_update(streams: BenchStreams, name: str, samples: np.ndarray) -> float:
+    """Milliseconds of one update of stream ``name`` fed ``samples`` (update() returns host token lists: synced)."""
+    if streams.model.device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    streams.feed(name, samples)
+    streams.update([name])
+    return (time.perf_counter() - start) * MS_PER_S
+
+
+def kv_bytes_per_slot(streams: BenchStreams) -> int:
+    config = streams.model.lm.config
+    return 2 * config.layers * config.kv_heads * streams.capacity * config.head_dim * streams.model.lm.dtype.itemsize
+
+
+def release(device: str) -> None:
+    """Give back the device memory of streams no longer referenced."""
+    gc.collect()
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def slots_for(model: object, policy: StreamPolicy, args: argparse.Namespace) -> tuple[int, str, int, int]:
+    """``(slots, why so many, kv bytes per slot, slot positions)``: ``--max-streams``, or what CUDA memory holds."""
+    probe = BenchStreams(model, 1, policy=policy)
+    per_slot, capacity = kv_bytes_per_slot(probe), probe.capacity
+    del probe
+    release(args.device)
+    if torch.device(args.device).type == "cuda":
+        free, _ = torch.cuda.mem_get_info()
+        fits = int((free - args.reserve_gib * 2**30) // per_slot)
+        if fits < args.max_streams:
+            return max(1, fits), "memory", per_slot, capacity
+    return args.max_streams, "max_streams", per_slot, capacity
+
+
+def search(
+    driver: Driver,
+    start: int,
+    max_streams: int,
+    warm_s: float,
+    measure_s: float,
+    budget: Budget,
+    cap: str = "max_streams",
+    resolution: float = 0.125,
+) -> dict:
+    """The most streams ``driver`` holds (p99 partial latency under a chunk): doubling from ``start`` (at most
+    ``max_streams``), then bisection to ``resolution``; ``limit`` says what stopped it: ``latency``, ``cap`` (why
+    ``max_streams`` is the most: ``max_streams`` or ``memory``), ``memory`` (out of memory) or ``budget``."""
+    levels: list[dict] = []
+    passed, failed, limit = 0, None, None
+    level_s = warm_s + measure_s + 2 * driver.chunk_s
+
+    def run(count: int) -> bool:
+        nonlocal limit
+        try:
+            grow_s = driver.grow(count)
+            level = driver.episode(count, warm_s, measure_s, abort_lag_s=max(3 * driver.chunk_s, 1.0))
+        except torch.cuda.OutOfMemoryError:
+            torch.cuda.empty_cache()
+            limit = "memory"
+            levels.append({"streams": count, "passed": False, "error": "CUDA out of memory"})
+            return False
+        level["grow_s"] = grow_s
+        levels.append(level)
+        latency = level.get("latency_ms", {"p50": float("nan"), "p99": float("nan")})
+        verdict = "pass" if level["passed"] else "FAIL"
+        times = f"p50 {latency['p50']:.0f} ms, p99 {latency['p99']:.0f} ms"
+        log(f"  {count} streams: {times}, {verdict} ({grow_s:.0f} s to grow)")
+        return level["passed"]
+
+    count = start
+    while True:
+        if count > max_streams:
+            count = max_streams if passed < max_streams else 0
+        if not count:
+            limit = cap
+            break
+        if budget.left() < level_s:
+            limit = "budget"
+            break
+        if not run(count):
+            failed = count
+            break
+        passed, count = count, count * 2
+    while limit is None and failed is not None and failed - passed > max(1, resolution * passed):
+        if budget.left() < level_s:
+            limit = "budget"
+            break
+        middle = (passed + failed) // 2
+        if run(middle):
+            passed = middle
+        elif limit is None:
+            failed = middle
+    return {"levels": levels, "max_streams": passed, "first_failing": failed, "limit": limit or "latency"}
+
+
+def streams_section(model: object, cls: type, chunks: list[float], args: argparse.Namespace) -> dict:
+    """Per chunk size: the first partial of one stream alone, then the search for the most streams."""
+    section = Budget(args.max_seconds)
+    results = {}
+    for position, chunk_s in enumerate(chunks):
+        budget = Budget(max(1.0, section.left() / (len(chunks) - position)))
+        policy = policy_for(chunk_s)
+        log(f"{cls.__name__}, {chunk_s:g} s chunks ({policy.fixed_tokens} tokens an update)")
+        first = first_partials(cls(model, 1, policy=policy), args.first_repeats)
+        slots, cap, per_slot, capacity = slots_for(model, policy, args)
+        streams = cls(model, slots, policy=policy)
+        driver = Driver(streams, args.seconds, seed=args.seed)
+        found = search(driver, min(args.start_streams, slots), slots, args.warm_s, args.measure_s, budget, cap=cap)
+        del driver, streams
+        release(args.device)
+        log(f"  most streams: {found['max_streams']} ({found['limit']}); first partial {first['p50']:.0f} ms")
+        results[f"{chunk_s:g}s"] = {
+            "chunk_s": chunk_s,
+            "fixed_tokens": policy.fixed_tokens,
+            "slot_positions": capacity,
+            "kv_bytes_per_slot": per_slot,
+            "slots": slots,
+            "first_partial_ms": first,
+            **found,
+        }
+    return results
+
+
+def cost_section(model: object, args: argparse.Namespace) -> dict:
+    """One stream of ``--cost-seconds``, incremental and re-feed: per update times and counted work."""
+    config = model.encoder.config
+    window_s = config.n_window_infer * HOP_LENGTH / SAMPLE_RATE
+    policy = policy_for(args.cost_chunk, int(args.cost_seconds // window_s) + 1)
+    result: dict = {"chunk_s": args.cost_chunk, "seconds": args.cost_seconds}
+    result["segment_windows"] = policy.segment_windows
+    for label, cls in (("incremental", BenchStreams), ("refeed", ReFeedStreams)):
+        log(f"cost: {label}, {args.cost_seconds:g} s at {args.cost_chunk:g} s chunks")
+        streams = cls(model, 1, policy=policy)
+        one_stream(streams, 3 * args.cost_chunk, seed=args.seed)  # warm-up
+        result[label] = one_stream(streams, args.cost_seconds, probe=True, seed=args.seed)
+    return result
+
+
+def describe_model(model: object, args: argparse.Namespace, dtype: torch.dtype) -> dict:
+    modules = (model.encoder, model.projector, model.lm)
+    parameters = {p.data_ptr(): p.numel() for module in modules for p in module.parameters()}
+    lm = {k: v for k, v in dataclasses.asdict(model.lm.config).items() if k != "inv_freq"}
+    return {
+        "size": args.model,
+        "weights": "random: normal(0, 0.02) matrices, zero biases (no checkpoint)",
+        "parameters": sum(parameters.values()),
+        "encoder": dataclasses.asdict(model.encoder.config),
+        "projector": [model.encoder.output_size, model.encoder.output_size, model.lm.config.hidden_size],
+        "lm": lm | {"rope_theta": SIZES[args.model]["text"]["rope_parameters"]["rope_theta"]},
+        "dtype": str(dtype).removeprefix("torch."),
+        "tokenizer": "bench.llm_streams.BenchTokenizer: Qwen3-ASR's chat template and special ids; a plain id "
+        "decodes to one character, so answers re-encode to as many tokens (head 9, tail 6 tokens)",
+    }
+
+
+def summarize(report: dict) -> dict:
+    summary: dict = {}
+    for section in ("capacity", "anchor"):
+        for chunk, entry in report.get(section, {}).items():
+            summary[f"{section}_{chunk}"] = {
+                "max_streams": entry["max_streams"],
+                "limit": entry["limit"],
+                "first_partial_ms_p50": entry["first_partial_ms"]["p50"],
+            }
+    cost = report.get("cost")
+    if cost:
+        for label in ("incremental", "refeed"):
+            summary[f"one_stream_{label}_ms"] = percentiles([row["host_ms"] for row in cost[label]])
+        last = {label: cost[label][-1] for label in ("incremental", "refeed")}
+        summary["cost_last_update"] = {
+            "audio_s": last["incremental"]["audio_s"],
+            **{
+                f"{label}_{field}": row[field]
+                for label, row in last.items()
+                for field in ("encoder_ms", "decoder_ms", "encoder_frames", "prefill_tokens")
+            },
+        }
+    return summary
+
+
+def plot(report: dict, path: Path) -> Path | None:
+    """p99 latency against streams (capacity, anchor); one stream's time and work per update (cost).
+
+    ``None`` where matplotlib is not installed.
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from matplotlib.ticker import NullFormatter, ScalarFormatter
+    except ImportError:
+        return None
+    figure, (levels_axes, time_axes, work_axes) = plt.subplots(1, 3, figsize=(15.0, 4.2))
+    for section, style in (("capacity", "-"), ("anchor", "--")):
+        for chunk, entry in report.get(section, {}).items():
+            rows = sorted((r for r in entry["levels"] if "latency_ms" in r), key=lambda r: r["streams"])
+            label = f"{'incremental' if section == 'capacity' else 're-feed'} {chunk}"
+            x, y = [r["streams"] for r in rows], [r["latency_ms"]["p99"] for r in rows]
+            levels_axes.plot(x, y, style, marker="o", label=label)
+            levels_axes.axhline(entry["chunk_s"] * MS_PER_S, color="grey", linewidth=0.5)
+    levels_axes.set(xscale="log", yscale="log", xlabel="concurrent streams", ylabel="p99 partial latency (ms)")
+    levels_axes.xaxis.set_major_formatter(ScalarFormatter())
+    levels_axes.xaxis.set_minor_formatter(NullFormatter())
+    for label, style in (("incremental", "-"), ("refeed", "--")):
+        rows = report.get("cost", {}).get(label, [])
+        x = [row["audio_s"] for row in rows]
+        time_axes.plot(x, [r["encoder_ms"] + r["decoder_ms"] for r in rows], style, label=f"{label}: total")
+        time_axes.plot(x, [r["encoder_ms"] for r in rows], style, label=f"{label}: encoder")
+        work_axes.plot(x, [r["prefill_tokens"] for r in rows], style, label=f"{label}: prefill tokens")
+        work_axes.plot(x, [r["encoder_frames"] / 10 for r in rows], style, label=f"{label}: encoder frames / 10")
+    time_axes.set(xlabel="audio in the utterance (s)", ylabel="ms per update, one stream", ylim=(0, None))
+    work_axes.set(xlabel="audio in the utterance (s)", ylabel="work per update, one stream", ylim=(0, None))
+    for axes in (levels_axes, time_axes, work_axes):
+        if axes.lines:
+            axes.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return path
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    device = torch.device(args.device)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    if args.model == "tiny":
+        torch.set_num_threads(1)  # a toy model gains nothing from threads, whose spinning slows a shared CPU
+    report: dict = {"environment": capture_environment([sys.argv[0], *argv])}
+    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    report["settings"] = settings | {"segment_windows": SEGMENT_WINDOWS, "finals": "not run"}
+    log(f"building Qwen3-ASR {args.model} (random weights) on {device} in {dtype}")
+    model = build_model(args.model, device, dtype, seed=args.seed)
+    report["model"] = describe_model(model, args, dtype)
+    log(f"{report['model']['parameters'] / 1e6:.0f}M parameters")
+    kernels = SDPA[args.sdpa]
+    with sdpa_kernel(kernels) if kernels else contextlib.nullcontext():
+        if "capacity" in args.sections:
+            report["capacity"] = streams_section(model, BenchStreams, args.chunks, args)
+        if "anchor" in args.sections:
+            report["anchor"] = streams_section(model, ReFeedStreams, args.anchor_chunks, args)
+        if "cost" in args.sections:
+            report["cost"] = cost_section(model, args)
+    report["summary"] = summarize(report)
+    write_result(args.out, report)
+    if not args.no_plot:
+        written = plot(report, args.out.with_suffix(".png"))
+        log(f"wrote {written}" if written else "no plot: matplotlib is not installed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,107 @@
+"""scripts/bench_llm.py on a CPU (the tiny model, every section, small counts), and the parts it measures with."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from audiomask.llm.qwen3_asr import qwen3_asr_prompt
+from audiomask.llm.streaming import StreamPolicy
+from bench.llm_streams import BenchStreams, BenchTokenizer, ReFeedStreams, build_model, fixed_tokens, one_stream
+
+pytest.importorskip("transformers")
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_llm.py"
+WINDOW_FRAMES = 800  # Qwen3-ASR's encoder windows: 8 s of 10 ms frames
+SMOKE = [
+    *("--tiny", "--chunks", "0.5", "--anchor-chunks", "0.5", "--seconds", "4", "--start-streams", "1"),
+    *("--max-streams", "2", "--warm-s", "0", "--measure-s", "1", "--max-seconds", "10", "--first-repeats", "1"),
+    *("--cost-seconds", "20", "--cost-chunk", "2", "--no-plot"),
+]
+
+
+def test_bench_llm_smoke_writes_every_section_and_incremental_work_stays_below_re_feed(tmp_path: Path) -> None:
+    out = tmp_path / "llm.json"
+    environment = {**os.environ, "OMP_NUM_THREADS": "1"}  # a toy model: threads only spin on a shared machine
+    subprocess.run(
+        [sys.executable, str(SCRIPT), *SMOKE, "--out", str(out)],
+        check=True,
+        capture_output=True,
+        timeout=120,
+        env=environment,
+    )
+    report = json.loads(out.read_text())
+    assert {"command", "date", "git_commit", "torch_version", "gpu"} <= report["environment"].keys()
+    assert report["model"]["size"] == "tiny" and report["model"]["parameters"] > 0
+    assert report["settings"]["sections"] == ["capacity", "anchor", "cost"] and report["settings"]["sdpa"] == "nocudnn"
+    for section in ("capacity", "anchor"):
+        entry = report[section]["0.5s"]
+        assert entry["fixed_tokens"] == fixed_tokens(0.5) == 7
+        assert entry["limit"] in ("latency", "max_streams", "memory", "budget")
+        assert 0 <= entry["max_streams"] <= 2 and entry["levels"]
+        assert {"p50", "p95", "p99"} <= entry["first_partial_ms"].keys()
+        for level in entry["levels"]:
+            assert level["partials"] > 0 and level["latency_ms"]["p99"] > 0
+            assert level["passed"] == (level["latency_ms"]["p99"] < 500 and not level["aborted"])
+    summary = report["summary"]
+    assert {"capacity_0.5s", "anchor_0.5s", "one_stream_incremental_ms", "cost_last_update"} <= summary.keys()
+
+    cost = report["cost"]
+    incremental, refeed = cost["incremental"], cost["refeed"]
+    assert (
+        [row["audio_s"] for row in incremental] == [row["audio_s"] for row in refeed] == [2.0 * i for i in range(1, 11)]
+    )
+    for rows in (incremental, refeed):
+        assert all(row["encoder_ms"] > 0 and row["decoder_ms"] > 0 and row["decode_steps"] == 12 for row in rows)
+    # The re-feed encodes all frames so far and prefills the whole prompt; the incremental path at most the
+    # window that closes and the open one, and the tail after the kept head and closed windows.
+    assert np.all(np.diff([row["encoder_frames"] for row in refeed]) > 0)
+    assert max(row["encoder_frames"] for row in incremental) < WINDOW_FRAMES + 200
+    for inc, ref in zip(incremental, refeed):
+        if inc["audio_s"] >= 12.0:  # a window closed a chunk before: its frames and tokens are kept
+            assert inc["encoder_frames"] < ref["encoder_frames"]
+            assert inc["prefill_tokens"] < ref["prefill_tokens"]
+    assert refeed[-1]["prefill_tokens"] - incremental[-1]["prefill_tokens"] >= 2 * 104  # two closed windows' tokens
+
+
+def test_the_re_feed_streams_give_the_incremental_partials() -> None:
+    """The anchor is the same recipe: with decisive random weights, its tokens are the incremental path's."""
+    model = build_model("tiny", "cpu", torch.float32, seed=3, std=1.0)
+    policy = StreamPolicy(chunk_s=2.0, fixed_tokens=fixed_tokens(2.0), segment_windows=3)
+    tokens = {}
+    for cls in (BenchStreams, ReFeedStreams):
+        streams = cls(model, 2, policy=policy)
+        streams.open("other")  # a second stream in the same slots, never fed
+        seen = []
+        original = streams.update
+
+        def update(names: list[str], original=original, seen=seen) -> list:
+            partials = original(names)
+            seen.extend(partial.tokens for partial in partials)
+            return partials
+
+        streams.update = update
+        one_stream(streams, 20.0, seed=5)
+        tokens[cls.__name__] = seen
+    assert len(tokens["BenchStreams"]) == 10
+    assert tokens["BenchStreams"] == tokens["ReFeedStreams"]
+
+
+def test_the_tokenizer_round_trips_answers_and_counts_the_prompt_as_qwen3_asr() -> None:
+    tokenizer = BenchTokenizer(151936)
+    parts = qwen3_asr_prompt(tokenizer, "", None)
+    assert parts.head == (151644, *parts.head[1:3], 151645, parts.head[4], 151644, *parts.head[6:8], 151669)
+    assert len(parts.tail) == 6 and parts.tail[:2] == (151670, 151645)
+    ids = list(np.random.default_rng(0).integers(0, 151936, 500))
+    plain = [i for i in ids if i not in tokenizer.text]
+    assert tokenizer.encode(tokenizer.decode(ids, skip_special_tokens=True)) == plain
+    assert "\ufffd" not in tokenizer.decode(ids)
+    tiny = BenchTokenizer(512)
+    assert max(tiny.ids.values()) == 511 and tiny.encode("<|im_end|>") == [tiny.ids["<|im_end|>"]]
