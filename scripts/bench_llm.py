@@ -59,9 +59,10 @@ SDPA = {
 }
 SEGMENT_WINDOWS = 4  # LLMStreams' default: a 30 s utterance never ends a segment (that would run a final pass)
 WARMUP_REPEATS = 2  # untimed first partials before the timed ones
-# Defaults of the real sizes (an H200 run of all sections in about 7 minutes) and of --tiny (a CPU smoke run).
+WARMUP_CHUNKS = 4  # untimed updates of one stream before any section (kernels loaded, allocator warm)
+# Defaults of the real sizes (an H200 run of all sections in 4-7 minutes) and of --tiny (a CPU smoke run).
 DEFAULTS = {
-    "full": dict(start_streams=32, max_streams=4096, seconds=30.0, warm_s=2.0, measure_s=6.0, max_seconds=120.0)
+    "full": dict(start_streams=64, max_streams=4096, seconds=30.0, warm_s=2.0, measure_s=6.0, max_seconds=180.0)
     | dict(cost_seconds=64.0, first_repeats=10),
     "tiny": dict(start_streams=2, max_streams=16, seconds=12.0, warm_s=1.0, measure_s=4.0, max_seconds=30.0)
     | dict(cost_seconds=24.0, first_repeats=3),
@@ -358,6 +359,8 @@ def main(argv: list[str]) -> int:
     log(f"{report['model']['parameters'] / 1e6:.0f}M parameters")
     kernels = SDPA[args.sdpa]
     with sdpa_kernel(kernels) if kernels else contextlib.nullcontext():
+        warmup = policy_for(args.cost_chunk)
+        one_stream(BenchStreams(model, 1, policy=warmup), WARMUP_CHUNKS * warmup.chunk_s, seed=args.seed)
         if "capacity" in args.sections:
             report["capacity"] = streams_section(model, BenchStreams, args.chunks, args)
         if "anchor" in args.sections:
