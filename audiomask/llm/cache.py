@@ -17,12 +17,14 @@ bounded by ``capacity``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
 from audiomask.checks import check_int
 
-__all__ = ["KVCache"]
+__all__ = ["CacheIndex", "KVCache"]
 
 
 class KVCache:
@@ -73,28 +75,37 @@ class KVCache:
         self.lengths[slot] = length
 
     def write(
-        self,
-        layer: int,
-        slots: torch.Tensor,
-        positions: torch.Tensor,
-        valid: torch.Tensor,
-        keys: torch.Tensor,
-        values: torch.Tensor,
-        span: int,
-        leading: bool,
+        self, layer: int, where: CacheIndex, keys: torch.Tensor, values: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store the real rows of ``keys``/``values`` ``(B, n, kv_heads, head_dim)`` of layer ``layer``.
+        """Store the real inputs of ``keys``/``values`` ``(B, n, kv_heads, head_dim)`` of layer ``layer``.
 
-        Row ``b``'s input ``i`` goes to slot ``slots[b]`` at ``positions[b, i]`` where ``valid[b, i]``.
-        Returns the keys and values ``(B, kv_heads, span, head_dim)`` of positions ``0 .. span - 1`` of the
-        rows' slots: a view when ``leading`` (``slots`` is ``0 .. B - 1`` in order), else a gathered copy.
+        Input ``where.inputs[j]`` of row ``where.rows[j]`` goes to slot ``where.slots[j]`` at
+        ``where.positions[j]``. Returns the keys and values ``(B, kv_heads, where.span, head_dim)`` of the
+        rows' slots: a view when ``where.leading``, else a gathered copy. Nothing waits for the device.
         """
-        rows, inputs = valid.nonzero(as_tuple=True)
-        where = (slots[rows], slice(None), positions[rows, inputs])
         # Advanced indices split by a slice put the indexed dimension first: (count, kv_heads, head_dim).
-        self.keys[layer][where[0], :, where[2]] = keys[rows, inputs]
-        self.values[layer][where[0], :, where[2]] = values[rows, inputs]
-        if leading:
-            batch = slots.shape[0]
+        self.keys[layer][where.slots, :, where.positions] = keys[where.rows, where.inputs]
+        self.values[layer][where.slots, :, where.positions] = values[where.rows, where.inputs]
+        span = where.span
+        if where.leading:
+            batch = where.read_slots.shape[0]
             return self.keys[layer][:batch, :, :span], self.values[layer][:batch, :, :span]
-        return self.keys[layer][slots, :, :span], self.values[layer][slots, :, :span]
+        return self.keys[layer][where.read_slots, :, :span], self.values[layer][where.read_slots, :, :span]
+
+
+@dataclass(frozen=True)
+class CacheIndex:
+    """Where one forward's inputs go in a :class:`KVCache`, and which slots it reads; long tensors on its device.
+
+    ``rows``, ``inputs``, ``slots``, ``positions`` ``(N,)``: the real inputs (row, index in the row) and their
+    slot and position; ``read_slots`` ``(B,)``: each row's slot; ``span``: positions read (``0 .. span - 1``);
+    ``leading``: the rows are slots ``0 .. B - 1`` in order (read without a copy).
+    """
+
+    rows: torch.Tensor
+    inputs: torch.Tensor
+    slots: torch.Tensor
+    positions: torch.Tensor
+    read_slots: torch.Tensor
+    span: int
+    leading: bool

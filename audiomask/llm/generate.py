@@ -16,6 +16,7 @@ import torch
 
 from audiomask.llm.cache import KVCache
 from audiomask.llm.lm import CausalLM
+from audiomask.transfer import to_device
 
 __all__ = ["greedy", "prefill"]
 
@@ -30,7 +31,7 @@ def prefill(lm: CausalLM, cache: KVCache, slots: Sequence[int], inputs: Sequence
     padded = torch.zeros(len(inputs), width, lm.config.hidden_size, device=lm.device, dtype=lm.dtype)
     for row, embeds in enumerate(inputs):
         padded[row, : len(embeds)] = embeds
-    return lm(padded, torch.as_tensor(list(slots), dtype=torch.long), counts, cache)
+    return lm(padded, np.asarray(slots, np.int64), counts, cache)
 
 
 def greedy(
@@ -55,7 +56,7 @@ def greedy(
     active = np.flatnonzero(budget > 0)
     if active.size == 0:
         return tokens
-    stops = torch.tensor(sorted(stop_ids), dtype=torch.long, device=lm.device)
+    stops = to_device(np.array(sorted(stop_ids), np.int64), lm.device)
     logits = prefill(lm, cache, [slots[row] for row in active], [inputs[row] for row in active])
     slot_ids = np.asarray(slots, np.int64)
     while True:
@@ -71,7 +72,7 @@ def greedy(
                 going.append(index)
         if not going:
             return tokens
-        keep = torch.as_tensor(going, dtype=torch.long, device=lm.device)
+        keep = to_device(np.array(going, np.int64), lm.device)
         active = active[going]
         embeds = lm.embed(best[keep])[:, None]
-        logits = lm(embeds, torch.as_tensor(slot_ids[active]), np.ones(len(active), np.int64), cache)
+        logits = lm(embeds, slot_ids[active], np.ones(len(active), np.int64), cache)

@@ -24,11 +24,17 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from audiomask.checks import check_int
-from audiomask.llm.cache import KVCache
+from audiomask.llm.cache import CacheIndex, KVCache
+from audiomask.transfer import to_device
 
-__all__ = ["CausalLM", "LMConfig"]
+__all__ = ["ATTENTION_BACKENDS", "CausalLM", "LMConfig"]
+
+# SDPA kernels for the decoder's masked, grouped-query attention. cuDNN's is left out: it builds an execution plan
+# for every new shape (~1.5 ms of host time per call), and a slot cache's span changes every step.
+ATTENTION_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 @dataclass(frozen=True)
@@ -131,12 +137,11 @@ class _Attention(nn.Module):
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = _rotate(q, *rotary), _rotate(k, *rotary)
-        keys, values = step.cache.write(
-            step.layer, step.slots, step.positions, step.valid, k, v, step.span, step.leading
-        )
-        out = F.scaled_dot_product_attention(
-            q.transpose(1, 2), keys, values, attn_mask=step.mask, enable_gqa=self.heads != self.kv_heads
-        )
+        keys, values = step.cache.write(step.layer, step.where, k, v)
+        with sdpa_kernel(ATTENTION_BACKENDS):
+            out = F.scaled_dot_product_attention(
+                q.transpose(1, 2), keys, values, attn_mask=step.mask, enable_gqa=self.heads != self.kv_heads
+            )
         return self.o_proj(out.transpose(1, 2).reshape(batch, n, self.heads * self.head_dim))
 
 
@@ -166,15 +171,11 @@ class _Layer(nn.Module):
 
 @dataclass
 class _Step:
-    """What every layer of one forward shares: the cache, the rows' slots and positions, the attention mask."""
+    """What every layer of one forward shares: the cache, where the inputs go in it, the attention mask."""
 
     cache: KVCache
     layer: int
-    slots: torch.Tensor  # (B,) long
-    positions: torch.Tensor  # (B, n) long: each input's position in its slot
-    valid: torch.Tensor  # (B, n) bool: the inputs that are real (rows are padded to n)
-    span: int  # keys attended: positions 0 .. span - 1 of each slot
-    leading: bool  # the rows are slots 0 .. B - 1 in order: the cache is read without a copy
+    where: CacheIndex
     mask: torch.Tensor  # (B, 1, n, span) bool, True = may attend
 
 
@@ -230,14 +231,17 @@ class CausalLM(nn.Module):
         config = self.config
         return KVCache(config.layers, slots, config.kv_heads, capacity, config.head_dim, self.device, self.dtype)
 
-    def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        """Token embeddings ``(..., hidden_size)`` of token ids ``ids`` (long, any shape)."""
-        return self.embed_tokens(ids.to(self.device))
+    def embed(self, ids: torch.Tensor | np.ndarray | list[int]) -> torch.Tensor:
+        """Token embeddings ``(..., hidden_size)`` of token ids ``ids`` (int64, any shape; on the host or the device)."""
+        if not (isinstance(ids, torch.Tensor) and ids.device == self.device):
+            ids = to_device(np.asarray(ids, np.int64) if not isinstance(ids, torch.Tensor) else ids, self.device)
+        return self.embed_tokens(ids)
 
     def forward(
-        self, embeds: torch.Tensor, slots: torch.Tensor, counts: np.ndarray, cache: KVCache, *, all_logits: bool = False
+        self, embeds: torch.Tensor, slots: object, counts: np.ndarray, cache: KVCache, *, all_logits: bool = False
     ) -> torch.Tensor:
-        """Append ``embeds`` ``(B, n, hidden_size)`` to the cache slots ``slots`` ``(B,)``; the next-token logits.
+        """Append ``embeds`` ``(B, n, hidden_size)`` to the cache slots ``slots`` ``(B,)`` (host ints, distinct);
+        the next-token logits.
 
         Row ``b`` holds ``counts[b]`` real inputs (``0 < counts[b] <= n``; the rest is padding, never
         written), placed at positions ``cache.lengths[slots[b]] ..``; the slot's length grows by
@@ -248,18 +252,31 @@ class CausalLM(nn.Module):
         counts = np.asarray(counts, np.int64)
         if counts.shape != (batch,) or (counts < 1).any() or (counts > n).any():
             raise ValueError(f"counts must be {batch} integers in [1, {n}], got {counts.tolist()}")
-        host_slots = slots.cpu().numpy()
+        host_slots = np.asarray(slots, np.int64)
         starts = cache.lengths[host_slots]
         ends = starts + counts
         if ends.max() > cache.capacity:
             raise ValueError(
                 f"the inputs would grow a slot to {ends.max()} positions, over the cache's {cache.capacity}"
             )
+        # Every index the forward needs, computed on the host and moved in one copy (no per-layer sync).
+        rows = np.repeat(np.arange(batch), counts)
+        inputs = np.arange(rows.size) - np.repeat(np.cumsum(counts) - counts, counts)
+        packed = to_device(
+            np.concatenate((rows, inputs, host_slots[rows], starts[rows] + inputs, host_slots, starts, counts)),
+            self.device,
+        )
+        total = rows.size
+        rows_at, inputs_at, slots_at, positions_at = packed[: 4 * total].view(4, total)
+        read_slots, first, count = packed[4 * total :].view(3, batch)
+        span = int(ends.max())
+        where = CacheIndex(
+            rows_at, inputs_at, slots_at, positions_at, read_slots, span, bool((host_slots == np.arange(batch)).all())
+        )
         device = self.device
         offsets = torch.arange(n, device=device)
-        positions = torch.as_tensor(starts, device=device)[:, None] + offsets
-        valid = offsets < torch.as_tensor(counts, device=device)[:, None]
-        span = int(ends.max())
+        positions = first[:, None] + offsets
+        valid = offsets < count[:, None]
         keys = torch.arange(span, device=device)
         # Query i of row b sees its slot's keys up to its own position; a padded query sees key 0 (no NaN).
         mask = (keys <= positions[:, :, None]) & (valid[:, :, None] | (keys == 0))
@@ -267,8 +284,7 @@ class CausalLM(nn.Module):
         angles = torch.cat((angles, angles), dim=-1)
         scale = self.config.rope_scale
         rotary = ((angles.cos() * scale).to(embeds.dtype), (angles.sin() * scale).to(embeds.dtype))
-        leading = bool((host_slots == np.arange(batch)).all())
-        step = _Step(cache, 0, slots.to(device), positions, valid, span, leading, mask[:, None])
+        step = _Step(cache, 0, where, mask[:, None])
         x = embeds.to(device, self.dtype)
         for index, layer in enumerate(self.layers):
             step.layer = index
@@ -276,5 +292,5 @@ class CausalLM(nn.Module):
         cache.lengths[host_slots] = ends
         if all_logits:
             return self.lm_head(self.norm(x)).float()
-        last = x[torch.arange(batch, device=device), torch.as_tensor(counts - 1, device=device)]
+        last = x[torch.arange(batch, device=device), count - 1]
         return self.lm_head(self.norm(last)).float()

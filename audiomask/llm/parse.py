@@ -39,6 +39,7 @@ qwen-asr's ``normalize_language_name`` does. Standard library only: no torch.
 
 from __future__ import annotations
 
+import re
 from itertools import groupby
 
 __all__ = [
@@ -134,6 +135,11 @@ def _first_repetition(text: str, start: int) -> tuple[int, str, int] | None:
     return None
 
 
+# A pattern of 1 to MAX_PATTERN_LENGTH characters followed by REPETITION_THRESHOLD - 1 copies of itself: where
+# none is found (nearly every answer) the pattern pass would change nothing, and the search runs in C.
+_REPEATED = re.compile(rf"(.{{1,{MAX_PATTERN_LENGTH}}}?)\1{{{REPETITION_THRESHOLD - 1}}}", re.DOTALL)
+
+
 def _fix_pattern_repeats(text: str) -> str:
     """Upstream's ``fix_pattern_repeats``, its tail recursion made a loop (no recursion limit on long outputs)."""
     out: list[str] = []
@@ -165,7 +171,10 @@ def fix_repetitions(text: str) -> str:
     'no no no'
     """
     runs = ("".join(group) for _, group in groupby(text))
-    return _fix_pattern_repeats("".join(run[0] if len(run) > REPETITION_THRESHOLD else run for run in runs))
+    collapsed = "".join(run[0] if len(run) > REPETITION_THRESHOLD else run for run in runs)
+    if _REPEATED.search(collapsed) is None:  # no pattern repeated the threshold's times: nothing to fix
+        return collapsed
+    return _fix_pattern_repeats(collapsed)
 
 
 def parse_output(raw: str, language: str | None = None) -> tuple[str, str]:
