@@ -10,6 +10,7 @@ the directory and the file.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -125,17 +126,22 @@ def fill(
     what: str,
     files: CheckpointFiles,
     optional: tuple[str, ...] = (),
+    stored_name: Callable[[str], str] = str,
 ) -> None:
     """Load ``state`` into ``module`` after checking every name and shape; ``optional``: names that may be absent.
 
-    A missing, extra or misshapen weight is a ``ValueError`` naming the directory, ``what`` and the weight.
+    A missing, extra or misshapen weight is a ``ValueError`` naming the directory, ``what`` and the weight
+    (as the checkpoint names it: ``stored_name`` of its name in ``state``).
     """
     expected = {
         name: tuple(tensor.shape)
         for name, tensor in module.state_dict().items()
         if name in state or name not in optional
     }
-    mismatch = shape_mismatch(expected, {name: tuple(tensor.shape) for name, tensor in state.items()})
+    mismatch = shape_mismatch(
+        {stored_name(name): shape for name, shape in expected.items()},
+        {stored_name(name): tuple(tensor.shape) for name, tensor in state.items()},
+    )
     if mismatch:
         raise ValueError(f"model {str(files.directory)!r}: the {what} weights do not fit the config: {mismatch}")
     module.load_state_dict(state, strict=False)

@@ -5,8 +5,9 @@ model) and of Phi-4-mini (Phi-4-multimodal's), weight-compatible with
 transformers' ``Qwen3ForCausalLM``: token embedding, ``layers`` of RMSNorm,
 grouped-query attention with rotary positions (an RMSNorm on each query and
 key head when ``qk_norm``), RMSNorm and a SiLU-gated MLP, a final RMSNorm and
-the head. Phi-4's fused ``qkv_proj`` and ``gate_up_proj`` are split into
-these projections when a checkpoint is read.
+the head. Query, key and value projections are one fused ``qkv_proj`` and
+the MLP's gate and up one ``gate_up_proj`` (Phi-4's own layout; Qwen3's
+separate weights are fused on reading, :func:`fuse_projections`).
 
 One forward takes the next ``n`` input embeddings of ``B`` cache slots, of
 different lengths and at different positions: each row continues its slot
@@ -30,7 +31,7 @@ from audiomask.checks import check_int
 from audiomask.llm.cache import CacheIndex, KVCache
 from audiomask.transfer import to_device
 
-__all__ = ["ATTENTION_BACKENDS", "CausalLM", "LMConfig"]
+__all__ = ["ATTENTION_BACKENDS", "CausalLM", "LMConfig", "fuse_projections"]
 
 # SDPA kernels for the decoder's masked, grouped-query attention. cuDNN's is left out: it builds an execution plan
 # for every new shape (~1.5 ms of host time per call), and a slot cache's span changes every step.
@@ -101,6 +102,34 @@ class LMConfig:
         )
 
 
+# transformers' separate projections -> the fused weight holding them, rows in this order (Phi-4's own layout)
+_FUSED = {
+    "self_attn.qkv_proj.weight": ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"),
+    "mlp.gate_up_proj.weight": ("mlp.gate_proj.weight", "mlp.up_proj.weight"),
+}
+
+
+def fuse_projections(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A decoder state dict in transformers' Qwen3 names with each layer's q/k/v and gate/up weights fused.
+
+    :class:`CausalLM` holds one ``qkv_proj`` (query, key, value rows) and one ``gate_up_proj`` (gate, up rows)
+    per layer: one matrix product each instead of three and two. Weights already fused pass through; a layer
+    missing some of the separate weights keeps the ones it has (the shape check names what is missing).
+
+    >>> state = {"layers.0.mlp.gate_proj.weight": torch.ones(2, 3), "layers.0.mlp.up_proj.weight": torch.zeros(2, 3)}
+    >>> {name: tuple(tensor.shape) for name, tensor in fuse_projections(state).items()}
+    {'layers.0.mlp.gate_up_proj.weight': (4, 3)}
+    """
+    out = dict(state)
+    layers = {name.split(".")[1] for name in state if name.startswith("layers.")}
+    for layer in sorted(layers):
+        for fused, parts in _FUSED.items():
+            names = [f"layers.{layer}.{part}" for part in parts]
+            if all(name in out for name in names):
+                out[f"layers.{layer}.{fused}"] = torch.cat([out.pop(name) for name in names])
+    return out
+
+
 class _RMSNorm(nn.Module):
     """RMSNorm computed in float32, as transformers' (``weight * x / rms(x)``)."""
 
@@ -120,9 +149,12 @@ class _Attention(nn.Module):
     def __init__(self, config: LMConfig) -> None:
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = config.heads, config.kv_heads, config.head_dim
-        self.q_proj = nn.Linear(config.hidden_size, config.heads * config.head_dim, bias=False)
-        self.k_proj = nn.Linear(config.hidden_size, config.kv_heads * config.head_dim, bias=False)
-        self.v_proj = nn.Linear(config.hidden_size, config.kv_heads * config.head_dim, bias=False)
+        self.sizes = (
+            config.heads * config.head_dim,
+            config.kv_heads * config.head_dim,
+            config.kv_heads * config.head_dim,
+        )
+        self.qkv_proj = nn.Linear(config.hidden_size, sum(self.sizes), bias=False)
         self.o_proj = nn.Linear(config.heads * config.head_dim, config.hidden_size, bias=False)
         if config.qk_norm:
             self.q_norm = _RMSNorm(config.head_dim, config.rms_norm_eps)
@@ -131,9 +163,10 @@ class _Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor], step: _Step) -> torch.Tensor:
         batch, n, _ = x.shape
-        q = self.q_proj(x).view(batch, n, self.heads, self.head_dim)
-        k = self.k_proj(x).view(batch, n, self.kv_heads, self.head_dim)
-        v = self.v_proj(x).view(batch, n, self.kv_heads, self.head_dim)
+        q, k, v = self.qkv_proj(x).split(self.sizes, dim=-1)
+        q = q.view(batch, n, self.heads, self.head_dim)
+        k = k.view(batch, n, self.kv_heads, self.head_dim)
+        v = v.view(batch, n, self.kv_heads, self.head_dim)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = _rotate(q, *rotary), _rotate(k, *rotary)
@@ -148,12 +181,12 @@ class _Attention(nn.Module):
 class _MLP(nn.Module):
     def __init__(self, config: LMConfig) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class _Layer(nn.Module):

@@ -13,16 +13,15 @@ A checkpoint in transformers' ``Phi4MultimodalForCausalLM`` layout
   transformers uses only when an image comes with the audio, is not read;
 - the Phi-4-mini decoder (``model.embed_tokens``, ``model.layers``,
   ``model.norm``, ``lm_head``) into :class:`~audiomask.llm.lm.CausalLM` with
-  ``qk_norm=False``: each fused ``qkv_proj`` is split into ``q_proj``,
-  ``k_proj``, ``v_proj`` (rows in that order) and each ``gate_up_proj`` into
-  ``gate_proj`` (first half of the rows) and ``up_proj`` (second half); the
-  head is the embedding when the config ties them. LongRoPE and the partial
+  ``qk_norm=False``: its fused ``qkv_proj`` (query, key, value rows) and
+  ``gate_up_proj`` (gate rows, then up) are :class:`~audiomask.llm.lm.CausalLM`'s
+  own layout; the head is the embedding when the config ties them. LongRoPE and the partial
   rotary factor come from the config (:meth:`~audiomask.llm.lm.LMConfig.from_transformers`).
 
 The speech LoRA: when the directory holds a ``speech-lora/`` peft adapter
 (as the released checkpoint does, and transformers loads with
 ``model.load_adapter(path, adapter_kwargs={"subfolder": "speech-lora"})``),
-it is merged into the decoder's weights before the fused weights are split
+it is merged into the decoder's weights
 (:func:`~audiomask.llm.lora.merge_lora`); without one, the base weights are used.
 
 The prompt is the model card's transcription request, through the checkpoint's
@@ -170,31 +169,6 @@ def _audio_token(tokenizer: Any, token_id: int, files: CheckpointFiles) -> str:
     return token
 
 
-def _split_fused(state: dict[str, torch.Tensor], config: LMConfig, files: CheckpointFiles) -> dict[str, torch.Tensor]:
-    """The decoder's tensors by :class:`CausalLM`'s names: ``model.`` dropped, fused projections split."""
-    q_rows, kv_rows = config.heads * config.head_dim, config.kv_heads * config.head_dim
-    fused = {
-        "self_attn.qkv_proj.weight": (("q_proj", q_rows), ("k_proj", kv_rows), ("v_proj", kv_rows)),
-        "mlp.gate_up_proj.weight": (("gate_proj", config.intermediate_size), ("up_proj", config.intermediate_size)),
-    }
-    out = {name.removeprefix(_MODEL): tensor for name, tensor in state.items()}
-    for layer in range(config.layers):
-        for suffix, parts in fused.items():
-            name = f"layers.{layer}.{suffix}"
-            rows = sum(size for _, size in parts)
-            tensor = out.pop(name, None)
-            if tensor is None or tuple(tensor.shape) != (rows, config.hidden_size):
-                got = "missing" if tensor is None else f"{tuple(tensor.shape)}"
-                raise ValueError(
-                    f"model {str(files.directory)!r}: the language model weight {_MODEL}{name} must be "
-                    f"{(rows, config.hidden_size)} by the config, got {got}"
-                )
-            module = name.rsplit(".", 2)[0]
-            for (part, _), piece in zip(parts, tensor.split([size for _, size in parts]), strict=True):
-                out[f"{module}.{part}.weight"] = piece.contiguous()
-    return out
-
-
 def _text_config(files: CheckpointFiles) -> Any:
     from transformers import AutoConfig
 
@@ -233,10 +207,13 @@ def build(files: CheckpointFiles, device: torch.device | str, dtype: torch.dtype
     lora = files.directory / SPEECH_LORA
     if lora.is_dir():
         lm_state = merge_lora(lm_state, lora)
-    lm_state = _split_fused(lm_state, lm.config, files)
+    lm_state = {name.removeprefix(_MODEL): tensor for name, tensor in lm_state.items()}
     fill(encoder, encoder_state, "encoder", files)
     fill(projector, projector_state, "projector", files)
-    fill(lm, lm_state, "language model", files, ("lm_head.weight",) if lm.config.tie_word_embeddings else ())
+    tied = ("lm_head.weight",) if lm.config.tie_word_embeddings else ()
+    fill(
+        lm, lm_state, "language model", files, tied, lambda name: name if name.startswith("lm_head.") else _MODEL + name
+    )
     for module in (encoder, projector, lm):
         module.to(device=device, dtype=dtype).eval()
     return _Phi4MMAudioLM(

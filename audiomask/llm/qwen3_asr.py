@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from audiomask.llm.files import CheckpointFiles, fill
-from audiomask.llm.lm import CausalLM, LMConfig
+from audiomask.llm.lm import CausalLM, LMConfig, fuse_projections
 from audiomask.llm.model import AudioLM
 from audiomask.llm.parse import ASR_TEXT_TAG, language_name, parse_output
 from audiomask.llm.prompt import PromptParts, split_at_audio
@@ -82,7 +82,8 @@ def build(files: CheckpointFiles, device: torch.device | str, dtype: torch.dtype
     fill(projector, files.read("model.multi_modal_projector."), "projector", files)
     lm_state = files.read("model.language_model.")
     lm_state.update({f"lm_head.{name}": tensor for name, tensor in files.read("lm_head.").items()})
-    fill(lm, lm_state, "language model", files, ("lm_head.weight",) if lm.config.tie_word_embeddings else ())
+    tied = ("lm_head.weight",) if lm.config.tie_word_embeddings else ()
+    fill(lm, fuse_projections(lm_state), "language model", files, tied)
     for module in (encoder, projector, lm):
         module.to(device=device, dtype=dtype).eval()
     return AudioLM(

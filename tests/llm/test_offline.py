@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from audiomask.llm import checkpoint
-from audiomask.llm.lm import CausalLM, LMConfig
+from audiomask.llm.lm import CausalLM, LMConfig, fuse_projections
 
 transformers = pytest.importorskip("transformers")
 
@@ -74,7 +74,7 @@ def test_lm_logits_equal_transformers_qwen3_over_ragged_rows_and_steps(tiny_qwen
     upstream = Qwen3ForCausalLM(config).eval()
     ours = CausalLM(LMConfig.from_transformers(config, qk_norm=True)).eval()
     state = {name.removeprefix("model."): tensor for name, tensor in upstream.state_dict().items()}
-    ours.load_state_dict(state)
+    ours.load_state_dict(fuse_projections(state))
     rows = [torch.randint(0, config.vocab_size, (length,)) for length in (7, 3, 12)]
     cache = ours.new_cache(slots=4, capacity=32)
     slots = [2, 0, 3]
