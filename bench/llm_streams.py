@@ -37,10 +37,9 @@ from audiomask.constants import SAMPLE_RATE
 from audiomask.llm.generate import greedy
 from audiomask.llm.lm import CausalLM, LMConfig
 from audiomask.llm.model import AudioLM
-from audiomask.llm.qwen3_asr import Qwen3ASRProjector, qwen3_asr_prompt, qwen3_asr_text
+from audiomask.llm.qwen3_asr import Qwen3ASRProjector, assemble
 from audiomask.llm.streaming import DEFAULT_UNFIXED_TOKENS, LLMStreams, Partial
 from audiomask.models import Qwen3ASRConfig, Qwen3ASREncoder
-from audiomask.streaming import default_frontend
 
 __all__ = [
     "SIZES",
@@ -212,18 +211,8 @@ def build_model(
         _randomize(module, std)
         module.to(device=device, dtype=dtype).eval()
     tokenizer = BenchTokenizer(lm.config.vocab_size)
-    return AudioLM(
-        family="qwen3_asr",
-        encoder=encoder,
-        projector=projector,
-        lm=lm,
-        tokenizer=tokenizer,
-        frontend=default_frontend(encoder),
-        prompt=lambda context, language: qwen3_asr_prompt(tokenizer, context, language),
-        parse=qwen3_asr_text,
-        stop_ids=frozenset(tokenizer.ids[token] for token in STOP_TOKENS),
-        description={"size": size, "random_weights": True},
-    )
+    stop_ids = frozenset(tokenizer.ids[token] for token in STOP_TOKENS)
+    return assemble(encoder, projector, lm, tokenizer, stop_ids, description={"size": size, "random_weights": True})
 
 
 class _TimedFeatures:

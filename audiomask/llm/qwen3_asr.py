@@ -26,7 +26,7 @@ from audiomask.models.config import Qwen3ASRConfig
 from audiomask.models.qwen3_asr import Qwen3ASREncoder
 from audiomask.streaming import default_frontend
 
-__all__ = ["AUDIO_PLACEHOLDER", "Qwen3ASRProjector", "build", "qwen3_asr_prompt", "qwen3_asr_text"]
+__all__ = ["AUDIO_PLACEHOLDER", "Qwen3ASRProjector", "assemble", "build", "qwen3_asr_prompt", "qwen3_asr_text"]
 
 AUDIO_PLACEHOLDER = "<|audio_pad|>"  # the chat template's one placeholder; the prompt repeats it per audio token
 
@@ -86,6 +86,18 @@ def build(files: CheckpointFiles, device: torch.device | str, dtype: torch.dtype
     fill(lm, fuse_projections(lm_state), "language model", files, tied)
     for module in (encoder, projector, lm):
         module.to(device=device, dtype=dtype).eval()
+    return assemble(encoder, projector, lm, tokenizer, files.stop_ids(), path=str(files.directory))
+
+
+def assemble(
+    encoder: Qwen3ASREncoder,
+    projector: Qwen3ASRProjector,
+    lm: CausalLM,
+    tokenizer: Any,
+    stop_ids: frozenset[int],
+    **fields: Any,
+) -> AudioLM:
+    """The Qwen3-ASR recogniser of its parts (its front end, prompt and answer rules); ``fields``: AudioLM's others."""
     return AudioLM(
         family="qwen3_asr",
         encoder=encoder,
@@ -95,6 +107,6 @@ def build(files: CheckpointFiles, device: torch.device | str, dtype: torch.dtype
         frontend=default_frontend(encoder),
         prompt=lambda context, language: qwen3_asr_prompt(tokenizer, context, language),
         parse=qwen3_asr_text,
-        stop_ids=files.stop_ids(),
-        path=str(files.directory),
+        stop_ids=stop_ids,
+        **fields,
     )
