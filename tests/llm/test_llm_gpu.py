@@ -1,0 +1,55 @@
+"""The LLM recogniser on a CUDA device: the same tokens as on the CPU (float32), streams independent of each other."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from audiomask.llm import checkpoint
+from audiomask.llm.streaming import LLMStreams, StreamPolicy
+
+pytestmark = pytest.mark.gpu
+
+
+def test_offline_tokens_on_cuda_equal_the_cpu_in_float32(tiny_qwen3_asr_dir: Path, speech: Callable) -> None:
+    signals = [speech(seconds, seed) for seed, seconds in enumerate((0.6, 4.2, 17.0))]
+    cpu = checkpoint.load(tiny_qwen3_asr_dir).transcribe(signals, max_new_tokens=16)
+    cuda = checkpoint.load(tiny_qwen3_asr_dir, device="cuda").transcribe(signals, max_new_tokens=16)
+    assert [t.tokens for t in cuda] == [t.tokens for t in cpu]
+
+
+def test_cuda_streams_beside_others_equal_themselves_alone(tiny_qwen3_asr_dir: Path, speech: Callable) -> None:
+    model = checkpoint.load(tiny_qwen3_asr_dir, device="cuda")
+    policy = StreamPolicy(chunk_s=1.0, update_tokens=8, final_tokens=24)
+    signals = {name: speech(seconds, seed) for seed, (name, seconds) in enumerate((("a", 9.0), ("b", 3.0)))}
+
+    def run(names: list[str]) -> dict[str, list[tuple[int, ...]]]:
+        streams = LLMStreams(model, slots=2, policy=policy)
+        seen: dict[str, list[tuple[int, ...]]] = {name: [] for name in names}
+        for name in names:
+            streams.open(name)
+            streams.feed(name, signals[name])
+        while streams.due():
+            for partial in streams.update():
+                seen[partial.stream].append(partial.tokens)
+        return seen
+
+    together = run(["a", "b"])
+    assert together == {**run(["a"]), **run(["b"])}
+
+
+def test_bfloat16_streams_run_and_hold_their_slots(tiny_qwen3_asr_dir: Path, speech: Callable) -> None:
+    model = checkpoint.load(tiny_qwen3_asr_dir, device="cuda", dtype=torch.bfloat16)
+    streams = LLMStreams(model, slots=3, policy=StreamPolicy(chunk_s=2.0, fixed_tokens=13, segment_windows=1))
+    for name in "xyz":
+        streams.open(name)
+        streams.feed(name, speech(20.0, ord(name)))
+    while streams.due():
+        partials = streams.update()
+        assert all(len(partial.tokens) == 13 for partial in partials)
+        assert streams.cache.lengths.max() <= streams.capacity
+    finals = streams.finish(list("xyz"))
+    assert [final.final for final in finals] == [True] * 3
