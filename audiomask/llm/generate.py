@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from audiomask.llm.cache import KVCache
+from audiomask.llm.graphs import GraphedDecode
 from audiomask.llm.lm import CausalLM
 from audiomask.transfer import to_device
 
@@ -43,13 +44,15 @@ def greedy(
     stop_ids: Collection[int],
     *,
     stop: bool = True,
+    steps: GraphedDecode | None = None,
 ) -> list[list[int]]:
     """Prefill ``inputs`` (see :func:`prefill`), then decode greedily: each row's new token ids.
 
     Row ``b`` ends after ``max_new_tokens`` (an int, or one per row) tokens, or at a token of ``stop_ids``
     (not returned, not written to the cache) when ``stop``; ``stop=False`` always decodes ``max_new_tokens``
     (a benchmark of random weights, which never say the end token). Each slot ends holding its inputs and the
-    returned tokens (all but the last, whose keys no later step needed).
+    returned tokens (all but the last, whose keys no later step needed). ``steps``: run the one-token steps
+    through it (CUDA graphs) instead of eagerly.
     """
     budget = np.broadcast_to(np.asarray(max_new_tokens, np.int64), (len(inputs),)).copy()
     tokens: list[list[int]] = [[] for _ in inputs]
@@ -74,5 +77,7 @@ def greedy(
             return tokens
         keep = to_device(np.array(going, np.int64), lm.device)
         active = active[going]
-        embeds = lm.embed(best[keep])[:, None]
-        logits = lm(embeds, slot_ids[active], np.ones(len(active), np.int64), cache)
+        if steps is not None:
+            logits = steps.step(best[keep], slot_ids[active])
+        else:
+            logits = lm(lm.embed(best[keep])[:, None], slot_ids[active], np.ones(len(active), np.int64), cache)

@@ -31,7 +31,7 @@ from audiomask.checks import check_int
 from audiomask.llm.cache import CacheIndex, KVCache
 from audiomask.transfer import to_device
 
-__all__ = ["ATTENTION_BACKENDS", "CausalLM", "LMConfig", "fuse_projections"]
+__all__ = ["ATTENTION_BACKENDS", "CausalLM", "LMConfig", "fuse_projections", "pack_indices"]
 
 # SDPA kernels for the decoder's masked, grouped-query attention. cuDNN's is left out: it builds an execution plan
 # for every new shape (~1.5 ms of host time per call), and a slot cache's span changes every step.
@@ -292,20 +292,30 @@ class CausalLM(nn.Module):
             raise ValueError(
                 f"the inputs would grow a slot to {ends.max()} positions, over the cache's {cache.capacity}"
             )
-        # Every index the forward needs, computed on the host and moved in one copy (no per-layer sync).
-        rows = np.repeat(np.arange(batch), counts)
-        inputs = np.arange(rows.size) - np.repeat(np.cumsum(counts) - counts, counts)
-        packed = to_device(
-            np.concatenate((rows, inputs, host_slots[rows], starts[rows] + inputs, host_slots, starts, counts)),
-            self.device,
-        )
-        total = rows.size
+        packed = to_device(pack_indices(host_slots, starts, counts), self.device)
+        leading = bool((host_slots == np.arange(batch)).all())
+        logits = self.run(embeds, packed, cache, int(counts.sum()), int(ends.max()), leading, all_logits=all_logits)
+        cache.lengths[host_slots] = ends
+        return logits
+
+    def run(
+        self,
+        embeds: torch.Tensor,
+        packed: torch.Tensor,
+        cache: KVCache,
+        total: int,
+        span: int,
+        leading: bool,
+        *,
+        all_logits: bool = False,
+    ) -> torch.Tensor:
+        """:meth:`forward` on the device alone: ``packed`` (:func:`pack_indices`, on the device) says where the
+        inputs go; ``total`` real inputs, keys ``0 .. span - 1`` read. Nothing waits for the device, nothing is
+        allocated on the host, and the cache's host lengths are not updated: a CUDA graph can hold it."""
+        batch, n, _ = embeds.shape
         rows_at, inputs_at, slots_at, positions_at = packed[: 4 * total].view(4, total)
         read_slots, first, count = packed[4 * total :].view(3, batch)
-        span = int(ends.max())
-        where = CacheIndex(
-            rows_at, inputs_at, slots_at, positions_at, read_slots, span, bool((host_slots == np.arange(batch)).all())
-        )
+        where = CacheIndex(rows_at, inputs_at, slots_at, positions_at, read_slots, span, leading)
         device = self.device
         offsets = torch.arange(n, device=device)
         positions = first[:, None] + offsets
@@ -322,8 +332,22 @@ class CausalLM(nn.Module):
         for index, layer in enumerate(self.layers):
             step.layer = index
             x = layer(x, rotary, step)
-        cache.lengths[host_slots] = ends
         if all_logits:
             return self.lm_head(self.norm(x)).float()
         last = x[torch.arange(batch, device=device), count - 1]
         return self.lm_head(self.norm(last)).float()
+
+
+def pack_indices(slots: np.ndarray, starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Every index one forward needs, in one int64 array (moved to the device in one copy, no per-layer sync).
+
+    Rows ``b`` of ``slots``/``starts``/``counts`` ``(B,)``: ``counts[b]`` inputs for slot ``slots[b]`` from
+    position ``starts[b]``. Layout: per real input its row, its index in the row, its slot and position
+    (``4 * sum(counts)``), then per row its slot, first position and count (``3 * B``).
+
+    >>> pack_indices(np.array([3, 1]), np.array([5, 0]), np.array([1, 2])).tolist()
+    [0, 1, 1, 0, 0, 1, 3, 1, 1, 5, 0, 1, 3, 1, 5, 0, 1, 2]
+    """
+    rows = np.repeat(np.arange(len(slots)), counts)
+    inputs = np.arange(rows.size) - np.repeat(np.cumsum(counts) - counts, counts)
+    return np.concatenate((rows, inputs, slots[rows], starts[rows] + inputs, slots, starts, counts)).astype(np.int64)

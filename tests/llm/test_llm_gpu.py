@@ -53,3 +53,19 @@ def test_bfloat16_streams_run_and_hold_their_slots(tiny_qwen3_asr_dir: Path, spe
         assert streams.cache.lengths.max() <= streams.capacity
     finals = streams.finish(list("xyz"))
     assert [final.final for final in finals] == [True] * 3
+
+
+def test_greedy_through_cuda_graphs_equals_eager_steps(tiny_qwen3_asr_dir: Path) -> None:
+    from audiomask.llm.generate import greedy
+    from audiomask.llm.graphs import GraphedDecode
+
+    lm = checkpoint.load(tiny_qwen3_asr_dir, device="cuda").lm
+    torch.manual_seed(3)
+    inputs = [lm.embed(torch.randint(0, lm.config.vocab_size, (length,))) for length in (5, 130, 17)]
+    answers = []
+    for graphed in (False, True):
+        cache = lm.new_cache(4, 256)
+        steps = GraphedDecode(lm, cache) if graphed else None
+        with torch.inference_mode():
+            answers.append(greedy(lm, cache, [3, 0, 2], inputs, [20, 40, 9], frozenset(), stop=False, steps=steps))
+    assert answers[0] == answers[1]

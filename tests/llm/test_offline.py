@@ -108,3 +108,27 @@ def test_the_original_layout_gives_the_tokens_of_the_transformers_layout(
         signal = speech(seconds, seed=11)
         ours, theirs = (model.transcribe([signal], max_new_tokens=MAX_NEW_TOKENS)[0] for model in (original, qwen3_asr))
         assert ours.tokens == theirs.tokens
+
+
+def test_static_decode_steps_equal_eager_steps_with_padded_rows(tiny_qwen3_asr_dir: Path) -> None:
+    """:class:`GraphedDecode`'s path (rows padded to a power of two, keys read in buckets; eager on the CPU)."""
+    from transformers import AutoConfig
+
+    from audiomask.llm.graphs import GraphedDecode
+
+    config = AutoConfig.from_pretrained(tiny_qwen3_asr_dir).text_config
+    torch.manual_seed(2)
+    lm = CausalLM(LMConfig.from_transformers(config, qk_norm=True)).eval()
+    eager_cache, static_cache = lm.new_cache(6, 300), lm.new_cache(6, 300)
+    steps = GraphedDecode(lm, static_cache)
+    prompts = {slot: torch.randint(0, config.vocab_size, (length,)) for slot, length in ((4, 9), (1, 140), (2, 3))}
+    with torch.inference_mode():
+        for cache in (eager_cache, static_cache):
+            for slot, ids in prompts.items():
+                lm(lm.embed(ids)[None], np.array([slot]), np.array([len(ids)]), cache)
+        for slots in ([4, 1, 2], [2, 4], [1], [4, 1, 2]):  # 3 rows pad to 4; spans cross a bucket edge
+            tokens = torch.randint(0, config.vocab_size, (len(slots),))
+            eager = lm(lm.embed(tokens)[:, None], np.array(slots), np.ones(len(slots), np.int64), eager_cache)
+            static = steps.step(tokens, np.array(slots))
+            torch.testing.assert_close(static, eager, rtol=1e-4, atol=1e-4)
+            assert static_cache.lengths.tolist() == eager_cache.lengths.tolist()
