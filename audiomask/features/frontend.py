@@ -321,27 +321,54 @@ class FeatureStreams:
         return len(self._framers)
 
     def _emit(
-        self, pieces: list[tuple[np.ndarray, int]], extra: np.ndarray | None = None
+        self,
+        pieces: list[tuple[np.ndarray, int]],
+        extra: np.ndarray | None = None,
+        state: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
         segments, counts = zip(*pieces)
         packed = pack(segments, counts, self.frontend.framing)
         counts = packed.counts if extra is None else packed.counts + extra
-        return self.frontend._features(packed, int(counts.max()), self._state), counts
+        return self.frontend._features(packed, int(counts.max()), self._state if state is None else state), counts
 
-    def push(self, chunks: Sequence[object]) -> tuple[np.ndarray, np.ndarray]:
-        """Push one chunk per stream (any lengths, empty allowed).
+    def push(self, chunks: Sequence[object], indices: Sequence[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Push one chunk per stream (any lengths, empty allowed), or one per stream of ``indices``.
+
+        ``indices``: distinct stream indices; only those streams are pushed (the others cost nothing), row
+        ``r`` of the result being stream ``indices[r]``'s.
 
         Returns:
             ``(features, counts)``: the frames now complete, zero-padded
             ``(S, T_max, n_mels)`` or ``(S, n_mels, T_max)``, and ``(S,)``
-            int64 new frames per stream.
+            int64 new frames per stream (``S``: the streams pushed).
         """
         if self._flushed:
             raise ValueError("push after flush: these streams have ended")
-        if len(chunks) != len(self._framers):
-            raise ValueError(f"chunks must hold one chunk per stream ({len(self._framers)}), got {len(chunks)}")
+        if indices is None:
+            rows = np.arange(len(self._framers))
+        else:
+            rows = np.asarray(indices, dtype=np.int64).reshape(-1)
+            if len(rows) == 0 or rows.min() < 0 or rows.max() >= len(self._framers) or len(np.unique(rows)) < len(rows):
+                raise ValueError(f"indices must be distinct stream indices below {len(self._framers)}, got {indices!r}")
+        if len(chunks) != len(rows):
+            raise ValueError(f"chunks must hold one chunk per stream ({len(rows)}), got {len(chunks)}")
         checked = [as_samples(f"chunks[{index}]", chunk) for index, chunk in enumerate(chunks)]  # all, before any push
-        return self._emit([framer.push(chunk) for framer, chunk in zip(self._framers, checked)])
+        pieces = [self._framers[row].push(chunk) for row, chunk in zip(rows.tolist(), checked)]
+        if indices is None or self._state is None:
+            return self._emit(pieces)
+        state = self._state[rows]  # the pushed streams' state, carried through the call and stored back
+        result = self._emit(pieces, state=state)
+        self._state[rows] = state
+        return result
+
+    def reset(self, index: int) -> None:
+        """Start stream ``index`` over in place: a new signal, as a new stream's (the others unchanged)."""
+        if self._flushed:
+            raise ValueError("reset after flush: these streams have ended")
+        index = check_int("index", index, minimum=0, maximum=len(self._framers) - 1)
+        self._framers[index] = StreamFramer(self.frontend.framing)
+        if self._state is not None:
+            self._state[index] = self.frontend._new_state(1)[0]
 
     def flush(self) -> tuple[np.ndarray, np.ndarray]:
         """End every stream: the remaining frames, as :meth:`push` returns them.

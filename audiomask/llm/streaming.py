@@ -17,7 +17,11 @@ done once is kept:
   windows, the open window, the prompt tail and the rolled-back prefix, then
   decodes.
 
-All streams that have a chunk due update together: one encoder call, one
+All streams that have a chunk due update together: one front-end call (one
+:class:`~audiomask.features.frontend.FeatureStreams` of a stream per slot,
+the due ones pushed), one gather of their open windows' frames (kept per slot
+in one preallocated buffer), one encoder call, one embedding call for every
+row's prompt tail and prefix, one gather assembling the rows' inputs, one
 prefill, one batched greedy loop over slots of different lengths
 (:func:`~audiomask.llm.generate.greedy`), so a stream's partials do not
 depend on the others. When a stream ends, its final text is the model's
@@ -43,7 +47,7 @@ import torch
 
 from audiomask.checks import check_int
 from audiomask.constants import HOP_LENGTH, SAMPLE_RATE
-from audiomask.features.frontend import FeatureStream
+from audiomask.features.frontend import FeatureStream, FeatureStreams
 from audiomask.llm.generate import greedy
 from audiomask.llm.model import DEFAULT_MAX_NEW_TOKENS, AudioLM, LLMTranscript
 from audiomask.models import Qwen3ASREncoder
@@ -110,10 +114,9 @@ class Partial:
 class _Stream:
     name: str
     slot: int
-    features: FeatureStream
+    features: FeatureStream  # a front end of its own, for subclasses (LLMStreams pushes its slot of FeatureStreams)
     samples: list[np.ndarray] = field(default_factory=list)  # the current segment's samples, for its final pass
     pending: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))  # samples of the next chunk
-    window_frames: list[np.ndarray] = field(default_factory=list)  # feature frames of the open window
     chunks: int = 0  # updates made in this segment
     fixed: int = 0  # cache positions kept: the prompt head and the closed windows' audio tokens
     closed_windows: int = 0
@@ -130,7 +133,9 @@ class LLMStreams:
     audio, ``update()`` runs one chunk of every stream that has one due and
     returns their partials, ``finish(names)`` ends streams with their final
     text. One thread drives it; the cache is allocated once:
-    ``slots x capacity`` positions (:attr:`capacity`).
+    ``slots x capacity`` positions (:attr:`capacity`), and so is the open
+    windows' frame buffer: ``slots x mel bins x (window + a chunk's frames)``
+    float32 (512 MB for 1,024 slots at 2 s chunks).
     """
 
     def __init__(
@@ -162,6 +167,12 @@ class LLMStreams:
             + (int(np.ceil(segment_s / self.policy.chunk_s)) + 1) * answer
         )
         self.cache = model.lm.new_cache(check_int("slots", slots, minimum=1), self.capacity)
+        # Slot s's open-window frames are _window[s, :, :_window_filled[s]], zeros after (so one gather pads a batch).
+        self.features: FeatureStreams = model.frontend.streams(slots)
+        framing = model.frontend.framing
+        chunk_frames = (self.policy.chunk_samples + framing.win + framing.pad) // framing.hop + 2  # most a push makes
+        self._window = np.zeros((slots, config.num_mel_bins, self.window_frames + chunk_frames), np.float32)
+        self._window_filled = np.zeros(slots, np.int64)
         self._free = list(range(slots))[::-1]
         self._streams: dict[str, _Stream] = {}
         self._head = model.lm.embed(torch.tensor(self.parts.head, dtype=torch.long))
@@ -181,7 +192,10 @@ class LLMStreams:
 
     def _start_segment(self, stream: _Stream) -> None:
         stream.features = self.model.frontend.stream()
-        stream.samples, stream.window_frames = [], []
+        self.features.reset(stream.slot)
+        self._window[stream.slot, :, : self._window_filled[stream.slot]] = 0.0
+        self._window_filled[stream.slot] = 0
+        stream.samples = []
         stream.chunks = stream.closed_windows = 0
         stream.raw, stream.tokens = "", ()
         self.cache.reset(stream.slot)
@@ -238,25 +252,24 @@ class LLMStreams:
         model, lm = self.model, self.model.lm
         for stream, chunk in zip(streams, chunks, strict=True):
             stream.samples.append(chunk)
-            stream.window_frames.append(stream.features.push(chunk))
-        audio = self._open_window_inputs(streams)
-        inputs, budgets = [], []
-        for stream, (closed, open_window) in zip(streams, audio, strict=True):
-            prefix = self._prefix(stream)
-            prefix_ids = self.model.tokenizer.encode(prefix, add_special_tokens=False) if prefix else []
+        audio, counts, closed = self._open_windows(streams, chunks)
+        prefixes = [self._prefix(stream) for stream in streams]
+        tails = [
+            [*self.parts.tail, *(model.tokenizer.encode(prefix, add_special_tokens=False) if prefix else [])]
+            for prefix in prefixes
+        ]
+        heads = np.array([0 if stream.fixed else len(self.parts.head) for stream in streams], np.int64)
+        inputs = self._inputs(heads, audio, counts, tails)
+        for stream, prefix, head, kept in zip(streams, prefixes, heads.tolist(), closed.tolist(), strict=True):
             self.cache.crop(stream.slot, stream.fixed)
-            pieces = [] if stream.fixed else [self._head]  # the head goes in with the segment's first update
-            pieces += [closed, open_window, lm.embed(torch.tensor([*self.parts.tail, *prefix_ids], dtype=torch.long))]
-            inputs.append(torch.cat([piece.to(lm.dtype) for piece in pieces]))
-            stream.fixed += (0 if stream.fixed else len(self.parts.head)) + len(closed)
+            stream.fixed += head + kept  # the head goes in with the segment's first update
             stream.raw = prefix
-            budgets.append(self.policy.fixed_tokens or self.policy.update_tokens)
         answers = greedy(
             lm,
             self.cache,
             [stream.slot for stream in streams],
             inputs,
-            budgets,
+            [self.policy.fixed_tokens or self.policy.update_tokens] * len(streams),
             model.stop_ids,
             stop=self.policy.fixed_tokens is None,
         )
@@ -270,30 +283,61 @@ class LLMStreams:
             partials.append(Partial(stream.name, self._joined(stream, text), stream.language, stream.tokens, False))
         return partials
 
-    def _open_window_inputs(self, streams: list[_Stream]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Per stream: (inputs of windows closed since its last update, inputs of its open window).
+    def _open_windows(
+        self, streams: list[_Stream], chunks: list[np.ndarray]
+    ) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
+        """Push the chunks through the front end and encode the open windows, in one batch each.
 
-        A window's frames close once ``window_frames`` of them are in; its tokens are then final.
+        Returns the projected audio tokens ``(B, n, hidden)`` (row ``b``'s first ``counts[b]`` real: the
+        windows closed since its last update, then its open window) and ``closed[b]``, the closed windows'
+        tokens. A window's frames close once ``window_frames`` of them are in; its tokens are then final.
         """
-        bins = self.model.encoder.config.num_mel_bins
-        frames = [
-            np.concatenate([np.zeros((bins, 0), np.float32), *stream.window_frames], axis=1) for stream in streams
-        ]
-        closing = [frame.shape[1] // self.window_frames for frame in frames]
-        lengths = np.array([frame.shape[1] for frame in frames], np.int64)
+        slots = np.array([stream.slot for stream in streams], np.int64)
+        new, added = self.features.push(chunks, indices=slots)  # (B, bins, T): zeros after each row's frames
+        filled = self._window_filled[slots]
+        for row, (slot, start, count) in enumerate(zip(slots.tolist(), filled.tolist(), added.tolist())):
+            self._window[slot, :, start : start + count] = new[row, :, :count]  # a fancy-index scatter is slower
+        lengths = filled + added
         width = max(1, int(lengths.max()))
-        batch = np.zeros((len(frames), bins, width), np.float32)
-        for row, frame in enumerate(frames):
-            batch[row, :, : frame.shape[1]] = frame
-        inputs = self.model.audio_inputs(torch.from_numpy(batch), lengths)
-        result = []
-        for stream, frame, count, tokens in zip(streams, frames, closing, inputs, strict=True):
-            split = count * self.window_tokens
-            result.append((tokens[:split], tokens[split:]))
+        batch = torch.from_numpy(self._window[slots, :, :width])  # one gather; zeros after each row's frames
+        outputs, counts = self.model.encoder(batch, lengths)
+        audio = self.model.projector(outputs)
+        closing = lengths // self.window_frames
+        for stream, slot, count, length in zip(streams, slots.tolist(), closing.tolist(), lengths.tolist()):
             stream.closed_windows += count
-            kept = frame[:, count * self.window_frames :]
-            stream.window_frames = [kept] if kept.shape[1] else []
-        return result
+            if count:  # the open window's frames move to the front; the rest of the row becomes zeros
+                start = count * self.window_frames
+                self._window[slot, :, : length - start] = self._window[slot, :, start:length]
+                self._window[slot, :, length - start : length] = 0.0
+        self._window_filled[slots] = lengths - closing * self.window_frames
+        return audio, np.asarray(counts, np.int64), closing * self.window_tokens
+
+    def _inputs(
+        self, heads: np.ndarray, audio: torch.Tensor, counts: np.ndarray, tails: list[list[int]]
+    ) -> list[torch.Tensor]:
+        """Row ``b``'s inputs: the head's first ``heads[b]`` embeddings, its ``counts[b]`` audio tokens, the
+        embeddings of ``tails[b]`` (prompt tail and prefix ids); embedded in one call, assembled in one gather."""
+        lm = self.model.lm
+        rows, span = len(tails), max(len(ids) for ids in tails)
+        lengths = np.array([len(ids) for ids in tails], np.int64)
+        ids = np.zeros((rows, span), np.int64)
+        ids[np.arange(span)[None, :] < lengths[:, None]] = np.concatenate(tails)
+        embeds = lm.embed(ids)  # (B, span, hidden)
+        hidden = embeds.shape[-1]
+        source = torch.cat(
+            [self._head.to(lm.dtype), audio.reshape(-1, hidden).to(lm.dtype), embeds.reshape(-1, hidden).to(lm.dtype)]
+        )
+        # Where each input comes from in source: head rows, then row b's audio, then row b's tail embeddings.
+        totals = heads + counts + lengths
+        place = np.arange(int(totals.max()))[None, :]
+        audio_at = len(self._head) + np.arange(rows)[:, None] * audio.shape[1] + place - heads[:, None]
+        tail_at = (len(self._head) + audio.shape[0] * audio.shape[1] + np.arange(rows)[:, None] * span) + (
+            place - (heads + counts)[:, None]
+        )
+        index = np.where(place < heads[:, None], place, np.where(place < (heads + counts)[:, None], audio_at, tail_at))
+        index = np.where(place < totals[:, None], index, 0)
+        gathered = source[torch.from_numpy(index).to(source.device)]  # (B, longest, hidden)
+        return [gathered[row, :total] for row, total in enumerate(totals.tolist())]
 
     def _prefix(self, stream: _Stream) -> str:
         """The text the answer starts from: the previous answer less its last tokens (the recipe's roll-back)."""
