@@ -216,14 +216,14 @@ def build_model(
 
 
 class _TimedFeatures:
-    """A stream's front end whose ``push`` seconds are added to ``seconds[0]`` (its owner's, without a cycle)."""
+    """The streams' front end whose ``push`` seconds are added to ``seconds[0]`` (its owner's, without a cycle)."""
 
     def __init__(self, inner: Any, seconds: list[float]) -> None:
         self.inner, self.seconds = inner, seconds
 
-    def push(self, samples: np.ndarray) -> np.ndarray:
+    def push(self, *args: Any, **kwargs: Any) -> Any:
         began = time.perf_counter()
-        frames = self.inner.push(samples)
+        frames = self.inner.push(*args, **kwargs)
         self.seconds[0] += time.perf_counter() - began
         return frames
 
@@ -238,14 +238,11 @@ class BenchStreams(LLMStreams):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._frontend = [0.0]
         super().__init__(*args, **kwargs)
+        self.features = _TimedFeatures(self.features, self._frontend)
 
     @property
     def frontend_s(self) -> float:
         return self._frontend[0]
-
-    def _start_segment(self, stream: Any) -> None:
-        super()._start_segment(stream)
-        stream.features = _TimedFeatures(stream.features, self._frontend)
 
     def restart(self, name: str) -> None:
         """Start stream ``name``'s next utterance in its slot, its audio dropped (finals are not measured)."""
@@ -293,9 +290,10 @@ class ReFeedStreams(BenchStreams):
         if not streams:
             return []
         model, lm = self.model, self.model.lm
+        new, added = self.features.push(chunks, indices=np.array([stream.slot for stream in streams]))
         frames = []
-        for stream, chunk in zip(streams, chunks, strict=True):
-            self._frames[stream.name].append(stream.features.push(chunk))
+        for row, stream in enumerate(streams):
+            self._frames[stream.name].append(new[row, :, : added[row]])
             frames.append(np.concatenate(self._frames[stream.name], axis=1))
         lengths = np.array([frame.shape[1] for frame in frames], np.int64)
         batch = np.zeros((len(frames), frames[0].shape[0], max(1, int(lengths.max()))), np.float32)
@@ -312,7 +310,8 @@ class ReFeedStreams(BenchStreams):
             stream.raw = prefix
         budget = self.policy.fixed_tokens or self.policy.update_tokens
         stop = self.policy.fixed_tokens is None
-        answers = greedy(lm, self.cache, [s.slot for s in streams], inputs, budget, model.stop_ids, stop=stop)
+        slots = [s.slot for s in streams]
+        answers = greedy(lm, self.cache, slots, inputs, budget, model.stop_ids, stop=stop, steps=self._steps)
         partials = []
         for stream, answer in zip(streams, answers, strict=True):
             stream.raw += model.tokenizer.decode(answer, skip_special_tokens=True)

@@ -89,6 +89,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--reserve-gib", type=float, default=16.0, help="CUDA memory left beside the cache")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--sdpa", choices=sorted(SDPA), default="nocudnn", help="attention kernels allowed (see SDPA)")
+    parser.add_argument(
+        "--cuda-graphs", action="store_true", help="decode steps replayed from CUDA graphs (LLMStreams' cuda_graphs)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-plot", action="store_true")
     args = parser.parse_args(argv)
@@ -225,9 +228,9 @@ def streams_section(model: object, cls: type, chunks: list[float], args: argpars
         budget = Budget(max(1.0, section.left() / (len(chunks) - position)))
         policy = policy_for(chunk_s)
         log(f"{cls.__name__}, {chunk_s:g} s chunks ({policy.fixed_tokens} tokens an update)")
-        first = first_partials(cls(model, 1, policy=policy), args.first_repeats)
+        first = first_partials(cls(model, 1, policy=policy, cuda_graphs=args.cuda_graphs), args.first_repeats)
         slots, cap, per_slot, capacity = slots_for(model, policy, args)
-        streams = cls(model, slots, policy=policy)
+        streams = cls(model, slots, policy=policy, cuda_graphs=args.cuda_graphs)
         driver = Driver(streams, args.seconds, seed=args.seed)
         found = search(driver, min(args.start_streams, slots), slots, args.warm_s, args.measure_s, budget, cap=cap)
         del driver, streams
@@ -254,7 +257,7 @@ def cost_section(model: object, args: argparse.Namespace) -> dict:
     result["segment_windows"] = policy.segment_windows
     for label, cls in (("incremental", BenchStreams), ("refeed", ReFeedStreams)):
         log(f"cost: {label}, {args.cost_seconds:g} s at {args.cost_chunk:g} s chunks")
-        streams = cls(model, 1, policy=policy)
+        streams = cls(model, 1, policy=policy, cuda_graphs=args.cuda_graphs)
         one_stream(streams, 3 * args.cost_chunk, seed=args.seed)  # warm-up
         result[label] = one_stream(streams, args.cost_seconds, probe=True, seed=args.seed)
     return result

@@ -47,8 +47,9 @@ import torch
 
 from audiomask.checks import check_int
 from audiomask.constants import HOP_LENGTH, SAMPLE_RATE
-from audiomask.features.frontend import FeatureStream, FeatureStreams
+from audiomask.features.frontend import FeatureStreams
 from audiomask.llm.generate import greedy
+from audiomask.llm.graphs import GraphedDecode
 from audiomask.llm.model import DEFAULT_MAX_NEW_TOKENS, AudioLM, LLMTranscript
 from audiomask.models import Qwen3ASREncoder
 from audiomask.samples import as_samples
@@ -114,7 +115,6 @@ class Partial:
 class _Stream:
     name: str
     slot: int
-    features: FeatureStream  # a front end of its own, for subclasses (LLMStreams pushes its slot of FeatureStreams)
     samples: list[np.ndarray] = field(default_factory=list)  # the current segment's samples, for its final pass
     pending: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))  # samples of the next chunk
     chunks: int = 0  # updates made in this segment
@@ -146,6 +146,7 @@ class LLMStreams:
         policy: StreamPolicy | None = None,
         context: str = "",
         language: str | None = None,
+        cuda_graphs: bool = False,
     ) -> None:
         if not isinstance(model.encoder, Qwen3ASREncoder):
             raise ValueError(f"model must be a Qwen3-ASR recogniser for streaming, got family {model.family!r}")
@@ -167,6 +168,8 @@ class LLMStreams:
             + (int(np.ceil(segment_s / self.policy.chunk_s)) + 1) * answer
         )
         self.cache = model.lm.new_cache(check_int("slots", slots, minimum=1), self.capacity)
+        # Decode steps replayed from CUDA graphs (opt-in until measured on a GPU); on a CPU they run eagerly.
+        self._steps = GraphedDecode(model.lm, self.cache) if cuda_graphs else None
         # Slot s's open-window frames are _window[s, :, :_window_filled[s]], zeros after (so one gather pads a batch).
         self.features: FeatureStreams = model.frontend.streams(slots)
         framing = model.frontend.framing
@@ -186,12 +189,11 @@ class LLMStreams:
             raise ValueError(f"name {name!r} is already an open stream")
         if not self._free:
             raise ValueError(f"all {self.cache.slots} slots hold streams: finish one before opening {name!r}")
-        stream = _Stream(name, self._free.pop(), self.model.frontend.stream())
+        stream = _Stream(name, self._free.pop())
         self._streams[name] = stream
         self._start_segment(stream)
 
     def _start_segment(self, stream: _Stream) -> None:
-        stream.features = self.model.frontend.stream()
         self.features.reset(stream.slot)
         self._window[stream.slot, :, : self._window_filled[stream.slot]] = 0.0
         self._window_filled[stream.slot] = 0
@@ -272,6 +274,7 @@ class LLMStreams:
             [self.policy.fixed_tokens or self.policy.update_tokens] * len(streams),
             model.stop_ids,
             stop=self.policy.fixed_tokens is None,
+            steps=self._steps,
         )
         partials = []
         for stream, answer in zip(streams, answers, strict=True):

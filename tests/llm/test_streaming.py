@@ -156,3 +156,19 @@ def test_long_streams_go_on_in_segments_within_the_slot(qwen3_asr, speech: Calla
     assert final.text.startswith(first.text)
     # a segment ends once its window's frames are in (a chunk after its last sample); that chunk starts the next
     assert len(partials) >= len(signal) // policy.chunk_samples
+
+
+def test_decode_steps_through_graphed_buffers_give_the_same_partials(qwen3_asr, speech: Callable) -> None:
+    """``cuda_graphs=True`` (its static buffers run eagerly on the CPU) changes no token."""
+    policy = StreamPolicy(chunk_s=1.0, update_tokens=UPDATE_TOKENS, final_tokens=16)
+    seen = []
+    for graphs in (False, True):
+        streams = LLMStreams(qwen3_asr, slots=3, policy=policy, cuda_graphs=graphs)
+        for seed, name in enumerate("abc"):
+            streams.open(name)
+            streams.feed(name, speech(3.0 + 2 * seed, seed))
+        partials = []
+        while streams.due():
+            partials += [(partial.stream, partial.tokens) for partial in streams.update()]
+        seen.append(partials)
+    assert seen[0] == seen[1]
