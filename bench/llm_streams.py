@@ -118,6 +118,7 @@ class BenchTokenizer:
     and any other character as one id, so that the prompt around the audio has the real tokenizer's
     counts (head 9, tail 6). The special ids are Qwen3-ASR's where the vocabulary holds them, else its top ids.
 
+    >>> from audiomask.llm.qwen3_asr import qwen3_asr_prompt
     >>> tokenizer = BenchTokenizer(151936)
     >>> parts = qwen3_asr_prompt(tokenizer, "", None)
     >>> len(parts.head), len(parts.tail), parts.head[0], parts.tail[0]
