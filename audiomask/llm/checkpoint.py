@@ -76,5 +76,6 @@ def describe(path: str | Path) -> dict[str, Any]:
         "lm_layers": text.get("num_hidden_layers"),
         "hidden_size": text.get("hidden_size"),
         "vocab_size": text.get("vocab_size"),
-        "audio_token_id": files.config.get("audio_token_id"),
+        # Qwen3-ASR names it at the top, Phi-4-multimodal in its audio config
+        "audio_token_id": files.config.get("audio_token_id", audio.get("audio_token_id")),
     }

@@ -91,3 +91,14 @@ def test_left_chunks_and_language_without_an_llm_are_refused(
     assert "--left-chunks" in capsys.readouterr().err
     assert main(["transcribe", "--language", "en", str(wav)]) == 2
     assert "--language" in capsys.readouterr().err
+
+
+def test_info_describes_a_phi4mm_checkpoint_with_its_audio_token(
+    tiny_phi4mm_dir: Path, capsys: pytest.CaptureFixture
+) -> None:
+    described = checkpoint.describe(tiny_phi4mm_dir)
+    config = json.loads((tiny_phi4mm_dir / "config.json").read_text())
+    assert described["family"] == "phi4_multimodal"
+    assert described["audio_token_id"] == config["audio_config"]["audio_token_id"]
+    assert main(["info", "--model", str(tiny_phi4mm_dir), "--device", "cpu"]) == 0
+    assert "phi4_multimodal" in capsys.readouterr().out
