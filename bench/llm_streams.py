@@ -34,7 +34,6 @@ import torch
 from audiomask.bench.signals import OFFSET_SPAN, noise, stream_offsets
 from audiomask.bench.timing import MS_PER_S, percentiles
 from audiomask.constants import SAMPLE_RATE
-from audiomask.llm.generate import greedy
 from audiomask.llm.lm import CausalLM, LMConfig
 from audiomask.llm.model import AudioLM
 from audiomask.llm.qwen3_asr import Qwen3ASRProjector, assemble
@@ -309,19 +308,7 @@ class ReFeedStreams(BenchStreams):
             tail = lm.embed(torch.tensor([*self.parts.tail, *prefix_ids], dtype=torch.long))
             inputs.append(torch.cat([piece.to(lm.dtype) for piece in (self._head, tokens, tail)]))
             stream.raw = prefix
-        budget = self.policy.fixed_tokens or self.policy.update_tokens
-        stop = self.policy.fixed_tokens is None
-        slots = [s.slot for s in streams]
-        answers = greedy(lm, self.cache, slots, inputs, budget, model.stop_ids, stop=stop, steps=self._steps)
-        partials = []
-        for stream, answer in zip(streams, answers, strict=True):
-            stream.raw += model.tokenizer.decode(answer, skip_special_tokens=True)
-            stream.tokens = tuple(answer)
-            stream.chunks += 1
-            language, text = model.parse(stream.raw, self.language)
-            stream.language = language or stream.language
-            partials.append(Partial(stream.name, self._joined(stream, text), stream.language, stream.tokens, False))
-        return partials
+        return self._answer(streams, inputs)
 
 
 class Probe:

@@ -251,7 +251,7 @@ class LLMStreams:
     def _decode(self, streams: list[_Stream], chunks: list[np.ndarray]) -> list[Partial]:
         if not streams:
             return []
-        model, lm = self.model, self.model.lm
+        model = self.model
         for stream, chunk in zip(streams, chunks, strict=True):
             stream.samples.append(chunk)
         audio, counts, closed = self._open_windows(streams, chunks)
@@ -266,12 +266,17 @@ class LLMStreams:
             self.cache.crop(stream.slot, stream.fixed)
             stream.fixed += head + kept  # the head goes in with the segment's first update
             stream.raw = prefix
+        return self._answer(streams, inputs)
+
+    def _answer(self, streams: list[_Stream], inputs: list[torch.Tensor]) -> list[Partial]:
+        """Decode each stream's prompt ``inputs`` (its slot already holding what precedes them); its partial."""
+        model = self.model
         answers = greedy(
-            lm,
+            model.lm,
             self.cache,
             [stream.slot for stream in streams],
             inputs,
-            [self.policy.fixed_tokens or self.policy.update_tokens] * len(streams),
+            self.policy.fixed_tokens or self.policy.update_tokens,
             model.stop_ids,
             stop=self.policy.fixed_tokens is None,
             steps=self._steps,
