@@ -74,18 +74,19 @@ class KVCache:
         length = check_int("length", length, minimum=0, maximum=int(self.lengths[slot]))
         self.lengths[slot] = length
 
-    def write(
-        self, layer: int, where: CacheIndex, keys: torch.Tensor, values: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def store(self, layer: int, where: CacheIndex, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Store the real inputs of ``keys``/``values`` ``(B, n, kv_heads, head_dim)`` of layer ``layer``.
 
         Input ``where.inputs[j]`` of row ``where.rows[j]`` goes to slot ``where.slots[j]`` at
-        ``where.positions[j]``. Returns the keys and values ``(B, kv_heads, where.span, head_dim)`` of the
-        rows' slots: a view when ``where.leading``, else a gathered copy. Nothing waits for the device.
+        ``where.positions[j]``. Nothing waits for the device.
         """
         # Advanced indices split by a slice put the indexed dimension first: (count, kv_heads, head_dim).
         self.keys[layer][where.slots, :, where.positions] = keys[where.rows, where.inputs]
         self.values[layer][where.slots, :, where.positions] = values[where.rows, where.inputs]
+
+    def read(self, layer: int, where: CacheIndex) -> tuple[torch.Tensor, torch.Tensor]:
+        """The keys and values ``(B, kv_heads, where.span, head_dim)`` of layer ``layer`` in the rows' slots: a
+        view when ``where.leading``, else a gathered copy."""
         span = where.span
         if where.leading:
             batch = where.read_slots.shape[0]
@@ -98,8 +99,9 @@ class CacheIndex:
     """Where one forward's inputs go in a :class:`KVCache`, and which slots it reads; long tensors on its device.
 
     ``rows``, ``inputs``, ``slots``, ``positions`` ``(N,)``: the real inputs (row, index in the row) and their
-    slot and position; ``read_slots`` ``(B,)``: each row's slot; ``span``: positions read (``0 .. span - 1``);
-    ``leading``: the rows are slots ``0 .. B - 1`` in order (read without a copy).
+    slot and position; ``read_slots``, ``first``, ``count`` ``(B,)``: each row's slot, first input's position
+    and real inputs; ``span``: positions read (``0 .. span - 1``); ``leading``: the rows are slots
+    ``0 .. B - 1`` in order (read without a copy).
     """
 
     rows: torch.Tensor
@@ -107,5 +109,7 @@ class CacheIndex:
     slots: torch.Tensor
     positions: torch.Tensor
     read_slots: torch.Tensor
+    first: torch.Tensor
+    count: torch.Tensor
     span: int
     leading: bool

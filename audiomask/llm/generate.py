@@ -28,10 +28,7 @@ def prefill(lm: CausalLM, cache: KVCache, slots: Sequence[int], inputs: Sequence
     One forward over the rows padded to the longest; returns float32 ``(B, vocab_size)``.
     """
     counts = np.array([len(row) for row in inputs], np.int64)
-    width = int(counts.max())
-    padded = torch.zeros(len(inputs), width, lm.config.hidden_size, device=lm.device, dtype=lm.dtype)
-    for row, embeds in enumerate(inputs):
-        padded[row, : len(embeds)] = embeds
+    padded = torch.nn.utils.rnn.pad_sequence([row.to(lm.device, lm.dtype) for row in inputs], batch_first=True)
     return lm(padded, np.asarray(slots, np.int64), counts, cache)
 
 

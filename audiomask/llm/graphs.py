@@ -4,9 +4,13 @@ An eager decode step of a 28-layer model launches some 700 kernels from
 Python: ~40 ms on the H200 host whatever the batch, so the steps, not the
 GPU, bound how many streams decode in real time. A step of one token per row
 has the same shapes from step to step, so it is captured once per bucket and
-replayed: rows padded to a power of two (the pad rows repeat the last row:
-the same key and value written to the same place, their logits dropped), keys
-read up to a multiple of :data:`SPAN_BUCKET` positions (the rest masked). The
+replayed: rows padded to a power of two, or a multiple of :data:`ROW_BUCKET`
+above it (the pad rows repeat the last row:
+the same key and value written to the same place, their logits dropped). On a
+GPU the attention reads each row's slot up to its own length
+(:func:`~audiomask.llm.attention.slot_attention`), so one graph per batch
+bucket serves every length; through SDPA, keys are read up to a multiple of
+:data:`SPAN_BUCKET` positions (the rest masked), a graph per span too. The
 inputs go into static device buffers; the cache's slots are fixed-size, so a
 replay allocates nothing. The first step of a bucket runs eagerly through the
 same static path and is captured after; on the CPU every step runs eagerly.
@@ -17,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from audiomask.llm.attention import reads_in_place
 from audiomask.llm.cache import KVCache
 from audiomask.llm.lm import CausalLM, pack_indices
 from audiomask.transfer import to_device
@@ -24,10 +29,17 @@ from audiomask.transfer import to_device
 __all__ = ["SPAN_BUCKET", "GraphedDecode"]
 
 SPAN_BUCKET = 128  # keys read by a captured step: the longest row's, rounded up to this many positions
+ROW_BUCKET = 64  # rows of a captured step beyond this: a multiple of it (below: a power of two)
 
 
 def _bucket(count: int) -> int:
-    """The power of two at or above ``count``."""
+    """Rows of the step that runs ``count``: the power of two at or above it, or the multiple of ROW_BUCKET.
+
+    >>> [_bucket(count) for count in (1, 3, 64, 65, 500)]
+    [1, 4, 64, 128, 512]
+    """
+    if count > ROW_BUCKET:
+        return -(-count // ROW_BUCKET) * ROW_BUCKET
     return 1 << max(0, count - 1).bit_length()
 
 
@@ -53,6 +65,8 @@ class GraphedDecode:
         self.lm, self.cache = lm, cache
         self.capture = lm.device.type == "cuda"
         self._captures: dict[tuple[int, int], _Capture] = {}
+        # One memory pool for every bucket's graph: steps replay one at a time, each one's logits read first.
+        self._pool = torch.cuda.graph_pool_handle() if self.capture else None
 
     def step(self, tokens: torch.Tensor, slots: np.ndarray) -> torch.Tensor:
         slots = np.asarray(slots, np.int64)
@@ -60,7 +74,9 @@ class GraphedDecode:
         batch = _bucket(count)
         padded = np.concatenate((slots, np.full(batch - count, slots[-1], np.int64)))
         starts = self.cache.lengths[padded]
-        span = min(self.cache.capacity, -(-int(starts.max() + 1) // SPAN_BUCKET) * SPAN_BUCKET)
+        span = self.cache.capacity
+        if not reads_in_place(self.lm.device):
+            span = min(span, -(-int(starts.max() + 1) // SPAN_BUCKET) * SPAN_BUCKET)
         if starts.max() + 1 > self.cache.capacity:
             raise ValueError(f"a slot would grow past the cache's {self.cache.capacity} positions")
         key = (batch, span)
@@ -77,7 +93,7 @@ class GraphedDecode:
             capture.logits = self._run(capture, batch, span)
             if fresh and self.capture:
                 capture.graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(capture.graph):
+                with torch.cuda.graph(capture.graph, pool=self._pool):
                     capture.logits = self._run(capture, batch, span)
                 capture.graph.replay()  # capturing records without running: this step's logits come from here
         self.cache.lengths[slots] += 1

@@ -28,6 +28,7 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from audiomask.checks import check_int
+from audiomask.llm.attention import reads_in_place, slot_attention
 from audiomask.llm.cache import CacheIndex, KVCache
 from audiomask.transfer import to_device
 
@@ -170,12 +171,17 @@ class _Attention(nn.Module):
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = _rotate(q, *rotary), _rotate(k, *rotary)
-        keys, values = step.cache.write(step.layer, step.where, k, v)
-        with sdpa_kernel(ATTENTION_BACKENDS):
-            out = F.scaled_dot_product_attention(
-                q.transpose(1, 2), keys, values, attn_mask=step.mask, enable_gqa=self.heads != self.kv_heads
-            )
-        return self.o_proj(out.transpose(1, 2).reshape(batch, n, self.heads * self.head_dim))
+        cache, layer, where = step.cache, step.layer, step.where
+        cache.store(layer, where, k, v)
+        if step.mask is None:  # on a GPU: each row reads its own slot in place
+            out = slot_attention(q, cache.keys[layer], cache.values[layer], where.read_slots, where.first, where.count)
+        else:
+            keys, values = cache.read(layer, where)
+            with sdpa_kernel(ATTENTION_BACKENDS):
+                out = F.scaled_dot_product_attention(
+                    q.transpose(1, 2), keys, values, attn_mask=step.mask, enable_gqa=self.heads != self.kv_heads
+                ).transpose(1, 2)
+        return self.o_proj(out.reshape(batch, n, self.heads * self.head_dim))
 
 
 class _MLP(nn.Module):
@@ -209,7 +215,7 @@ class _Step:
     cache: KVCache
     layer: int
     where: CacheIndex
-    mask: torch.Tensor  # (B, 1, n, span) bool, True = may attend
+    mask: torch.Tensor | None  # (B, 1, n, span) bool, True = may attend; None: slot_attention reads the slots
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -315,19 +321,21 @@ class CausalLM(nn.Module):
         batch, n, _ = embeds.shape
         rows_at, inputs_at, slots_at, positions_at = packed[: 4 * total].view(4, total)
         read_slots, first, count = packed[4 * total :].view(3, batch)
-        where = CacheIndex(rows_at, inputs_at, slots_at, positions_at, read_slots, span, leading)
+        where = CacheIndex(rows_at, inputs_at, slots_at, positions_at, read_slots, first, count, span, leading)
         device = self.device
         offsets = torch.arange(n, device=device)
         positions = first[:, None] + offsets
-        valid = offsets < count[:, None]
-        keys = torch.arange(span, device=device)
-        # Query i of row b sees its slot's keys up to its own position; a padded query sees key 0 (no NaN).
-        mask = (keys <= positions[:, :, None]) & (valid[:, :, None] | (keys == 0))
+        mask = None
+        if not reads_in_place(device):
+            valid = offsets < count[:, None]
+            keys = torch.arange(span, device=device)
+            # Query i of row b sees its slot's keys up to its own position; a padded query sees key 0 (no NaN).
+            mask = ((keys <= positions[:, :, None]) & (valid[:, :, None] | (keys == 0)))[:, None]
         angles = positions[:, :, None].float() * self.inv_freq
         angles = torch.cat((angles, angles), dim=-1)
         scale = self.config.rope_scale
         rotary = ((angles.cos() * scale).to(embeds.dtype), (angles.sin() * scale).to(embeds.dtype))
-        step = _Step(cache, 0, where, mask[:, None])
+        step = _Step(cache, 0, where, mask)
         x = embeds.to(device, self.dtype)
         for index, layer in enumerate(self.layers):
             step.layer = index

@@ -308,8 +308,9 @@ class LLMStreams:
         lengths = filled + added
         width = max(1, int(lengths.max()))
         batch = torch.from_numpy(self._window[slots, :, :width])  # one gather; zeros after each row's frames
-        outputs, counts = self.model.encoder(batch, lengths)
+        outputs, _ = self.model.encoder(batch, lengths)
         audio = self.model.projector(outputs)
+        counts = self.model.encoder.output_lengths(lengths)  # on the host, as the lengths: no wait for the device
         closing = lengths // self.window_frames
         for stream, slot, count, length in zip(streams, slots.tolist(), closing.tolist(), lengths.tolist()):
             stream.closed_windows += count
@@ -318,7 +319,7 @@ class LLMStreams:
                 self._window[slot, :, : length - start] = self._window[slot, :, start:length]
                 self._window[slot, :, length - start : length] = 0.0
         self._window_filled[slots] = lengths - closing * self.window_frames
-        return audio, np.asarray(counts, np.int64), closing * self.window_tokens
+        return audio, counts, closing * self.window_tokens
 
     def _inputs(
         self, heads: np.ndarray, audio: torch.Tensor, counts: np.ndarray, tails: list[list[int]]

@@ -1,0 +1,136 @@
+"""Attention of each row's queries over its own slot of a :class:`~audiomask.llm.cache.KVCache`, in place.
+
+A decode step of ``B`` streams attends each stream's query to the keys of its
+own cache slot. With PyTorch's SDPA that needs the slots' keys and values as
+one ``(B, kv_heads, span, head_dim)`` batch: a gathered copy of every row
+padded to the longest, then (the mask and the grouped-query heads leaving
+only the math kernel) a float mask and the key heads repeated per query
+head. On the H200 that made a step of 64 streams cost 55 ms and grow with
+the batch (0.8 ms a stream) — far above the bytes it has to read.
+
+:func:`slot_attention` is one Triton kernel that reads each row's keys where
+they lie (slot, head, position: no copy, no padding past the row's own
+length), attends a group of query heads per key head (grouped-query attention
+native), masks causally from each row's first position, and keeps the
+softmax online in float32 (flash attention's recurrence). Triton comes with
+PyTorch's CUDA wheels; where it is missing, or the tensors are on the CPU,
+:func:`reads_in_place` is false and the caller runs SDPA over
+:meth:`KVCache.read` (the CPU's reference path for the equality tests).
+"""
+
+from __future__ import annotations
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU-only torch wheels come without Triton
+    triton = None
+
+__all__ = ["reads_in_place", "slot_attention"]
+
+KEY_BLOCK = 64  # keys per inner step
+QUERY_BLOCKS = (16, 64)  # query rows (query x head of a group) per program: the smallest tl.dot takes, and the prefill's
+
+
+def reads_in_place(device: torch.device) -> bool:
+    """Whether :func:`slot_attention` runs on ``device`` (a CUDA device with Triton importable)."""
+    return triton is not None and device.type == "cuda"
+
+
+def slot_attention(
+    queries: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    slots: torch.Tensor,
+    first: torch.Tensor,
+    count: torch.Tensor,
+) -> torch.Tensor:
+    """Causal grouped-query attention of ``queries`` over cache slots, without gathering them.
+
+    Args:
+        queries: ``(B, n, heads, head_dim)``: row ``b``'s query ``i`` (``i < count[b]``) is at position
+            ``first[b] + i``; queries ``i >= count[b]`` are padding.
+        keys, values: one layer's cache ``(slots, kv_heads, capacity, head_dim)``, the rows' own keys
+            already written (``heads`` a multiple of ``kv_heads``), same dtype as ``queries``.
+        slots, first, count: ``(B,)`` int64 on the same device: each row's slot, first position, real queries.
+
+    Returns:
+        ``(B, n, heads, head_dim)`` in the queries' dtype: query ``i`` of row ``b`` attends keys
+        ``0 .. first[b] + i`` of slot ``slots[b]`` with scale ``head_dim ** -0.5``; padded queries give zeros.
+        Float32 inputs are multiplied in IEEE float32 (no TF32); the softmax is float32 throughout.
+    """
+    batch, n, heads, head_dim = queries.shape
+    kv_heads = keys.shape[1]
+    if heads % kv_heads or keys.shape[3] != head_dim or values.shape != keys.shape:
+        raise ValueError(
+            f"queries {tuple(queries.shape)} and keys/values {tuple(keys.shape)}/{tuple(values.shape)} do not match"
+        )
+    queries = queries.contiguous()
+    out = torch.empty_like(queries)
+    group = heads // kv_heads
+    block_m = QUERY_BLOCKS[0] if n * group <= QUERY_BLOCKS[0] else QUERY_BLOCKS[1]
+    grid = (batch * kv_heads, triton.cdiv(n * group, block_m))
+    _slot_attention[grid](
+        queries, keys, values, out, slots, first, count, n,
+        queries.stride(0), queries.stride(1), queries.stride(2),
+        keys.stride(0), keys.stride(1), keys.stride(2),
+        head_dim**-0.5,
+        KV_HEADS=kv_heads, GROUP=group, HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(max(head_dim, 16)),
+        BLOCK_M=block_m, BLOCK_N=KEY_BLOCK,
+        PRECISION="ieee" if queries.dtype == torch.float32 else "tf32",
+    )  # fmt: skip
+    return out
+
+
+if triton is not None:
+
+    @triton.jit(do_not_specialize=["n"])
+    def _slot_attention(
+        Q, K, V, O, SLOTS, FIRST, COUNT, n,
+        stride_qb, stride_qn, stride_qh,
+        stride_ks, stride_kh, stride_kc,
+        scale,
+        KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+    ):  # fmt: skip
+        # One program: row b, key head h, BLOCK_M of the row's (query, head of h's group) pairs.
+        row = tl.program_id(0) // KV_HEADS
+        kv_head = tl.program_id(0) % KV_HEADS
+        slot = tl.load(SLOTS + row)
+        first = tl.load(FIRST + row)
+        count = tl.load(COUNT + row)
+        pair = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+        query = pair // GROUP
+        head = kv_head * GROUP + pair % GROUP
+        real = query < count
+        dims = tl.arange(0, BLOCK_D)
+        in_dims = dims < HEAD_DIM
+        q_at = row * stride_qb + query[:, None] * stride_qn + head[:, None] * stride_qh + dims[None, :]
+        q = tl.load(Q + q_at, mask=real[:, None] & in_dims[None, :], other=0.0)
+        position = first + query
+        # Keys this block needs: up to its last real query's position (none when it holds only padding).
+        last_query = tl.minimum(count - 1, (tl.program_id(1) * BLOCK_M + BLOCK_M - 1) // GROUP)
+        end = tl.where(tl.program_id(1) * BLOCK_M < count * GROUP, first + last_query + 1, 0)
+        base = slot * stride_ks + kv_head * stride_kh
+        best = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        total = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+        for start in range(0, end, BLOCK_N):
+            key = start + tl.arange(0, BLOCK_N)
+            kv_at = base + key[:, None] * stride_kc + dims[None, :]
+            kv_mask = (key < end)[:, None] & in_dims[None, :]
+            k = tl.load(K + kv_at, mask=kv_mask, other=0.0)
+            v = tl.load(V + kv_at, mask=kv_mask, other=0.0)
+            scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
+            scores = tl.where((key[None, :] <= position[:, None]) & real[:, None], scores, float("-inf"))
+            top = tl.maximum(best, tl.max(scores, 1))
+            shift = tl.where(top == float("-inf"), 0.0, top)  # rows with no key yet: keep exp() finite
+            weights = tl.exp(scores - shift[:, None])
+            rescale = tl.exp(best - shift)
+            total = total * rescale + tl.sum(weights, 1)
+            acc = acc * rescale[:, None] + tl.dot(weights.to(v.dtype), v, input_precision=PRECISION)
+            best = top
+        out = acc / tl.where(total == 0.0, 1.0, total)[:, None]
+        tl.store(O + q_at, out.to(O.dtype.element_ty), mask=(query < n)[:, None] & in_dims[None, :])
