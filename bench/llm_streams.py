@@ -215,34 +215,19 @@ def build_model(
     return assemble(encoder, projector, lm, tokenizer, stop_ids, description={"size": size, "random_weights": True})
 
 
-class _TimedFeatures:
-    """The streams' front end whose ``push`` seconds are added to ``seconds[0]`` (its owner's, without a cycle)."""
-
-    def __init__(self, inner: Any, seconds: list[float]) -> None:
-        self.inner, self.seconds = inner, seconds
-
-    def push(self, *args: Any, **kwargs: Any) -> Any:
-        began = time.perf_counter()
-        frames = self.inner.push(*args, **kwargs)
-        self.seconds[0] += time.perf_counter() - began
-        return frames
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-
 class BenchStreams(LLMStreams):
     """:class:`LLMStreams` with :meth:`restart` (a stream's next utterance, no final pass), :meth:`close` (a stream
     ended without it) and ``frontend_s``: seconds in the streams' front ends (host), over all updates."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self._frontend = [0.0]
+        self.frontend_s = 0.0
         super().__init__(*args, **kwargs)
-        self.features = _TimedFeatures(self.features, self._frontend)
 
-    @property
-    def frontend_s(self) -> float:
-        return self._frontend[0]
+    def _push_frames(self, chunks: list[np.ndarray], slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        began = time.perf_counter()
+        frames = super()._push_frames(chunks, slots)
+        self.frontend_s += time.perf_counter() - began
+        return frames
 
     def restart(self, name: str) -> None:
         """Start stream ``name``'s next utterance in its slot, its audio dropped (finals are not measured)."""
@@ -290,7 +275,7 @@ class ReFeedStreams(BenchStreams):
         if not streams:
             return []
         model, lm = self.model, self.model.lm
-        new, added = self.features.push(chunks, indices=np.array([stream.slot for stream in streams]))
+        new, added = self._push_frames(chunks, np.array([stream.slot for stream in streams]))
         frames = []
         for row, stream in enumerate(streams):
             self._frames[stream.name].append(new[row, :, : added[row]])

@@ -46,11 +46,9 @@ from audiomask.llm.streaming import StreamPolicy
 from bench.llm_streams import SIZES, BenchStreams, Driver, ReFeedStreams, build_model, fixed_tokens, one_stream
 
 SECTIONS = ("capacity", "anchor", "cost")
-# --sdpa: the kernels scaled_dot_product_attention may use. "default" is torch's own pick, as audiomask runs: on an
-# H200 (torch 2.11) the language model's masked grouped-query attention goes to cuDNN, which builds an execution plan
-# for every new shape (about 1.5 ms of host time a call, 28 calls a forward), so a run's timings depend on which
-# earlier run first met a shape. "nocudnn" (the benchmark's default) leaves it out: the language model's attention
-# runs on the math kernel, the encoder's on the memory-efficient one.
+# --sdpa: the kernels scaled_dot_product_attention may use: on a GPU, the encoder's attention (the language model's is
+# audiomask.llm.attention's kernel there). "default" is torch's own pick; cuDNN's builds an execution plan for every
+# new shape (about 1.5 ms of host time a call), so "nocudnn" (the benchmark's default) leaves it out.
 SDPA = {
     "default": None,
     "nocudnn": [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH],
@@ -89,12 +87,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--reserve-gib", type=float, default=16.0, help="CUDA memory left beside the cache")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--sdpa", choices=sorted(SDPA), default="nocudnn", help="attention kernels allowed (see SDPA)")
-    parser.add_argument(
-        "--cuda-graphs", action="store_true", help="decode steps replayed from CUDA graphs (LLMStreams' cuda_graphs)"
-    )
+    parser.add_argument("--eager-decode", action="store_true", help="decode steps eagerly, not from CUDA graphs")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-plot", action="store_true")
     args = parser.parse_args(argv)
+    args.cuda_graphs = False if args.eager_decode else None  # LLMStreams' default: graphs on a CUDA device
     if args.tiny:
         args.model = "tiny"
     for name, value in DEFAULTS["tiny" if args.model == "tiny" else "full"].items():

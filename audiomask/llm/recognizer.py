@@ -107,6 +107,8 @@ class LLMRecognizer:
 
     def close(self) -> None:
         """Drop the model and the cache (streams still open are abandoned)."""
+        if self.streams is not None:
+            self.streams.close()
         self.streams = None  # type: ignore[assignment]
 
     def __enter__(self) -> LLMRecognizer:

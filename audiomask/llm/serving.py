@@ -299,6 +299,8 @@ class LLMServingRecognizer:
             self._closed = True
             self._changed.notify_all()
         with self._work:
+            if self._streams is not None:
+                self._streams.close()
             self._streams = None
 
     def __enter__(self) -> LLMServingRecognizer:

@@ -39,7 +39,9 @@ current segment's samples.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -53,6 +55,7 @@ from audiomask.llm.graphs import GraphedDecode
 from audiomask.llm.model import DEFAULT_MAX_NEW_TOKENS, AudioLM, LLMTranscript
 from audiomask.models import Qwen3ASREncoder
 from audiomask.samples import as_samples
+from audiomask.transfer import to_device
 
 __all__ = ["LLMStreams", "Partial", "StreamPolicy"]
 
@@ -62,6 +65,10 @@ DEFAULT_UNFIXED_TOKENS = 5  # the recipe's roll-back: the previous answer's last
 DEFAULT_UPDATE_TOKENS = 32  # the longest answer one update adds beyond its prefix (~8 s of speech at ~4 tokens/s)
 DEFAULT_SEGMENT_WINDOWS = 4  # closed 8 s windows a segment holds: 32 s
 REPLACEMENT_CHARACTER = "\ufffd"  # a cut through a multi-byte character decodes to this
+# Front-end threads: each pushes a share of the due streams (disjoint slots; torch's kernels release the
+# interpreter lock). One per four cores, at most 4; on a host of under 8 cores, one (the calling thread).
+DEFAULT_FRONTEND_THREADS = max(1, min(4, (os.cpu_count() or 1) // 4))
+FRONTEND_SHARE = 16  # fewest due streams a front-end thread is given
 
 
 @dataclass(frozen=True)
@@ -134,8 +141,13 @@ class LLMStreams:
     returns their partials, ``finish(names)`` ends streams with their final
     text. One thread drives it; the cache is allocated once:
     ``slots x capacity`` positions (:attr:`capacity`), and so is the open
-    windows' frame buffer: ``slots x mel bins x (window + a chunk's frames)``
-    float32 (512 MB for 1,024 slots at 2 s chunks).
+    windows' frame buffer on the model's device: ``slots x mel bins x
+    (window + a chunk's frames)`` float32 (512 MB for 1,024 slots at 2 s
+    chunks). ``cuda_graphs`` (default: on a CUDA device): decode steps
+    replayed from CUDA graphs (:class:`~audiomask.llm.graphs.GraphedDecode`;
+    on a CPU they run eagerly). ``frontend_threads``: threads that push the due streams' audio
+    through the front end, a share each (the features do not depend on how
+    the streams are shared: each frame is computed alone).
     """
 
     def __init__(
@@ -146,7 +158,8 @@ class LLMStreams:
         policy: StreamPolicy | None = None,
         context: str = "",
         language: str | None = None,
-        cuda_graphs: bool = False,
+        cuda_graphs: bool | None = None,
+        frontend_threads: int = DEFAULT_FRONTEND_THREADS,
     ) -> None:
         if not isinstance(model.encoder, Qwen3ASREncoder):
             raise ValueError(f"model must be a Qwen3-ASR recogniser for streaming, got family {model.family!r}")
@@ -168,14 +181,18 @@ class LLMStreams:
             + (int(np.ceil(segment_s / self.policy.chunk_s)) + 1) * answer
         )
         self.cache = model.lm.new_cache(check_int("slots", slots, minimum=1), self.capacity)
-        # Decode steps replayed from CUDA graphs (opt-in until measured on a GPU); on a CPU they run eagerly.
+        if cuda_graphs is None:
+            cuda_graphs = model.device.type == "cuda"
         self._steps = GraphedDecode(model.lm, self.cache) if cuda_graphs else None
         # Slot s's open-window frames are _window[s, :, :_window_filled[s]], zeros after (so one gather pads a batch).
         self.features: FeatureStreams = model.frontend.streams(slots)
         framing = model.frontend.framing
         chunk_frames = (self.policy.chunk_samples + framing.win + framing.pad) // framing.hop + 2  # most a push makes
-        self._window = np.zeros((slots, config.num_mel_bins, self.window_frames + chunk_frames), np.float32)
+        shape = (slots, config.num_mel_bins, self.window_frames + chunk_frames)
+        self._window = torch.zeros(shape, dtype=torch.float32, device=model.device)
         self._window_filled = np.zeros(slots, np.int64)
+        threads = check_int("frontend_threads", frontend_threads, minimum=1)
+        self._frontend_pool = ThreadPoolExecutor(threads, "audiomask-frontend") if threads > 1 else None
         self._free = list(range(slots))[::-1]
         self._streams: dict[str, _Stream] = {}
         self._head = model.lm.embed(torch.tensor(self.parts.head, dtype=torch.long))
@@ -301,25 +318,58 @@ class LLMStreams:
         tokens. A window's frames close once ``window_frames`` of them are in; its tokens are then final.
         """
         slots = np.array([stream.slot for stream in streams], np.int64)
-        new, added = self.features.push(chunks, indices=slots)  # (B, bins, T): zeros after each row's frames
+        new, added = self._push_frames(chunks, slots)  # (B, bins, T): zeros after each row's frames
         filled = self._window_filled[slots]
-        for row, (slot, start, count) in enumerate(zip(slots.tolist(), filled.tolist(), added.tolist())):
-            self._window[slot, :, start : start + count] = new[row, :, :count]  # a fancy-index scatter is slower
         lengths = filled + added
+        # Every new frame to its slot's buffer in one scatter: frame j of row r goes to slots[r] at filled[r] + j.
+        rows = np.repeat(np.arange(len(slots)), added)
+        frames = np.arange(rows.size) - np.repeat(np.cumsum(added) - added, added)
+        where = to_device(np.stack((rows, frames, slots[rows], filled[rows] + frames)), self._window.device)
+        self._window[where[2], :, where[3]] = to_device(new, self._window.device)[where[0], :, where[1]]
         width = max(1, int(lengths.max()))
-        batch = torch.from_numpy(self._window[slots, :, :width])  # one gather; zeros after each row's frames
+        on_device = to_device(slots, self._window.device)
+        batch = self._window[on_device, :, :width]  # one gather; zeros after each row's frames
         outputs, _ = self.model.encoder(batch, lengths)
         audio = self.model.projector(outputs)
         counts = self.model.encoder.output_lengths(lengths)  # on the host, as the lengths: no wait for the device
         closing = lengths // self.window_frames
-        for stream, slot, count, length in zip(streams, slots.tolist(), closing.tolist(), lengths.tolist()):
+        for stream, count in zip(streams, closing.tolist(), strict=True):
             stream.closed_windows += count
-            if count:  # the open window's frames move to the front; the rest of the row becomes zeros
-                start = count * self.window_frames
-                self._window[slot, :, : length - start] = self._window[slot, :, start:length]
-                self._window[slot, :, length - start : length] = 0.0
+        self._shift_open_windows(slots[closing > 0], (closing * self.window_frames)[closing > 0], lengths[closing > 0])
         self._window_filled[slots] = lengths - closing * self.window_frames
         return audio, counts, closing * self.window_tokens
+
+    def _push_frames(self, chunks: list[np.ndarray], slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The front end's new frames of ``chunks`` for the streams of ``slots``: ``(B, bins, T)`` and ``(B,)``
+        counts, as ``self.features.push(chunks, indices=slots)``; over the front-end threads, a share each."""
+        shares = len(slots) // FRONTEND_SHARE
+        if self._frontend_pool is None or shares < 2:
+            return self.features.push(chunks, indices=slots)
+        parts = np.array_split(np.arange(len(slots)), min(shares, self._frontend_pool._max_workers))
+        futures = [
+            self._frontend_pool.submit(self.features.push, [chunks[row] for row in part], indices=slots[part])
+            for part in parts
+        ]
+        pushed = [future.result() for future in futures]
+        added = np.concatenate([counts for _, counts in pushed])
+        new = np.zeros((len(slots), pushed[0][0].shape[1], max(1, int(added.max()))), np.float32)
+        for part, (frames, _) in zip(parts, pushed, strict=True):
+            new[part[0] : part[-1] + 1, :, : frames.shape[2]] = frames
+        return new, added
+
+    def _shift_open_windows(self, slots: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> None:
+        """Move frames ``starts[r] .. lengths[r]`` of slot ``slots[r]`` to the front (the frames of windows closed
+        before them are done with); the rest of each row becomes zeros. One gather, one scatter."""
+        if not len(slots):
+            return
+        width = self._window.shape[2]
+        offsets = np.arange(width)
+        source = np.minimum(starts[:, None] + offsets, width - 1)
+        keep = offsets < (lengths - starts)[:, None]
+        device = self._window.device
+        slots_at = to_device(slots, device)
+        moved = self._window[slots_at[:, None], :, to_device(source, device)]  # (rows, width, bins)
+        self._window[slots_at] = (moved * to_device(keep, device)[:, :, None]).transpose(1, 2)
 
     def _inputs(
         self, heads: np.ndarray, audio: torch.Tensor, counts: np.ndarray, tails: list[list[int]]
@@ -383,6 +433,12 @@ class LLMStreams:
             )
             self.drop(stream.name)
         return results
+
+    def close(self) -> None:
+        """Stop the front-end threads (the streams and the cache stay readable). Idempotent."""
+        if self._frontend_pool is not None:
+            self._frontend_pool.shutdown()
+            self._frontend_pool = None
 
     def drop(self, name: str) -> None:
         """End stream ``name`` without a final (its client went away): its slot is free at once."""

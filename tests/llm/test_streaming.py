@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from audiomask.llm import checkpoint
-from audiomask.llm.streaming import LLMStreams, StreamPolicy
+from audiomask.llm.streaming import FRONTEND_SHARE, LLMStreams, StreamPolicy
 
 transformers = pytest.importorskip("transformers")
 
@@ -172,3 +172,24 @@ def test_decode_steps_through_graphed_buffers_give_the_same_partials(qwen3_asr, 
             partials += [(partial.stream, partial.tokens) for partial in streams.update()]
         seen.append(partials)
     assert seen[0] == seen[1]
+
+
+def test_front_end_threads_change_no_frame_and_no_token(qwen3_asr, speech: Callable) -> None:
+    """Due streams shared over front-end threads: the same open-window frames and partials as one thread."""
+    policy = StreamPolicy(chunk_s=1.0, update_tokens=4, final_tokens=4)
+    names = [f"s{index}" for index in range(2 * FRONTEND_SHARE + 3)]  # two shares of different sizes at first
+    runs = []
+    for threads in (1, 3):
+        streams = LLMStreams(qwen3_asr, slots=len(names), policy=policy, frontend_threads=threads)
+        for seed, name in enumerate(names):
+            streams.open(name)
+            streams.feed(name, speech(1.0 + (seed % 4) * 0.7, seed))
+        partials, windows = [], []
+        while streams.due():
+            partials += [(partial.stream, partial.tokens) for partial in streams.update()]
+            windows.append(streams._window.clone())
+        streams.close()
+        runs.append((partials, windows))
+    (partials, windows), (threaded_partials, threaded_windows) = runs
+    assert threaded_partials == partials
+    assert all(torch.equal(a, b) for a, b in zip(windows, threaded_windows, strict=True))
