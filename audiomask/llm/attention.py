@@ -46,22 +46,26 @@ def slot_attention(
     slots: torch.Tensor,
     first: torch.Tensor,
     count: torch.Tensor,
+    starts: torch.Tensor,
+    longest: int,
 ) -> torch.Tensor:
-    """Causal grouped-query attention of ``queries`` over cache slots, without gathering them.
+    """Causal grouped-query attention of packed ``queries`` over cache slots, without gathering them.
 
     Args:
-        queries: ``(B, n, heads, head_dim)``: row ``b``'s query ``i`` (``i < count[b]``) is at position
-            ``first[b] + i``; queries ``i >= count[b]`` are padding.
+        queries: ``(N, heads, head_dim)``, the rows' queries packed row after row: row ``b``'s query ``i``
+            (``i < count[b]``) is ``queries[starts[b] + i]``, at position ``first[b] + i``.
         keys, values: one layer's cache ``(slots, kv_heads, capacity, head_dim)``, the rows' own keys
             already written (``heads`` a multiple of ``kv_heads``), same dtype as ``queries``.
-        slots, first, count: ``(B,)`` int64 on the same device: each row's slot, first position, real queries.
+        slots, first, count, starts: ``(B,)`` int64 on the same device: each row's slot, first position,
+            queries, and first query's index in ``queries``.
+        longest: at least ``count.max()`` (a host int: the launch's size, so the counts are never read back).
 
     Returns:
-        ``(B, n, heads, head_dim)`` in the queries' dtype: query ``i`` of row ``b`` attends keys
-        ``0 .. first[b] + i`` of slot ``slots[b]`` with scale ``head_dim ** -0.5``; padded queries give zeros.
-        Float32 inputs are multiplied in IEEE float32 (no TF32); the softmax is float32 throughout.
+        ``(N, heads, head_dim)`` in the queries' dtype: query ``i`` of row ``b`` attends keys
+        ``0 .. first[b] + i`` of slot ``slots[b]`` with scale ``head_dim ** -0.5``. Float32 inputs are
+        multiplied in IEEE float32 (no TF32); the softmax is float32 throughout.
     """
-    batch, n, heads, head_dim = queries.shape
+    total, heads, head_dim = queries.shape
     kv_heads = keys.shape[1]
     if heads % kv_heads or keys.shape[3] != head_dim or values.shape != keys.shape:
         raise ValueError(
@@ -69,12 +73,12 @@ def slot_attention(
         )
     queries = queries.contiguous()
     out = torch.empty_like(queries)
-    group = heads // kv_heads
-    block_m = QUERY_BLOCKS[0] if n * group <= QUERY_BLOCKS[0] else QUERY_BLOCKS[1]
-    grid = (batch * kv_heads, triton.cdiv(n * group, block_m))
+    batch, group = len(slots), heads // kv_heads
+    block_m = QUERY_BLOCKS[0] if longest * group <= QUERY_BLOCKS[0] else QUERY_BLOCKS[1]
+    grid = (batch * kv_heads, triton.cdiv(longest * group, block_m))
     _slot_attention[grid](
-        queries, keys, values, out, slots, first, count, n,
-        queries.stride(0), queries.stride(1), queries.stride(2),
+        queries, keys, values, out, slots, first, count, starts,
+        queries.stride(0), queries.stride(1),
         keys.stride(0), keys.stride(1), keys.stride(2),
         head_dim**-0.5,
         KV_HEADS=kv_heads, GROUP=group, HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(max(head_dim, 16)),
@@ -86,10 +90,10 @@ def slot_attention(
 
 if triton is not None:
 
-    @triton.jit(do_not_specialize=["n"])
+    @triton.jit
     def _slot_attention(
-        Q, K, V, O, SLOTS, FIRST, COUNT, n,
-        stride_qb, stride_qn, stride_qh,
+        Q, K, V, O, SLOTS, FIRST, COUNT, STARTS,
+        stride_qn, stride_qh,
         stride_ks, stride_kh, stride_kc,
         scale,
         KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -101,13 +105,14 @@ if triton is not None:
         slot = tl.load(SLOTS + row)
         first = tl.load(FIRST + row)
         count = tl.load(COUNT + row)
+        begin = tl.load(STARTS + row)
         pair = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
         query = pair // GROUP
         head = kv_head * GROUP + pair % GROUP
         real = query < count
         dims = tl.arange(0, BLOCK_D)
         in_dims = dims < HEAD_DIM
-        q_at = row * stride_qb + query[:, None] * stride_qn + head[:, None] * stride_qh + dims[None, :]
+        q_at = (begin + query)[:, None] * stride_qn + head[:, None] * stride_qh + dims[None, :]
         q = tl.load(Q + q_at, mask=real[:, None] & in_dims[None, :], other=0.0)
         position = first + query
         # Keys this block needs: up to its last real query's position (none when it holds only padding).
@@ -133,4 +138,4 @@ if triton is not None:
             acc = acc * rescale[:, None] + tl.dot(weights.to(v.dtype), v, input_precision=PRECISION)
             best = top
         out = acc / tl.where(total == 0.0, 1.0, total)[:, None]
-        tl.store(O + q_at, out.to(O.dtype.element_ty), mask=(query < n)[:, None] & in_dims[None, :])
+        tl.store(O + q_at, out.to(O.dtype.element_ty), mask=real[:, None] & in_dims[None, :])

@@ -75,14 +75,13 @@ class KVCache:
         self.lengths[slot] = length
 
     def store(self, layer: int, where: CacheIndex, keys: torch.Tensor, values: torch.Tensor) -> None:
-        """Store the real inputs of ``keys``/``values`` ``(B, n, kv_heads, head_dim)`` of layer ``layer``.
+        """Store the packed real inputs ``keys``/``values`` ``(N, kv_heads, head_dim)`` of layer ``layer``.
 
-        Input ``where.inputs[j]`` of row ``where.rows[j]`` goes to slot ``where.slots[j]`` at
-        ``where.positions[j]``. Nothing waits for the device.
+        Input ``j`` goes to slot ``where.slots[j]`` at ``where.positions[j]``. Nothing waits for the device.
         """
-        # Advanced indices split by a slice put the indexed dimension first: (count, kv_heads, head_dim).
-        self.keys[layer][where.slots, :, where.positions] = keys[where.rows, where.inputs]
-        self.values[layer][where.slots, :, where.positions] = values[where.rows, where.inputs]
+        # Advanced indices split by a slice put the indexed dimension first: (N, kv_heads, head_dim).
+        self.keys[layer][where.slots, :, where.positions] = keys
+        self.values[layer][where.slots, :, where.positions] = values
 
     def read(self, layer: int, where: CacheIndex) -> tuple[torch.Tensor, torch.Tensor]:
         """The keys and values ``(B, kv_heads, where.span, head_dim)`` of layer ``layer`` in the rows' slots: a
@@ -99,8 +98,8 @@ class CacheIndex:
     """Where one forward's inputs go in a :class:`KVCache`, and which slots it reads; long tensors on its device.
 
     ``rows``, ``inputs``, ``slots``, ``positions`` ``(N,)``: the real inputs (row, index in the row) and their
-    slot and position; ``read_slots``, ``first``, ``count`` ``(B,)``: each row's slot, first input's position
-    and real inputs; ``span``: positions read (``0 .. span - 1``); ``leading``: the rows are slots
+    slot and position; ``read_slots``, ``first``, ``count``, ``starts`` ``(B,)``: each row's slot, first
+    input's position, real inputs and where they start among the packed inputs; ``span``: positions read (``0 .. span - 1``); ``leading``: the rows are slots
     ``0 .. B - 1`` in order (read without a copy).
     """
 
@@ -111,5 +110,6 @@ class CacheIndex:
     read_slots: torch.Tensor
     first: torch.Tensor
     count: torch.Tensor
+    starts: torch.Tensor
     span: int
     leading: bool

@@ -163,25 +163,31 @@ class _Attention(nn.Module):
         self.qk_norm = config.qk_norm
 
     def forward(self, x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor], step: _Step) -> torch.Tensor:
-        batch, n, _ = x.shape
+        total = x.shape[0]
         q, k, v = self.qkv_proj(x).split(self.sizes, dim=-1)
-        q = q.view(batch, n, self.heads, self.head_dim)
-        k = k.view(batch, n, self.kv_heads, self.head_dim)
-        v = v.view(batch, n, self.kv_heads, self.head_dim)
+        q = q.view(total, self.heads, self.head_dim)
+        k = k.view(total, self.kv_heads, self.head_dim)
+        v = v.view(total, self.kv_heads, self.head_dim)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = _rotate(q, *rotary), _rotate(k, *rotary)
         cache, layer, where = step.cache, step.layer, step.where
         cache.store(layer, where, k, v)
         if step.mask is None:  # on a GPU: each row reads its own slot in place
-            out = slot_attention(q, cache.keys[layer], cache.values[layer], where.read_slots, where.first, where.count)
-        else:
+            out = slot_attention(
+                q, cache.keys[layer], cache.values[layer], where.read_slots, where.first, where.count, where.starts,
+                step.width,
+            )  # fmt: skip
+        else:  # SDPA over the rows' slots: queries padded to (B, heads, n, head_dim)
+            padded = q.new_zeros(step.mask.shape[0], step.width, self.heads, self.head_dim)
+            padded[where.rows, where.inputs] = q
             keys, values = cache.read(layer, where)
             with sdpa_kernel(ATTENTION_BACKENDS):
                 out = F.scaled_dot_product_attention(
-                    q.transpose(1, 2), keys, values, attn_mask=step.mask, enable_gqa=self.heads != self.kv_heads
-                ).transpose(1, 2)
-        return self.o_proj(out.reshape(batch, n, self.heads * self.head_dim))
+                    padded.transpose(1, 2), keys, values, attn_mask=step.mask, enable_gqa=self.heads != self.kv_heads
+                )
+            out = out.transpose(1, 2)[where.rows, where.inputs]
+        return self.o_proj(out.reshape(total, self.heads * self.head_dim))
 
 
 class _MLP(nn.Module):
@@ -216,15 +222,16 @@ class _Step:
     layer: int
     where: CacheIndex
     mask: torch.Tensor | None  # (B, 1, n, span) bool, True = may attend; None: slot_attention reads the slots
+    width: int  # n: inputs of the longest row
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary positions on the first ``2 * cos.shape[-1] / 2`` dims of each head of ``x`` ``(B, n, H, D)``."""
+    """Rotary positions on the first ``cos.shape[-1]`` dims of each head of ``x`` ``(N, H, D)`` (``cos``: ``(N, dim)``)."""
     dim = cos.shape[-1]
     rotated, rest = x[..., :dim], x[..., dim:]
     half = dim // 2
     turned = torch.cat((-rotated[..., half:], rotated[..., :half]), dim=-1)
-    out = rotated * cos[:, :, None] + turned * sin[:, :, None]
+    out = rotated * cos[:, None] + turned * sin[:, None]
     return torch.cat((out, rest), dim=-1) if rest.shape[-1] else out
 
 
@@ -321,29 +328,34 @@ class CausalLM(nn.Module):
         batch, n, _ = embeds.shape
         rows_at, inputs_at, slots_at, positions_at = packed[: 4 * total].view(4, total)
         read_slots, first, count = packed[4 * total :].view(3, batch)
-        where = CacheIndex(rows_at, inputs_at, slots_at, positions_at, read_slots, first, count, span, leading)
+        starts = torch.cumsum(count, 0) - count  # row b's inputs are x[starts[b] : starts[b] + count[b]]
+        where = CacheIndex(
+            rows_at, inputs_at, slots_at, positions_at, read_slots, first, count, starts, span, leading
+        )
         device = self.device
-        offsets = torch.arange(n, device=device)
-        positions = first[:, None] + offsets
         mask = None
         if not reads_in_place(device):
+            offsets = torch.arange(n, device=device)
+            positions = first[:, None] + offsets
             valid = offsets < count[:, None]
             keys = torch.arange(span, device=device)
             # Query i of row b sees its slot's keys up to its own position; a padded query sees key 0 (no NaN).
             mask = ((keys <= positions[:, :, None]) & (valid[:, :, None] | (keys == 0)))[:, None]
-        angles = positions[:, :, None].float() * self.inv_freq
+        angles = positions_at[:, None].float() * self.inv_freq
         angles = torch.cat((angles, angles), dim=-1)
         scale = self.config.rope_scale
-        rotary = ((angles.cos() * scale).to(embeds.dtype), (angles.sin() * scale).to(embeds.dtype))
-        step = _Step(cache, 0, where, mask)
-        x = embeds.to(device, self.dtype)
+        rotary = ((angles.cos() * scale).to(self.dtype), (angles.sin() * scale).to(self.dtype))
+        step = _Step(cache, 0, where, mask, n)
+        # Only the real inputs go through the layers, packed: (total, hidden), row after row.
+        x = embeds.to(device, self.dtype)[rows_at, inputs_at]
         for index, layer in enumerate(self.layers):
             step.layer = index
             x = layer(x, rotary, step)
         if all_logits:
-            return self.lm_head(self.norm(x)).float()
-        last = x[torch.arange(batch, device=device), count - 1]
-        return self.lm_head(self.norm(last)).float()
+            padded = x.new_zeros(batch, n, x.shape[-1])
+            padded[rows_at, inputs_at] = x
+            return self.lm_head(self.norm(padded)).float()
+        return self.lm_head(self.norm(x[starts + count - 1])).float()
 
 
 def pack_indices(slots: np.ndarray, starts: np.ndarray, counts: np.ndarray) -> np.ndarray:

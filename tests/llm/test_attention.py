@@ -20,7 +20,7 @@ CASES = [(4, 2, 8, 1), (4, 2, 8, 3), (2, 2, 16, 1), (4, 1, 8, 40), (16, 8, 128, 
 def reference(
     queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, slots: list, first: list, count: list
 ) -> torch.Tensor:
-    """Each real query's softmax over its slot's keys up to its position, in float64; padded queries zero."""
+    """Each real query's softmax over its slot's keys up to its position, in float64 ``(B, n, heads, head_dim)``."""
     heads, head_dim = queries.shape[2:]
     group = heads // keys.shape[1]
     out = torch.zeros(queries.shape, dtype=torch.float64)
@@ -35,7 +35,7 @@ def reference(
 
 
 def check(device: str, dtype: torch.dtype, tolerance: float) -> None:
-    """Every case of :data:`CASES` on ``device``: rows in any slot order, at any position, with padded queries."""
+    """Every case of :data:`CASES` on ``device``: rows of different lengths in any slot order, at any position."""
     generator = torch.Generator().manual_seed(0)
     capacity = 2 * KEY_BLOCK + 11  # rows whose keys span one, two and three key blocks
     for heads, kv_heads, head_dim, n in CASES:
@@ -44,9 +44,12 @@ def check(device: str, dtype: torch.dtype, tolerance: float) -> None:
         slots, count = [3, 0, 4, 1], [n, max(1, n - 2), 1, n]
         first = [0, 7, capacity - 1, capacity - n]
         want = reference(queries, keys, values, slots, first, count)
-        indices = [torch.tensor(values_, device=device) for values_ in (slots, first, count)]
-        got = slot_attention(*(t.to(device, dtype) for t in (queries, keys, values)), *indices)
-        assert got.dtype == dtype and got.shape == queries.shape
+        starts = [sum(count[:row]) for row in range(len(count))]
+        packed = torch.cat([queries[row, :real] for row, real in enumerate(count)])  # row after row
+        indices = [torch.tensor(values_, device=device) for values_ in (slots, first, count, starts)]
+        got = slot_attention(*(t.to(device, dtype) for t in (packed, keys, values)), *indices, n)
+        assert got.dtype == dtype and got.shape == packed.shape
+        want = torch.cat([want[row, :real] for row, real in enumerate(count)])
         error = (got.double().cpu() - want).abs().max().item()
         assert error < tolerance, (heads, kv_heads, head_dim, n, error)
 
