@@ -326,11 +326,7 @@ class LLMStreams:
         frames = np.arange(rows.size) - np.repeat(np.cumsum(added) - added, added)
         where = to_device(np.stack((rows, frames, slots[rows], filled[rows] + frames)), self._window.device)
         self._window[where[2], :, where[3]] = to_device(new, self._window.device)[where[0], :, where[1]]
-        width = max(1, int(lengths.max()))
-        on_device = to_device(slots, self._window.device)
-        batch = self._window[on_device, :, :width]  # one gather; zeros after each row's frames
-        outputs, _ = self.model.encoder(batch, lengths)
-        audio = self.model.projector(outputs)
+        audio = self._encode(slots, lengths)
         counts = self.model.encoder.output_lengths(lengths)  # on the host, as the lengths: no wait for the device
         closing = lengths // self.window_frames
         for stream, count in zip(streams, closing.tolist(), strict=True):
@@ -338,6 +334,27 @@ class LLMStreams:
         self._shift_open_windows(slots[closing > 0], (closing * self.window_frames)[closing > 0], lengths[closing > 0])
         self._window_filled[slots] = lengths - closing * self.window_frames
         return audio, counts, closing * self.window_tokens
+
+    def _encode(self, slots: np.ndarray, lengths: np.ndarray) -> torch.Tensor:
+        """The projected audio tokens ``(B, n, hidden)`` of each slot's first ``lengths[b]`` window frames.
+
+        Rows whose frames close a window (more than one window's frames) are encoded apart from the others:
+        padded to the longest in one batch, every row would run the encoder over two windows."""
+        device = self._window.device
+        closes = lengths > self.window_frames
+        groups = [rows for rows in (np.flatnonzero(~closes), np.flatnonzero(closes)) if len(rows)]
+        pieces = []
+        for rows in groups:
+            width = max(1, int(lengths[rows].max()))
+            batch = self._window[to_device(slots[rows], device), :, :width]  # zeros after each row's frames
+            outputs, _ = self.model.encoder(batch, lengths[rows])
+            pieces.append(self.model.projector(outputs))
+        if len(pieces) == 1:
+            return pieces[0]
+        audio = pieces[0].new_zeros(len(slots), max(piece.shape[1] for piece in pieces), pieces[0].shape[2])
+        for rows, piece in zip(groups, pieces, strict=True):
+            audio[to_device(rows, device), : piece.shape[1]] = piece
+        return audio
 
     def _push_frames(self, chunks: list[np.ndarray], slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The front end's new frames of ``chunks`` for the streams of ``slots``: ``(B, bins, T)`` and ``(B,)``

@@ -193,3 +193,28 @@ def test_front_end_threads_change_no_frame_and_no_token(qwen3_asr, speech: Calla
     (partials, windows), (threaded_partials, threaded_windows) = runs
     assert threaded_partials == partials
     assert all(torch.equal(a, b) for a, b in zip(windows, threaded_windows, strict=True))
+
+
+def test_a_stream_closing_its_window_beside_others_equals_itself_alone(qwen3_asr, speech: Callable) -> None:
+    """Streams out of phase: one closes an encoder window in an update where the others do not."""
+    policy = StreamPolicy(chunk_s=1.0, update_tokens=UPDATE_TOKENS, final_tokens=8)
+    signals = {"early": speech(11.0, 0), "late": speech(7.0, 1)}
+    lead = 3  # chunks "early" is fed before "late" joins
+
+    def run(names: list[str]) -> dict[str, list[tuple[int, ...]]]:
+        streams = LLMStreams(qwen3_asr, slots=2, policy=policy)
+        seen: dict[str, list[tuple[int, ...]]] = {name: [] for name in names}
+        for name in names:
+            streams.open(name)
+        size = policy.chunk_samples
+        for step in range(len(signals["early"]) // size):
+            for name in names:
+                start = (step - (lead if name == "late" else 0)) * size
+                if 0 <= start < len(signals[name]) - size + 1:
+                    streams.feed(name, signals[name][start : start + size])
+            for partial in streams.update():
+                seen[partial.stream].append(partial.tokens)
+        return seen
+
+    together = run(["early", "late"])
+    assert together == {**run(["early"]), **run(["late"])}
