@@ -87,6 +87,7 @@ INIT_STD = 0.02  # random weights: normal(0, 0.02) matrices, zero biases, unit n
 TOKENS_PER_S = 4  # an update's answer beyond the rolled-back tokens: about 4 tokens per second of new audio
 GOLDEN = 0.6180339887498949  # stream i's phase: frac(i * GOLDEN) of a chunk, even over any first n streams
 LEAD_S = 0.05  # an episode's first chunk is due this long after it starts
+FEATURE_BATCH_BYTES = 256 * 2**20  # the re-feed recipe's feature batches: at most this many bytes staged at once
 
 # Qwen3-ASR's special tokens and their ids in its tokenizer; "<asr_text>" is added, not special.
 QWEN3_SPECIAL_IDS = {
@@ -280,11 +281,13 @@ class ReFeedStreams(BenchStreams):
         for row, stream in enumerate(streams):
             self._frames[stream.name].append(new[row, :, : added[row]])
             frames.append(np.concatenate(self._frames[stream.name], axis=1))
-        lengths = np.array([frame.shape[1] for frame in frames], np.int64)
-        batch = np.zeros((len(frames), frames[0].shape[0], max(1, int(lengths.max()))), np.float32)
-        for row, frame in enumerate(frames):
-            batch[row, :, : frame.shape[1]] = frame
-        audio = model.audio_inputs(torch.from_numpy(batch), lengths)
+        audio = []
+        for group in _feature_groups([frame.shape[1] for frame in frames], frames[0].shape[0]):
+            lengths = np.array([frames[row].shape[1] for row in group], np.int64)
+            batch = np.zeros((len(group), frames[0].shape[0], max(1, int(lengths.max()))), np.float32)
+            for position, row in enumerate(group):
+                batch[position, :, : lengths[position]] = frames[row]
+            audio += model.audio_inputs(torch.from_numpy(batch), lengths)
         inputs = []
         for stream, tokens in zip(streams, audio, strict=True):
             prefix = self._prefix(stream)
@@ -294,6 +297,19 @@ class ReFeedStreams(BenchStreams):
             inputs.append(torch.cat([piece.to(lm.dtype) for piece in (self._head, tokens, tail)]))
             stream.raw = prefix
         return self._answer(streams, inputs)
+
+
+def _feature_groups(lengths: Sequence[int], bins: int) -> list[list[int]]:
+    """Consecutive rows whose padded float32 feature batch stays within :data:`FEATURE_BATCH_BYTES`."""
+    groups: list[list[int]] = [[]]
+    longest = 0
+    for row, length in enumerate(lengths):
+        longest = max(longest, length)
+        if groups[-1] and (len(groups[-1]) + 1) * bins * longest * 4 > FEATURE_BATCH_BYTES:
+            groups.append([])
+            longest = length
+        groups[-1].append(row)
+    return groups
 
 
 class Probe:
