@@ -34,8 +34,8 @@ from audiomask.transfer import to_device
 
 __all__ = ["ATTENTION_BACKENDS", "CausalLM", "LMConfig", "fuse_projections", "pack_indices"]
 
-# SDPA kernels for the decoder's masked, grouped-query attention. cuDNN's is left out: it builds an execution plan
-# for every new shape (~1.5 ms of host time per call), and a slot cache's span changes every step.
+# SDPA kernels for the decoder's masked, grouped-query attention where slot_attention does not run (the CPU). cuDNN's
+# is left out: it builds an execution plan for every new shape (~1.5 ms of host time per call).
 ATTENTION_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
