@@ -217,8 +217,8 @@ def build_model(
 
 
 class BenchStreams(LLMStreams):
-    """:class:`LLMStreams` with :meth:`restart` (a stream's next utterance, no final pass), :meth:`close` (a stream
-    ended without it) and ``frontend_s``: seconds in the streams' front ends (host), over all updates."""
+    """:class:`LLMStreams` with :meth:`restart` (a stream's next utterance, no final pass) and ``frontend_s``:
+    seconds in the streams' front ends (host), over all updates."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.frontend_s = 0.0
@@ -235,13 +235,6 @@ class BenchStreams(LLMStreams):
         stream = self._stream(name)
         self._start_segment(stream)
         stream.pending = np.zeros(0, np.float32)
-
-    def close(self, name: str) -> None:
-        """End stream ``name`` without its final pass: its slot emptied and freed."""
-        stream = self._stream(name)
-        del self._streams[name]
-        self.cache.reset(stream.slot)
-        self._free.append(stream.slot)
 
     def answer_length(self, updates: int) -> int:
         """Tokens of a stream's answer after ``updates`` updates of this policy (``fixed_tokens`` each)."""
@@ -268,8 +261,8 @@ class ReFeedStreams(BenchStreams):
         super()._start_segment(stream)
         self._frames[stream.name] = []
 
-    def close(self, name: str) -> None:
-        super().close(name)
+    def drop(self, name: str) -> None:
+        super().drop(name)
         del self._frames[name]
 
     def _decode(self, streams: list[Any], chunks: list[np.ndarray]) -> list[Partial]:
@@ -313,27 +306,40 @@ def _feature_groups(lengths: Sequence[int], bins: int) -> list[list[int]]:
 
 
 class Probe:
-    """Per update of one :class:`AudioLM`: encoder (with projector) and decoder time, by CUDA events on a GPU
-    (device time of their kernels) or the host clock on a CPU; encoder frames (real and padded), prefill
-    tokens (the update's first language-model call) and decode steps (its later calls)."""
+    """Per update of one :class:`BenchStreams`: encoder (convolutions, attention windows, projector) and decoder
+    (prefill, decode steps and the answers' host work) time, by CUDA events on a GPU (the encoder's: device time
+    of its kernels) or the host clock on a CPU; ``encoder_frames`` (frames convolved, whole conv chunks),
+    ``prefill_tokens`` (the update's first language-model call) and ``decode_steps`` (the others, eager or
+    replayed from CUDA graphs)."""
 
-    def __init__(self, model: AudioLM) -> None:
+    def __init__(self, streams: BenchStreams) -> None:
+        self.streams = streams
+        model = streams.model
         self.cuda = model.device.type == "cuda"
-        self.handles = [
-            model.encoder.register_forward_pre_hook(self._encoder_start),
-            model.projector.register_forward_hook(self._encoder_end),
-            model.lm.register_forward_pre_hook(self._lm_start),
-            model.lm.register_forward_hook(self._lm_end),
-        ]
+        encoder = model.encoder
+        spans = [(encoder.conv2d1, encoder.conv_out), (encoder.layers[0], encoder.ln_post)]
+        spans.append((model.projector, model.projector))
+        self.handles = [model.lm.register_forward_pre_hook(self._lm_start)]
+        for first, last in spans:
+            self.handles.append(first.register_forward_pre_hook(self._encoder_start))
+            self.handles.append(last.register_forward_hook(self._encoder_end))
+        self._answer = streams._answer
+        streams._answer = self._timed_answer
+        self._step = streams._steps.step if streams._steps is not None else None
+        if self._step is not None:
+            streams._steps.step = self._counted_step
         self.begin()
 
     def close(self) -> None:
         for handle in self.handles:
             handle.remove()
+        del self.streams._answer
+        if self._step is not None:
+            del self.streams._steps.step
 
     def begin(self) -> None:
         self.encoder, self.decoder = [], []
-        self.counts = {"encoder_frames": 0, "encoder_frames_padded": 0, "prefill_tokens": 0, "decode_steps": 0}
+        self.counts = {"encoder_frames": 0, "prefill_tokens": 0, "decode_steps": 0}
 
     def _mark(self) -> Any:
         if not self.cuda:
@@ -343,23 +349,29 @@ class Probe:
         return event
 
     def _encoder_start(self, module: Any, args: tuple) -> None:
-        features, lengths = args[0], np.asarray(args[1])
-        self.counts["encoder_frames"] += int(lengths.sum())
-        self.counts["encoder_frames_padded"] += int(features.shape[0] * features.shape[2])
+        if module is self.streams.model.encoder.conv2d1:
+            chunks = args[0]  # (N, 1, mel bins, chunk frames)
+            self.counts["encoder_frames"] += int(chunks.shape[0] * chunks.shape[-1])
         self.encoder.append([self._mark(), None])
 
     def _encoder_end(self, module: Any, args: tuple, output: Any) -> None:
         self.encoder[-1][1] = self._mark()
 
     def _lm_start(self, module: Any, args: tuple) -> None:
-        if self.decoder:
+        if self.counts["prefill_tokens"]:
             self.counts["decode_steps"] += 1
         else:
             self.counts["prefill_tokens"] += int(np.asarray(args[2]).sum())
-        self.decoder.append([self._mark(), None])
 
-    def _lm_end(self, module: Any, args: tuple, output: Any) -> None:
-        self.decoder[-1][1] = self._mark()
+    def _counted_step(self, *args: Any) -> Any:
+        self.counts["decode_steps"] += 1
+        return self._step(*args)
+
+    def _timed_answer(self, *args: Any) -> Any:
+        began = self._mark()
+        partials = self._answer(*args)
+        self.decoder.append([began, self._mark()])
+        return partials
 
     def _ms(self, pairs: list) -> float:
         if self.cuda:
@@ -387,7 +399,7 @@ def one_stream(streams: BenchStreams, seconds: float, *, probe: bool = False, se
     signal = noise(chunks * size, seed)
     name = f"one-{seed}"
     streams.open(name)
-    probing = Probe(streams.model) if probe else None
+    probing = Probe(streams) if probe else None
     rows = []
     try:
         for index in range(chunks):
@@ -405,7 +417,7 @@ def one_stream(streams: BenchStreams, seconds: float, *, probe: bool = False, se
     finally:
         if probing:
             probing.close()
-        streams.close(name)
+        streams.drop(name)
     return rows
 
 

@@ -116,7 +116,7 @@ def first_partials(streams: BenchStreams, repeats: int) -> dict:
         if index >= WARMUP_REPEATS:
             times.append(elapsed)
         streams.restart("first")
-    streams.close("first")
+    streams.drop("first")
     return {"repeats": repeats, **percentiles(times)}
 
 

@@ -31,7 +31,8 @@ except ImportError:  # CPU-only torch wheels come without Triton
 __all__ = ["reads_in_place", "slot_attention"]
 
 KEY_BLOCK = 64  # keys per inner step
-QUERY_BLOCKS = (16, 64)  # query rows (query x head of a group) per program: the smallest tl.dot takes, and the prefill's
+# Query rows (query x head of a group) per program: the fewest tl.dot takes (decode steps), and the prefill's.
+QUERY_BLOCKS = (16, 64)
 
 
 def reads_in_place(device: torch.device) -> bool:
@@ -92,20 +93,20 @@ if triton is not None:
 
     @triton.jit
     def _slot_attention(
-        Q, K, V, O, SLOTS, FIRST, COUNT, STARTS,
+        queries, keys, values, out, slots, firsts, counts, starts,
         stride_qn, stride_qh,
         stride_ks, stride_kh, stride_kc,
         scale,
-        KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+        KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,  # noqa: N803
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,  # noqa: N803
     ):  # fmt: skip
         # One program: row b, key head h, BLOCK_M of the row's (query, head of h's group) pairs.
         row = tl.program_id(0) // KV_HEADS
         kv_head = tl.program_id(0) % KV_HEADS
-        slot = tl.load(SLOTS + row)
-        first = tl.load(FIRST + row)
-        count = tl.load(COUNT + row)
-        begin = tl.load(STARTS + row)
+        slot = tl.load(slots + row)
+        first = tl.load(firsts + row)
+        count = tl.load(counts + row)
+        begin = tl.load(starts + row)
         pair = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
         query = pair // GROUP
         head = kv_head * GROUP + pair % GROUP
@@ -113,7 +114,7 @@ if triton is not None:
         dims = tl.arange(0, BLOCK_D)
         in_dims = dims < HEAD_DIM
         q_at = (begin + query)[:, None] * stride_qn + head[:, None] * stride_qh + dims[None, :]
-        q = tl.load(Q + q_at, mask=real[:, None] & in_dims[None, :], other=0.0)
+        q = tl.load(queries + q_at, mask=real[:, None] & in_dims[None, :], other=0.0)
         position = first + query
         # Keys this block needs: up to its last real query's position (none when it holds only padding).
         last_query = tl.minimum(count - 1, (tl.program_id(1) * BLOCK_M + BLOCK_M - 1) // GROUP)
@@ -126,8 +127,8 @@ if triton is not None:
             key = start + tl.arange(0, BLOCK_N)
             kv_at = base + key[:, None] * stride_kc + dims[None, :]
             kv_mask = (key < end)[:, None] & in_dims[None, :]
-            k = tl.load(K + kv_at, mask=kv_mask, other=0.0)
-            v = tl.load(V + kv_at, mask=kv_mask, other=0.0)
+            k = tl.load(keys + kv_at, mask=kv_mask, other=0.0)
+            v = tl.load(values + kv_at, mask=kv_mask, other=0.0)
             scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
             scores = tl.where((key[None, :] <= position[:, None]) & real[:, None], scores, float("-inf"))
             top = tl.maximum(best, tl.max(scores, 1))
@@ -137,5 +138,5 @@ if triton is not None:
             total = total * rescale + tl.sum(weights, 1)
             acc = acc * rescale[:, None] + tl.dot(weights.to(v.dtype), v, input_precision=PRECISION)
             best = top
-        out = acc / tl.where(total == 0.0, 1.0, total)[:, None]
-        tl.store(O + q_at, out.to(O.dtype.element_ty), mask=real[:, None] & in_dims[None, :])
+        result = acc / tl.where(total == 0.0, 1.0, total)[:, None]
+        tl.store(out + q_at, result.to(out.dtype.element_ty), mask=real[:, None] & in_dims[None, :])

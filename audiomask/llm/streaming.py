@@ -9,8 +9,10 @@ whole prompt every chunk, so its cost grows with the utterance. Here the work
 done once is kept:
 
 - **encoder**: Qwen3-ASR attends inside fixed 8 s windows, so a closed
-  window's outputs are final; each update encodes only the open window's
-  frames (features come from a streaming front end, each frame computed once).
+  window's outputs are final; each update attends only the open window again,
+  and convolves only its chunks not yet convolved (each 1 s conv chunk is
+  convolved on its own, so a completed chunk's conv tokens are kept); features
+  come from a streaming front end, each frame computed once.
 - **language model**: the KV cache of the prompt head (system turn, context,
   user turn) and of the closed windows' audio tokens is kept in the stream's
   slot; an update crops the slot back to it and runs only the newly closed
@@ -19,8 +21,9 @@ done once is kept:
 
 All streams that have a chunk due update together: one front-end call (one
 :class:`~audiomask.features.frontend.FeatureStreams` of a stream per slot,
-the due ones pushed), one gather of their open windows' frames (kept per slot
-in one preallocated buffer), one encoder call, one embedding call for every
+the due ones pushed), one gather of their new conv chunks' frames (kept per
+slot in one preallocated buffer on the device), one convolution call, one
+attention call (two when some rows close a window), one embedding call for every
 row's prompt tail and prefix, one gather assembling the rows' inputs, one
 prefill, one batched greedy loop over slots of different lengths
 (:func:`~audiomask.llm.generate.greedy`), so a stream's partials do not
@@ -46,6 +49,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from audiomask.checks import check_int
 from audiomask.constants import HOP_LENGTH, SAMPLE_RATE
@@ -187,10 +191,17 @@ class LLMStreams:
         # Slot s's open-window frames are _window[s, :, :_window_filled[s]], zeros after (so one gather pads a batch).
         self.features: FeatureStreams = model.frontend.streams(slots)
         framing = model.frontend.framing
-        chunk_frames = (self.policy.chunk_samples + framing.win + framing.pad) // framing.hop + 2  # most a push makes
-        shape = (slots, config.num_mel_bins, self.window_frames + chunk_frames)
-        self._window = torch.zeros(shape, dtype=torch.float32, device=model.device)
+        pushed = (self.policy.chunk_samples + framing.win + framing.pad) // framing.hop + 2  # most a push makes
+        width = -(-(self.window_frames + pushed) // config.chunk_frames) * config.chunk_frames  # whole conv chunks
+        self._window = torch.zeros((slots, config.num_mel_bins, width), dtype=torch.float32, device=model.device)
         self._window_filled = np.zeros(slots, np.int64)
+        # Slot s's open window's first _chunks_done[s] conv chunks, convolved: their tokens, kept.
+        self._chunk_tokens = torch.zeros(
+            (slots, config.window_tokens, config.d_model),
+            dtype=model.encoder.conv_out.weight.dtype,
+            device=model.device,
+        )
+        self._chunks_done = np.zeros(slots, np.int64)
         threads = check_int("frontend_threads", frontend_threads, minimum=1)
         self._frontend_pool = ThreadPoolExecutor(threads, "audiomask-frontend") if threads > 1 else None
         self._free = list(range(slots))[::-1]
@@ -214,6 +225,7 @@ class LLMStreams:
         self.features.reset(stream.slot)
         self._window[stream.slot, :, : self._window_filled[stream.slot]] = 0.0
         self._window_filled[stream.slot] = 0
+        self._chunks_done[stream.slot] = 0
         stream.samples = []
         stream.chunks = stream.closed_windows = 0
         stream.raw, stream.tokens = "", ()
@@ -338,22 +350,48 @@ class LLMStreams:
     def _encode(self, slots: np.ndarray, lengths: np.ndarray) -> torch.Tensor:
         """The projected audio tokens ``(B, n, hidden)`` of each slot's first ``lengths[b]`` window frames.
 
-        Rows whose frames close a window (more than one window's frames) are encoded apart from the others:
-        padded to the longest in one batch, every row would run the encoder over two windows."""
-        device = self._window.device
+        Convolutions run only over the chunks not yet convolved: each chunk is convolved on its own, so a
+        completed chunk's conv tokens are final and kept (:attr:`_chunk_tokens`); the open window's
+        attention runs again. Rows whose frames close a window (more than one window's frames) attend
+        apart from the others: padded to the longest in one batch, every row would attend two windows.
+        """
+        encoder, config = self.model.encoder, self.model.encoder.config
+        device, dtype = self._window.device, self._chunk_tokens.dtype
+        size, per_chunk, per_window = config.chunk_frames, config.chunk_tokens, config.chunks_per_window
+        done = self._chunks_done[slots]
+        chunks = -(-lengths // size)  # chunks holding frames, the last possibly short
+        fresh = chunks - done
+        rows = np.repeat(np.arange(len(slots)), fresh)
+        index = np.arange(rows.size) - np.repeat(np.cumsum(fresh) - fresh, fresh) + done[rows]
+        where = to_device(np.stack((rows, index, slots[rows])), device)
+        frames = self._window.view(*self._window.shape[:2], -1, size)[where[2], :, where[1]]  # (N, bins, size)
+        convolved = encoder.embed_chunks(frames.to(dtype))  # (N, chunk_tokens, d_model)
+        tokens = self._chunk_tokens[to_device(slots, device)]  # (B, window_tokens, d_model): kept chunks first
+        tokens = F.pad(tokens, (0, 0, 0, max(0, int(chunks.max()) * per_chunk - tokens.shape[1])))
+        tokens.view(len(slots), -1, per_chunk, tokens.shape[2])[where[0], where[1]] = convolved
+        # The open window's completed chunks after this update, at their places in the next window.
+        closing = lengths // self.window_frames
+        complete = lengths // size
+        keep = np.flatnonzero((index >= per_window * closing[rows]) & (index < complete[rows]))
+        if keep.size:
+            kept = to_device(np.stack((slots[rows[keep]], index[keep] - per_window * closing[rows[keep]])), device)
+            places = self._chunk_tokens.view(len(self._chunks_done), per_window, per_chunk, -1)
+            places[kept[0], kept[1]] = convolved[to_device(keep, device)]
+        self._chunks_done[slots] = complete - per_window * closing
+        counts = encoder.output_lengths(lengths)
         closes = lengths > self.window_frames
         groups = [rows for rows in (np.flatnonzero(~closes), np.flatnonzero(closes)) if len(rows)]
         pieces = []
-        for rows in groups:
-            width = max(1, int(lengths[rows].max()))
-            batch = self._window[to_device(slots[rows], device), :, :width]  # zeros after each row's frames
-            outputs, _ = self.model.encoder(batch, lengths[rows])
+        for group in groups:
+            longest = int(counts[group].max())
+            width = -(-max(1, longest) // per_chunk) * per_chunk
+            outputs = encoder.attend_windows(tokens[to_device(group, device), :width], counts[group], longest)
             pieces.append(self.model.projector(outputs))
         if len(pieces) == 1:
             return pieces[0]
         audio = pieces[0].new_zeros(len(slots), max(piece.shape[1] for piece in pieces), pieces[0].shape[2])
-        for rows, piece in zip(groups, pieces, strict=True):
-            audio[to_device(rows, device), : piece.shape[1]] = piece
+        for group, piece in zip(groups, pieces, strict=True):
+            audio[to_device(group, device), : piece.shape[1]] = piece
         return audio
 
     def _push_frames(self, chunks: list[np.ndarray], slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -172,6 +172,27 @@ class Qwen3ASREncoder(nn.Module):
             windows = layer(windows, bias)
         return self.ln_post(windows)
 
+    def attend_windows(
+        self, tokens: torch.Tensor, token_lengths: np.ndarray | torch.Tensor, longest: int
+    ) -> torch.Tensor:
+        """The outputs ``(B, longest, d_model)`` of conv tokens ``(B, n, d_model)`` (:meth:`embed_chunks`, each
+        row's chunks in order, its first ``token_lengths[b]`` real): attention in the row's aligned windows of
+        ``window_tokens``, then ``ln_post``. ``token_lengths`` ``(B,)`` int64 on the host or the tokens' device.
+        """
+        batch, count, dim = tokens.shape
+        window_tokens = self.config.window_tokens
+        windows = -(-count // window_tokens)
+        # Only a row's last chunk is short, so its tokens lead the row, and its windows are the row's aligned
+        # blocks of window_tokens: attend them as a batch.
+        tokens = F.pad(tokens, (0, 0, 0, windows * window_tokens - count))
+        if isinstance(token_lengths, torch.Tensor):
+            starts = window_tokens * torch.arange(windows, device=token_lengths.device)
+        else:
+            starts = window_tokens * np.arange(windows)
+        window_lengths = (token_lengths[:, None] - starts).clip(0, window_tokens).reshape(-1)
+        hidden = self.encode_windows(tokens.reshape(batch * windows, window_tokens, dim), window_lengths)
+        return hidden.reshape(batch, windows * window_tokens, dim)[:, :longest]
+
     def forward(self, features: torch.Tensor, feature_lengths: object) -> tuple[torch.Tensor, torch.Tensor]:
         """Encode a padded batch.
 
@@ -207,16 +228,6 @@ class Qwen3ASREncoder(nn.Module):
         padded = F.pad(model_input(features, self), (0, chunks * config.chunk_frames - frames))
         chunked = padded.view(batch, bins, chunks, config.chunk_frames).transpose(1, 2)
         tokens = self.embed_chunks(chunked.reshape(batch * chunks, bins, config.chunk_frames))
-        # Only an utterance's last chunk is short, so its tokens lead its row, and its
-        # windows are the row's aligned blocks of window_tokens: attend them as a batch.
-        window_tokens, dim = config.window_tokens, config.d_model
-        windows = -(-chunks // config.chunks_per_window)
-        tokens = F.pad(
-            tokens.reshape(batch, chunks * config.chunk_tokens, dim),
-            (0, 0, 0, windows * window_tokens - chunks * config.chunk_tokens),
-        )
-        starts = window_tokens * (torch.arange(windows, device=device) if on_device else np.arange(windows))
-        window_lengths = (output_lengths[:, None] - starts).clip(0, window_tokens).reshape(-1)
-        hidden = self.encode_windows(tokens.reshape(batch * windows, window_tokens, dim), window_lengths)
-        outputs = hidden.reshape(batch, windows * window_tokens, dim)[:, :longest]
+        tokens = tokens.reshape(batch, chunks * config.chunk_tokens, config.d_model)
+        outputs = self.attend_windows(tokens, output_lengths, longest)
         return outputs, lengths_on(output_lengths, outputs.device)
