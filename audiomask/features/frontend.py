@@ -20,6 +20,7 @@ import torch
 
 from audiomask.checks import check_int
 from audiomask.features.framing import Framing, PackedFrames, StreamFramer, pack
+from audiomask.ragged import ragged_index
 from audiomask.samples import as_samples
 
 __all__ = ["MEL_BLOCK_ROWS", "SLAB_FRAMES", "FeatureStream", "FeatureStreams", "Frontend", "MelBands"]
@@ -234,8 +235,7 @@ class Frontend(ABC):
         if len(counts) == 1 and width == len(features):
             return features[None]
         batch = torch.zeros((len(counts), width, self.n_mels), dtype=torch.float32)
-        row = np.repeat(np.arange(len(counts)), counts)
-        col = np.arange(len(features)) - np.repeat(np.cumsum(counts) - counts, counts)
+        row, col = ragged_index(counts)
         batch[torch.from_numpy(row), torch.from_numpy(col)] = features
         return batch
 

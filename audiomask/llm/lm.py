@@ -30,6 +30,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from audiomask.checks import check_int
 from audiomask.llm.attention import reads_in_place, slot_attention
 from audiomask.llm.cache import CacheIndex, KVCache
+from audiomask.ragged import ragged_index
 from audiomask.transfer import to_device
 
 __all__ = ["ATTENTION_BACKENDS", "CausalLM", "LMConfig", "fuse_projections", "pack_indices"]
@@ -366,6 +367,5 @@ def pack_indices(slots: np.ndarray, starts: np.ndarray, counts: np.ndarray) -> n
     >>> pack_indices(np.array([3, 1]), np.array([5, 0]), np.array([1, 2])).tolist()
     [0, 1, 1, 0, 0, 1, 3, 1, 1, 5, 0, 1, 3, 1, 5, 0, 1, 2]
     """
-    rows = np.repeat(np.arange(len(slots)), counts)
-    inputs = np.arange(rows.size) - np.repeat(np.cumsum(counts) - counts, counts)
+    rows, inputs = ragged_index(counts)
     return np.concatenate((rows, inputs, slots[rows], starts[rows] + inputs, slots, starts, counts)).astype(np.int64)

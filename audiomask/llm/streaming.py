@@ -58,6 +58,7 @@ from audiomask.llm.generate import greedy
 from audiomask.llm.graphs import GraphedDecode
 from audiomask.llm.model import DEFAULT_MAX_NEW_TOKENS, AudioLM, LLMTranscript
 from audiomask.models import Qwen3ASREncoder
+from audiomask.ragged import ragged_index
 from audiomask.samples import as_samples
 from audiomask.transfer import to_device
 
@@ -202,7 +203,8 @@ class LLMStreams:
             device=model.device,
         )
         self._chunks_done = np.zeros(slots, np.int64)
-        threads = check_int("frontend_threads", frontend_threads, minimum=1)
+        self.frontend_threads = check_int("frontend_threads", frontend_threads, minimum=1)
+        threads = self.frontend_threads
         self._frontend_pool = ThreadPoolExecutor(threads, "audiomask-frontend") if threads > 1 else None
         self._free = list(range(slots))[::-1]
         self._streams: dict[str, _Stream] = {}
@@ -334,12 +336,11 @@ class LLMStreams:
         filled = self._window_filled[slots]
         lengths = filled + added
         # Every new frame to its slot's buffer in one scatter: frame j of row r goes to slots[r] at filled[r] + j.
-        rows = np.repeat(np.arange(len(slots)), added)
-        frames = np.arange(rows.size) - np.repeat(np.cumsum(added) - added, added)
+        rows, frames = ragged_index(added)
         where = to_device(np.stack((rows, frames, slots[rows], filled[rows] + frames)), self._window.device)
         self._window[where[2], :, where[3]] = to_device(new, self._window.device)[where[0], :, where[1]]
-        audio = self._encode(slots, lengths)
         counts = self.model.encoder.output_lengths(lengths)  # on the host, as the lengths: no wait for the device
+        audio = self._encode(slots, lengths, counts)
         closing = lengths // self.window_frames
         for stream, count in zip(streams, closing.tolist(), strict=True):
             stream.closed_windows += count
@@ -347,8 +348,9 @@ class LLMStreams:
         self._window_filled[slots] = lengths - closing * self.window_frames
         return audio, counts, closing * self.window_tokens
 
-    def _encode(self, slots: np.ndarray, lengths: np.ndarray) -> torch.Tensor:
-        """The projected audio tokens ``(B, n, hidden)`` of each slot's first ``lengths[b]`` window frames.
+    def _encode(self, slots: np.ndarray, lengths: np.ndarray, counts: np.ndarray) -> torch.Tensor:
+        """The projected audio tokens ``(B, n, hidden)`` of each slot's first ``lengths[b]`` window frames
+        (``counts[b]`` tokens).
 
         Convolutions run only over the chunks not yet convolved: each chunk is convolved on its own, so a
         completed chunk's conv tokens are final and kept (:attr:`_chunk_tokens`); the open window's
@@ -361,8 +363,8 @@ class LLMStreams:
         done = self._chunks_done[slots]
         chunks = -(-lengths // size)  # chunks holding frames, the last possibly short
         fresh = chunks - done
-        rows = np.repeat(np.arange(len(slots)), fresh)
-        index = np.arange(rows.size) - np.repeat(np.cumsum(fresh) - fresh, fresh) + done[rows]
+        rows, index = ragged_index(fresh)
+        index += done[rows]
         where = to_device(np.stack((rows, index, slots[rows])), device)
         frames = self._window.view(*self._window.shape[:2], -1, size)[where[2], :, where[1]]  # (N, bins, size)
         convolved = encoder.embed_chunks(frames.to(dtype))  # (N, chunk_tokens, d_model)
@@ -378,7 +380,6 @@ class LLMStreams:
             places = self._chunk_tokens.view(len(self._chunks_done), per_window, per_chunk, -1)
             places[kept[0], kept[1]] = convolved[to_device(keep, device)]
         self._chunks_done[slots] = complete - per_window * closing
-        counts = encoder.output_lengths(lengths)
         closes = lengths > self.window_frames
         groups = [rows for rows in (np.flatnonzero(~closes), np.flatnonzero(closes)) if len(rows)]
         pieces = []
@@ -400,7 +401,7 @@ class LLMStreams:
         shares = len(slots) // FRONTEND_SHARE
         if self._frontend_pool is None or shares < 2:
             return self.features.push(chunks, indices=slots)
-        parts = np.array_split(np.arange(len(slots)), min(shares, self._frontend_pool._max_workers))
+        parts = np.array_split(np.arange(len(slots)), min(shares, self.frontend_threads))
         futures = [
             self._frontend_pool.submit(self.features.push, [chunks[row] for row in part], indices=slots[part])
             for part in parts

@@ -18,6 +18,7 @@ from torch import nn
 
 from audiomask.checks import check_int
 from audiomask.models.layers import host_lengths
+from audiomask.ragged import ragged_index
 from audiomask.streaming.plan import ChunkPlan
 from audiomask.streaming.protocol import EncoderSlots
 from audiomask.transfer import parallel_copy_bytes, to_device, torch_dtype_of
@@ -56,8 +57,7 @@ class FrameBuffer:
             grown = self.frames.new_zeros(batch, needed - capacity, feature_size)
             self.frames = torch.cat([self.frames, grown], dim=1)
         # One scatter for all slots, whatever their lengths: (slot, source frame) -> (slot, count + frame).
-        slots = np.repeat(np.arange(batch), lengths)
-        source = np.arange(slots.size) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        slots, source = ragged_index(lengths)
         slots, source, target = to_device(np.stack([slots, source, source + self.counts[slots]]), self.frames.device)
         features = to_device(features, self.frames.device, dtype=self.frames.dtype)
         self.frames[slots, target] = features[slots, source]

@@ -10,6 +10,7 @@ import torch
 
 from audiomask.llm import checkpoint
 from audiomask.llm.streaming import LLMStreams, StreamPolicy
+from tests.llm.streams import stream_tokens
 
 pytestmark = pytest.mark.gpu
 
@@ -27,15 +28,7 @@ def test_cuda_streams_beside_others_equal_themselves_alone(tiny_qwen3_asr_dir: P
     signals = {name: speech(seconds, seed) for seed, (name, seconds) in enumerate((("a", 9.0), ("b", 3.0)))}
 
     def run(names: list[str]) -> dict[str, list[tuple[int, ...]]]:
-        streams = LLMStreams(model, slots=2, policy=policy)
-        seen: dict[str, list[tuple[int, ...]]] = {name: [] for name in names}
-        for name in names:
-            streams.open(name)
-            streams.feed(name, signals[name])
-        while streams.due():
-            for partial in streams.update():
-                seen[partial.stream].append(partial.tokens)
-        return seen
+        return stream_tokens(LLMStreams(model, slots=2, policy=policy), {name: signals[name] for name in names})
 
     together = run(["a", "b"])
     assert together == {**run(["a"]), **run(["b"])}

@@ -17,6 +17,7 @@ import torch
 
 from audiomask.llm import checkpoint
 from audiomask.llm.streaming import FRONTEND_SHARE, LLMStreams, StreamPolicy
+from tests.llm.streams import stream_tokens
 
 transformers = pytest.importorskip("transformers")
 
@@ -125,13 +126,7 @@ def test_a_stream_beside_others_equals_itself_alone(qwen3_asr, speech: Callable)
 
     def run(names: list[str]) -> dict[str, list[tuple[int, ...]]]:
         streams = LLMStreams(qwen3_asr, slots=4, policy=policy)
-        seen: dict[str, list[tuple[int, ...]]] = {name: [] for name in names}
-        for name in names:
-            streams.open(name)
-            streams.feed(name, signals[name])
-        while streams.due():
-            for partial in streams.update():
-                seen[partial.stream].append(partial.tokens)
+        seen = stream_tokens(streams, {name: signals[name] for name in names})
         for final in streams.finish(names):
             seen[final.stream].append(final.tokens)
         return seen
@@ -164,13 +159,7 @@ def test_decode_steps_through_graphed_buffers_give_the_same_partials(qwen3_asr, 
     seen = []
     for graphs in (False, True):
         streams = LLMStreams(qwen3_asr, slots=3, policy=policy, cuda_graphs=graphs)
-        for seed, name in enumerate("abc"):
-            streams.open(name)
-            streams.feed(name, speech(3.0 + 2 * seed, seed))
-        partials = []
-        while streams.due():
-            partials += [(partial.stream, partial.tokens) for partial in streams.update()]
-        seen.append(partials)
+        seen.append(stream_tokens(streams, {name: speech(3.0 + 2 * seed, seed) for seed, name in enumerate("abc")}))
     assert seen[0] == seen[1]
 
 
@@ -181,13 +170,9 @@ def test_front_end_threads_change_no_frame_and_no_token(qwen3_asr, speech: Calla
     runs = []
     for threads in (1, 3):
         streams = LLMStreams(qwen3_asr, slots=len(names), policy=policy, frontend_threads=threads)
-        for seed, name in enumerate(names):
-            streams.open(name)
-            streams.feed(name, speech(1.0 + (seed % 4) * 0.7, seed))
-        partials, windows = [], []
-        while streams.due():
-            partials += [(partial.stream, partial.tokens) for partial in streams.update()]
-            windows.append(streams._window.clone())
+        signals = {name: speech(1.0 + (seed % 4) * 0.7, seed) for seed, name in enumerate(names)}
+        windows: list[torch.Tensor] = []
+        partials = stream_tokens(streams, signals, lambda: windows.append(streams._window.clone()))  # noqa: B023
         streams.close()
         runs.append((partials, windows))
     (partials, windows), (threaded_partials, threaded_windows) = runs
