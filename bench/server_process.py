@@ -176,8 +176,8 @@ def process_memory(pid: int) -> dict[str, int] | None:
 class References(NamedTuple):
     """What one recognizer alone makes of each clip (:func:`single_stream_references`)."""
 
-    partials: dict[str, list[str]]  # per clip, the text after each message
-    finals: dict[str, str]  # per clip, the final text
+    partials: dict[str, list[str]] | None  # per clip, the text after each message; None: no reference texts
+    finals: dict[str, str] | None  # per clip, the final text; None: no reference texts
     chunk_ms: int  # the recognizer's chunk
     first_block: int  # samples a stream's first chunk needs (the front end's window reaches past it)
     block: int  # samples each later chunk needs: chunk k is complete at first_block + k * block samples

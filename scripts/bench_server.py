@@ -2,6 +2,7 @@
 """Load benchmark of ``audiomask serve``: N concurrent WebSocket clients over loopback, the partials' latency.
 
 Usage: python3 scripts/bench_server.py --clients 64 --realtime --out bench/results/server_cpu.json
+       python3 scripts/bench_server.py --model llm_0.6b --fixed-tokens 13 --device cuda --clients 1000 --realtime
        python3 scripts/bench_server.py --url ws://127.0.0.1:6006 --clients 2000 --processes 16 --realtime
 
 Each client streams a sample file (``samples/*.wav``, in turn) in messages of
@@ -21,15 +22,20 @@ What it checks and measures:
   ``--reference-on-device``, on the server's device in its dtype with as many
   slots as clients: the server's kernels, for random weights, whose near
   ties may still flip between one stream's steps and the server's);
-  a client that got no final result is *lost*;
+  a client that got no final result is *lost*. An LLM recogniser (``--model``
+  a checkpoint directory, or ``llm_0.6b`` / ``llm_1.7b``: random weights at
+  Qwen3-ASR's sizes, bfloat16 on CUDA) has no such reference: its final is
+  correct when not empty; run it with ``--fixed-tokens`` (random weights
+  never say the end token: ``5 + 4 * chunk seconds`` is what speech gives);
 - the latency of each partial result: its arrival time minus the time the
   client sent the message holding the last sample of the chunk that produced
   it. On the sherpa-onnx route that is the chunk in which the partial's
   newest token starts (its token times: the server's own account); on the
   WeNet route, which sends none, the first message after which the
   single-stream reference's text equals it (a text the reference never shows
-  is *unmatched*, not timed). A partial that repeats the previous one's text
-  (a segment's end) is not timed;
+  is *unmatched*, not timed); an LLM recogniser's k-th partial, from its
+  k-th chunk (one update a chunk). A partial that repeats the previous one's
+  text (a segment's end) is not timed;
 - the final latency: the final result's arrival minus the end message's sending;
 - the started server's CPU seconds (user + system, all its threads) while the
   clients ran, and per second of audio they sent: what a real-time stream
@@ -85,6 +91,10 @@ CLIENT_START_S = 3.0  # seconds the client processes get to start before the fir
 # --model's random models: the latency benchmark's two full-size ones, and shipped_tiny, the shipped model's
 # architecture at tiny widths, whose steps cost next to nothing: a run with it measures the server's own work.
 RANDOM_MODELS = ("phi4mm_full", "qwen3_asr_0.6b", "shipped_tiny")
+# --model's random LLM recognisers: Qwen3-ASR at its released sizes (bench.llm_checkpoints), saved to a temporary
+# directory first; run them with --fixed-tokens (random weights never say the end token).
+RANDOM_LLMS = {"llm_0.6b": "0.6b", "llm_1.7b": "1.7b"}
+LLM_CHUNK_MS = 2000  # an LLM checkpoint's chunk when --chunk-ms is not given (the server's default)
 
 
 def _arguments(argv: list[str]) -> argparse.Namespace:
@@ -101,9 +111,13 @@ def _arguments(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--device", default="cpu", help="the started server's device (default cpu)")
     parser.add_argument(
         "--model",
-        help="the started server's model: a file, or a random model of the latency benchmark "
-        f"({', '.join(RANDOM_MODELS)}: saved to a temporary file first; shipped_tiny's steps cost next to "
-        "nothing: the server's own work is measured); default: the shipped model",
+        help="the started server's model: a file, an LLM checkpoint directory, a random model of the latency "
+        f"benchmark ({', '.join(RANDOM_MODELS)}: saved to a temporary file first; shipped_tiny's steps cost next "
+        f"to nothing: the server's own work is measured) or a random LLM recogniser ({', '.join(RANDOM_LLMS)}: "
+        "Qwen3-ASR's sizes, saved to a temporary directory); default: the shipped model",
+    )
+    parser.add_argument(
+        "--fixed-tokens", type=int, help="the started server's --fixed-tokens (an LLM checkpoint's tokens per update)"
     )
     parser.add_argument("--dtype", default="float32", help="the started server's --dtype (default float32)")
     parser.add_argument("--ws-workers", type=int, help="the started server's --ws-workers")
@@ -145,7 +159,8 @@ def _server(args: argparse.Namespace) -> Iterator[tuple[str, subprocess.Popen | 
         "--frontend-workers": args.frontend_workers,
         "--ws-workers": args.ws_workers,
         "--replicas": args.replicas,
-        "--dtype": args.dtype,
+        "--dtype": None if args.llm else args.dtype,
+        "--fixed-tokens": args.fixed_tokens,
         "--max-wait-ms": args.max_wait_ms,
         "--token": args.token,
     }
@@ -206,21 +221,27 @@ def _partial_latencies(
     times (the sherpa-onnx route) that is the chunk in which its newest token starts: the server's own
     account, whatever the reference's tokens (random weights' near ties can move a token by a chunk).
     Without (WeNet) it is the first message after which the single-stream reference shows the partial's
-    text. A partial whose text is the previous one's (a segment's end) is not timed. One timed from the
+    text. Without a reference (an LLM recogniser: one partial per chunk, in order) the k-th partial is timed
+    from chunk k's last sample: exact when every update changes the text, longer than the truth when one
+    does not (its partial is never sent, and later ones are timed from earlier chunks). A partial whose
+    text is the previous one's (a segment's end) is not timed. One timed from the
     client's last message is its stream's last chunk's (or the one before, when it ends in that message):
     the last, padded chunk can only follow the step of the chunk before, so it may wait for two steps.
     """
     first_message: dict[str, int] = {}
-    for index, text in enumerate(references.partials[name]):
+    for index, text in enumerate(references.partials[name] if references.partials is not None else ()):
         first_message.setdefault(text, index)
     sent_at = outcome["sent_at"]
-    latencies, untimed, unmatched, previous = [], 0, 0, ""
+    latencies, untimed, unmatched, previous, updates = [], 0, 0, "", 0
     for (arrived, text), token_s in zip(outcome["partials"], outcome["partial_token_s"]):
         if text == previous:
             untimed += 1
             continue
         previous = text
-        if token_s is not None:
+        if references.partials is None:
+            last_sample = references.first_block + updates * references.block - 1
+            index, updates = min(last_sample // message_samples, len(sent_at) - 1), updates + 1
+        elif token_s is not None:
             chunk = round(token_s * MS_PER_S) // references.chunk_ms
             last_sample = references.first_block + chunk * references.block - 1
             index = min(last_sample // message_samples, len(sent_at) - 1)  # the last chunk ends in the last one
@@ -280,22 +301,47 @@ def _most_at_once(outcomes: list[dict]) -> int:
 def main(argv: list[str]) -> int:
     args = _arguments(argv)
     from audiomask.audio import load
+    from audiomask.llm.checkpoint import is_llm_checkpoint
 
     audio = {path.name: np.tile(load(path)[0], args.repeat) for path in sorted((REPOSITORY / "samples").glob("*.wav"))}
     message_samples = args.message_ms * SAMPLE_RATE // MS_PER_S
     with contextlib.ExitStack() as stack:
         if args.model in RANDOM_MODELS:
             args.model_name, args.model = args.model, _save_random_model(args.model, args.dtype, stack)
-        on_device = {"device": args.device, "dtype": args.dtype, "max_streams": args.clients}
-        references = single_stream_references(
-            audio,
-            args.model,
-            args.chunk_ms,
-            args.left_chunks,
-            message_samples,
-            **(on_device if args.reference_on_device else {}),
-        )
+        elif args.model in RANDOM_LLMS:
+            args.model_name, args.model = args.model, _save_random_llm(args.model, args.device, stack)
+        args.llm = args.model is not None and is_llm_checkpoint(args.model)
+        if args.llm:
+            references = _update_clock(args.chunk_ms or LLM_CHUNK_MS)
+        else:
+            on_device = {"device": args.device, "dtype": args.dtype, "max_streams": args.clients}
+            references = single_stream_references(
+                audio,
+                args.model,
+                args.chunk_ms,
+                args.left_chunks,
+                message_samples,
+                **(on_device if args.reference_on_device else {}),
+            )
         return _measure(args, audio, message_samples, references, argv)
+
+
+def _save_random_llm(name: str, device: str, stack: contextlib.ExitStack) -> str:
+    """A directory of the random LLM recogniser ``name`` (:data:`RANDOM_LLMS`), made on ``device``, removed with
+    ``stack``."""
+    import tempfile
+
+    from bench.llm_checkpoints import save_random_qwen3_asr
+
+    directory = stack.enter_context(tempfile.TemporaryDirectory(prefix="audiomask-bench-llm-"))
+    return str(save_random_qwen3_asr(Path(directory), RANDOM_LLMS[name], device="cpu" if device == "auto" else device))
+
+
+def _update_clock(chunk_ms: int) -> References:
+    """An LLM recogniser's :class:`References`: no texts (random weights in bfloat16 have no single-stream
+    reference to equal), only when its chunks are complete (a partial per chunk of ``chunk_ms``)."""
+    chunk = chunk_ms * SAMPLE_RATE // MS_PER_S
+    return References(partials=None, finals=None, chunk_ms=chunk_ms, first_block=chunk, block=chunk)
 
 
 def _save_random_model(name: str, dtype: str, stack: contextlib.ExitStack) -> str:
@@ -355,8 +401,14 @@ def _measure(args, audio, message_samples, references: References, argv) -> int:
 
     lost = [outcome for outcome in outcomes if "error" in outcome]
     audio_s = sum(len(audio[job["name"]]) for job in jobs) / SAMPLE_RATE
-    expected = references.finals
-    wrong = [o for o in outcomes if "error" not in o and o["text"] != expected[jobs[o["index"]]["name"]]]
+    # Without a reference (random LLM weights in bfloat16) a client is correct when its final text is not empty.
+    expected = references.finals or {name: "(any text)" for name in names}
+    wrong = [
+        o
+        for o in outcomes
+        if "error" not in o
+        and (o["text"] != expected[jobs[o["index"]]["name"]] if references.finals else not o["text"])
+    ]
     timed_partials, untimed, unmatched, partial_count = [], 0, 0, 0
     for outcome in outcomes:
         if "error" in outcome:
@@ -384,6 +436,8 @@ def _measure(args, audio, message_samples, references: References, argv) -> int:
             # The client processes' CPU seconds (on the same host: what they take, the server cannot use).
             "clients_cpu_s": round(clients_cpu_s, 2),  # the machine's load before the run (other work shares the cores)
             "model": getattr(args, "model_name", args.model),
+            "fixed_tokens": args.fixed_tokens,
+            "reference": "single-stream texts" if references.finals else "none: a final is correct when not empty",
             "dtype": args.dtype,
             "reference_on_device": args.reference_on_device,
             "frontend_workers": args.frontend_workers,
@@ -410,6 +464,12 @@ def _measure(args, audio, message_samples, references: References, argv) -> int:
                 for o in wrong
             ][:10],
             "partials": partial_count,
+            # An LLM recogniser's updates (one a whole chunk): a partial each, unless its text did not change or
+            # the stream's end came first (its final replaces it); fewer partials than updates time later ones
+            # from earlier chunks (see _partial_latencies).
+            "updates": None
+            if references.finals
+            else sum(len(audio[jobs[o["index"]]["name"]]) // references.block for o in outcomes if "error" not in o),
             "partials_untimed": untimed,  # a segment's end (the text unchanged), or unmatched
             "partials_unmatched": unmatched,  # timed by the reference's texts (no token times), which never show it
             "partial_latency_ms": _percentiles([latency for _, latency, _ in timed_partials]),

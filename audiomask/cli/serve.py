@@ -30,6 +30,7 @@ from audiomask.serve.settings import (
     DTYPES,
     LOOPBACK,
     ServeSettings,
+    check_ctc_options,
 )
 
 __all__ = ["add_parser", "serve"]
@@ -57,6 +58,12 @@ def add_parser(commands: argparse._SubParsersAction, device_help: str, model_hel
     )
     parser.add_argument(
         "--language", help="the language an LLM checkpoint writes (a name or ISO code; default: it detects)"
+    )
+    parser.add_argument(
+        "--fixed-tokens",
+        type=int,
+        help="an LLM checkpoint decodes exactly N tokens every update, its end token ignored: a load test of "
+        "random weights, which never say it (default: until the end token)",
     )
     parser.add_argument("--device", default="auto", help=device_help)
     parser.add_argument(
@@ -175,14 +182,12 @@ def _check_tls(certfile: str | None, keyfile: str | None) -> None:
 
 
 def _check_model_options(args: argparse.Namespace) -> bool:
-    """Whether ``--model`` is an LLM checkpoint directory; ``ValueError`` for an option its kind of model does not
-    take (the CTC model's with an LLM, ``--context``/``--language`` without one)."""
+    """Whether ``--model`` is an LLM checkpoint directory; ``ValueError`` for a CTC model's option with an LLM (the
+    LLM's options without one: :func:`~audiomask.serve.settings.check_ctc_options`)."""
     from audiomask.llm.checkpoint import is_llm_checkpoint
     from audiomask.llm.serving import check_streamable
 
     if args.model is None or not is_llm_checkpoint(args.model):
-        if args.context or args.language is not None:
-            raise ValueError("--context and --language need an LLM checkpoint directory as --model (Qwen3-ASR)")
         return False
     check_streamable(args.model)
     misused = [
@@ -241,7 +246,10 @@ def serve(args: argparse.Namespace) -> int:
         keyfile=args.keyfile,
         context=args.context,
         language=args.language,
+        fixed_tokens=args.fixed_tokens,
     )
+    if not llm:
+        check_ctc_options(settings)
     _check_tls(settings.certfile, settings.keyfile)
     if args.ray:
         if settings.ws_workers:

@@ -99,6 +99,23 @@ class GraphedDecode:
         self.cache.lengths[slots] += 1
         return capture.logits[:count]
 
+    def warm(self) -> int:
+        """Capture every row bucket's graph the cache's slots can need now (at start-up), rather than at each
+        bucket's first step under load, where a capture stalls every stream's update. Needs an empty cache:
+        each bucket's step runs over the first slots, which are emptied again after. Returns the graphs
+        captured (0 off CUDA: nothing is captured there)."""
+        if not self.capture:
+            return 0
+        if self.cache.lengths.any():
+            raise RuntimeError("GraphedDecode.warm needs an empty cache: it writes into the first slots")
+        slots = len(self.cache.lengths)
+        before = len(self._captures)
+        for batch in sorted({_bucket(count) for count in range(1, slots + 1)}):
+            count = min(batch, slots)
+            self.step(torch.zeros(count, dtype=torch.long, device=self.lm.device), np.arange(count))
+        self.cache.lengths[:] = 0
+        return len(self._captures) - before
+
     def _run(self, capture: _Capture, batch: int, span: int) -> torch.Tensor:
         embeds = self.lm.embed_tokens(capture.tokens)[:, None]
         return self.lm.run(embeds, capture.packed, self.cache, batch, span, leading=False)

@@ -470,7 +470,7 @@ def build_llm_recognizer(settings: ServeSettings) -> LLMServingRecognizer:
     """The recogniser of the LLM checkpoint directory ``settings.model``, for the server.
 
     bfloat16 on CUDA, float32 on the CPU; ``settings.chunk_ms``: the policy's chunk (default 2 s);
-    ``max_connections`` slots; ``context``, ``language`` and ``max_wait_ms`` as given. The CTC
+    ``max_connections`` slots; ``context``, ``language``, ``fixed_tokens`` and ``max_wait_ms`` as given. The CTC
     options do not apply: ``left_chunks`` is refused, ``frontend_workers`` unused (the update's thread
     computes the features), and ``dtype`` follows the device. Raises ``ValueError`` naming the option.
     """
@@ -478,8 +478,9 @@ def build_llm_recognizer(settings: ServeSettings) -> LLMServingRecognizer:
         raise ValueError(f"--left-chunks is for CTC models; {settings.model!r} is an LLM recogniser")
     check_streamable(str(settings.model))
     device = pick_device(settings.device, "--device")
+    chunk = {} if settings.chunk_ms is None else {"chunk_s": settings.chunk_ms / MS_PER_S}
     try:
-        policy = StreamPolicy() if settings.chunk_ms is None else StreamPolicy(chunk_s=settings.chunk_ms / MS_PER_S)
+        policy = StreamPolicy(**chunk, fixed_tokens=settings.fixed_tokens)
     except ValueError as error:
         raise ValueError(f"--chunk-ms: {error}") from None
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32

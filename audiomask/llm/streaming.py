@@ -189,6 +189,8 @@ class LLMStreams:
         if cuda_graphs is None:
             cuda_graphs = model.device.type == "cuda"
         self._steps = GraphedDecode(model.lm, self.cache) if cuda_graphs else None
+        if self._steps is not None:
+            self._steps.warm()  # every row bucket captured now: no capture stalls the updates of a loaded server
         # Slot s's open-window frames are _window[s, :, :_window_filled[s]], zeros after (so one gather pads a batch).
         self.features: FeatureStreams = model.frontend.streams(slots)
         framing = model.frontend.framing

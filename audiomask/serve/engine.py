@@ -56,7 +56,7 @@ from audiomask.constants import SAMPLE_RATE
 from audiomask.serve.admission import Listener, Refusal, State, busy_refusal, state_refusal
 from audiomask.serve.feeds import Feed, Inbox
 from audiomask.serve.segments import Segment, Segmenter
-from audiomask.serve.settings import ServeSettings
+from audiomask.serve.settings import ServeSettings, check_ctc_options
 
 __all__ = [
     "DRAIN_TIMEOUT_S",
@@ -124,8 +124,7 @@ def build_recognizer(settings: ServeSettings) -> StreamingRecognizer:
         from audiomask.llm.serving import build_llm_recognizer
 
         return build_llm_recognizer(settings)  # type: ignore[return-value]  # the calls the engine makes
-    if settings.context or settings.language is not None:
-        raise ValueError("--context and --language need an LLM checkpoint directory as --model (Qwen3-ASR)")
+    check_ctc_options(settings)
 
     device = pick_device(settings.device, "--device")
     model = load_model(settings.model, dtype=getattr(torch, settings.dtype))

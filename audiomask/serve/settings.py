@@ -38,6 +38,7 @@ __all__ = [
     "MIN_MESSAGE_BYTES",
     "SERVE_THREADS",
     "ServeSettings",
+    "check_ctc_options",
 ]
 
 LOOPBACK = "127.0.0.1"  # the default address: reachable from this machine only, until told otherwise
@@ -118,6 +119,9 @@ class ServeSettings:
         certfile, keyfile: a PEM certificate and its key: serve ``wss://`` / ``https://`` (both or neither).
         context, language: for an LLM checkpoint directory as ``model``: text the recogniser is told first,
             and the language it writes (``None``: it detects); a CTC model takes neither.
+        fixed_tokens: for an LLM checkpoint directory: every update decodes exactly this many tokens, the
+            end token ignored (:class:`~audiomask.llm.streaming.StreamPolicy`'s ``fixed_tokens``: load tests
+            of random weights, which never say it); ``None``: until the end token, as a user wants.
         replica: this server's number among the replicas of ``audiomask serve --replicas N`` (``/health``
             reports it); ``None``: the only one (:mod:`audiomask.serve.launch`).
     """
@@ -145,6 +149,7 @@ class ServeSettings:
     keyfile: str | None = None
     context: str = ""
     language: str | None = None
+    fixed_tokens: int | None = None
     replica: int | None = None
 
     def __post_init__(self) -> None:
@@ -182,6 +187,8 @@ class ServeSettings:
             raise ValueError("--token must be a non-empty string without surrounding whitespace")
         if not isinstance(self.context, str) or not (self.language is None or isinstance(self.language, str)):
             raise ValueError(f"--context and --language must be text, got {self.context!r}, {self.language!r}")
+        if self.fixed_tokens is not None:
+            check_int("--fixed-tokens", self.fixed_tokens, minimum=1)
         if self.replica is not None:
             check_int("replica", self.replica, minimum=0)
         if (self.certfile is None) != (self.keyfile is None):
@@ -210,6 +217,22 @@ class ServeSettings:
         """
         address = f"{'wss' if self.secure else 'ws'}://{self.host}:{self.port}"
         return f"{address}/ (sherpa-onnx, float32 samples), {address}/wenet (WeNet, int16 PCM)"
+
+
+def check_ctc_options(settings: ServeSettings) -> None:
+    """``ValueError`` naming the LLM-only options (``--context``, ``--language``, ``--fixed-tokens``) that
+    ``settings`` gives, for a model that is not an LLM checkpoint directory."""
+    given = [
+        name
+        for name, value in (
+            ("--context", settings.context or None),
+            ("--language", settings.language),
+            ("--fixed-tokens", settings.fixed_tokens),
+        )
+        if value is not None
+    ]
+    if given:
+        raise ValueError(f"{', '.join(given)}: need an LLM checkpoint directory as --model (Qwen3-ASR)")
 
 
 def _check_seconds(name: str, value: object, *, zero: bool, unit: str = " of seconds") -> None:

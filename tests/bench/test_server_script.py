@@ -82,3 +82,34 @@ def test_the_last_chunk_of_a_stream_is_timed_from_its_last_message(bench_server)
     latencies, _, _ = bench_server._partial_latencies(outcome, REFERENCES, "clip", MESSAGE_SAMPLES)
     # chunk 0 ends in message 3; chunk 2 (padded) would end at sample 15,599, past the audio: the last message
     assert latencies == [(10.5, pytest.approx(0.2), False), (11.0, pytest.approx(0.3), True)]
+
+
+def test_an_llm_recognisers_kth_partial_is_timed_from_its_kth_chunk(bench_server):
+    clock = bench_server._update_clock(500)  # 8,000 samples a chunk, the first one too: 5 messages each
+    sent_at = [10.0 + 0.1 * index for index in range(20)]
+    partials = [(10.45, "a"), (10.95, "ab"), (10.96, "ab"), (11.6, "abc")]  # "ab" twice: a segment's end
+    outcome = {"partials": partials, "partial_token_s": [None] * 4, "sent_at": sent_at}
+    latencies, untimed, unmatched = bench_server._partial_latencies(outcome, clock, "clip", MESSAGE_SAMPLES)
+    # chunk k's last sample (8,000 (k + 1) - 1) is in message 5k + 4, sent at 10.4 + 0.5 k
+    assert latencies == [
+        (10.45, pytest.approx(0.05), False),
+        (10.95, pytest.approx(0.05), False),
+        (11.6, pytest.approx(0.2), False),
+    ]
+    assert (untimed, unmatched) == (1, 0)
+
+
+def test_bench_server_streams_an_llm_checkpoint_with_fixed_tokens(tmp_path):
+    pytest.importorskip("transformers")
+    from bench.llm_checkpoints import save_random_qwen3_asr
+
+    model = save_random_qwen3_asr(tmp_path / "llm", "tiny")
+    out = tmp_path / "server.json"
+    command = [sys.executable, str(SCRIPT), "--clients", "2", "--model", str(model), "--fixed-tokens", "6"]
+    command += ["--chunk-ms", "1000", "--realtime", "--out", str(out)]
+    finished = subprocess.run(command, check=False, capture_output=True, text=True, timeout=300)
+    assert finished.returncode == 0, finished.stdout + finished.stderr
+    report = json.loads(out.read_text())
+    assert (report["chunk_ms"], report["fixed_tokens"], report["correct"], report["lost"]) == (1000, 6, 2, 0)
+    assert report["reference"].startswith("none") and 0 < report["partials"] <= report["updates"]
+    assert report["partial_latency_ms"]["p50"] < 1000

@@ -1,9 +1,11 @@
-"""Tiny random LLM-recogniser checkpoints, saved by transformers, with a byte-level tokenizer built here.
+"""Tiny random LLM-recogniser checkpoints, saved by transformers, with a byte-level tokenizer.
 
-``initializer_range`` is about 1: at transformers' default a tiny model says
-the same thing whatever it hears; at 1 its tokens depend on the audio. The
-vocabulary is 256 byte tokens plus the models' special tokens, so the
-special ids are small and read from the directory, never assumed.
+Qwen3-ASR's come from :mod:`bench.llm_checkpoints` (the server benchmark writes
+its real sizes the same way), Phi-4-multimodal's are built here with its
+tokenizer. ``initializer_range`` is about 1: at transformers' default a tiny
+model says the same thing whatever it hears; at 1 its tokens depend on the
+audio. The vocabulary is 256 byte tokens plus the models' special tokens, so
+the special ids are small and read from the directory, never assumed.
 """
 
 from __future__ import annotations
@@ -18,111 +20,12 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-QWEN3_ASR_SPECIALS = (
-    "<|endoftext|>",
-    "<|im_start|>",
-    "<|im_end|>",
-    "<|audio_start|>",
-    "<|audio_end|>",
-    "<|audio_pad|>",
-)
-QWEN3_ASR_NAMED = {
-    "audio_token": "<|audio_pad|>",
-    "audio_bos_token": "<|audio_start|>",
-    "audio_eos_token": "<|audio_end|>",
-}
-# As Qwen3-ASR's: "<asr_text>" is an added token that is not special (the output keeps it, the parser splits on it).
-QWEN3_ASR_ADDED = ("<asr_text>",)
-# The chat template of the released Qwen3-ASR checkpoints, reduced to what a transcription request uses.
-QWEN3_ASR_CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{% if message['role'] == 'system' %}"
-    "<|im_start|>system\n{{ message['content'] if message['content'] is string else '' }}<|im_end|>\n"
-    "{% elif message['role'] == 'user' %}"
-    "<|im_start|>user\n"
-    "{% for item in message['content'] %}"
-    "{% if item['type'] == 'audio' %}<|audio_start|><|audio_pad|><|audio_end|>"
-    "{% elif item['type'] == 'text' %}{{ item['text'] }}{% endif %}"
-    "{% endfor %}"
-    "<|im_end|>\n"
-    "{% endif %}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-QWEN3_ASR_AUDIO = {
-    "encoder_layers": 2,
-    "encoder_attention_heads": 2,
-    "encoder_ffn_dim": 32,
-    "d_model": 16,
-    "downsample_hidden_size": 4,
-    "output_dim": 24,
-    "initializer_range": 1.0,
-}
-QWEN3_ASR_TEXT = {
-    "model_type": "qwen3",
-    "hidden_size": 24,
-    "intermediate_size": 48,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 8,
-    "max_position_embeddings": 4096,
-    "tie_word_embeddings": True,
-    "initializer_range": 1.0,
-    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
-}
-
-
-def byte_tokenizer(
-    specials: tuple[str, ...], added: tuple[str, ...], chat_template: str, named: dict[str, str]
-) -> object:
-    """A byte-level BPE tokenizer (256 byte tokens, no merges) with ``specials`` and ``added`` tokens after them.
-
-    ``named``: attribute name -> special token (``audio_token``...), as the models' processors read them.
-    """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    vocab = {symbol: index for index, symbol in enumerate(sorted(alphabet))}
-    core = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    core.decoder = decoders.ByteLevel()
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=core, eos_token=specials[0], pad_token=specials[0], extra_special_tokens=named
-    )
-    tokenizer.add_special_tokens({"additional_special_tokens": [token for token in specials[1:]]})
-    tokenizer.add_tokens(list(added))
-    tokenizer.chat_template = chat_template
-    return tokenizer
+from bench.llm_checkpoints import TINY_AUDIO, TINY_TEXT, byte_tokenizer, save_qwen3_asr  # noqa: E402
+from bench.llm_checkpoints import speech as speech_signal  # noqa: E402
 
 
 def _save_qwen3_asr(directory: Path, seed: int) -> Path:
-    from transformers import (
-        Qwen3ASRConfig,
-        Qwen3ASRFeatureExtractor,
-        Qwen3ASRForConditionalGeneration,
-        Qwen3ASRProcessor,
-    )
-
-    tokenizer = byte_tokenizer(QWEN3_ASR_SPECIALS, QWEN3_ASR_ADDED, QWEN3_ASR_CHAT_TEMPLATE, QWEN3_ASR_NAMED)
-    ids = {token: tokenizer.convert_tokens_to_ids(token) for token in QWEN3_ASR_SPECIALS}
-    config = Qwen3ASRConfig(
-        audio_config=QWEN3_ASR_AUDIO,
-        text_config={**QWEN3_ASR_TEXT, "vocab_size": len(tokenizer)},
-        audio_token_id=ids["<|audio_pad|>"],
-        pad_token_id=ids["<|endoftext|>"],
-        eos_token_id=[ids["<|endoftext|>"], ids["<|im_end|>"]],
-        initializer_range=1.0,
-    )
-    torch.manual_seed(seed)
-    model = Qwen3ASRForConditionalGeneration(config).eval()
-    model.save_pretrained(directory)
-    processor = Qwen3ASRProcessor(
-        feature_extractor=Qwen3ASRFeatureExtractor(), tokenizer=tokenizer, chat_template=QWEN3_ASR_CHAT_TEMPLATE
-    )
-    processor.save_pretrained(directory)
-    return directory
+    return save_qwen3_asr(directory, TINY_AUDIO, TINY_TEXT, seed=seed)
 
 
 @pytest.fixture(scope="session")
@@ -134,18 +37,7 @@ def tiny_qwen3_asr_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def speech() -> Callable[[float, int], np.ndarray]:
     """``speech(seconds, seed)``: float32 16 kHz audio with a voice-like spectrum (harmonics with a moving pitch)."""
-
-    def make(seconds: float, seed: int) -> np.ndarray:
-        rng = np.random.default_rng(seed)
-        count = int(round(seconds * 16000))
-        time = np.arange(count) / 16000
-        pitch = 120 + 60 * np.sin(2 * np.pi * rng.uniform(0.2, 1.0) * time + rng.uniform(0, 6))
-        phase = 2 * np.pi * np.cumsum(pitch) / 16000
-        voice = sum(np.sin(k * phase) / k for k in range(1, 12))
-        envelope = 0.5 + 0.5 * np.sin(2 * np.pi * rng.uniform(1, 4) * time)
-        return (0.1 * voice * envelope + 0.01 * rng.standard_normal(count)).astype(np.float32)
-
-    return make
+    return speech_signal
 
 
 def read_json(path: Path) -> dict:

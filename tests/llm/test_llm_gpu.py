@@ -62,3 +62,22 @@ def test_greedy_through_cuda_graphs_equals_eager_steps(tiny_qwen3_asr_dir: Path)
         with torch.inference_mode():
             answers.append(greedy(lm, cache, [3, 0, 2], inputs, [20, 40, 9], frozenset(), stop=False, steps=steps))
     assert answers[0] == answers[1]
+
+
+def test_warmed_graphs_cover_every_bucket_and_leave_the_cache_empty(tiny_qwen3_asr_dir: Path) -> None:
+    from audiomask.llm.generate import greedy
+    from audiomask.llm.graphs import GraphedDecode
+
+    lm = checkpoint.load(tiny_qwen3_asr_dir, device="cuda").lm
+    torch.manual_seed(3)
+    inputs = [lm.embed(torch.randint(0, lm.config.vocab_size, (length,))) for length in (5, 130, 17)]
+    answers = []
+    for warmed in (False, True):
+        cache = lm.new_cache(70, 256)  # 70 slots: row buckets 1, 2, 4, ..., 64 and 128
+        steps = GraphedDecode(lm, cache) if warmed else None
+        with torch.inference_mode():
+            if warmed:
+                assert steps.warm() == 8 and not cache.lengths.any()
+                assert steps.warm() == 0  # every bucket already captured
+            answers.append(greedy(lm, cache, [3, 0, 69], inputs, [20, 40, 9], frozenset(), stop=False, steps=steps))
+    assert answers[0] == answers[1]

@@ -1,14 +1,12 @@
 """``audiomask serve --model DIR`` with a tiny random Qwen3-ASR checkpoint: partials as the audio comes, the
 offline answer as the final, on both routes; options for the other kind of model are one line, status 2.
 
-The checkpoint is built by ``tests/llm/conftest.py``'s builder (loaded from its path: the test packages are
-not importable). Chunks of 0.5 s keep the server quick on a CPU.
+The checkpoint is ``tests/llm``'s (:mod:`bench.llm_checkpoints`). Chunks of 0.5 s keep the server quick on a CPU.
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import subprocess
 import sys
@@ -20,6 +18,8 @@ import numpy as np
 import pytest
 
 from audiomask.serve.client import stream_audio
+from bench.llm_checkpoints import TINY_AUDIO, TINY_TEXT, save_qwen3_asr
+from bench.llm_checkpoints import speech as speech_signal
 
 pytest.importorskip("transformers")
 
@@ -30,34 +30,16 @@ USAGE_TIMEOUT_S = 60.0
 EXIT_USAGE = 2
 
 
-def _llm_conftest() -> object:
-    spec = importlib.util.spec_from_file_location("llm_checkpoints", REPOSITORY / "tests" / "llm" / "conftest.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def qwen3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny random Qwen3-ASR checkpoint of ``tests/llm`` (``tiny_qwen3_asr_dir``), saved for this module."""
-    return _llm_conftest()._save_qwen3_asr(tmp_path_factory.mktemp("qwen3-asr-tiny"), seed=0)
-
-
-def _speech(seconds: float, seed: int) -> np.ndarray:
-    """Float32 16 kHz audio with a voice-like spectrum (as ``tests/llm``'s ``speech`` fixture makes it)."""
-    rng = np.random.default_rng(seed)
-    time = np.arange(int(round(seconds * 16000))) / 16000
-    pitch = 120 + 60 * np.sin(2 * np.pi * rng.uniform(0.2, 1.0) * time + rng.uniform(0, 6))
-    phase = 2 * np.pi * np.cumsum(pitch) / 16000
-    voice = sum(np.sin(k * phase) / k for k in range(1, 12))
-    envelope = 0.5 + 0.5 * np.sin(2 * np.pi * rng.uniform(1, 4) * time)
-    return (0.1 * voice * envelope + 0.01 * rng.standard_normal(len(time))).astype(np.float32)
+    return save_qwen3_asr(tmp_path_factory.mktemp("qwen3-asr-tiny"), TINY_AUDIO, TINY_TEXT, seed=0)
 
 
 @pytest.fixture(scope="module")
 def speech() -> Callable[[float, int], np.ndarray]:
-    """``speech(seconds, seed)``: :func:`_speech`."""
-    return _speech
+    """``speech(seconds, seed)``: :func:`bench.llm_checkpoints.speech`."""
+    return speech_signal
 
 
 def _offline(directory: Path, signals: list[np.ndarray]) -> list[str]:
@@ -151,16 +133,30 @@ def test_a_ctc_option_with_an_llm_checkpoint_is_one_line(qwen3_dir, options):
 
 
 def test_a_phi4_checkpoint_is_refused_in_one_line(tmp_path):
-    directory = _llm_conftest()._save_phi4mm(tmp_path, seed=0, tie_word_embeddings=True, lora=False)
-    result = _serve_usage("--model", str(directory))
+    from transformers import Phi4MultimodalConfig
+
+    Phi4MultimodalConfig().save_pretrained(tmp_path)  # the family is read from config.json, before any weight
+    result = _serve_usage("--model", str(tmp_path))
     assert result.returncode == EXIT_USAGE
     (line,) = result.stderr.splitlines()
     assert "phi4_multimodal checkpoint does not stream" in line
 
 
-@pytest.mark.parametrize("options", [("--context", "names"), ("--language", "English")])
-def test_context_or_language_with_a_ctc_model_is_one_line(options):
+@pytest.mark.parametrize("options", [("--context", "names"), ("--language", "English"), ("--fixed-tokens", "13")])
+def test_an_llm_option_with_a_ctc_model_is_one_line(options):
     result = _serve_usage(*options)
     assert result.returncode == EXIT_USAGE
     (line,) = result.stderr.splitlines()
-    assert "--context and --language need an LLM checkpoint" in line
+    assert f"{options[0]}: need an LLM checkpoint directory" in line
+
+
+def test_fixed_tokens_reach_the_servers_policy(qwen3_dir):
+    from audiomask.llm.serving import build_llm_recognizer
+    from audiomask.llm.streaming import StreamPolicy
+    from audiomask.serve.settings import ServeSettings
+
+    settings = ServeSettings(model=str(qwen3_dir), device="cpu", chunk_ms=CHUNK_MS, max_connections=1, fixed_tokens=3)
+    with build_llm_recognizer(settings) as recognizer:
+        assert recognizer.policy == StreamPolicy(chunk_s=CHUNK_MS / 1000, fixed_tokens=3)
+    with pytest.raises(ValueError, match="--fixed-tokens"):
+        ServeSettings(model=str(qwen3_dir), fixed_tokens=0)

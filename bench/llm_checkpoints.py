@@ -1,0 +1,198 @@
+"""Random Qwen3-ASR checkpoint directories, as transformers saves them, with a byte-level tokenizer built here.
+
+Nothing here is part of :mod:`audiomask`; two users load what it writes with
+``audiomask.llm.checkpoint.load`` (the directory's config, weights, tokenizer
+and chat template, as a user's download):
+
+- the tests (``tests/llm``, ``tests/serve``): :func:`save_qwen3_asr` with
+  :data:`TINY_AUDIO` and :data:`TINY_TEXT` (``initializer_range`` 1: at
+  transformers' default a tiny model says the same thing whatever it hears);
+  the vocabulary is 256 byte tokens plus the special tokens, so special ids
+  are small and read from the directory, never assumed;
+- the server benchmark (``scripts/bench_server.py --model llm_0.6b``):
+  :func:`save_random_qwen3_asr` at the released sizes
+  (:data:`bench.llm_streams.SIZES`), normal(0, 0.02) weights, and a
+  tokenizer padded to the model's 151,936 ids, so that every id the random
+  model writes decodes to text (``<12345>``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = [
+    "QWEN3_ASR_CHAT_TEMPLATE",
+    "TINY_AUDIO",
+    "TINY_TEXT",
+    "byte_tokenizer",
+    "save_qwen3_asr",
+    "save_random_qwen3_asr",
+    "speech",
+]
+
+QWEN3_ASR_SPECIALS = (
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|audio_start|>",
+    "<|audio_end|>",
+    "<|audio_pad|>",
+)
+QWEN3_ASR_NAMED = {
+    "audio_token": "<|audio_pad|>",
+    "audio_bos_token": "<|audio_start|>",
+    "audio_eos_token": "<|audio_end|>",
+}
+# As Qwen3-ASR's: "<asr_text>" is an added token that is not special (the output keeps it, the parser splits on it).
+QWEN3_ASR_ADDED = ("<asr_text>",)
+# The chat template of the released Qwen3-ASR checkpoints, reduced to what a transcription request uses.
+QWEN3_ASR_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if message['role'] == 'system' %}"
+    "<|im_start|>system\n{{ message['content'] if message['content'] is string else '' }}<|im_end|>\n"
+    "{% elif message['role'] == 'user' %}"
+    "<|im_start|>user\n"
+    "{% for item in message['content'] %}"
+    "{% if item['type'] == 'audio' %}<|audio_start|><|audio_pad|><|audio_end|>"
+    "{% elif item['type'] == 'text' %}{{ item['text'] }}{% endif %}"
+    "{% endfor %}"
+    "<|im_end|>\n"
+    "{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+TINY_AUDIO = {
+    "encoder_layers": 2,
+    "encoder_attention_heads": 2,
+    "encoder_ffn_dim": 32,
+    "d_model": 16,
+    "downsample_hidden_size": 4,
+    "output_dim": 24,
+    "initializer_range": 1.0,
+}
+TINY_TEXT = {
+    "hidden_size": 24,
+    "intermediate_size": 48,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 8,
+    "max_position_embeddings": 4096,
+    "tie_word_embeddings": True,
+    "initializer_range": 1.0,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+}
+BENCH_INIT_RANGE = 0.02  # the real sizes' weights: normal(0, 0.02), as bench.llm_streams.build_model's
+
+
+def byte_tokenizer(
+    specials: tuple[str, ...],
+    added: tuple[str, ...],
+    chat_template: str,
+    named: dict[str, str],
+    vocab_size: int | None = None,
+) -> Any:
+    """A byte-level BPE tokenizer (256 byte tokens, no merges) with ``specials`` and ``added`` tokens after them.
+
+    ``named``: attribute name -> special token (``audio_token``...), as the models' processors read them.
+    ``vocab_size``: pad the byte tokens with ``<k>`` tokens (never produced by encoding, each decoding to its
+    own text) so that the tokenizer holds this many ids; ``None``: no padding.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {symbol: index for index, symbol in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    if vocab_size is not None:
+        for index in range(len(vocab), vocab_size - len(specials) - len(added)):
+            vocab[f"<{index}>"] = index
+    core = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    core.decoder = decoders.ByteLevel()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=core, eos_token=specials[0], pad_token=specials[0], extra_special_tokens=named
+    )
+    tokenizer.add_special_tokens({"additional_special_tokens": list(specials[1:])})
+    tokenizer.add_tokens(list(added))
+    tokenizer.chat_template = chat_template
+    return tokenizer
+
+
+def save_qwen3_asr(
+    directory: Path,
+    audio: dict[str, Any],
+    text: dict[str, Any],
+    *,
+    seed: int = 0,
+    vocab_size: int | None = None,
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> Path:
+    """A random Qwen3-ASR checkpoint in transformers' layout (``save_pretrained``), with its processor, in ``directory``.
+
+    ``audio``, ``text``: transformers' ``Qwen3ASRConfig`` audio and text configs (the text one a ``qwen3``'s);
+    ``vocab_size``: the language model's ids (``None``: the tokenizer's, 263); the weights are made on
+    ``device`` (a GPU makes a 0.6B model in seconds) and stored in ``dtype``.
+    """
+    from transformers import (
+        Qwen3ASRConfig,
+        Qwen3ASRFeatureExtractor,
+        Qwen3ASRForConditionalGeneration,
+        Qwen3ASRProcessor,
+    )
+
+    tokenizer = byte_tokenizer(
+        QWEN3_ASR_SPECIALS, QWEN3_ASR_ADDED, QWEN3_ASR_CHAT_TEMPLATE, QWEN3_ASR_NAMED, vocab_size=vocab_size
+    )
+    ids = {token: tokenizer.convert_tokens_to_ids(token) for token in QWEN3_ASR_SPECIALS}
+    config = Qwen3ASRConfig(
+        audio_config=audio,
+        text_config={**text, "model_type": "qwen3", "vocab_size": vocab_size or len(tokenizer)},
+        audio_token_id=ids["<|audio_pad|>"],
+        pad_token_id=ids["<|endoftext|>"],
+        eos_token_id=[ids["<|endoftext|>"], ids["<|im_end|>"]],
+        initializer_range=text.get("initializer_range", BENCH_INIT_RANGE),
+        tie_word_embeddings=text.get("tie_word_embeddings", True),  # the model's own, as the text config says
+    )
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = Qwen3ASRForConditionalGeneration(config).to(dtype).eval()
+    model.save_pretrained(directory)
+    processor = Qwen3ASRProcessor(
+        feature_extractor=Qwen3ASRFeatureExtractor(), tokenizer=tokenizer, chat_template=QWEN3_ASR_CHAT_TEMPLATE
+    )
+    processor.save_pretrained(directory)
+    return directory
+
+
+def save_random_qwen3_asr(directory: Path, size: str, device: str = "cpu", seed: int = 0) -> Path:
+    """Qwen3-ASR of :data:`bench.llm_streams.SIZES` ``size`` (``0.6b``, ``1.7b``, ``tiny``), random weights
+    (normal, std 0.02; the language model's head untied), bfloat16, saved in ``directory`` as :func:`save_qwen3_asr`
+    saves it."""
+    from bench.llm_streams import SIZES
+
+    spec = SIZES[size]
+    init = {"initializer_range": BENCH_INIT_RANGE}
+    # An untied head (the same GEMM as the released tied one): tied, random weights repeat the prompt's last token,
+    # a newline, and every parsed text is empty.
+    text = {key: value for key, value in spec["text"].items() if key != "vocab_size"} | init
+    text["tie_word_embeddings"] = False
+    audio = spec["audio"] | {"output_dim": spec["output_dim"]} | init
+    return save_qwen3_asr(
+        directory, audio, text, seed=seed, vocab_size=spec["text"]["vocab_size"], device=device, dtype=torch.bfloat16
+    )
+
+
+def speech(seconds: float, seed: int) -> np.ndarray:
+    """``(round(seconds * 16000),)`` float32 audio at 16 kHz with a voice-like spectrum (harmonics of a moving
+    pitch, a syllable-rate envelope, a little noise): what the tests' random recognisers hear."""
+    rng = np.random.default_rng(seed)
+    time = np.arange(int(round(seconds * 16000))) / 16000
+    pitch = 120 + 60 * np.sin(2 * np.pi * rng.uniform(0.2, 1.0) * time + rng.uniform(0, 6))
+    phase = 2 * np.pi * np.cumsum(pitch) / 16000
+    voice = sum(np.sin(k * phase) / k for k in range(1, 12))
+    envelope = 0.5 + 0.5 * np.sin(2 * np.pi * rng.uniform(1, 4) * time)
+    return (0.1 * voice * envelope + 0.01 * rng.standard_normal(len(time))).astype(np.float32)
