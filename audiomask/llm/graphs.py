@@ -99,6 +99,7 @@ class GraphedDecode:
         self.cache.lengths[slots] += 1
         return capture.logits[:count]
 
+    @torch.inference_mode()  # as the steps run: a capture outside it would keep every layer's activations
     def warm(self) -> int:
         """Capture every row bucket's graph the cache's slots can need now (at start-up), rather than at each
         bucket's first step under load, where a capture stalls every stream's update. Needs an empty cache:

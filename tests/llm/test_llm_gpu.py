@@ -75,9 +75,10 @@ def test_warmed_graphs_cover_every_bucket_and_leave_the_cache_empty(tiny_qwen3_a
     for warmed in (False, True):
         cache = lm.new_cache(70, 256)  # 70 slots: row buckets 1, 2, 4, ..., 64 and 128
         steps = GraphedDecode(lm, cache) if warmed else None
+        if warmed:  # outside inference mode, as LLMStreams warms them: no autograd record kept in the graphs
+            assert steps.warm() == 8 and not cache.lengths.any()
+            assert steps.warm() == 0  # every bucket already captured
+            assert all(capture.logits.grad_fn is None for capture in steps._captures.values())
         with torch.inference_mode():
-            if warmed:
-                assert steps.warm() == 8 and not cache.lengths.any()
-                assert steps.warm() == 0  # every bucket already captured
             answers.append(greedy(lm, cache, [3, 0, 69], inputs, [20, 40, 9], frozenset(), stop=False, steps=steps))
     assert answers[0] == answers[1]
