@@ -12,8 +12,8 @@ and chat template, as a user's download):
 - the server benchmark (``scripts/bench_server.py --model llm_0.6b``):
   :func:`save_random_qwen3_asr` at the released sizes
   (:data:`bench.llm_streams.SIZES`), normal(0, 0.02) weights, and a
-  tokenizer padded to the model's 151,936 ids, so that every id the random
-  model writes decodes to text (``<12345>``).
+  tokenizer of the model's 151,936 ids, so that every id the random model
+  writes decodes to text (``<12345>``) and encodes back to that id.
 """
 
 from __future__ import annotations
@@ -99,19 +99,20 @@ def byte_tokenizer(
     """A byte-level BPE tokenizer (256 byte tokens, no merges) with ``specials`` and ``added`` tokens after them.
 
     ``named``: attribute name -> special token (``audio_token``...), as the models' processors read them.
-    ``vocab_size``: pad the byte tokens with ``<k>`` tokens (never produced by encoding, each decoding to its
-    own text) so that the tokenizer holds this many ids; ``None``: no padding.
+    ``vocab_size``: add ``<k>`` tokens after the byte tokens so that the tokenizer holds this many ids, each
+    decoding to its own text and encoded back to its id (as a real vocabulary's words: the streaming
+    prompt's prefix is the answer's text encoded again); ``None``: none.
     """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     vocab = {symbol: index for index, symbol in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
-    if vocab_size is not None:
-        for index in range(len(vocab), vocab_size - len(specials) - len(added)):
-            vocab[f"<{index}>"] = index
     core = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     core.decoder = decoders.ByteLevel()
+    if vocab_size is not None:  # added tokens: encoding a decoded text gives its ids back (the prompt's prefix)
+        fillers = range(len(vocab), vocab_size - len(specials) - len(added))
+        core.add_tokens([AddedToken(f"<{index}>", normalized=False) for index in fillers])
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=core, eos_token=specials[0], pad_token=specials[0], extra_special_tokens=named
     )

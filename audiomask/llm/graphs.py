@@ -57,8 +57,8 @@ class GraphedDecode:
     """``step(tokens, slots)``: one token for each of the slots ``slots``, as ``lm(...)`` with counts of 1.
 
     ``tokens`` ``(b,)`` long on the model's device (the previous step's choices); ``slots`` ``(b,)`` host
-    ints, distinct. Returns float32 logits ``(b, vocab_size)`` (a view of the bucket's buffer: read it
-    before the next step) and grows each slot by one, as :meth:`CausalLM.forward` does.
+    ints, distinct. Returns float32 logits ``(b, vocab_size)`` (on a GPU a view of the buffer every graph
+    writes: read it before the next step) and grows each slot by one, as :meth:`CausalLM.forward` does.
     """
 
     def __init__(self, lm: CausalLM, cache: KVCache) -> None:
@@ -67,6 +67,10 @@ class GraphedDecode:
         self._captures: dict[tuple[int, int], _Capture] = {}
         # One memory pool for every bucket's graph: steps replay one at a time, each one's logits read first.
         self._pool = torch.cuda.graph_pool_handle() if self.capture else None
+        # Every graph writes its logits here, so that no graph keeps an output of its own in the pool (each
+        # would hold rows x vocab_size float32: 5 GiB over the 22 buckets of 1,000 slots and 151,936 ids).
+        rows = _bucket(cache.slots) if self.capture else 0
+        self._logits = torch.empty((rows, lm.config.vocab_size), dtype=torch.float32, device=lm.device)
 
     def step(self, tokens: torch.Tensor, slots: np.ndarray) -> torch.Tensor:
         slots = np.asarray(slots, np.int64)
@@ -94,7 +98,8 @@ class GraphedDecode:
             if fresh and self.capture:
                 capture.graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(capture.graph, pool=self._pool):
-                    capture.logits = self._run(capture, batch, span)
+                    self._logits[:batch].copy_(self._run(capture, batch, span))
+                capture.logits = self._logits[:batch]
                 capture.graph.replay()  # capturing records without running: this step's logits come from here
         self.cache.lengths[slots] += 1
         return capture.logits[:count]
