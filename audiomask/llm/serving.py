@@ -199,6 +199,7 @@ class LLMServingRecognizer:
             model, max_streams, policy=policy, context=context, language=language
         )
         self.policy = self._streams.policy
+        self._streams.warm_graphs()  # a server's first loaded updates would otherwise each capture a graph
         if max_wait_ms is None:
             max_wait_ms = min(self.chunk_ms, DEFAULT_LLM_MAX_WAIT_MS)
         self.max_wait_s = check_int("max_wait_ms", max_wait_ms, minimum=0) / MS_PER_S

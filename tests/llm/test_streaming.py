@@ -203,3 +203,25 @@ def test_a_stream_closing_its_window_beside_others_equals_itself_alone(qwen3_asr
 
     together = run(["early", "late"])
     assert together == {**run(["early"]), **run(["late"])}
+
+
+def test_finals_in_bounded_batches_equal_one_batch_and_fixed_tokens_count_each_ones_audio(
+    qwen3_asr, speech: Callable, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from audiomask.llm import streaming
+
+    policy = StreamPolicy(chunk_s=1.0, fixed_tokens=3)
+    signals = {name: speech(seconds, seed) for seed, (name, seconds) in enumerate((("a", 2.5), ("b", 1.2), ("c", 2.1)))}
+
+    def finals() -> dict[str, tuple[int, ...]]:
+        streams = LLMStreams(qwen3_asr, slots=3, policy=policy)
+        for name, signal in signals.items():
+            streams.open(name)
+            streams.feed(name, signal)
+        return {final.stream: final.tokens for final in streams.finish(list(signals))}
+
+    together = finals()
+    monkeypatch.setattr(streaming, "FINAL_ROWS", 1)
+    assert finals() == together
+    # ceil(seconds / chunk) chunks of 3 tokens: 3 for a and c, 2 for b, whoever shares the batch
+    assert {name: len(tokens) for name, tokens in together.items()} == {"a": 9, "b": 6, "c": 9}
