@@ -12,12 +12,15 @@ and chat template, as a user's download):
 - the server benchmark (``scripts/bench_server.py --model llm_0.6b``):
   :func:`save_random_qwen3_asr` at the released sizes
   (:data:`bench.llm_streams.SIZES`), normal(0, 0.02) weights, and a
-  tokenizer of the model's 151,936 ids, so that every id the random model
-  writes decodes to text (``<12345>``) and encodes back to that id.
+  byte-level BPE tokenizer of the model's 151,936 ids (words of ASCII
+  letters), so that every id the random model writes decodes to text and
+  encodes back to that id, at a real BPE's cost.
 """
 
 from __future__ import annotations
 
+import itertools
+import string
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +89,7 @@ TINY_TEXT = {
     "initializer_range": 1.0,
     "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
 }
+WORD_START = "\u0120"  # "Ġ": the byte-level alphabet's space, which starts a word
 BENCH_INIT_RANGE = 0.02  # the real sizes' weights: normal(0, 0.02), as bench.llm_streams.build_model's
 
 
@@ -99,20 +103,27 @@ def byte_tokenizer(
     """A byte-level BPE tokenizer (256 byte tokens, no merges) with ``specials`` and ``added`` tokens after them.
 
     ``named``: attribute name -> special token (``audio_token``...), as the models' processors read them.
-    ``vocab_size``: add ``<k>`` tokens after the byte tokens so that the tokenizer holds this many ids, each
-    decoding to its own text and encoded back to its id (as a real vocabulary's words: the streaming
-    prompt's prefix is the answer's text encoded again); ``None``: none.
+    ``vocab_size``: add words (`` ab``, `` xyZ``) after the byte tokens, with the merges that make them, so that
+    the tokenizer holds this many ids, each decoding to its own text and encoded back to its id (as a real
+    vocabulary's words: the streaming prompt's prefix is the answer's text encoded again); ``None``: none.
     """
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     vocab = {symbol: index for index, symbol in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
-    core = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    merges: list[tuple[str, str]] = []
+    if vocab_size is not None:
+        # Words of one to four ASCII letters after a space ("Ġ"), each merged from the word one letter shorter:
+        # the pre-tokenizer splits a text at its spaces, so a decoded text encodes back to its ids (the
+        # streaming prompt's prefix), at a real BPE's cost (151k merges, as Qwen's).
+        words = itertools.chain.from_iterable(itertools.product(string.ascii_letters, repeat=n) for n in range(1, 5))
+        for word in itertools.islice(words, vocab_size - len(specials) - len(added) - len(vocab)):
+            token = WORD_START + "".join(word)
+            vocab[token] = len(vocab)
+            merges.append((token[:-1], token[-1]))
+    core = Tokenizer(models.BPE(vocab=vocab, merges=merges))
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     core.decoder = decoders.ByteLevel()
-    if vocab_size is not None:  # added tokens: encoding a decoded text gives its ids back (the prompt's prefix)
-        fillers = range(len(vocab), vocab_size - len(specials) - len(added))
-        core.add_tokens([AddedToken(f"<{index}>", normalized=False) for index in fillers])
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=core, eos_token=specials[0], pad_token=specials[0], extra_special_tokens=named
     )
