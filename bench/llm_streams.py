@@ -282,9 +282,10 @@ class ReFeedStreams(BenchStreams):
                 batch[position, :, : lengths[position]] = frames[row]
             audio += model.audio_inputs(torch.from_numpy(batch), lengths)
         inputs = []
-        for stream, tokens in zip(streams, audio, strict=True):
-            prefix = self._prefix(stream)
-            prefix_ids = model.tokenizer.encode(prefix, add_special_tokens=False) if prefix else []
+        prefixes = self._prefixes(streams)
+        for stream, tokens, prefix, prefix_ids in zip(
+            streams, audio, prefixes, self._encode_texts(prefixes), strict=True
+        ):
             self.cache.reset(stream.slot)
             tail = lm.embed(torch.tensor([*self.parts.tail, *prefix_ids], dtype=torch.long))
             inputs.append(torch.cat([piece.to(lm.dtype) for piece in (self._head, tokens, tail)]))

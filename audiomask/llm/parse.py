@@ -40,7 +40,6 @@ qwen-asr's ``normalize_language_name`` does. Standard library only: no torch.
 from __future__ import annotations
 
 import re
-from itertools import groupby
 
 __all__ = [
     "ASR_TEXT_TAG",
@@ -135,6 +134,9 @@ def _first_repetition(text: str, start: int) -> tuple[int, str, int] | None:
     return None
 
 
+# A character followed by REPETITION_THRESHOLD or more copies of itself: a run longer than the threshold (matched
+# whole, greedily, from its first character; a shorter run never matches, nor does any part of it).
+_LONG_RUN = re.compile(rf"(.)\1{{{REPETITION_THRESHOLD},}}", re.DOTALL)
 # A pattern of 1 to MAX_PATTERN_LENGTH characters followed by REPETITION_THRESHOLD - 1 copies of itself: where
 # none is found (nearly every answer) the pattern pass would change nothing, and the search runs in C.
 _REPEATED = re.compile(rf"(.{{1,{MAX_PATTERN_LENGTH}}}?)\1{{{REPETITION_THRESHOLD - 1}}}", re.DOTALL)
@@ -170,8 +172,7 @@ def fix_repetitions(text: str) -> str:
     >>> fix_repetitions("no no no")
     'no no no'
     """
-    runs = ("".join(group) for _, group in groupby(text))
-    collapsed = "".join(run[0] if len(run) > REPETITION_THRESHOLD else run for run in runs)
+    collapsed = _LONG_RUN.sub(r"\1", text)
     if _REPEATED.search(collapsed) is None:  # no pattern repeated the threshold's times: nothing to fix
         return collapsed
     return _fix_pattern_repeats(collapsed)

@@ -58,6 +58,7 @@ from audiomask.features.frontend import FeatureStreams
 from audiomask.llm.generate import greedy
 from audiomask.llm.graphs import GraphedDecode
 from audiomask.llm.model import DEFAULT_MAX_NEW_TOKENS, AudioLM, LLMTranscript
+from audiomask.llm.prompt import encode_texts
 from audiomask.models import Qwen3ASREncoder
 from audiomask.ragged import ragged_index
 from audiomask.samples import as_samples
@@ -293,15 +294,11 @@ class LLMStreams:
     def _decode(self, streams: list[_Stream], chunks: list[np.ndarray]) -> list[Partial]:
         if not streams:
             return []
-        model = self.model
         for stream, chunk in zip(streams, chunks, strict=True):
             stream.samples.append(chunk)
         audio, counts, closed = self._open_windows(streams, chunks)
-        prefixes = [self._prefix(stream) for stream in streams]
-        tails = [
-            [*self.parts.tail, *(model.tokenizer.encode(prefix, add_special_tokens=False) if prefix else [])]
-            for prefix in prefixes
-        ]
+        prefixes = self._prefixes(streams)
+        tails = [[*self.parts.tail, *ids] for ids in self._encode_texts(prefixes)]
         heads = np.array([0 if stream.fixed else len(self.parts.head) for stream in streams], np.int64)
         inputs = self._inputs(heads, audio, counts, tails)
         for stream, prefix, head, kept in zip(streams, prefixes, heads.tolist(), closed.tolist(), strict=True):
@@ -465,19 +462,32 @@ class LLMStreams:
         gathered = source[torch.from_numpy(index).to(source.device)]  # (B, longest, hidden)
         return [gathered[row, :total] for row, total in enumerate(totals.tolist())]
 
-    def _prefix(self, stream: _Stream) -> str:
-        """The text the answer starts from: the previous answer less its last tokens (the recipe's roll-back)."""
-        if stream.chunks < self.policy.unfixed_chunks or not stream.raw:
-            return ""
-        tokenizer = self.model.tokenizer
-        ids = tokenizer.encode(stream.raw, add_special_tokens=False)
-        back = self.policy.unfixed_tokens
-        while True:
-            end = max(0, len(ids) - back)
-            prefix = tokenizer.decode(ids[:end]) if end > 0 else ""
-            if REPLACEMENT_CHARACTER not in prefix or end == 0:
-                return prefix
-            back += 1
+    def _prefixes(self, streams: list[_Stream]) -> list[str]:
+        """The text each answer starts from: the previous answer less its last tokens (the recipe's roll-back),
+        none for a segment's first chunks; a cut through a character moves back a token."""
+        prefixes = [""] * len(streams)
+        rolled = [
+            row for row, stream in enumerate(streams) if stream.chunks >= self.policy.unfixed_chunks and stream.raw
+        ]
+        decode = self.model.tokenizer.decode
+        for row, ids in zip(rolled, self._encode_texts([streams[row].raw for row in rolled]), strict=True):
+            back = self.policy.unfixed_tokens
+            while (end := max(0, len(ids) - back)) > 0:
+                prefixes[row] = decode(ids[:end])
+                if REPLACEMENT_CHARACTER not in prefixes[row]:
+                    break
+                back += 1
+            else:
+                prefixes[row] = ""
+        return prefixes
+
+    def _encode_texts(self, texts: list[str]) -> list[list[int]]:
+        """Each text's ids (an empty text's: none), in one tokenizer call (:func:`encode_texts`)."""
+        ids: list[list[int]] = [[] for _ in texts]
+        said = [row for row, text in enumerate(texts) if text]
+        for row, encoded in zip(said, encode_texts(self.model.tokenizer, [texts[row] for row in said]), strict=True):
+            ids[row] = encoded
+        return ids
 
     def _joined(self, stream: _Stream, text: str) -> str:
         return " ".join(piece for piece in (*stream.committed, text) if piece)
