@@ -28,10 +28,14 @@ import numpy as np
 import torch
 
 __all__ = [
+    "QWEN3_ASR_ADDED",
     "QWEN3_ASR_CHAT_TEMPLATE",
+    "QWEN3_ASR_NAMED",
+    "QWEN3_ASR_SPECIALS",
     "TINY_AUDIO",
     "TINY_TEXT",
     "byte_tokenizer",
+    "word_ids",
     "save_qwen3_asr",
     "save_random_qwen3_asr",
     "speech",
@@ -90,6 +94,8 @@ TINY_TEXT = {
     "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
 }
 WORD_START = "\u0120"  # "Ġ": the byte-level alphabet's space, which starts a word
+BYTE_TOKENS = 256  # the byte-level alphabet: ids 0-255
+TEMPLATE_WORDS = ("system", "user", "assistant")  # the role names of QWEN3_ASR_CHAT_TEMPLATE
 BENCH_INIT_RANGE = 0.02  # the real sizes' weights: normal(0, 0.02), as bench.llm_streams.build_model's
 
 
@@ -103,24 +109,35 @@ def byte_tokenizer(
     """A byte-level BPE tokenizer (256 byte tokens, no merges) with ``specials`` and ``added`` tokens after them.
 
     ``named``: attribute name -> special token (``audio_token``...), as the models' processors read them.
-    ``vocab_size``: add words (`` ab``, `` xyZ``) after the byte tokens, with the merges that make them, so that
-    the tokenizer holds this many ids, each decoding to its own text and encoded back to its id (as a real
-    vocabulary's words: the streaming prompt's prefix is the answer's text encoded again); ``None``: none.
+    ``vocab_size``: add the chat template's role names and words (`` ab``, `` xyZ``) after the byte tokens, with
+    the merges that make them, so that the tokenizer holds this many ids, each decoding to its own text and
+    encoded back to its id (as a real vocabulary's words: the streaming prompt's prefix is the answer's text
+    encoded again), and Qwen3-ASR's prompt has its 9 + 6 tokens around the audio; ``None``: none.
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     vocab = {symbol: index for index, symbol in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
     merges: list[tuple[str, str]] = []
+
+    def merge(token: str) -> None:  # the token, made from itself less its last character
+        vocab[token] = len(vocab)
+        merges.append((token[:-1], token[-1]))
+
     if vocab_size is not None:
+        # The chat template's role names, one token each (as in Qwen's vocabulary: the prompt's length is its);
+        # their merges rank last, so that no word below is split by them.
+        for word in TEMPLATE_WORDS:
+            for end in range(2, len(word) + 1):
+                merge(word[:end])
+        roles, merges = merges, []
         # Words of one to four ASCII letters after a space ("Ġ"), each merged from the word one letter shorter:
         # the pre-tokenizer splits a text at its spaces, so a decoded text encodes back to its ids (the
         # streaming prompt's prefix), at a real BPE's cost (151k merges, as Qwen's).
         words = itertools.chain.from_iterable(itertools.product(string.ascii_letters, repeat=n) for n in range(1, 5))
         for word in itertools.islice(words, vocab_size - len(specials) - len(added) - len(vocab)):
-            token = WORD_START + "".join(word)
-            vocab[token] = len(vocab)
-            merges.append((token[:-1], token[-1]))
+            merge(WORD_START + "".join(word))
+        merges += roles
     core = Tokenizer(models.BPE(vocab=vocab, merges=merges))
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     core.decoder = decoders.ByteLevel()
@@ -131,6 +148,14 @@ def byte_tokenizer(
     tokenizer.add_tokens(list(added))
     tokenizer.chat_template = chat_template
     return tokenizer
+
+
+def word_ids(tokenizer: Any) -> range:
+    """The ids of :func:`byte_tokenizer`'s words (given a ``vocab_size``) in a Qwen3-ASR tokenizer: after the byte
+    tokens and the role names, before the special and added tokens; a random answer made of them encodes back
+    to itself."""
+    first = BYTE_TOKENS + sum(len(word) - 1 for word in TEMPLATE_WORDS)
+    return range(first, len(tokenizer) - len(QWEN3_ASR_SPECIALS) - len(QWEN3_ASR_ADDED))
 
 
 def save_qwen3_asr(

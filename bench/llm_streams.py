@@ -6,7 +6,8 @@ part of :mod:`audiomask`.
 - :func:`build_model`: an :class:`~audiomask.llm.model.AudioLM` of
   :data:`SIZES` (Qwen3-ASR-0.6B, -1.7B, or a tiny stand-in for CPU smoke
   runs), random weights (normal, std 0.02), no checkpoint; its tokenizer is
-  :class:`BenchTokenizer` (Qwen3-ASR's prompt and special ids, no vocabulary files).
+  :func:`bench.llm_checkpoints.byte_tokenizer`'s of the model's ids (a byte-level BPE: Qwen3-ASR's
+  prompt lengths, answers that encode back to their ids, a real BPE's cost per text).
 - :class:`BenchStreams`: :class:`~audiomask.llm.streaming.LLMStreams` that can
   start a stream's next utterance without the final pass (``restart``) and
   count its front end's time; :class:`ReFeedStreams`: the official
@@ -22,9 +23,7 @@ part of :mod:`audiomask`.
 from __future__ import annotations
 
 import dataclasses
-import re
 import time
-import zlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -39,11 +38,18 @@ from audiomask.llm.model import AudioLM
 from audiomask.llm.qwen3_asr import Qwen3ASRProjector, assemble
 from audiomask.llm.streaming import DEFAULT_UNFIXED_TOKENS, LLMStreams, Partial
 from audiomask.models import Qwen3ASRConfig, Qwen3ASREncoder
+from bench.llm_checkpoints import (
+    QWEN3_ASR_ADDED,
+    QWEN3_ASR_CHAT_TEMPLATE,
+    QWEN3_ASR_NAMED,
+    QWEN3_ASR_SPECIALS,
+    byte_tokenizer,
+    word_ids,
+)
 
 __all__ = [
     "SIZES",
     "BenchStreams",
-    "BenchTokenizer",
     "Driver",
     "Probe",
     "ReFeedStreams",
@@ -89,102 +95,12 @@ GOLDEN = 0.6180339887498949  # stream i's phase: frac(i * GOLDEN) of a chunk, ev
 LEAD_S = 0.05  # an episode's first chunk is due this long after it starts
 FEATURE_BATCH_BYTES = 256 * 2**20  # the re-feed recipe's feature batches: at most this many bytes staged at once
 
-# Qwen3-ASR's special tokens and their ids in its tokenizer; "<asr_text>" is added, not special.
-QWEN3_SPECIAL_IDS = {
-    "<|endoftext|>": 151643,
-    "<|im_start|>": 151644,
-    "<|im_end|>": 151645,
-    "<|audio_start|>": 151669,
-    "<|audio_end|>": 151670,
-    "<|audio_pad|>": 151676,
-}
-ASR_TEXT = ("<asr_text>", 151704)
 STOP_TOKENS = ("<|endoftext|>", "<|im_end|>")
-CODEPOINT_BASE = 0x10000  # decode writes id i as chr(CODEPOINT_BASE + i): one character, never U+FFFD
 
 
 def fixed_tokens(chunk_s: float) -> int:
     """Tokens every update decodes: the rolled-back ones plus about 4 per second of new audio (13 at 2 s)."""
     return DEFAULT_UNFIXED_TOKENS + round(TOKENS_PER_S * chunk_s)
-
-
-class BenchTokenizer:
-    """Qwen3-ASR's chat template and special ids over ``vocab_size`` ids, without vocabulary files.
-
-    ``decode`` writes a plain id ``i`` as the one character ``chr(0x10000 + i)`` (special ids as their
-    text, or nothing with ``skip_special_tokens``), so ``encode(decode(ids)) == ids``: an answer of n
-    tokens re-encodes to n tokens and the recipe's roll-back cuts where the model's tokens were, as with
-    the real tokenizer. ``encode`` takes special and added tokens whole, a run of ASCII letters as one id
-    and any other character as one id, so that the prompt around the audio has the real tokenizer's
-    counts (head 9, tail 6). The special ids are Qwen3-ASR's where the vocabulary holds them, else its top ids.
-
-    >>> from audiomask.llm.qwen3_asr import qwen3_asr_prompt
-    >>> tokenizer = BenchTokenizer(151936)
-    >>> parts = qwen3_asr_prompt(tokenizer, "", None)
-    >>> len(parts.head), len(parts.tail), parts.head[0], parts.tail[0]
-    (9, 6, 151644, 151670)
-    >>> tokenizer.encode(tokenizer.decode([5, 151645, 70000]))
-    [5, 151645, 70000]
-    """
-
-    def __init__(self, vocab_size: int) -> None:
-        named = {**QWEN3_SPECIAL_IDS, ASR_TEXT[0]: ASR_TEXT[1]}
-        if vocab_size <= max(named.values()):
-            named = {token: vocab_size - len(named) + index for index, token in enumerate(named)}
-        self.vocab_size = vocab_size
-        self.ids = named
-        self.special = frozenset(named[token] for token in QWEN3_SPECIAL_IDS)
-        self.text = {index: token for token, index in named.items()}
-        self.plain = min(named.values())  # ids below are plain: prompt words hash into them
-        pieces = sorted(named, key=len, reverse=True)
-        self._pattern = re.compile("|".join(map(re.escape, pieces)) + r"|[A-Za-z]+|.", re.DOTALL)
-
-    def __len__(self) -> int:
-        return self.vocab_size
-
-    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        ids = []
-        for piece in self._pattern.findall(text):
-            known = self.ids.get(piece)
-            if known is None:
-                code = ord(piece[0]) - CODEPOINT_BASE
-                plain = len(piece) == 1 and 0 <= code < self.vocab_size and code not in self.text
-                known = code if plain else zlib.crc32(piece.encode()) % self.plain
-            ids.append(known)
-        return ids
-
-    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
-        out = []
-        for index in ids:
-            index = int(index)
-            if index in self.text:
-                if not (skip_special_tokens and index in self.special):
-                    out.append(self.text[index])
-            else:
-                out.append(chr(CODEPOINT_BASE + index))
-        return "".join(out)
-
-    def apply_chat_template(
-        self, messages: Sequence[dict], add_generation_prompt: bool = False, tokenize: bool = False, **_: object
-    ) -> str | list[int]:
-        """The released Qwen3-ASR template's text for system and user turns (audio and text items)."""
-        text = ""
-        for message in messages:
-            content = message["content"]
-            if message["role"] == "system":
-                text += f"<|im_start|>system\n{content if isinstance(content, str) else ''}<|im_end|>\n"
-            elif message["role"] == "user":
-                items = [{"type": "text", "text": content}] if isinstance(content, str) else content
-                body = "".join(
-                    "<|audio_start|><|audio_pad|><|audio_end|>" if item["type"] == "audio" else item.get("text", "")
-                    for item in items
-                )
-                text += f"<|im_start|>user\n{body}<|im_end|>\n"
-            else:
-                raise ValueError(f"role must be 'system' or 'user', got {message['role']!r}")
-        if add_generation_prompt:
-            text += "<|im_start|>assistant\n"
-        return self.encode(text) if tokenize else text
 
 
 def _randomize(module: torch.nn.Module, std: float) -> None:
@@ -211,8 +127,10 @@ def build_model(
     for module in (encoder, projector, lm):
         _randomize(module, std)
         module.to(device=device, dtype=dtype).eval()
-    tokenizer = BenchTokenizer(lm.config.vocab_size)
-    stop_ids = frozenset(tokenizer.ids[token] for token in STOP_TOKENS)
+    tokenizer = byte_tokenizer(
+        QWEN3_ASR_SPECIALS, QWEN3_ASR_ADDED, QWEN3_ASR_CHAT_TEMPLATE, QWEN3_ASR_NAMED, vocab_size=lm.config.vocab_size
+    )
+    stop_ids = frozenset(tokenizer.convert_tokens_to_ids(token) for token in STOP_TOKENS)
     return assemble(encoder, projector, lm, tokenizer, stop_ids, description={"size": size, "random_weights": True})
 
 
@@ -478,8 +396,9 @@ class Driver:
         finally:
             streams.policy = policy
         tokenizer = streams.model.tokenizer
+        words = word_ids(tokenizer)
         for index, target in zip(new, targets):
-            tokens = self.rng.integers(0, tokenizer.plain, streams.answer_length(int(target)))
+            tokens = self.rng.integers(words.start, words.stop, streams.answer_length(int(target)))
             streams._stream(self.names[index]).raw = tokenizer.decode(tokens.tolist()) if target else ""
         return time.perf_counter() - began
 

@@ -272,8 +272,8 @@ def describe_model(model: object, args: argparse.Namespace, dtype: torch.dtype) 
         "projector": [model.encoder.output_size, model.encoder.output_size, model.lm.config.hidden_size],
         "lm": lm | {"rope_theta": SIZES[args.model]["text"]["rope_parameters"]["rope_theta"]},
         "dtype": str(dtype).removeprefix("torch."),
-        "tokenizer": "bench.llm_streams.BenchTokenizer: Qwen3-ASR's chat template and special ids; a plain id "
-        "decodes to one character, so answers re-encode to as many tokens (head 9, tail 6 tokens)",
+        "tokenizer": "bench.llm_checkpoints.byte_tokenizer: a byte-level BPE of the model's ids (words of letters, "
+        "151k merges); answers re-encode to their ids; Qwen3-ASR's chat template (head 9, tail 6 tokens)",
     }
 
 

@@ -14,7 +14,15 @@ import torch
 
 from audiomask.llm.qwen3_asr import qwen3_asr_prompt
 from audiomask.llm.streaming import StreamPolicy
-from bench.llm_streams import BenchStreams, BenchTokenizer, ReFeedStreams, build_model, fixed_tokens, one_stream
+from bench.llm_checkpoints import (
+    QWEN3_ASR_ADDED,
+    QWEN3_ASR_CHAT_TEMPLATE,
+    QWEN3_ASR_NAMED,
+    QWEN3_ASR_SPECIALS,
+    byte_tokenizer,
+    word_ids,
+)
+from bench.llm_streams import BenchStreams, ReFeedStreams, build_model, fixed_tokens, one_stream
 
 pytest.importorskip("transformers")
 
@@ -94,14 +102,17 @@ def test_the_re_feed_streams_give_the_incremental_partials() -> None:
     assert tokens["BenchStreams"] == tokens["ReFeedStreams"]
 
 
-def test_the_tokenizer_round_trips_answers_and_counts_the_prompt_as_qwen3_asr() -> None:
-    tokenizer = BenchTokenizer(151936)
+@pytest.mark.parametrize("vocab_size", [151936, 512])
+def test_the_tokenizer_round_trips_answers_and_counts_the_prompt_as_qwen3_asr(vocab_size: int) -> None:
+    tokenizer = byte_tokenizer(
+        QWEN3_ASR_SPECIALS, QWEN3_ASR_ADDED, QWEN3_ASR_CHAT_TEMPLATE, QWEN3_ASR_NAMED, vocab_size=vocab_size
+    )
+    assert len(tokenizer) == vocab_size
     parts = qwen3_asr_prompt(tokenizer, "", None)
-    assert parts.head == (151644, *parts.head[1:3], 151645, parts.head[4], 151644, *parts.head[6:8], 151669)
-    assert len(parts.tail) == 6 and parts.tail[:2] == (151670, 151645)
-    ids = list(np.random.default_rng(0).integers(0, 151936, 500))
-    plain = [i for i in ids if i not in tokenizer.text]
-    assert tokenizer.encode(tokenizer.decode(ids, skip_special_tokens=True)) == plain
-    assert "\ufffd" not in tokenizer.decode(ids)
-    tiny = BenchTokenizer(512)
-    assert max(tiny.ids.values()) == 511 and tiny.encode("<|im_end|>") == [tiny.ids["<|im_end|>"]]
+    special = [tokenizer.convert_tokens_to_ids(token) for token in ("<|im_start|>", "<|im_end|>", "<|audio_end|>")]
+    assert len(parts.head) == 9 and parts.head[0] == special[0] and parts.head[3] == special[1]
+    assert len(parts.tail) == 6 and parts.tail[:2] == (special[2], special[1])
+    words = word_ids(tokenizer)
+    assert tokenizer.convert_ids_to_tokens([words.start - 1, words.stop]) == ["assistant", QWEN3_ASR_SPECIALS[0]]
+    words = [int(i) for i in np.random.default_rng(0).integers(words.start, words.stop, 500)]
+    assert tokenizer.encode(tokenizer.decode(words), add_special_tokens=False) == words
