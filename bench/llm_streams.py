@@ -35,6 +35,7 @@ from audiomask.bench.timing import MS_PER_S, percentiles
 from audiomask.constants import SAMPLE_RATE
 from audiomask.llm.lm import CausalLM, LMConfig
 from audiomask.llm.model import AudioLM
+from audiomask.llm.prompt import encode_texts
 from audiomask.llm.qwen3_asr import Qwen3ASRProjector, assemble
 from audiomask.llm.streaming import DEFAULT_UNFIXED_TOKENS, LLMStreams, Partial
 from audiomask.models import Qwen3ASRConfig, Qwen3ASREncoder
@@ -202,7 +203,7 @@ class ReFeedStreams(BenchStreams):
         inputs = []
         prefixes = self._prefixes(streams)
         for stream, tokens, prefix, prefix_ids in zip(
-            streams, audio, prefixes, self._encode_texts(prefixes), strict=True
+            streams, audio, prefixes, encode_texts(model.tokenizer, prefixes), strict=True
         ):
             self.cache.reset(stream.slot)
             tail = lm.embed(torch.tensor([*self.parts.tail, *prefix_ids], dtype=torch.long))

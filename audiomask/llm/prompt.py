@@ -38,7 +38,8 @@ def split_at_audio(tokenizer: Any, text: str, placeholder: str) -> PromptParts:
 
 
 def encode_texts(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:
-    """Each text's ids, no special tokens added: ``tokenizer.encode(text, add_special_tokens=False)`` for each.
+    """Each text's ids, no special tokens added: ``tokenizer.encode(text, add_special_tokens=False)`` for each
+    (an empty text's: none).
 
     A callable tokenizer (transformers') gets them all in one call, which a fast tokenizer encodes in Rust
     over every core: a streaming update encodes two texts a stream, hundreds of streams at a time.

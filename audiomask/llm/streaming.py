@@ -298,7 +298,7 @@ class LLMStreams:
             stream.samples.append(chunk)
         audio, counts, closed = self._open_windows(streams, chunks)
         prefixes = self._prefixes(streams)
-        tails = [[*self.parts.tail, *ids] for ids in self._encode_texts(prefixes)]
+        tails = [[*self.parts.tail, *ids] for ids in encode_texts(self.model.tokenizer, prefixes)]
         heads = np.array([0 if stream.fixed else len(self.parts.head) for stream in streams], np.int64)
         inputs = self._inputs(heads, audio, counts, tails)
         for stream, prefix, head, kept in zip(streams, prefixes, heads.tolist(), closed.tolist(), strict=True):
@@ -470,7 +470,8 @@ class LLMStreams:
             row for row, stream in enumerate(streams) if stream.chunks >= self.policy.unfixed_chunks and stream.raw
         ]
         decode = self.model.tokenizer.decode
-        for row, ids in zip(rolled, self._encode_texts([streams[row].raw for row in rolled]), strict=True):
+        raws = [streams[row].raw for row in rolled]
+        for row, ids in zip(rolled, encode_texts(self.model.tokenizer, raws), strict=True):
             back = self.policy.unfixed_tokens
             while (end := max(0, len(ids) - back)) > 0:
                 prefixes[row] = decode(ids[:end])
@@ -480,14 +481,6 @@ class LLMStreams:
             else:
                 prefixes[row] = ""
         return prefixes
-
-    def _encode_texts(self, texts: list[str]) -> list[list[int]]:
-        """Each text's ids (an empty text's: none), in one tokenizer call (:func:`encode_texts`)."""
-        ids: list[list[int]] = [[] for _ in texts]
-        said = [row for row, text in enumerate(texts) if text]
-        for row, encoded in zip(said, encode_texts(self.model.tokenizer, [texts[row] for row in said]), strict=True):
-            ids[row] = encoded
-        return ids
 
     def _joined(self, stream: _Stream, text: str) -> str:
         return " ".join(piece for piece in (*stream.committed, text) if piece)

@@ -48,37 +48,36 @@ def test_bfloat16_streams_run_and_hold_their_slots(tiny_qwen3_asr_dir: Path, spe
     assert [final.final for final in finals] == [True] * 3
 
 
-def test_greedy_through_cuda_graphs_equals_eager_steps(tiny_qwen3_asr_dir: Path) -> None:
+def _greedy_three_rows(lm, slots: int, rows: list[int], warm: bool) -> tuple[list, list]:
+    """Three rows of random prompts (5, 130, 17 inputs) decoded greedily in ``rows`` of a ``slots``-slot cache:
+    eagerly, then through CUDA graphs (with ``warm``, 70 slots warmed first, outside inference mode as the
+    server's recogniser warms them)."""
     from audiomask.llm.generate import greedy
     from audiomask.llm.graphs import GraphedDecode
 
-    lm = checkpoint.load(tiny_qwen3_asr_dir, device="cuda").lm
     torch.manual_seed(3)
     inputs = [lm.embed(torch.randint(0, lm.config.vocab_size, (length,))) for length in (5, 130, 17)]
     answers = []
     for graphed in (False, True):
-        cache = lm.new_cache(4, 256)
+        cache = lm.new_cache(slots, 256)
         steps = GraphedDecode(lm, cache) if graphed else None
+        if graphed and warm:
+            assert steps.warm() == 8  # the callers' 70 slots: row buckets 1, 2, 4, ..., 64 and 128
+            assert not cache.lengths.any()
+            assert steps.warm() == 0  # every bucket already captured
+            assert all(capture.logits.grad_fn is None for capture in steps._captures.values())  # no autograd record
         with torch.inference_mode():
-            answers.append(greedy(lm, cache, [3, 0, 2], inputs, [20, 40, 9], frozenset(), stop=False, steps=steps))
-    assert answers[0] == answers[1]
+            answers.append(greedy(lm, cache, rows, inputs, [20, 40, 9], frozenset(), stop=False, steps=steps))
+    return answers[0], answers[1]
+
+
+def test_greedy_through_cuda_graphs_equals_eager_steps(tiny_qwen3_asr_dir: Path) -> None:
+    lm = checkpoint.load(tiny_qwen3_asr_dir, device="cuda").lm
+    eager, graphed = _greedy_three_rows(lm, 4, [3, 0, 2], warm=False)
+    assert eager == graphed
 
 
 def test_warmed_graphs_cover_every_bucket_and_leave_the_cache_empty(tiny_qwen3_asr_dir: Path) -> None:
-    from audiomask.llm.generate import greedy
-    from audiomask.llm.graphs import GraphedDecode
-
     lm = checkpoint.load(tiny_qwen3_asr_dir, device="cuda").lm
-    torch.manual_seed(3)
-    inputs = [lm.embed(torch.randint(0, lm.config.vocab_size, (length,))) for length in (5, 130, 17)]
-    answers = []
-    for warmed in (False, True):
-        cache = lm.new_cache(70, 256)  # 70 slots: row buckets 1, 2, 4, ..., 64 and 128
-        steps = GraphedDecode(lm, cache) if warmed else None
-        if warmed:  # outside inference mode, as LLMStreams warms them: no autograd record kept in the graphs
-            assert steps.warm() == 8 and not cache.lengths.any()
-            assert steps.warm() == 0  # every bucket already captured
-            assert all(capture.logits.grad_fn is None for capture in steps._captures.values())
-        with torch.inference_mode():
-            answers.append(greedy(lm, cache, [3, 0, 69], inputs, [20, 40, 9], frozenset(), stop=False, steps=steps))
-    assert answers[0] == answers[1]
+    eager, graphed = _greedy_three_rows(lm, 70, [3, 0, 69], warm=True)  # 70 slots: buckets 1, 2, 4, ..., 64, 128
+    assert eager == graphed
