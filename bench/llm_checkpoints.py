@@ -198,6 +198,9 @@ def save_qwen3_asr(
     with torch.device(device):
         model = Qwen3ASRForConditionalGeneration(config).to(dtype).eval()
     model.save_pretrained(directory)
+    del model
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()  # the caller (a benchmark) starts a server on this GPU next: give its memory back
     processor = Qwen3ASRProcessor(
         feature_extractor=Qwen3ASRFeatureExtractor(), tokenizer=tokenizer, chat_template=QWEN3_ASR_CHAT_TEMPLATE
     )

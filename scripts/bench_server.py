@@ -94,7 +94,6 @@ RANDOM_MODELS = ("phi4mm_full", "qwen3_asr_0.6b", "shipped_tiny")
 # --model's random LLM recognisers: Qwen3-ASR at its released sizes (bench.llm_checkpoints), saved to a temporary
 # directory first; run them with --fixed-tokens (random weights never say the end token).
 RANDOM_LLMS = {"llm_0.6b": "0.6b", "llm_1.7b": "1.7b"}
-LLM_CHUNK_MS = 2000  # an LLM checkpoint's chunk when --chunk-ms is not given (the server's default)
 
 
 def _arguments(argv: list[str]) -> argparse.Namespace:
@@ -312,7 +311,9 @@ def main(argv: list[str]) -> int:
             args.model_name, args.model = args.model, _save_random_llm(args.model, args.device, stack)
         args.llm = args.model is not None and is_llm_checkpoint(args.model)
         if args.llm:
-            references = _update_clock(args.chunk_ms or LLM_CHUNK_MS)
+            from audiomask.llm.streaming import DEFAULT_CHUNK_S  # the server's chunk without --chunk-ms
+
+            references = _update_clock(args.chunk_ms or round(DEFAULT_CHUNK_S * MS_PER_S))
         else:
             on_device = {"device": args.device, "dtype": args.dtype, "max_streams": args.clients}
             references = single_stream_references(
