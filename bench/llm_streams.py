@@ -155,14 +155,6 @@ class BenchStreams(LLMStreams):
         self._start_segment(stream)
         stream.pending = np.zeros(0, np.float32)
 
-    def answer_length(self, updates: int) -> int:
-        """Tokens of a stream's answer after ``updates`` updates of this policy (``fixed_tokens`` each)."""
-        policy, length = self.policy, 0
-        for update in range(updates):
-            kept = max(0, length - policy.unfixed_tokens) if update >= policy.unfixed_chunks else 0
-            length = kept + (policy.fixed_tokens or policy.update_tokens)
-        return length
-
 
 class ReFeedStreams(BenchStreams):
     """The ``qwen-asr`` re-feed recipe on the same model code: every update encodes all the utterance's features
@@ -399,7 +391,7 @@ class Driver:
         tokenizer = streams.model.tokenizer
         words = word_ids(tokenizer)
         for index, target in zip(new, targets):
-            tokens = self.rng.integers(words.start, words.stop, streams.answer_length(int(target)))
+            tokens = self.rng.integers(words.start, words.stop, streams.policy.answer_tokens(int(target)))
             streams._stream(self.names[index]).raw = tokenizer.decode(tokens.tolist()) if target else ""
         return time.perf_counter() - began
 

@@ -87,6 +87,16 @@ class AudioLM:
         said, text = self.parse(raw, language)
         return LLMTranscript(text=text, language=said, tokens=tuple(tokens), raw=raw)
 
+    def prompts(self, signals: Sequence[object], parts: PromptParts) -> list[torch.Tensor]:
+        """Each utterance's whole prompt ``(len(head) + n_b + len(tail), hidden_size)`` on the model's device: its
+        features (offline: the floor of the whole utterance) through the encoder and the projector, between the
+        prompt's ``parts``. ``signals``: 1-D 16 kHz float samples each."""
+        features, lengths = self.frontend.batch(
+            [as_samples(f"signals[{index}]", signal) for index, signal in enumerate(signals)]
+        )
+        audio = self.audio_inputs(torch.from_numpy(features), lengths)
+        return [self.prompt_inputs(parts, row) for row in audio]
+
     @torch.inference_mode()
     def transcribe(
         self,
@@ -105,12 +115,7 @@ class AudioLM:
         """
         if not signals:
             return []
-        features, lengths = self.frontend.batch(
-            [as_samples(f"signals[{index}]", signal) for index, signal in enumerate(signals)]
-        )
-        audio = self.audio_inputs(torch.from_numpy(features), lengths)
-        parts = self.prompt(context, language)
-        inputs = [self.prompt_inputs(parts, row) for row in audio]
+        inputs = self.prompts(signals, self.prompt(context, language))
         cache = self.lm.new_cache(len(inputs), max(len(row) for row in inputs) + max_new_tokens)
         answers = greedy(self.lm, cache, range(len(inputs)), inputs, max_new_tokens, self.stop_ids, stop=stop)
         return [self.answer(tokens, language) for tokens in answers]

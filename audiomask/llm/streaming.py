@@ -42,7 +42,6 @@ current segment's samples.
 
 from __future__ import annotations
 
-import itertools
 import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -76,8 +75,8 @@ REPLACEMENT_CHARACTER = "\ufffd"  # a cut through a multi-byte character decodes
 # interpreter lock). One per four cores, at most 4; on a host of under 8 cores, one (the calling thread).
 DEFAULT_FRONTEND_THREADS = max(1, min(4, (os.cpu_count() or 1) // 4))
 FRONTEND_SHARE = 16  # fewest due streams a front-end thread is given
-# Most segments one final pass decodes: its own cache holds rows x (segment + answer) positions (70-110 MB a row
-# for the 0.6B's 30 s segments), and hundreds of utterances may end together.
+# Most segments one encoder call of a final pass takes (their features and the encoder's activations; the
+# pass's prefill and decoding then take every segment ending at once).
 FINAL_ROWS = 64
 
 
@@ -114,6 +113,28 @@ class StreamPolicy:
     def chunk_samples(self) -> int:
         """Samples per chunk at 16 kHz (the recipe rounds, at least 1)."""
         return max(1, round(self.chunk_s * SAMPLE_RATE))
+
+    def answer_tokens(self, chunks: int) -> int:
+        """The longest answer after ``chunks`` updates: each decodes ``fixed_tokens`` (or at most
+        ``update_tokens``) after its prefix, the previous answer less ``unfixed_tokens`` (none for the first
+        ``unfixed_chunks``). With fixed tokens, what a segment of that many chunks is answered with.
+
+        >>> StreamPolicy(fixed_tokens=13).answer_tokens(16)  # 13, 13, then 8 more a chunk: 4 a second of audio
+        125
+        """
+        length = 0
+        for update in range(chunks):
+            kept = max(0, length - self.unfixed_tokens) if update >= self.unfixed_chunks else 0
+            length = kept + (self.fixed_tokens or self.update_tokens)
+        return length
+
+    def final_budget(self, samples: int) -> int:
+        """The longest final (offline) answer of a segment of ``samples``: ``final_tokens``; with
+        ``fixed_tokens``, exactly :meth:`answer_tokens` of its chunks (what the updates' answer grows to, as much
+        as speech gives) -- random weights never end an answer themselves."""
+        if self.fixed_tokens is None:
+            return self.final_tokens
+        return self.answer_tokens(max(1, -(-samples // self.chunk_samples)))
 
 
 @dataclass(frozen=True)
@@ -180,15 +201,19 @@ class LLMStreams:
         config = model.encoder.config
         self.window_frames = config.window_tokens * config.chunk_frames // config.chunk_tokens  # 800 frames: 8 s
         self.window_tokens = config.window_tokens
-        answer = self.policy.fixed_tokens or self.policy.update_tokens
-        # The slot's longest content: head, a segment's windows and one open window, tail, and the answer so
-        # far, which grows by at most one update's answer per chunk of the segment (and its open window).
-        segment_s = (self.policy.segment_windows + 1) * self.window_frames * HOP_LENGTH / SAMPLE_RATE
+        policy = self.policy
+        # The slot's longest content: head, the windows of a segment's audio, tail, then the longer of the
+        # answer so far (at most one update's answer per chunk of the segment: a prefix re-encoded from text
+        # need not shrink by the roll-back) and the segment's final answer, decoded in the slot at its end.
+        # A segment holds under segment_windows closed windows, an open one, and the last chunk's samples.
+        window_samples = self.window_frames * HOP_LENGTH
+        windows = policy.segment_windows + -(-policy.chunk_samples // window_samples)
+        chunks = -(-windows * window_samples // policy.chunk_samples) + 1
         self.capacity = (
             len(self.parts.head)
-            + (self.policy.segment_windows + 1) * self.window_tokens
+            + windows * self.window_tokens
             + len(self.parts.tail)
-            + (int(np.ceil(segment_s / self.policy.chunk_s)) + 1) * answer
+            + max(chunks * (policy.fixed_tokens or policy.update_tokens), policy.final_budget(windows * window_samples))
         )
         self.cache = model.lm.new_cache(check_int("slots", slots, minimum=1), self.capacity)
         if cuda_graphs is None:
@@ -285,7 +310,7 @@ class LLMStreams:
             return
         cut = self.policy.segment_windows * self.window_frames * HOP_LENGTH
         heard = [np.concatenate(stream.samples) for stream in streams]
-        finals = self._finals([samples[:cut] for samples in heard])
+        finals = self._finals(streams, [samples[:cut] for samples in heard])
         for stream, samples, transcript in zip(streams, heard, finals, strict=True):
             stream.committed.append(transcript.text)
             self._start_segment(stream)
@@ -494,7 +519,7 @@ class LLMStreams:
             stream.samples.append(stream.pending)
             stream.pending = np.zeros(0, np.float32)
             signals.append(np.concatenate(stream.samples))
-        finals = self._finals(signals)
+        finals = self._finals(streams, signals)
         results = []
         for stream, transcript in zip(streams, finals, strict=True):
             language = transcript.language or stream.language
@@ -516,27 +541,29 @@ class LLMStreams:
         self.cache.reset(stream.slot)
         self._free.append(stream.slot)
 
-    def _finals(self, signals: list[np.ndarray]) -> list[LLMTranscript]:
-        """The offline answers for whole segments; with ``fixed_tokens``, that many tokens per chunk of each
-        one's audio. At most :data:`FINAL_ROWS` a batch, rows of one answer length together."""
-        policy = self.policy
-        if policy.fixed_tokens is None:
-            budgets = [policy.final_tokens] * len(signals)
-        else:
-            budgets = [max(1, -(-len(signal) // policy.chunk_samples) * policy.fixed_tokens) for signal in signals]
-        finals: list[LLMTranscript | None] = [None] * len(signals)
-        order = sorted(range(len(signals)), key=budgets.__getitem__)
-        for budget, same in itertools.groupby(order, key=budgets.__getitem__):
-            same = list(same)
-            for start in range(0, len(same), FINAL_ROWS):
-                rows = same[start : start + FINAL_ROWS]
-                answers = self.model.transcribe(
-                    [signals[row] for row in rows],
-                    context=self.context,
-                    language=self.language,
-                    max_new_tokens=budget,
-                    stop=policy.fixed_tokens is None,
-                )
-                for row, answer in zip(rows, answers, strict=True):
-                    finals[row] = answer
-        return finals
+    def _finals(self, streams: list[_Stream], signals: list[np.ndarray]) -> list[LLMTranscript]:
+        """The offline answers for whole segments, ``signals[b]`` the samples of ``streams[b]``'s segment (the
+        second pass): each one's prompt from the offline front end and encoder (:meth:`AudioLM.prompts`, at most
+        :data:`FINAL_ROWS` segments a call), prefilled into its stream's own slot, emptied first, and decoded
+        greedily all together, through the decode graphs. The slots end holding the answers: the caller empties
+        them (the stream's next segment, or its end). With ``fixed_tokens``, a segment's
+        :meth:`StreamPolicy.final_budget`."""
+        if not streams:
+            return []
+        model, policy = self.model, self.policy
+        inputs: list[torch.Tensor] = []
+        for start in range(0, len(signals), FINAL_ROWS):
+            inputs += model.prompts(signals[start : start + FINAL_ROWS], self.parts)
+        slots = [stream.slot for stream in streams]
+        self.cache.reset(slots)
+        answers = greedy(
+            model.lm,
+            self.cache,
+            slots,
+            inputs,
+            [policy.final_budget(len(signal)) for signal in signals],
+            model.stop_ids,
+            stop=policy.fixed_tokens is None,
+            steps=self._steps,
+        )
+        return [model.answer(tokens, self.language) for tokens in answers]

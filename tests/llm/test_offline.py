@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from audiomask.llm import checkpoint
+from audiomask.llm import checkpoint, generate
 from audiomask.llm.lm import CausalLM, LMConfig, fuse_projections
 
 transformers = pytest.importorskip("transformers")
@@ -63,6 +63,18 @@ def test_an_utterance_decoded_beside_others_equals_itself_alone(qwen3_asr, speec
     alone = [qwen3_asr.transcribe([signal], max_new_tokens=MAX_NEW_TOKENS)[0] for signal in signals]
     assert [t.tokens for t in together] == [t.tokens for t in alone]
     assert len({t.tokens for t in alone}) > 1  # the tiny model's answers depend on what it hears
+
+
+def test_a_prefill_split_over_forwards_equals_one_forward(
+    qwen3_asr, speech: Callable, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    signals = [speech(seconds, seed) for seed, seconds in enumerate((0.5, 3.3, 2.0, 1.1))]
+    whole = qwen3_asr.transcribe(signals, max_new_tokens=MAX_NEW_TOKENS)
+    lengths = [len(row) for row in qwen3_asr.prompts(signals, qwen3_asr.prompt("", None))]
+    limit = lengths[0] + lengths[1] - 1  # no two of the first rows fit one forward: three forwards at least
+    monkeypatch.setattr(generate, "PREFILL_TOKENS", limit)
+    assert len(generate._groups(np.array(lengths), limit)) >= 3
+    assert [t.tokens for t in qwen3_asr.transcribe(signals, max_new_tokens=MAX_NEW_TOKENS)] == [t.tokens for t in whole]
 
 
 def test_lm_logits_equal_transformers_qwen3_over_ragged_rows_and_steps(tiny_qwen3_asr_dir: Path) -> None:

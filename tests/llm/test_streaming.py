@@ -210,7 +210,7 @@ def test_finals_in_bounded_batches_equal_one_batch_and_fixed_tokens_count_each_o
 ) -> None:
     from audiomask.llm import streaming
 
-    policy = StreamPolicy(chunk_s=1.0, fixed_tokens=3)
+    policy = StreamPolicy(chunk_s=1.0, fixed_tokens=7)
     signals = {name: speech(seconds, seed) for seed, (name, seconds) in enumerate((("a", 2.5), ("b", 1.2), ("c", 2.1)))}
 
     def finals() -> dict[str, tuple[int, ...]]:
@@ -223,5 +223,6 @@ def test_finals_in_bounded_batches_equal_one_batch_and_fixed_tokens_count_each_o
     together = finals()
     monkeypatch.setattr(streaming, "FINAL_ROWS", 1)
     assert finals() == together
-    # ceil(seconds / chunk) chunks of 3 tokens: 3 for a and c, 2 for b, whoever shares the batch
-    assert {name: len(tokens) for name, tokens in together.items()} == {"a": 9, "b": 6, "c": 9}
+    # what the updates' answer holds after ceil(seconds / chunk) chunks (7, 7, then 7 - 5 kept + 7), whoever
+    # shares the batch: 3 chunks for a and c, 2 for b
+    assert {name: len(tokens) for name, tokens in together.items()} == {"a": 9, "b": 7, "c": 9}
