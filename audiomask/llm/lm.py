@@ -30,6 +30,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from audiomask.checks import check_int
 from audiomask.llm.attention import reads_in_place, slot_attention
 from audiomask.llm.cache import CacheIndex, KVCache
+from audiomask.llm.pointwise import fuses, norm_rotate, rms_norm, silu_gate
 from audiomask.ragged import ragged_index
 from audiomask.transfer import to_device
 
@@ -141,6 +142,8 @@ class _RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if fuses(x.device):
+            return rms_norm(x, self.weight, self.eps)
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -169,9 +172,8 @@ class _Attention(nn.Module):
         q = q.view(total, self.heads, self.head_dim)
         k = k.view(total, self.kv_heads, self.head_dim)
         v = v.view(total, self.kv_heads, self.head_dim)
-        if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = _rotate(q, *rotary), _rotate(k, *rotary)
+        q = _position(q, self.q_norm if self.qk_norm else None, rotary)
+        k = _position(k, self.k_norm if self.qk_norm else None, rotary)
         cache, layer, where = step.cache, step.layer, step.where
         cache.store(layer, where, k, v)
         if step.mask is None:  # on a GPU: each row reads its own slot in place
@@ -198,6 +200,8 @@ class _MLP(nn.Module):
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if fuses(x.device):
+            return self.down_proj(silu_gate(self.gate_up_proj(x)))
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
@@ -224,6 +228,13 @@ class _Step:
     where: CacheIndex
     mask: torch.Tensor | None  # (B, 1, n, span) bool, True = may attend; None: slot_attention reads the slots
     width: int  # n: inputs of the longest row
+
+
+def _position(x: torch.Tensor, norm: _RMSNorm | None, rotary: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """The heads of ``x`` ``(N, H, D)`` normalised by ``norm`` (when given), then turned to their positions."""
+    if fuses(x.device):
+        return norm_rotate(x, None if norm is None else norm.weight, 0.0 if norm is None else norm.eps, *rotary)
+    return _rotate(x if norm is None else norm(x), *rotary)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
