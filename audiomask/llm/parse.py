@@ -118,28 +118,28 @@ def language_name(language: str) -> str:
     return name
 
 
-def _first_repetition(text: str, start: int) -> tuple[int, str, int] | None:
-    """Upstream's search in ``text[start:]``: (where, pattern, end) of the first repeated pattern, or None."""
-    n = len(text)
-    for i in range(start, n - 2 * REPETITION_THRESHOLD + 1):  # upstream stops where fewer than 40 characters remain
-        for k in range(1, MAX_PATTERN_LENGTH + 1):
-            if i + k * REPETITION_THRESHOLD > n:
-                break
-            pattern = text[i : i + k]
-            if all(text[i + r * k : i + r * k + k] == pattern for r in range(1, REPETITION_THRESHOLD)):
-                end = i + REPETITION_THRESHOLD * k
-                while end + k <= n and text[end : end + k] == pattern:
-                    end += k
-                return i, pattern, end
-    return None
-
-
 # A character followed by REPETITION_THRESHOLD or more copies of itself: a run longer than the threshold (matched
 # whole, greedily, from its first character; a shorter run never matches, nor does any part of it).
 _LONG_RUN = re.compile(rf"(.)\1{{{REPETITION_THRESHOLD},}}", re.DOTALL)
 # A pattern of 1 to MAX_PATTERN_LENGTH characters followed by REPETITION_THRESHOLD - 1 copies of itself: where
 # none is found (nearly every answer) the pattern pass would change nothing, and the search runs in C.
 _REPEATED = re.compile(rf"(.{{1,{MAX_PATTERN_LENGTH}}}?)\1{{{REPETITION_THRESHOLD - 1}}}", re.DOTALL)
+
+
+def _first_repetition(text: str, start: int) -> tuple[int, str, int] | None:
+    """Upstream's search in ``text[start:]``: (where, pattern, end) of the first repeated pattern, or None.
+
+    Upstream tries each position from ``start`` and at each the pattern lengths from 1 up; :data:`_REPEATED`
+    (leftmost match, its lazy group shortest first) finds the same one in C. Upstream starts no pattern
+    where fewer than twice the threshold of characters remain; a first match past that means none before it.
+    """
+    found = _REPEATED.search(text, start)
+    if found is None or found.start() > len(text) - 2 * REPETITION_THRESHOLD:
+        return None
+    pattern, end = found.group(1), found.end()
+    while text.startswith(pattern, end):  # upstream takes every further copy
+        end += len(pattern)
+    return found.start(), pattern, end
 
 
 def _fix_pattern_repeats(text: str) -> str:
