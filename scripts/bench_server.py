@@ -34,8 +34,8 @@ What it checks and measures:
   WeNet route, which sends none, the first message after which the
   single-stream reference's text equals it (a text the reference never shows
   is *unmatched*, not timed); an LLM recogniser's k-th partial, from its
-  k-th chunk (one update a chunk). A partial that repeats the previous one's
-  text (a segment's end) is not timed;
+  k-th chunk (it sends one every update, its text changed or not). A CTC
+  partial that repeats the previous one's text (a segment's end) is not timed;
 - the final latency: the final result's arrival minus the end message's sending;
 - the started server's CPU seconds (user + system, all its threads) while the
   clients ran, and per second of audio they sent: what a real-time stream
@@ -220,10 +220,10 @@ def _partial_latencies(
     times (the sherpa-onnx route) that is the chunk in which its newest token starts: the server's own
     account, whatever the reference's tokens (random weights' near ties can move a token by a chunk).
     Without (WeNet) it is the first message after which the single-stream reference shows the partial's
-    text. Without a reference (an LLM recogniser: one partial per chunk, in order) the k-th partial is timed
-    from chunk k's last sample: exact when every update changes the text, longer than the truth when one
-    does not (its partial is never sent, and later ones are timed from earlier chunks). A partial whose
-    text is the previous one's (a segment's end) is not timed. One timed from the
+    text. Without a reference (an LLM recogniser: a partial every update, its text changed or not, in order)
+    the k-th partial is timed from chunk k's last sample: exact unless two updates of a stream come between
+    two of the server's sweeps (one message for both: later ones are then timed from earlier chunks, longer
+    than the truth). A CTC partial whose text is the previous one's (a segment's end) is not timed. One timed from the
     client's last message is its stream's last chunk's (or the one before, when it ends in that message):
     the last, padded chunk can only follow the step of the chunk before, so it may wait for two steps.
     """
@@ -233,7 +233,7 @@ def _partial_latencies(
     sent_at = outcome["sent_at"]
     latencies, untimed, unmatched, previous, updates = [], 0, 0, "", 0
     for (arrived, text), token_s in zip(outcome["partials"], outcome["partial_token_s"]):
-        if text == previous:
+        if text == previous and references.partials is not None:
             untimed += 1
             continue
         previous = text

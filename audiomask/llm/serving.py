@@ -18,8 +18,10 @@ This module gives the same calls over :class:`~audiomask.llm.streaming.LLMStream
   it has no token times (an LLM gives none). A partial may rewrite its last
   words (the recipe's roll-back), so :attr:`LLMServingRecognizer.revises_text`
   is true and the engine makes one segment per connection (no endpoints: they
-  are token positions in a text that only grows). ``token_count`` counts the
-  text's changes: the engine reads ``transcript()`` when it moves;
+  are token positions in a text that only grows). ``token_count`` counts its
+  partials, one a chunk whether its text changed or not, and its final: the
+  engine reads ``transcript()`` and sends a result when it moves, so a client
+  hears from every update (a heartbeat every chunk);
 - thread safety: the engine calls from two feeder threads and a ticker.
   ``accept_many``, ``cancel`` and ``open_stream`` only queue, under a short
   lock; whichever thread then finds :class:`LLMStreams` free runs everything
@@ -115,7 +117,8 @@ class LLMServingStream:
 
     @property
     def token_count(self) -> int:
-        """How many times its text has changed: :meth:`transcript` differs exactly when this moves (no lock)."""
+        """Its partials (one a chunk, its text changed or not) and final so far: :meth:`transcript` is new each
+        time this moves (no lock)."""
         return self._changes
 
     @property
@@ -431,6 +434,7 @@ class LLMServingRecognizer:
         with self._lock:
             for stream in ending:
                 self._set_text(stream, texts.get(stream._key, ""))
+                stream._changes += 1
                 stream._done = True
                 self._live.pop(stream._key, None)
                 self._due_since.pop(stream._key, None)
@@ -443,12 +447,12 @@ class LLMServingRecognizer:
                 if stream is not None:
                     stream._decoded += self.policy.chunk_samples
                     self._set_text(stream, partial.text)
+                    stream._changes += 1
 
     @staticmethod
     def _set_text(stream: LLMServingStream, text: str) -> None:
         if text != stream._transcript.text:
             stream._transcript = Transcript(text, words(text), ())
-            stream._changes += 1
 
     def _record(self, count: int, seconds: float, samples: int) -> None:
         timing = CycleTiming(self.stats.count, count, 0.0, 0.0, seconds, 0.0, audio_s=samples / SAMPLE_RATE)

@@ -86,17 +86,18 @@ def test_the_last_chunk_of_a_stream_is_timed_from_its_last_message(bench_server)
 
 def test_an_llm_recognisers_kth_partial_is_timed_from_its_kth_chunk(bench_server):
     clock = bench_server._update_clock(500)  # 8,000 samples a chunk, the first one too: 5 messages each
-    sent_at = [10.0 + 0.1 * index for index in range(20)]
-    partials = [(10.45, "a"), (10.95, "ab"), (10.96, "ab"), (11.6, "abc")]  # "ab" twice: a segment's end
+    sent_at = [10.0 + 0.1 * index for index in range(25)]
+    partials = [(10.45, "a"), (10.95, "ab"), (11.46, "ab"), (12.1, "abc")]  # an update whose text did not change
     outcome = {"partials": partials, "partial_token_s": [None] * 4, "sent_at": sent_at}
     latencies, untimed, unmatched = bench_server._partial_latencies(outcome, clock, "clip", MESSAGE_SAMPLES)
     # chunk k's last sample (8,000 (k + 1) - 1) is in message 5k + 4, sent at 10.4 + 0.5 k
     assert latencies == [
         (10.45, pytest.approx(0.05), False),
         (10.95, pytest.approx(0.05), False),
-        (11.6, pytest.approx(0.2), False),
+        (11.46, pytest.approx(0.06), False),
+        (12.1, pytest.approx(0.2), False),
     ]
-    assert (untimed, unmatched) == (1, 0)
+    assert (untimed, unmatched) == (0, 0)
 
 
 def test_bench_server_streams_an_llm_checkpoint_with_fixed_tokens(tmp_path):
