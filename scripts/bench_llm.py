@@ -16,8 +16,8 @@ One JSON report (and ``<out stem>.png`` where matplotlib imports) of three secti
 
 Every update decodes ``5 + round(4 * chunk_s)`` tokens (``StreamPolicy.fixed_tokens``: random weights never
 say the end token); finals (the offline pass at an utterance's end) are not run. Each section stops at
-``--max-seconds``. The model is built in memory (:func:`bench.llm_streams.build_model`), bf16 on CUDA;
-``--sdpa`` says which attention kernels may run (by default all but cuDNN's: see :data:`SDPA`).
+``--max-seconds``. The model is built in memory (:func:`bench.llm_streams.build_model`), bf16 on CUDA; the
+attention kernels are the recogniser's own choice (no cuDNN for the encoder: ``audiomask.llm.lm.ATTENTION_BACKENDS``).
 
 Usage (the H200): python3 scripts/bench_llm.py --out bench/results/llm_streams_h200.json
 CPU smoke test:   python3 scripts/bench_llm.py --tiny --out /tmp/llm_smoke.json
@@ -26,7 +26,6 @@ CPU smoke test:   python3 scripts/bench_llm.py --tiny --out /tmp/llm_smoke.json
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import gc
 import sys
@@ -37,7 +36,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository r
 
 import numpy as np
 import torch
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from audiomask.bench.environment import capture_environment, write_result
 from audiomask.bench.timing import MS_PER_S, Budget, log, percentiles
@@ -46,15 +44,6 @@ from audiomask.llm.streaming import StreamPolicy
 from bench.llm_streams import SIZES, BenchStreams, Driver, ReFeedStreams, build_model, fixed_tokens, one_stream
 
 SECTIONS = ("capacity", "anchor", "cost")
-# --sdpa: the kernels scaled_dot_product_attention may use: on a GPU, the encoder's attention (the language model's is
-# audiomask.llm.attention's kernel there). "default" is torch's own pick; cuDNN's builds an execution plan for every
-# new shape (about 1.5 ms of host time a call), so "nocudnn" (the benchmark's default) leaves it out.
-SDPA = {
-    "default": None,
-    "nocudnn": [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH],
-    "math": [SDPBackend.MATH],
-    "cudnn": [SDPBackend.CUDNN_ATTENTION],
-}
 SEGMENT_WINDOWS = 4  # LLMStreams' default: a 30 s utterance never ends a segment (that would run a final pass)
 WARMUP_REPEATS = 2  # untimed first partials before the timed ones
 WARMUP_CHUNKS = 4  # untimed updates of one stream before any section (kernels loaded, allocator warm)
@@ -86,7 +75,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--first-repeats", type=int, help="timed first partials at one stream")
     parser.add_argument("--reserve-gib", type=float, default=16.0, help="CUDA memory left beside the cache")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--sdpa", choices=sorted(SDPA), default="nocudnn", help="attention kernels allowed (see SDPA)")
     parser.add_argument("--eager-decode", action="store_true", help="decode steps eagerly, not from CUDA graphs")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-plot", action="store_true")
@@ -357,16 +345,14 @@ def main(argv: list[str]) -> int:
     model = build_model(args.model, device, dtype, seed=args.seed)
     report["model"] = describe_model(model, args, dtype)
     log(f"{report['model']['parameters'] / 1e6:.0f}M parameters")
-    kernels = SDPA[args.sdpa]
-    with sdpa_kernel(kernels) if kernels else contextlib.nullcontext():
-        warmup = policy_for(args.cost_chunk)
-        one_stream(BenchStreams(model, 1, policy=warmup), WARMUP_CHUNKS * warmup.chunk_s, seed=args.seed)
-        if "capacity" in args.sections:
-            report["capacity"] = streams_section(model, BenchStreams, args.chunks, args)
-        if "anchor" in args.sections:
-            report["anchor"] = streams_section(model, ReFeedStreams, args.anchor_chunks, args)
-        if "cost" in args.sections:
-            report["cost"] = cost_section(model, args)
+    warmup = policy_for(args.cost_chunk)
+    one_stream(BenchStreams(model, 1, policy=warmup), WARMUP_CHUNKS * warmup.chunk_s, seed=args.seed)
+    if "capacity" in args.sections:
+        report["capacity"] = streams_section(model, BenchStreams, args.chunks, args)
+    if "anchor" in args.sections:
+        report["anchor"] = streams_section(model, ReFeedStreams, args.anchor_chunks, args)
+    if "cost" in args.sections:
+        report["cost"] = cost_section(model, args)
     report["summary"] = summarize(report)
     write_result(args.out, report)
     if not args.no_plot:

@@ -36,8 +36,9 @@ from audiomask.transfer import to_device
 
 __all__ = ["ATTENTION_BACKENDS", "CausalLM", "LMConfig", "fuse_projections", "pack_indices"]
 
-# SDPA kernels for the decoder's masked, grouped-query attention where slot_attention does not run (the CPU). cuDNN's
-# is left out: it builds an execution plan for every new shape (~1.5 ms of host time per call).
+# SDPA kernels for the decoder's masked, grouped-query attention where slot_attention does not run (the CPU), and for
+# an LLM recogniser's audio encoder. cuDNN's is left out: it builds an execution plan for every new shape (~1.5 ms of
+# host time a call, holding the interpreter lock), and a recogniser's shapes change with every utterance and update.
 ATTENTION_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 

@@ -21,10 +21,11 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
+from torch.nn.attention import sdpa_kernel
 
 from audiomask.features.frontend import Frontend
 from audiomask.llm.generate import greedy
-from audiomask.llm.lm import CausalLM
+from audiomask.llm.lm import ATTENTION_BACKENDS, CausalLM
 from audiomask.llm.prompt import PromptParts
 from audiomask.models import Phi4MMEncoder, Qwen3ASREncoder
 from audiomask.samples import as_samples
@@ -70,7 +71,8 @@ class AudioLM:
 
     def audio_inputs(self, features: torch.Tensor, lengths: np.ndarray) -> list[torch.Tensor]:
         """Language-model inputs of a padded feature batch ``(B, bins, T)``: per utterance ``(n_b, hidden_size)``."""
-        outputs, counts = self.encoder(features, lengths)
+        with sdpa_kernel(ATTENTION_BACKENDS):  # shapes change with every utterance: no cuDNN plan per shape
+            outputs, counts = self.encoder(features, lengths)
         projected = self.projector(outputs)
         return [projected[row, :count] for row, count in enumerate(counts.tolist())]
 

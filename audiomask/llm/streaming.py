@@ -50,12 +50,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import sdpa_kernel
 
 from audiomask.checks import check_int
 from audiomask.constants import HOP_LENGTH, SAMPLE_RATE
 from audiomask.features.frontend import FeatureStreams
 from audiomask.llm.generate import greedy
 from audiomask.llm.graphs import GraphedDecode
+from audiomask.llm.lm import ATTENTION_BACKENDS
 from audiomask.llm.model import DEFAULT_MAX_NEW_TOKENS, AudioLM, LLMTranscript
 from audiomask.llm.prompt import encode_texts
 from audiomask.models import Qwen3ASREncoder
@@ -419,7 +421,8 @@ class LLMStreams:
         for group in groups:
             longest = int(counts[group].max())
             width = -(-max(1, longest) // per_chunk) * per_chunk
-            outputs = encoder.attend_windows(tokens[to_device(group, device), :width], counts[group], longest)
+            with sdpa_kernel(ATTENTION_BACKENDS):  # the open windows' lengths change every update: no cuDNN plans
+                outputs = encoder.attend_windows(tokens[to_device(group, device), :width], counts[group], longest)
             pieces.append(self.model.projector(outputs))
         if len(pieces) == 1:
             return pieces[0]

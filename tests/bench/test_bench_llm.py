@@ -48,7 +48,7 @@ def test_bench_llm_smoke_writes_every_section_and_incremental_work_stays_below_r
     report = json.loads(out.read_text())
     assert {"command", "date", "git_commit", "torch_version", "gpu"} <= report["environment"].keys()
     assert report["model"]["size"] == "tiny" and report["model"]["parameters"] > 0
-    assert report["settings"]["sections"] == ["capacity", "anchor", "cost"] and report["settings"]["sdpa"] == "nocudnn"
+    assert report["settings"]["sections"] == ["capacity", "anchor", "cost"]
     for section in ("capacity", "anchor"):
         entry = report[section]["0.5s"]
         assert entry["fixed_tokens"] == fixed_tokens(0.5) == 7
