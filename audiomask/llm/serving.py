@@ -22,12 +22,12 @@ This module gives the same calls over :class:`~audiomask.llm.streaming.LLMStream
   partials, one a chunk whether its text changed or not, and its final: the
   engine reads ``transcript()`` and sends a result when it moves, so a client
   hears from every update (a heartbeat every chunk);
-- thread safety: the engine calls from two feeder threads and a ticker.
-  ``accept_many``, ``cancel`` and ``open_stream`` only queue, under a short
-  lock; whichever thread then finds :class:`LLMStreams` free runs everything
-  due (opens, samples, cancels, finals, updates) with it held, and a thread
-  that finds it busy returns at once: the one running sees the new work
-  before it lets go. ``transcript()`` and ``token_count`` take no lock;
+- threads: one thread of the recognizer's own runs :class:`LLMStreams`
+  (opens, samples, cancels, finals, updates), as the CTC recognizer's driver
+  runs its steps. The engine's calls (from two feeder threads and a ticker)
+  only queue, under a short lock, and wake it, so a feeder never waits for an
+  update: it goes on taking the other connections' samples while the GPU
+  works. ``transcript()`` and ``token_count`` take no lock;
 - a due stream's update waits up to :attr:`max_wait_s` for the other streams'
   chunks, so that streams out of step share updates; it runs at once when
   every open stream is due;
@@ -145,27 +145,28 @@ class LLMServingStream:
         return self._transcript.text
 
     def accept(self, samples: object) -> None:
-        """Append 16 kHz mono float samples in [-1, 1]; runs the updates that are due (see the module)."""
+        """Append 16 kHz mono float samples in [-1, 1]: queued for the recognizer's thread, which updates the
+        stream once a chunk is in (see the module); its partial comes later (:attr:`token_count` moves)."""
         (error,) = self._recognizer.accept_many([(self, samples)])
         if error is not None:
             raise error
 
     def input_finished(self) -> None:
-        """No more samples will come: its final pass runs now (or with the next call, when another thread is
-        running updates); :attr:`done` once its final text is in."""
+        """No more samples will come: the recognizer's thread runs its final pass next; :attr:`done` once its
+        final text is in."""
         self._recognizer.accept_many([], finished=[self])
 
     def cancel(self) -> None:
-        """Abandon the stream: its slot is freed at the recognizer's next call, without a final pass. Takes only
-        the short queueing lock and runs nothing, so an event loop may call it."""
+        """Abandon the stream: the recognizer's thread frees its slot, without a final pass. Takes only the short
+        queueing lock and runs nothing, so an event loop may call it."""
         self._recognizer._cancel(self)
 
     def finish(self, timeout: float | None = None) -> str:
         """End the utterance and return its final text: the model's offline answer for all its audio.
 
-        Waits for the final pass (run by this thread, or by another one running updates) at most ``timeout``
-        seconds (``None``: as long as it takes); ``RuntimeError`` when it does not come in time, the
-        recognizer was closed or stopped after an error.
+        Waits for the final pass (on the recognizer's thread) at most ``timeout`` seconds (``None``: as long as
+        it takes); ``RuntimeError`` when it does not come in time, the recognizer was closed or stopped after an
+        error.
         """
         self.input_finished()
         self._recognizer._wait_done(self, timeout)
@@ -209,13 +210,15 @@ class LLMServingRecognizer:
         self.stats = RunStats()
         self._lock = threading.Lock()  # the queue: streams' intake, ends, cancels, the live streams
         self._changed = threading.Condition(self._lock)  # notified when streams are done, or on an error
-        self._work = threading.Lock()  # LLMStreams and the stats: held by the thread running what is due
-        self._epoch = 0  # counts changes to the queue: the thread running sees those made meanwhile
+        self._queued = threading.Condition(self._lock)  # notified when the queue changes: wakes the thread
+        self._epoch = 0  # counts changes to the queue: the thread runs again when it moved
         self._live: dict[str, LLMServingStream] = {}  # by key: opened and not done
         self._due_since: dict[str, float] = {}  # by key: when its oldest due chunk came due
         self._serial = itertools.count()
         self._error: BaseException | None = None
         self._closed = False
+        self._thread = threading.Thread(target=self._serve, name="audiomask-llm-updates", daemon=True)
+        self._thread.start()
 
     # -- what the engine reads -------------------------------------------------------------------
 
@@ -249,7 +252,7 @@ class LLMServingRecognizer:
             name = f"stream-{serial}" if name is None else name
             stream = LLMServingStream(self, name, f"{name}#{serial}")
             self._live[stream._key] = stream
-            self._epoch += 1
+            self._moved()
         return stream
 
     def accept_many(
@@ -259,8 +262,8 @@ class LLMServingRecognizer:
         checked: bool = False,
         finished: Iterable[LLMServingStream] = (),
     ) -> list[Exception | None]:
-        """Queue each pair's samples (``checked``: ``(n,)`` float32 already checked), end the ``finished``
-        streams, then run what is due; per pair ``None`` or the error that refused its samples whole."""
+        """Queue each pair's samples (``checked``: ``(n,)`` float32 already checked) and end the ``finished``
+        streams for the recognizer's thread; per pair ``None`` or the error that refused its samples whole."""
         self._check_usable()
         pairs = list(pairs)
         errors: list[Exception | None] = [None] * len(pairs)
@@ -286,26 +289,27 @@ class LLMServingRecognizer:
                 stream._accepted += len(array)
             for stream in finished:
                 stream._ended = True
-            self._epoch += 1
-        self._run()
+            self._moved()
         return errors
 
     def poll(self) -> int:
-        """Run what is due now (updates whose wait for the others is over); how many updates ran (0 while
-        another thread runs them)."""
+        """Nothing to run here: the recognizer's thread runs what is due, its waits timed by itself. Raises
+        ``RuntimeError`` once it stopped after an error, as every call does; returns 0."""
         self._check_usable()
-        return self._run()
+        return 0
 
     def close(self) -> None:
-        """Drop the streams and the cache once the update in flight, if any, is over; later calls raise
-        ``RuntimeError``. Idempotent."""
+        """Stop the recognizer's thread once the update in flight, if any, is over, and drop the streams and the
+        cache; later calls raise ``RuntimeError``. Idempotent."""
         with self._lock:
             self._closed = True
             self._changed.notify_all()
-        with self._work:
-            if self._streams is not None:
-                self._streams.close()
-            self._streams = None
+            self._queued.notify_all()
+        if self._thread is not threading.current_thread():
+            self._thread.join()
+        if self._streams is not None:
+            self._streams.close()
+        self._streams = None
 
     def __enter__(self) -> LLMServingRecognizer:
         return self
@@ -321,13 +325,18 @@ class LLMServingRecognizer:
         if self._closed:
             raise RuntimeError("the recognizer is closed")
 
+    def _moved(self) -> None:
+        """Called with the lock held: the queue changed; wake the recognizer's thread."""
+        self._epoch += 1
+        self._queued.notify()
+
     def _cancel(self, stream: LLMServingStream) -> None:
         with self._lock:
             if stream._done:
                 return
             stream._ended = stream._cancelled = True
             stream._intake.clear()
-            self._epoch += 1
+            self._moved()
 
     def _wait_done(self, stream: LLMServingStream, timeout: float | None) -> None:
         with self._changed:
@@ -337,27 +346,24 @@ class LLMServingRecognizer:
         self._check_usable()
         raise RuntimeError(f"stream {stream.name!r} did not get its final text within {timeout} s")
 
-    def _run(self) -> int:
-        """Run what is due with :class:`LLMStreams` held, again while the queue changed meanwhile; returns at
-        once, 0, when another thread holds it (that thread sees this one's changes)."""
-        ran = 0
-        while self._work.acquire(blocking=False):
+    def _serve(self) -> None:
+        """The recognizer's thread: everything due whenever the queue moved, or when the oldest due stream's wait
+        for the others is over; on an error, the recognizer stops (every later call raises)."""
+        seen, wait_s = -1, None
+        while True:
+            with self._lock:
+                if self._epoch == seen and not self._closed:
+                    self._queued.wait(wait_s)
+                if self._closed:
+                    return
+                seen = self._epoch
             try:
-                with self._lock:
-                    seen = self._epoch
-                if self._streams is not None:
-                    ran += self._drain(self._streams)
-            except BaseException as error:
+                wait_s = self._drain(self._streams)
+            except BaseException as error:  # noqa: BLE001 - reported to every caller and waiter
                 with self._lock:
                     self._error = error
                     self._changed.notify_all()
-                raise
-            finally:
-                self._work.release()
-            with self._lock:
-                if self._epoch == seen:
-                    break
-        return ran
+                return
 
     def _take(self) -> tuple[list[str], list[str], list[tuple[str, np.ndarray]], list[LLMServingStream]]:
         """Under the queue's lock: keys to drop (cancelled), keys to open, samples to hand over, streams ending."""
@@ -385,9 +391,9 @@ class LLMServingRecognizer:
                 ending.append(stream)
         return drop, opening, samples, ending
 
-    def _drain(self, streams: LLMStreams) -> int:
-        """With :class:`LLMStreams` held: everything due, then updates for as long as they are due."""
-        updates = 0
+    def _drain(self, streams: LLMStreams) -> float | None:
+        """Everything queued, then updates for as long as they are due (the recognizer's thread); how long until
+        the oldest due stream's wait for the others is over, or ``None`` when none is due."""
         while True:
             with self._lock:
                 drop, opening, samples, ending = self._take()
@@ -399,26 +405,26 @@ class LLMServingRecognizer:
                 streams.feed(key, array)
             if ending:
                 self._finish(streams, ending)
-            due = self._due(streams)
+            due, wait_s = self._due(streams)
             if not due:
-                return updates
+                return wait_s
             started = time.perf_counter()
             partials = streams.update(due)
             self._record(len(due), time.perf_counter() - started, len(due) * self.policy.chunk_samples)
             self._publish(partials)
-            updates += 1
 
-    def _due(self, streams: LLMStreams) -> list[str]:
+    def _due(self, streams: LLMStreams) -> tuple[list[str], float | None]:
         """The streams to update now: all due ones, once each open stream is due or the oldest has waited
-        :attr:`max_wait_s`; else none."""
+        :attr:`max_wait_s`; else none, and how long until that wait is over (``None``: none is due)."""
         due = streams.due()
         now = time.monotonic()
         self._due_since = {key: self._due_since.get(key, now) for key in due}
         if not due:
-            return []
-        if len(due) == len(streams) or now - min(self._due_since.values()) >= self.max_wait_s:
-            return due
-        return []
+            return [], None
+        waited = now - min(self._due_since.values())
+        if len(due) == len(streams) or waited >= self.max_wait_s:
+            return due, None
+        return [], self.max_wait_s - waited
 
     def _finish(self, streams: LLMStreams, ending: list[LLMServingStream]) -> None:
         """The final passes of ``ending``, in one batch (a stream that got no samples ends with no text)."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -9,16 +11,25 @@ import pytest
 
 from audiomask.llm import checkpoint
 from audiomask.llm.serving import LLMServingRecognizer
-from audiomask.llm.streaming import StreamPolicy
+from audiomask.llm.streaming import LLMStreams, StreamPolicy
 
 pytest.importorskip("transformers")
 
 CHUNK_SAMPLES = 8000  # 0.5 s chunks
+WAIT_S = 60.0  # the most a test waits for the recognizer's thread (a CPU update of the tiny model: ~10 ms)
 
 
 @pytest.fixture(scope="module")
 def qwen3_asr(tiny_qwen3_asr_dir: Path):
     return checkpoint.load(tiny_qwen3_asr_dir)
+
+
+def wait_for(condition: Callable[[], bool], timeout_s: float = WAIT_S) -> None:
+    """Until ``condition()`` holds (the recognizer's thread works on its own); fails after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "the recognizer's thread did not get there in time"
+        time.sleep(0.005)
 
 
 def test_token_count_moves_every_chunk_whether_or_not_the_text_changed_then_with_the_final(
@@ -30,13 +41,62 @@ def test_token_count_moves_every_chunk_whether_or_not_the_text_changed_then_with
     policy = StreamPolicy(chunk_s=CHUNK_SAMPLES / 16000, update_tokens=1, unfixed_tokens=1)
     with LLMServingRecognizer(qwen3_asr, max_streams=2, policy=policy, max_wait_ms=0) as recognizer:
         stream = recognizer.open_stream("caller")
-        counts, texts = [], []
-        for start in range(0, len(signal), CHUNK_SAMPLES):
+        texts = []
+        for chunk, start in enumerate(range(0, len(signal), CHUNK_SAMPLES), 1):
             stream.accept(signal[start : start + CHUNK_SAMPLES])
-            counts.append(stream.token_count)
+            wait_for(lambda chunk=chunk: stream.token_count == chunk)
             texts.append(stream.partial())
-        assert counts == list(range(1, len(counts) + 1))
         assert len(set(texts)) < len(texts), "one answer token rolled back each update: some texts repeat"
-        final = stream.finish(timeout=60)
-        assert stream.done and stream.token_count == len(counts) + 1
+        final = stream.finish(timeout=WAIT_S)
+        assert stream.done and stream.token_count == len(texts) + 1
     assert final == qwen3_asr.transcribe([signal])[0].text
+
+
+def test_the_callers_never_run_an_update_and_an_error_stops_the_recogniser_for_every_caller(
+    qwen3_asr, speech: Callable, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Updates run on the recognizer's own thread (a feeder that queues samples goes on at once); an error there
+    stops the recognizer: every later call raises it."""
+    policy = StreamPolicy(chunk_s=CHUNK_SAMPLES / 16000, update_tokens=2)
+    threads, release, fail = set(), threading.Event(), threading.Event()
+    original = LLMStreams.update
+
+    def update(streams: LLMStreams, names: list[str] | None = None) -> list:
+        threads.add(threading.current_thread().name)
+        release.wait(WAIT_S)
+        if fail.is_set():
+            raise MemoryError("the device is full")
+        return original(streams, names)
+
+    def stopped() -> bool:
+        try:
+            recognizer.poll()
+        except RuntimeError:
+            return True
+        return False
+
+    monkeypatch.setattr(LLMStreams, "update", update)
+    with LLMServingRecognizer(qwen3_asr, max_streams=2, policy=policy, max_wait_ms=0) as recognizer:
+        stream = recognizer.open_stream("caller")
+        began = time.monotonic()
+        stream.accept(speech(1.0, 5))  # two chunks due: their update waits for release ...
+        assert time.monotonic() - began < 1.0, "accept waited for an update"
+        wait_for(lambda: threads)
+        assert threads == {"audiomask-llm-updates"} and stream.token_count == 0  # ... on the recognizer's thread
+        release.set()
+        wait_for(lambda: stream.token_count == 2)
+        fail.set()
+        stream.accept(speech(0.5, 6))
+        wait_for(stopped)
+        for call in (lambda: stream.finish(timeout=WAIT_S), lambda: stream.accept(speech(0.5, 7))):
+            with pytest.raises(RuntimeError, match="stopped after an error: MemoryError"):
+                call()
+
+
+def test_close_stops_the_thread_and_later_calls_raise(qwen3_asr) -> None:
+    recognizer = LLMServingRecognizer(qwen3_asr, max_streams=1, policy=StreamPolicy(chunk_s=0.5))
+    recognizer.close()
+    recognizer.close()  # idempotent
+    assert not recognizer._thread.is_alive()
+    with pytest.raises(RuntimeError, match="closed"):
+        recognizer.open_stream()
