@@ -28,9 +28,9 @@ row's prompt tail and prefix, one gather assembling the rows' inputs, one
 prefill, one batched greedy loop over slots of different lengths
 (:func:`~audiomask.llm.generate.greedy`), so a stream's partials do not
 depend on the others. When a stream ends, its final text is the model's
-offline answer for the whole utterance (:meth:`AudioLM.transcribe`, a second
-pass as in two-pass decoding), so partials are fast and finals are the
-model's best.
+offline answer for the whole utterance (:meth:`AudioLM.transcribe`'s, a second
+pass as in two-pass decoding, decoded in the stream's own slot with every
+stream ending then), so partials are fast and finals are the model's best.
 
 Long streams: a segment holds ``segment_windows`` closed windows at most (32 s
 by default); once it has them, the segment ends at that window's last sample,
