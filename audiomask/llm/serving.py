@@ -23,11 +23,13 @@ This module gives the same calls over :class:`~audiomask.llm.streaming.LLMStream
   engine reads ``transcript()`` and sends a result when it moves, so a client
   hears from every update (a heartbeat every chunk);
 - threads: one thread of the recognizer's own runs :class:`LLMStreams`
-  (opens, samples, cancels, finals, updates), as the CTC recognizer's driver
-  runs its steps. The engine's calls (from two feeder threads and a ticker)
-  only queue, under a short lock, and wake it, so a feeder never waits for an
-  update: it goes on taking the other connections' samples while the GPU
-  works. ``transcript()`` and ``token_count`` take no lock;
+  (opens, samples, cancels, finals, updates). The engine's calls (from two
+  feeder threads and a ticker) only queue, under a short lock, and wake it, so
+  a feeder never waits for an update (an update takes hundreds of
+  milliseconds): it goes on taking the other connections' samples while the
+  GPU works. The thread holds the recognizer weakly: one dropped without
+  :meth:`~LLMServingRecognizer.close` is still freed, its thread ending with
+  it. ``transcript()`` and ``token_count`` take no lock;
 - a due stream's update waits up to :attr:`max_wait_s` for the other streams'
   chunks, so that streams out of step share updates; it runs at once when
   every open stream is due;
@@ -48,6 +50,7 @@ import itertools
 import re
 import threading
 import time
+import weakref
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -208,7 +211,9 @@ class LLMServingRecognizer:
             max_wait_ms = min(self.chunk_ms, DEFAULT_LLM_MAX_WAIT_MS)
         self.max_wait_s = check_int("max_wait_ms", max_wait_ms, minimum=0) / MS_PER_S
         self.stats = RunStats()
-        self._lock = threading.Lock()  # the queue: streams' intake, ends, cancels, the live streams
+        # The queue: streams' intake, ends, cancels, the live streams. Reentrant: the recognizer's thread may drop
+        # the last reference while holding it, and the finalizer that wakes the thread takes it too.
+        self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)  # notified when streams are done, or on an error
         self._queued = threading.Condition(self._lock)  # notified when the queue changes: wakes the thread
         self._epoch = 0  # counts changes to the queue: the thread runs again when it moved
@@ -217,8 +222,11 @@ class LLMServingRecognizer:
         self._serial = itertools.count()
         self._error: BaseException | None = None
         self._closed = False
-        self._thread = threading.Thread(target=self._serve, name="audiomask-llm-updates", daemon=True)
+        self._thread = threading.Thread(
+            target=_serve, args=(weakref.ref(self), self._queued), name="audiomask-llm-updates", daemon=True
+        )
         self._thread.start()
+        weakref.finalize(self, _wake, self._queued)  # a recognizer dropped unclosed ends its thread
 
     # -- what the engine reads -------------------------------------------------------------------
 
@@ -346,24 +354,16 @@ class LLMServingRecognizer:
         self._check_usable()
         raise RuntimeError(f"stream {stream.name!r} did not get its final text within {timeout} s")
 
-    def _serve(self) -> None:
-        """The recognizer's thread: everything due whenever the queue moved, or when the oldest due stream's wait
-        for the others is over; on an error, the recognizer stops (every later call raises)."""
-        seen, wait_s = -1, None
-        while True:
+    def _run_due(self) -> tuple[bool, float | None]:
+        """Everything due (:meth:`_drain`, the recognizer's thread): whether to go on, and how long to wait at most
+        before running again; an error stops the recognizer (every later call raises it)."""
+        try:
+            return True, self._drain(self._streams)
+        except BaseException as error:  # noqa: BLE001 - reported to every caller and waiter
             with self._lock:
-                if self._epoch == seen and not self._closed:
-                    self._queued.wait(wait_s)
-                if self._closed:
-                    return
-                seen = self._epoch
-            try:
-                wait_s = self._drain(self._streams)
-            except BaseException as error:  # noqa: BLE001 - reported to every caller and waiter
-                with self._lock:
-                    self._error = error
-                    self._changed.notify_all()
-                return
+                self._error = error
+                self._changed.notify_all()
+            return False, None
 
     def _take(self) -> tuple[list[str], list[str], list[tuple[str, np.ndarray]], list[LLMServingStream]]:
         """Under the queue's lock: keys to drop (cancelled), keys to open, samples to hand over, streams ending."""
@@ -463,6 +463,33 @@ class LLMServingRecognizer:
     def _record(self, count: int, seconds: float, samples: int) -> None:
         timing = CycleTiming(self.stats.count, count, 0.0, 0.0, seconds, 0.0, audio_s=samples / SAMPLE_RATE)
         self.stats.record(timing)
+
+
+def _serve(recognizer_ref: weakref.ref, queued: threading.Condition) -> None:
+    """The recognizer's thread: everything due whenever its queue moved, or when the oldest due stream's wait for
+    the others is over; until it is closed, stopped by an error, or gone (no strong reference while it waits)."""
+    seen, wait_s = -1, None
+    while True:
+        with queued:  # the recognizer's queue lock
+            recognizer = recognizer_ref()
+            if recognizer is not None and recognizer._epoch == seen and not recognizer._closed:
+                recognizer = None
+                if recognizer_ref() is not None:  # else it went just now: its finalizer's wake came already
+                    queued.wait(wait_s)
+                recognizer = recognizer_ref()
+            if recognizer is None or recognizer._closed:
+                return
+            seen = recognizer._epoch
+        going, wait_s = recognizer._run_due()
+        recognizer = None
+        if not going:
+            return
+
+
+def _wake(queued: threading.Condition) -> None:
+    """Wake the recognizer's thread (its recognizer is gone: the thread ends)."""
+    with queued:
+        queued.notify_all()
 
 
 def check_streamable(path: str | Path) -> None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 
@@ -100,3 +102,16 @@ def test_close_stops_the_thread_and_later_calls_raise(qwen3_asr) -> None:
     assert not recognizer._thread.is_alive()
     with pytest.raises(RuntimeError, match="closed"):
         recognizer.open_stream()
+
+
+def test_a_recogniser_dropped_unclosed_is_freed_and_its_thread_ends(qwen3_asr, speech: Callable) -> None:
+    recognizer = LLMServingRecognizer(qwen3_asr, max_streams=1, policy=StreamPolicy(chunk_s=0.5), max_wait_ms=0)
+    stream = recognizer.open_stream("caller")
+    stream.accept(speech(0.5, 8))
+    wait_for(lambda stream=stream: stream.token_count == 1)  # the thread has run, and waits for more
+    thread, gone = recognizer._thread, weakref.ref(recognizer)
+    del recognizer, stream
+    gc.collect()
+    assert gone() is None, "the thread kept the recogniser (and its cache) alive"
+    thread.join(WAIT_S)
+    assert not thread.is_alive()
