@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Qwen3-ASR streaming through ``LLMStreams`` against the official re-feed recipe: random weights, real sizes.
 
-One JSON report (and ``<out stem>.png`` where matplotlib imports) of three sections:
+One JSON report (and ``<out stem>.png`` where matplotlib imports) of four sections:
 
 - ``capacity``: concurrent real-time streams through :class:`~audiomask.llm.streaming.LLMStreams` (one
   slot each; 30 s utterances at random points, chunks due at phases spread over a chunk; the driver
@@ -13,6 +13,10 @@ One JSON report (and ``<out stem>.png`` where matplotlib imports) of three secti
 - ``cost``: one stream alone through a long utterance (64 s), both ways: per update its latency (chunk fed ->
   partial), encoder and decoder time (CUDA events on a GPU) and the work counted: encoder frames and
   prefill tokens.
+- ``transformers``: the recipe as a user without vLLM runs it, one stream through transformers' processor and
+  ``generate`` (:class:`~bench.llm_transformers.TransformersReFeed`, the same random weights saved as a
+  checkpoint directory): per update over ``--cost-seconds`` its wall time and prompt tokens, the first
+  partial, and the audio after which an update no longer fits in a chunk (one stream stops being real time).
 
 Every update decodes ``5 + round(4 * chunk_s)`` tokens (``StreamPolicy.fixed_tokens``: random weights never
 say the end token); finals (the offline pass at an utterance's end) are not run. Each section stops at
@@ -43,7 +47,7 @@ from audiomask.constants import HOP_LENGTH, SAMPLE_RATE
 from audiomask.llm.streaming import StreamPolicy
 from bench.llm_streams import SIZES, BenchStreams, Driver, ReFeedStreams, build_model, fixed_tokens, one_stream
 
-SECTIONS = ("capacity", "anchor", "cost")
+SECTIONS = ("capacity", "anchor", "cost", "transformers")
 SEGMENT_WINDOWS = 4  # LLMStreams' default: a 30 s utterance never ends a segment (that would run a final pass)
 WARMUP_REPEATS = 2  # untimed first partials before the timed ones
 WARMUP_CHUNKS = 4  # untimed updates of one stream before any section (kernels loaded, allocator warm)
@@ -248,6 +252,34 @@ def cost_section(model: object, args: argparse.Namespace) -> dict:
     return result
 
 
+def transformers_section(args: argparse.Namespace, device: str, dtype: torch.dtype) -> dict:
+    """One stream of the recipe through transformers over ``--cost-seconds`` at ``--cost-chunk`` chunks."""
+    import tempfile
+
+    from bench.llm_checkpoints import save_random_qwen3_asr, speech
+    from bench.llm_transformers import TransformersReFeed, refeed_updates
+
+    policy = policy_for(args.cost_chunk)
+    log(f"transformers: one stream, {args.cost_seconds:g} s at {args.cost_chunk:g} s chunks")
+    with tempfile.TemporaryDirectory(prefix="audiomask-bench-llm-") as directory:
+        save_random_qwen3_asr(Path(directory), args.model, device=device, seed=args.seed)
+        reference = TransformersReFeed(Path(directory), policy, device, dtype)
+        refeed_updates(reference, speech(WARMUP_CHUNKS * args.cost_chunk, args.seed))  # warm-up
+        reference = TransformersReFeed(Path(directory), policy, device, dtype)
+        rows = refeed_updates(reference, speech(args.cost_seconds, args.seed))
+    del reference
+    release(device)
+    late = next((row["audio_s"] for row in rows if row["ms"] >= args.cost_chunk * MS_PER_S), None)
+    return {
+        "chunk_s": args.cost_chunk,
+        "fixed_tokens": policy.fixed_tokens,
+        "dtype": str(dtype).removeprefix("torch."),
+        "first_partial_ms": rows[0]["ms"],
+        "real_time_until_s": late,  # the audio at the first update that took a chunk or longer; None: never
+        "updates": rows,
+    }
+
+
 def describe_model(model: object, args: argparse.Namespace, dtype: torch.dtype) -> dict:
     modules = (model.encoder, model.projector, model.lm)
     parameters = {p.data_ptr(): p.numel() for module in modules for p in module.parameters()}
@@ -274,6 +306,14 @@ def summarize(report: dict) -> dict:
                 "limit": entry["limit"],
                 "first_partial_ms_p50": entry["first_partial_ms"]["p50"],
             }
+    recipe = report.get("transformers")
+    if recipe:
+        summary["transformers_one_stream"] = {
+            "first_partial_ms": recipe["first_partial_ms"],
+            "last_update_ms": recipe["updates"][-1]["ms"],
+            "last_update_audio_s": recipe["updates"][-1]["audio_s"],
+            "real_time_until_s": recipe["real_time_until_s"],
+        }
     cost = report.get("cost")
     if cost:
         for label in ("incremental", "refeed"):
@@ -321,6 +361,10 @@ def plot(report: dict, path: Path) -> Path | None:
         time_axes.plot(x, [r["encoder_ms"] for r in rows], style, label=f"{label}: encoder")
         work_axes.plot(x, [r["prefill_tokens"] for r in rows], style, label=f"{label}: prefill tokens")
         work_axes.plot(x, [r["encoder_frames"] / 10 for r in rows], style, label=f"{label}: encoder frames / 10")
+    recipe = report.get("transformers", {}).get("updates", [])
+    if recipe:
+        x = [row["audio_s"] for row in recipe]
+        time_axes.plot(x, [row["ms"] for row in recipe], ":", label="re-feed through transformers: wall")
     time_axes.set(xlabel="audio in the utterance (s)", ylabel="ms per update, one stream", ylim=(0, None))
     work_axes.set(xlabel="audio in the utterance (s)", ylabel="work per update, one stream", ylim=(0, None))
     for axes in (levels_axes, time_axes, work_axes):
@@ -353,6 +397,8 @@ def main(argv: list[str]) -> int:
         report["anchor"] = streams_section(model, ReFeedStreams, args.anchor_chunks, args)
     if "cost" in args.sections:
         report["cost"] = cost_section(model, args)
+    if "transformers" in args.sections:
+        report["transformers"] = transformers_section(args, str(device), dtype)
     report["summary"] = summarize(report)
     write_result(args.out, report)
     if not args.no_plot:

@@ -48,7 +48,7 @@ def test_bench_llm_smoke_writes_every_section_and_incremental_work_stays_below_r
     report = json.loads(out.read_text())
     assert {"command", "date", "git_commit", "torch_version", "gpu"} <= report["environment"].keys()
     assert report["model"]["size"] == "tiny" and report["model"]["parameters"] > 0
-    assert report["settings"]["sections"] == ["capacity", "anchor", "cost"]
+    assert report["settings"]["sections"] == ["capacity", "anchor", "cost", "transformers"]
     for section in ("capacity", "anchor"):
         entry = report[section]["0.5s"]
         assert entry["fixed_tokens"] == fixed_tokens(0.5) == 7
@@ -77,6 +77,17 @@ def test_bench_llm_smoke_writes_every_section_and_incremental_work_stays_below_r
             assert inc["encoder_frames"] < ref["encoder_frames"]
             assert inc["prefill_tokens"] < ref["prefill_tokens"]
     assert refeed[-1]["prefill_tokens"] - incremental[-1]["prefill_tokens"] >= 2 * 104  # two closed windows' tokens
+
+    # The recipe through transformers re-feeds the whole prompt: it grows with every chunk of audio (13 audio
+    # tokens a second), the previous answer riding along; 64 audio tokens at least over 4 s more audio.
+    recipe = report["transformers"]
+    rows = recipe["updates"]
+    assert [row["audio_s"] for row in rows] == [2.0 * i for i in range(1, 11)]
+    assert all(row["ms"] > 0 for row in rows) and recipe["first_partial_ms"] == rows[0]["ms"]
+    prompts = [row["prompt_tokens"] for row in rows]
+    assert np.all(np.diff(prompts) > 0) and prompts[-1] - prompts[-3] >= 4 * 13
+    assert recipe["real_time_until_s"] is None or recipe["real_time_until_s"] in [row["audio_s"] for row in rows]
+    assert summary["transformers_one_stream"]["last_update_audio_s"] == 20.0
 
 
 def test_the_re_feed_streams_give_the_incremental_partials() -> None:
