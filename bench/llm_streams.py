@@ -35,9 +35,10 @@ from audiomask.bench.timing import MS_PER_S, percentiles
 from audiomask.constants import SAMPLE_RATE
 from audiomask.llm.lm import CausalLM, LMConfig
 from audiomask.llm.model import AudioLM
+from audiomask.llm.policy import DEFAULT_UNFIXED_TOKENS
 from audiomask.llm.prompt import encode_texts
 from audiomask.llm.qwen3_asr import Qwen3ASRProjector, assemble
-from audiomask.llm.streaming import DEFAULT_UNFIXED_TOKENS, LLMStreams, Partial
+from audiomask.llm.streaming import LLMStreams, Partial
 from audiomask.models import Qwen3ASRConfig, Qwen3ASREncoder
 from bench.llm_checkpoints import (
     QWEN3_ASR_ADDED,

@@ -311,7 +311,7 @@ def main(argv: list[str]) -> int:
             args.model_name, args.model = args.model, _save_random_llm(args.model, args.device, stack)
         args.llm = args.model is not None and is_llm_checkpoint(args.model)
         if args.llm:
-            from audiomask.llm.streaming import DEFAULT_CHUNK_S  # the server's chunk without --chunk-ms
+            from audiomask.llm.policy import DEFAULT_CHUNK_S  # the server's chunk without --chunk-ms
 
             references = _update_clock(args.chunk_ms or round(DEFAULT_CHUNK_S * MS_PER_S))
         else:

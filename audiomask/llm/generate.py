@@ -9,7 +9,8 @@ tokens), so the same loop serves every recogniser.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Hashable, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -19,7 +20,7 @@ from audiomask.llm.graphs import GraphedDecode
 from audiomask.llm.lm import CausalLM
 from audiomask.transfer import to_device
 
-__all__ = ["PREFILL_TOKENS", "greedy", "prefill"]
+__all__ = ["PREFILL_TOKENS", "Decoder", "greedy", "prefill"]
 
 # Most inputs one forward of a prefill takes: its activations grow with them (~2.6 GB of MLP activations for
 # the 0.6B's 65,536 bf16 inputs). Rows beyond it go in the next forward; a row longer than it goes alone.
@@ -78,30 +79,116 @@ def greedy(
     returned tokens (all but the last, whose keys no later step needed). ``steps``: run the one-token steps
     through it (CUDA graphs) instead of eagerly.
     """
-    budget = np.broadcast_to(np.asarray(max_new_tokens, np.int64), (len(inputs),)).copy()
-    tokens: list[list[int]] = [[] for _ in inputs]
-    active = np.flatnonzero(budget > 0)
-    if active.size == 0:
-        return tokens
-    stops = to_device(np.array(sorted(stop_ids), np.int64), lm.device)
-    logits = prefill(lm, cache, [slots[row] for row in active], [inputs[row] for row in active])
-    slot_ids = np.asarray(slots, np.int64)
-    while True:
-        best = logits.argmax(dim=-1)
-        ended = torch.isin(best, stops) if stop else torch.zeros_like(best, dtype=torch.bool)
-        best_host, ended_host = best.cpu().numpy(), ended.cpu().numpy()
-        going = []
-        for index, row in enumerate(active):
-            if ended_host[index]:
-                continue
-            tokens[row].append(int(best_host[index]))
-            if len(tokens[row]) < budget[row]:
-                going.append(index)
-        if not going:
-            return tokens
-        keep = to_device(np.array(going, np.int64), lm.device)
-        active = active[going]
-        if steps is not None:
-            logits = steps.step(best[keep], slot_ids[active])
-        else:
-            logits = lm(lm.embed(best[keep])[:, None], slot_ids[active], np.ones(len(active), np.int64), cache)
+    budgets = np.broadcast_to(np.asarray(max_new_tokens, np.int64), (len(inputs),))
+    decoder = Decoder(lm, cache, stop_ids, stop=stop, steps=steps)
+    for row, (slot, row_inputs, budget) in enumerate(zip(slots, inputs, budgets.tolist(), strict=True)):
+        decoder.add(row, slot, row_inputs, budget)
+    done = decoder.run()
+    return [done[row] for row in range(len(inputs))]
+
+
+@dataclass
+class _Row:
+    key: Hashable
+    slot: int
+    budget: int
+    finish: bool  # the run that prefills it ends only once it is done
+    tokens: list[int] = field(default_factory=list)
+
+
+class Decoder:
+    """Greedy decoding whose rows may outlive a call, each in its own cache slot (as :func:`greedy`).
+
+    :meth:`add` gives a row (its slot, emptied or holding what precedes ``inputs``, and a budget);
+    :meth:`run` prefills the rows added since the last run in one prefill, then steps every row in flight
+    together until the rows added with ``finish=True`` are done. A row added with ``finish=False`` goes on
+    in later runs, riding along their steps: an utterance's final pass decoded beside the updates of the
+    streams still talking, rather than in steps of its own. A row's tokens do not depend on when or beside
+    which rows it is stepped (up to the kernels' rounding).
+    """
+
+    def __init__(
+        self,
+        lm: CausalLM,
+        cache: KVCache,
+        stop_ids: Collection[int],
+        *,
+        stop: bool = True,
+        steps: GraphedDecode | None = None,
+    ) -> None:
+        self.lm, self.cache, self.stop, self.steps = lm, cache, stop, steps
+        self._stops = np.array(sorted(stop_ids), np.int64)
+        self._added: list[tuple[_Row, torch.Tensor]] = []
+        self._rows: list[_Row] = []  # in flight, each with its last chosen token not yet in its slot ...
+        self._chosen: torch.Tensor | None = None  # ... those tokens, (len(_rows),) long on the device
+
+    def __len__(self) -> int:
+        """Rows added or in flight."""
+        return len(self._added) + len(self._rows)
+
+    def add(self, key: Hashable, slot: int, inputs: torch.Tensor, budget: int, *, finish: bool = True) -> None:
+        """A row ``key`` (distinct): ``inputs`` ``(n, hidden_size)`` (``n >= 1``) to append to slot ``slot``, then
+        at most ``budget`` tokens; ``finish``: the next run ends only once it is done."""
+        self._added.append((_Row(key, int(slot), int(budget), finish), inputs))
+
+    def discard(self, key: Hashable) -> None:
+        """Forget row ``key`` (added or in flight; its slot keeps what was written): its tokens never come."""
+        self._added = [(row, inputs) for row, inputs in self._added if row.key != key]
+        keep = [index for index, row in enumerate(self._rows) if row.key != key]
+        if len(keep) < len(self._rows):
+            self._keep(keep)
+
+    def run(self, extra_steps: int = 0) -> dict[Hashable, list[int]]:
+        """Prefill the rows added, then step every row in flight until those added with ``finish=True`` are
+        done, then at most ``extra_steps`` more steps; the rows done (``key -> token ids``), in flight no more."""
+        done: dict[Hashable, list[int]] = {}
+        added = []
+        for row, inputs in self._added:
+            if row.budget < 1:
+                done[row.key] = []
+            else:
+                added.append((row, inputs))
+        self._added = []
+        fresh = 0  # rows at the end of _rows whose chosen token is not yet recorded
+        if added:
+            logits = prefill(self.lm, self.cache, [row.slot for row, _ in added], [inputs for _, inputs in added])
+            chosen = logits.argmax(dim=-1)
+            self._chosen = chosen if self._chosen is None or not self._rows else torch.cat((self._chosen, chosen))
+            self._rows += [row for row, _ in added]
+            fresh = len(added)
+        extra = extra_steps
+        while self._rows:
+            if fresh:
+                self._record(len(self._rows) - fresh, done)
+            if not self._rows or (not any(row.finish for row in self._rows) and extra <= 0):
+                break
+            if not any(row.finish for row in self._rows):
+                extra -= 1
+            slots = np.array([row.slot for row in self._rows], np.int64)
+            if self.steps is not None:
+                logits = self.steps.step(self._chosen, slots)
+            else:
+                logits = self.lm(self.lm.embed(self._chosen)[:, None], slots, np.ones(len(slots), np.int64), self.cache)
+            self._chosen = logits.argmax(dim=-1)
+            fresh = len(self._rows)
+        return done
+
+    def _record(self, first: int, done: dict[Hashable, list[int]]) -> None:
+        """Record the chosen tokens of rows ``first ..``; move the rows that end to ``done``."""
+        chosen = self._chosen[first:].cpu().numpy()
+        ended = np.isin(chosen, self._stops) if self.stop else np.zeros(len(chosen), bool)
+        keep = list(range(first))
+        for offset, (token, stops) in enumerate(zip(chosen.tolist(), ended.tolist(), strict=True)):
+            row = self._rows[first + offset]
+            if not stops:
+                row.tokens.append(token)
+            if stops or len(row.tokens) >= row.budget:
+                done[row.key] = row.tokens
+            else:
+                keep.append(first + offset)
+        if len(keep) < len(self._rows):
+            self._keep(keep)
+
+    def _keep(self, keep: list[int]) -> None:
+        self._rows = [self._rows[index] for index in keep]
+        self._chosen = self._chosen[to_device(np.array(keep, np.int64), self.lm.device)] if keep else None

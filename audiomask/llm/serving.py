@@ -33,8 +33,10 @@ This module gives the same calls over :class:`~audiomask.llm.streaming.LLMStream
 - a due stream's update waits up to :attr:`max_wait_s` for the other streams'
   chunks, so that streams out of step share updates; it runs at once when
   every open stream is due;
-- a stream ending runs its final pass at once, in one batch with the others
-  ending then; a cancelled one frees its slot without a final pass.
+- a stream ending starts its final pass at once (:meth:`LLMStreams.end`: its
+  whole prompt prefilled with the next update, then decoded riding along the
+  updates' steps, or in steps of its own while no update is due), its slot
+  held until the final is in; a cancelled one frees its slot without a final.
 
 Usage (with a checkpoint directory on disk)::
 
@@ -84,6 +86,9 @@ MS_PER_S = 1000
 # A due stream's update waits at most this long for the other streams' chunks (or a chunk, if shorter): a
 # partial comes every 2 s, so 40 ms is little latency, and streams that started apart still share updates.
 DEFAULT_LLM_MAX_WAIT_MS = 40
+# Steps the ended streams' finals take between two looks at the queue when no update is due (a few milliseconds
+# each on a GPU): their own steps use the time the updates leave; beside updates they ride along theirs.
+ADVANCE_STEPS = 8
 STREAMING_FAMILY = "qwen3_asr"  # the family LLMStreams streams
 _WORDS = re.compile(r"\S+\s*|\s+")
 
@@ -110,6 +115,7 @@ class LLMServingStream:
         self._ended = False  # its input has ended (finish, input_finished, cancel)
         self._cancelled = False
         self._open = False  # it holds a slot of LLMStreams
+        self._finishing = False  # its final pass has started
         self._done = False  # ended, and its final text is in (or it was cancelled)
         self._transcript = Transcript()
         self._changes = 0
@@ -387,7 +393,8 @@ class LLMServingRecognizer:
                 array = np.concatenate(pieces) if len(pieces) > 1 else pieces[0]
                 samples.append((key, array))
                 stream._fed += len(array)
-            if stream._ended:
+            if stream._ended and not stream._finishing:
+                stream._finishing = True  # its final pass starts once
                 ending.append(stream)
         return drop, opening, samples, ending
 
@@ -406,12 +413,15 @@ class LLMServingRecognizer:
             if ending:
                 self._finish(streams, ending)
             due, wait_s = self._due(streams)
-            if not due:
+            if due:
+                started = time.perf_counter()
+                partials = streams.update(due)
+                self._record(len(due), time.perf_counter() - started, len(due) * self.policy.chunk_samples)
+                self._publish(partials)
+            elif streams.ending:  # no update due: the ended streams' finals take steps of their own
+                self._publish(streams.advance(ADVANCE_STEPS))
+            else:
                 return wait_s
-            started = time.perf_counter()
-            partials = streams.update(due)
-            self._record(len(due), time.perf_counter() - started, len(due) * self.policy.chunk_samples)
-            self._publish(partials)
 
     def _due(self, streams: LLMStreams) -> tuple[list[str], float | None]:
         """The streams to update now: all due ones, once each open stream is due or the oldest has waited
@@ -427,33 +437,43 @@ class LLMServingRecognizer:
         return [], self.max_wait_s - waited
 
     def _finish(self, streams: LLMStreams, ending: list[LLMServingStream]) -> None:
-        """The final passes of ``ending``, in one batch (a stream that got no samples ends with no text)."""
+        """Start the final passes of ``ending`` (:meth:`LLMStreams.end`: they ride along the updates, and come
+        back with them or with advances); a stream that got no samples ends at once, with no text."""
         heard = [stream for stream in ending if stream._fed]
         for stream in ending:
             if not stream._fed:
                 streams.drop(stream._key)
-        started = time.perf_counter()
-        finals = streams.finish([stream._key for stream in heard]) if heard else []
         if heard:
-            self._record(len(heard), time.perf_counter() - started, sum(stream._fed for stream in heard))
-        texts = {final.stream: final.text for final in finals}
+            streams.end([stream._key for stream in heard])
         with self._lock:
             for stream in ending:
-                self._set_text(stream, texts.get(stream._key, ""))
-                stream._changes += 1
-                stream._done = True
-                self._live.pop(stream._key, None)
-                self._due_since.pop(stream._key, None)
+                if not stream._fed:
+                    self._complete(stream, "")
             self._changed.notify_all()
 
     def _publish(self, partials: list[Partial]) -> None:
+        """Hand the streams their partials, and their finals (done, off the live streams, waiters told)."""
         with self._lock:
             for partial in partials:
                 stream = self._live.get(partial.stream)
-                if stream is not None:
+                if stream is None:
+                    continue
+                if partial.final:
+                    self._complete(stream, partial.text)
+                else:
                     stream._decoded += self.policy.chunk_samples
                     self._set_text(stream, partial.text)
                     stream._changes += 1
+            if any(partial.final for partial in partials):
+                self._changed.notify_all()
+
+    def _complete(self, stream: LLMServingStream, text: str) -> None:
+        """Called with the lock held: ``stream``'s final text is ``text``; it is done."""
+        self._set_text(stream, text)
+        stream._changes += 1
+        stream._done = True
+        self._live.pop(stream._key, None)
+        self._due_since.pop(stream._key, None)
 
     @staticmethod
     def _set_text(stream: LLMServingStream, text: str) -> None:

@@ -53,12 +53,13 @@ import torch.nn.functional as F
 from torch.nn.attention import sdpa_kernel
 
 from audiomask.checks import check_int
-from audiomask.constants import HOP_LENGTH, SAMPLE_RATE
+from audiomask.constants import HOP_LENGTH
 from audiomask.features.frontend import FeatureStreams
-from audiomask.llm.generate import greedy
+from audiomask.llm.generate import Decoder
 from audiomask.llm.graphs import GraphedDecode
 from audiomask.llm.lm import ATTENTION_BACKENDS
-from audiomask.llm.model import DEFAULT_MAX_NEW_TOKENS, AudioLM, LLMTranscript
+from audiomask.llm.model import AudioLM, LLMTranscript
+from audiomask.llm.policy import StreamPolicy
 from audiomask.llm.prompt import encode_texts
 from audiomask.models import Qwen3ASREncoder
 from audiomask.ragged import ragged_index
@@ -67,11 +68,6 @@ from audiomask.transfer import to_device
 
 __all__ = ["LLMStreams", "Partial", "StreamPolicy"]
 
-DEFAULT_CHUNK_S = 2.0  # the recipe's chunk: a partial every 2 s of audio
-DEFAULT_UNFIXED_CHUNKS = 2  # the recipe's first chunks decoded without a prefix
-DEFAULT_UNFIXED_TOKENS = 5  # the recipe's roll-back: the previous answer's last tokens are decoded again
-DEFAULT_UPDATE_TOKENS = 32  # the longest answer one update adds beyond its prefix (~8 s of speech at ~4 tokens/s)
-DEFAULT_SEGMENT_WINDOWS = 4  # closed 8 s windows a segment holds: 32 s
 REPLACEMENT_CHARACTER = "\ufffd"  # a cut through a multi-byte character decodes to this
 # Front-end threads: each pushes a share of the due streams (disjoint slots; torch's kernels release the
 # interpreter lock). One per four cores, at most 4; on a host of under 8 cores, one (the calling thread).
@@ -80,63 +76,6 @@ FRONTEND_SHARE = 16  # fewest due streams a front-end thread is given
 # Most segments one encoder call of a final pass takes (their features and the encoder's activations; the
 # pass's prefill and decoding then take every segment ending at once).
 FINAL_ROWS = 64
-
-
-@dataclass(frozen=True)
-class StreamPolicy:
-    """When partials come and what they start from (the ``qwen-asr`` recipe's knobs, same defaults).
-
-    ``update_tokens``: the most tokens one update decodes after its prefix; ``fixed_tokens``: decode
-    exactly this many instead, ignoring the end token (a benchmark of random weights, which never say it);
-    ``segment_windows``: closed encoder windows a segment may hold before a new one starts;
-    ``final_tokens``: the longest final (offline) answer of a segment.
-    """
-
-    chunk_s: float = DEFAULT_CHUNK_S
-    unfixed_chunks: int = DEFAULT_UNFIXED_CHUNKS
-    unfixed_tokens: int = DEFAULT_UNFIXED_TOKENS
-    update_tokens: int = DEFAULT_UPDATE_TOKENS
-    fixed_tokens: int | None = None
-    segment_windows: int = DEFAULT_SEGMENT_WINDOWS
-    final_tokens: int = DEFAULT_MAX_NEW_TOKENS
-
-    def __post_init__(self) -> None:
-        if not (isinstance(self.chunk_s, (int, float)) and 0 < self.chunk_s <= 60):
-            raise ValueError(f"chunk_s must be in (0, 60] seconds, got {self.chunk_s!r}")
-        check_int("unfixed_chunks", self.unfixed_chunks, minimum=0)
-        check_int("unfixed_tokens", self.unfixed_tokens, minimum=0)
-        check_int("update_tokens", self.update_tokens, minimum=1)
-        check_int("segment_windows", self.segment_windows, minimum=1)
-        check_int("final_tokens", self.final_tokens, minimum=1)
-        if self.fixed_tokens is not None:
-            check_int("fixed_tokens", self.fixed_tokens, minimum=1)
-
-    @property
-    def chunk_samples(self) -> int:
-        """Samples per chunk at 16 kHz (the recipe rounds, at least 1)."""
-        return max(1, round(self.chunk_s * SAMPLE_RATE))
-
-    def answer_tokens(self, chunks: int) -> int:
-        """The longest answer after ``chunks`` updates: each decodes ``fixed_tokens`` (or at most
-        ``update_tokens``) after its prefix, the previous answer less ``unfixed_tokens`` (none for the first
-        ``unfixed_chunks``). With fixed tokens, what a segment of that many chunks is answered with.
-
-        >>> StreamPolicy(fixed_tokens=13).answer_tokens(16)  # 13, 13, then 8 more a chunk: 4 a second of audio
-        125
-        """
-        length = 0
-        for update in range(chunks):
-            kept = max(0, length - self.unfixed_tokens) if update >= self.unfixed_chunks else 0
-            length = kept + (self.fixed_tokens or self.update_tokens)
-        return length
-
-    def final_budget(self, samples: int) -> int:
-        """The longest final (offline) answer of a segment of ``samples``: ``final_tokens``; with
-        ``fixed_tokens``, exactly :meth:`answer_tokens` of its chunks (what the updates' answer grows to, as much
-        as speech gives) -- random weights never end an answer themselves."""
-        if self.fixed_tokens is None:
-            return self.final_tokens
-        return self.answer_tokens(max(1, -(-samples // self.chunk_samples)))
 
 
 @dataclass(frozen=True)
@@ -221,6 +160,9 @@ class LLMStreams:
         if cuda_graphs is None:
             cuda_graphs = model.device.type == "cuda"
         self._steps = GraphedDecode(model.lm, self.cache) if cuda_graphs else None
+        # Every decoding of these slots: updates, final passes, and the ended streams' finals riding along.
+        stop = self.policy.fixed_tokens is None
+        self._decoder = Decoder(model.lm, self.cache, model.stop_ids, stop=stop, steps=self._steps)
         # Slot s's open-window frames are _window[s, :, :_window_filled[s]], zeros after (so one gather pads a batch).
         self.features: FeatureStreams = model.frontend.streams(slots)
         framing = model.frontend.framing
@@ -240,6 +182,8 @@ class LLMStreams:
         self._frontend_pool = ThreadPoolExecutor(threads, "audiomask-frontend") if threads > 1 else None
         self._free = list(range(slots))[::-1]
         self._streams: dict[str, _Stream] = {}
+        self._ending: dict[str, _Stream] = {}  # ended (:meth:`end`), their finals in flight in their slots
+        self._ended: list[Partial] = []  # their finals done, for the next update() or advance()
         self._head = model.lm.embed(torch.tensor(self.parts.head, dtype=torch.long))
 
     def __len__(self) -> int:
@@ -304,7 +248,7 @@ class LLMStreams:
             stream.pending = stream.pending[size:]
         partials = self._decode(streams, chunks)
         self._next_segments([stream for stream in streams if stream.closed_windows >= self.policy.segment_windows])
-        return partials
+        return partials + self._take_ended()
 
     def _next_segments(self, streams: list[_Stream]) -> None:
         """End the segments of ``streams`` at their last closed window: commit its offline text, go on after it."""
@@ -337,18 +281,13 @@ class LLMStreams:
     def _answer(self, streams: list[_Stream], inputs: list[torch.Tensor]) -> list[Partial]:
         """Decode each stream's prompt ``inputs`` (its slot already holding what precedes them); its partial."""
         model = self.model
-        answers = greedy(
-            model.lm,
-            self.cache,
-            [stream.slot for stream in streams],
-            inputs,
-            self.policy.fixed_tokens or self.policy.update_tokens,
-            model.stop_ids,
-            stop=self.policy.fixed_tokens is None,
-            steps=self._steps,
-        )
+        budget = self.policy.fixed_tokens or self.policy.update_tokens
+        for stream, row in zip(streams, inputs, strict=True):
+            self._decoder.add(("update", stream.name), stream.slot, row, budget)
+        done = self._run()
         partials = []
-        for stream, answer in zip(streams, answers, strict=True):
+        for stream in streams:
+            answer = done[("update", stream.name)]
             stream.raw += model.tokenizer.decode(answer, skip_special_tokens=True)
             stream.tokens = tuple(answer)
             stream.chunks += 1
@@ -517,20 +456,61 @@ class LLMStreams:
     def finish(self, names: Sequence[str]) -> list[Partial]:
         """End streams ``names``: each one's final text (the offline answer for its audio), slots freed."""
         streams = [self._stream(name) for name in names]
-        signals = []
+        answers = self._finals(streams, [self._heard(stream) for stream in streams])
+        results = [self._final(stream, answer) for stream, answer in zip(streams, answers, strict=True)]
         for stream in streams:
-            stream.samples.append(stream.pending)
-            stream.pending = np.zeros(0, np.float32)
-            signals.append(np.concatenate(stream.samples))
-        finals = self._finals(streams, signals)
-        results = []
-        for stream, transcript in zip(streams, finals, strict=True):
-            language = transcript.language or stream.language
-            results.append(
-                Partial(stream.name, self._joined(stream, transcript.text), language, transcript.tokens, True)
-            )
             self.drop(stream.name)
         return results
+
+    @torch.inference_mode()
+    def end(self, names: Sequence[str]) -> None:
+        """End streams ``names`` without waiting for their finals: each one's final pass is prefilled with the
+        next :meth:`update` (or :meth:`advance`) and decoded beside the updates of the others, in its own slot,
+        riding along their steps rather than taking steps of its own; its final comes back, ``final=True``,
+        from the call in which it is done, and frees its slot. The same text as :meth:`finish` gives."""
+        streams = [self._stream(name) for name in names]
+        signals = [self._heard(stream) for stream in streams]
+        for stream, row, signal in zip(streams, self._final_inputs(streams, signals), signals, strict=True):
+            budget = self.policy.final_budget(len(signal))
+            self._decoder.add(("final", stream.name), stream.slot, row, budget, finish=False)
+            self._ending[stream.name] = self._streams.pop(stream.name)
+
+    @property
+    def ending(self) -> int:
+        """Streams ended (:meth:`end`) whose finals are not done yet."""
+        return len(self._ending)
+
+    @torch.inference_mode()
+    def advance(self, steps: int) -> list[Partial]:
+        """Decode the ended streams' finals at most ``steps`` steps further (when no update is due); the finals
+        done (by this call or since the last update)."""
+        self._run(extra_steps=steps)
+        return self._take_ended()
+
+    def _run(self, extra_steps: int = 0) -> dict:
+        """Run the decoder; the ended streams' finals it completes go to :attr:`_ended`, their slots freed."""
+        done = self._decoder.run(extra_steps)
+        for (kind, name), tokens in done.items():
+            if kind == "final":
+                stream = self._ending.pop(name)
+                self._ended.append(self._final(stream, self.model.answer(tokens, self.language)))
+                self.cache.reset(stream.slot)
+                self._free.append(stream.slot)
+        return done
+
+    def _take_ended(self) -> list[Partial]:
+        ended, self._ended = self._ended, []
+        return ended
+
+    def _heard(self, stream: _Stream) -> np.ndarray:
+        """The samples of the stream's current segment, its pending ones included (taken from it)."""
+        stream.samples.append(stream.pending)
+        stream.pending = np.zeros(0, np.float32)
+        return np.concatenate(stream.samples)
+
+    def _final(self, stream: _Stream, transcript: LLMTranscript) -> Partial:
+        language = transcript.language or stream.language
+        return Partial(stream.name, self._joined(stream, transcript.text), language, transcript.tokens, True)
 
     def close(self) -> None:
         """Stop the front-end threads (the streams and the cache stay readable). Idempotent."""
@@ -539,34 +519,31 @@ class LLMStreams:
             self._frontend_pool = None
 
     def drop(self, name: str) -> None:
-        """End stream ``name`` without a final (its client went away): its slot is free at once."""
-        stream = self._streams.pop(self._stream(name).name)
+        """End stream ``name`` without a final (its client went away; an ended one's final is dropped): its slot
+        is free at once."""
+        if name in self._ending:
+            stream = self._ending.pop(name)
+            self._decoder.discard(("final", name))
+        else:
+            stream = self._streams.pop(self._stream(name).name)
         self.cache.reset(stream.slot)
         self._free.append(stream.slot)
 
     def _finals(self, streams: list[_Stream], signals: list[np.ndarray]) -> list[LLMTranscript]:
         """The offline answers for whole segments, ``signals[b]`` the samples of ``streams[b]``'s segment (the
-        second pass): each one's prompt from the offline front end and encoder (:meth:`AudioLM.prompts`, at most
-        :data:`FINAL_ROWS` segments a call), prefilled into its stream's own slot, emptied first, and decoded
-        greedily all together, through the decode graphs. The slots end holding the answers: the caller empties
-        them (the stream's next segment, or its end). With ``fixed_tokens``, a segment's
-        :meth:`StreamPolicy.final_budget`."""
-        if not streams:
-            return []
-        model, policy = self.model, self.policy
+        second pass, :meth:`_final_inputs`), decoded greedily all together, beside any ended streams' finals,
+        through the decode graphs. The slots end holding the answers: the caller empties them (the stream's
+        next segment, or its end). With ``fixed_tokens``, a segment's :meth:`StreamPolicy.final_budget`."""
+        for stream, row, signal in zip(streams, self._final_inputs(streams, signals), signals, strict=True):
+            self._decoder.add(("pass", stream.name), stream.slot, row, self.policy.final_budget(len(signal)))
+        done = self._run()
+        return [self.model.answer(done[("pass", stream.name)], self.language) for stream in streams]
+
+    def _final_inputs(self, streams: list[_Stream], signals: list[np.ndarray]) -> list[torch.Tensor]:
+        """Each segment's whole prompt from the offline front end and encoder (:meth:`AudioLM.prompts`, at most
+        :data:`FINAL_ROWS` segments a call), its stream's slot emptied for it."""
         inputs: list[torch.Tensor] = []
         for start in range(0, len(signals), FINAL_ROWS):
-            inputs += model.prompts(signals[start : start + FINAL_ROWS], self.parts)
-        slots = [stream.slot for stream in streams]
-        self.cache.reset(slots)
-        answers = greedy(
-            model.lm,
-            self.cache,
-            slots,
-            inputs,
-            [policy.final_budget(len(signal)) for signal in signals],
-            model.stop_ids,
-            stop=policy.fixed_tokens is None,
-            steps=self._steps,
-        )
-        return [model.answer(tokens, self.language) for tokens in answers]
+            inputs += self.model.prompts(signals[start : start + FINAL_ROWS], self.parts)
+        self.cache.reset([stream.slot for stream in streams])
+        return inputs

@@ -226,3 +226,40 @@ def test_finals_in_bounded_batches_equal_one_batch_and_fixed_tokens_count_each_o
     # what the updates' answer holds after ceil(seconds / chunk) chunks (7, 7, then 7 - 5 kept + 7), whoever
     # shares the batch: 3 chunks for a and c, 2 for b
     assert {name: len(tokens) for name, tokens in together.items()} == {"a": 9, "b": 7, "c": 9}
+
+
+def test_an_ended_streams_final_rides_along_the_others_updates_and_is_the_offline_answer(
+    qwen3_asr, speech: Callable
+) -> None:
+    """``end`` decodes a final beside the updates of the streams still talking (and in steps of its own by
+    ``advance``): the final is the offline answer, and the others' partials are theirs alone; a final dropped
+    before it is done never comes, and its slot is free."""
+    policy = StreamPolicy(chunk_s=0.5, update_tokens=3, final_tokens=48)
+    signals = {"ending": speech(2.2, 11), "talking": speech(6.0, 12)}
+    alone = stream_tokens(LLMStreams(qwen3_asr, slots=1, policy=policy), {"talking": signals["talking"]})
+    streams = LLMStreams(qwen3_asr, slots=3, policy=policy)
+    for name, signal in signals.items():
+        streams.open(name)
+        streams.feed(name, signal)
+    seen, finals, updates_after_end = [], [], 0
+    while streams.due():
+        partials = streams.update()
+        seen += [partial.tokens for partial in partials if partial.stream == "talking" and not partial.final]
+        finals += [partial for partial in partials if partial.final]
+        if "ending" in streams._streams and "ending" not in streams.due():
+            streams.end(["ending"])  # its last 0.2 s go into its final
+        elif streams.ending:
+            updates_after_end += 1
+    while streams.ending:
+        finals += streams.advance(4)
+    assert seen == alone["talking"]
+    (final,) = finals
+    offline = qwen3_asr.transcribe([signals["ending"]], max_new_tokens=policy.final_tokens)[0]
+    assert (final.stream, final.final, final.text, final.tokens) == ("ending", True, offline.text, offline.tokens)
+    assert updates_after_end >= 2, "the final was decoded within one update: it did not ride along"
+
+    streams.open("gone")
+    streams.feed("gone", signals["ending"])
+    streams.end(["gone"])
+    streams.drop("gone")
+    assert streams.ending == 0 and streams.advance(4) == [] and len(streams._free) == 2
