@@ -399,8 +399,9 @@ class LLMServingRecognizer:
         return drop, opening, samples, ending
 
     def _drain(self, streams: LLMStreams) -> float | None:
-        """Everything queued, then updates for as long as they are due (the recognizer's thread); how long until
-        the oldest due stream's wait for the others is over, or ``None`` when none is due."""
+        """Everything queued, then updates for as long as they are due, and steps of the ended streams' finals
+        while none is (the recognizer's thread); how long until the oldest due stream's wait for the others is
+        over, or ``None`` when none is due."""
         while True:
             with self._lock:
                 drop, opening, samples, ending = self._take()
