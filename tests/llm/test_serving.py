@@ -115,3 +115,37 @@ def test_a_recogniser_dropped_unclosed_is_freed_and_its_thread_ends(qwen3_asr, s
     assert gone() is None, "the thread kept the recogniser (and its cache) alive"
     thread.join(WAIT_S)
     assert not thread.is_alive()
+
+
+def test_streams_that_end_cancel_and_join_at_any_time_get_the_offline_finals(qwen3_asr, speech: Callable) -> None:
+    """Streams fed from two threads, ending, cancelled and joining while others talk (more streams than slots):
+    every ended one gets its offline answer, the cancelled ones nothing, and every slot comes back."""
+    policy = StreamPolicy(chunk_s=CHUNK_SAMPLES / 16000, update_tokens=3, final_tokens=24)
+    signals = {f"s{index}": speech(0.7 + 0.45 * index, 20 + index) for index in range(6)}
+    offline = {name: qwen3_asr.transcribe([signal], max_new_tokens=24)[0].text for name, signal in signals.items()}
+    finals: dict[str, str] = {}
+    cancelled = {"s2", "s5"}
+    with LLMServingRecognizer(qwen3_asr, max_streams=2, policy=policy, max_wait_ms=5) as recognizer:
+
+        def client(names: list[str]) -> None:
+            for name in names:
+                stream = recognizer.open_stream(name)
+                signal = signals[name]
+                for start in range(0, len(signal), 3200):  # 0.2 s messages, as fast as they go
+                    stream.accept(signal[start : start + 3200])
+                    if name in cancelled and start >= 6400:
+                        stream.cancel()
+                        break
+                else:
+                    finals[name] = stream.finish(timeout=WAIT_S)
+
+        groups = (["s0", "s3"], ["s1", "s4"], ["s2", "s5"])  # three talking at once over two slots
+        threads = [threading.Thread(target=client, args=(names,)) for names in groups]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(WAIT_S)
+        assert not any(thread.is_alive() for thread in threads)
+        assert finals == {name: offline[name] for name in signals if name not in cancelled}
+        wait_for(lambda: recognizer._streams.ending == 0 and len(recognizer._streams._free) == 2)
+        assert recognizer._thread.is_alive() and recognizer._error is None
