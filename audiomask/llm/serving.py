@@ -401,8 +401,8 @@ class LLMServingRecognizer:
     def _drain(self, streams: LLMStreams) -> float | None:
         """Everything queued, then updates for as long as they are due, and steps of the ended streams' finals
         while none is (the recognizer's thread); how long until the oldest due stream's wait for the others is
-        over, or ``None`` when none is due."""
-        while True:
+        over, or ``None`` when none is due; at once once the recognizer is closed."""
+        while not self._closed:
             with self._lock:
                 drop, opening, samples, ending = self._take()
             for key in drop:
@@ -423,6 +423,7 @@ class LLMServingRecognizer:
                 self._publish(streams.advance(ADVANCE_STEPS))
             else:
                 return wait_s
+        return None
 
     def _due(self, streams: LLMStreams) -> tuple[list[str], float | None]:
         """The streams to update now: all due ones, once each open stream is due or the oldest has waited
