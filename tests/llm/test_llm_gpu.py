@@ -81,3 +81,29 @@ def test_warmed_graphs_cover_every_bucket_and_leave_the_cache_empty(tiny_qwen3_a
     lm = checkpoint.load(tiny_qwen3_asr_dir, device="cuda").lm
     eager, graphed = _greedy_three_rows(lm, 70, [3, 0, 69], warm=True)  # 70 slots: buckets 1, 2, 4, ..., 64, 128
     assert eager == graphed
+
+
+def test_an_ended_streams_final_riding_along_through_cuda_graphs_is_the_offline_answer(
+    tiny_qwen3_asr_dir: Path, speech: Callable
+) -> None:
+    """float32 on CUDA, decode steps through the graphs: a final carried over several updates of another stream
+    (rows joining and leaving the graphed steps) equals the model's offline answer."""
+    model = checkpoint.load(tiny_qwen3_asr_dir, device="cuda")
+    policy = StreamPolicy(chunk_s=0.5, update_tokens=3, final_tokens=40)
+    streams = LLMStreams(model, slots=2, policy=policy)
+    assert streams._steps is not None  # graphed steps
+    ending, talking = speech(2.0, 30), speech(8.0, 31)
+    streams.open("ending")
+    streams.feed("ending", ending)
+    streams.open("talking")
+    streams.feed("talking", talking)
+    finals = []
+    while streams.due():
+        finals += [partial for partial in streams.update() if partial.final]
+        if "ending" in streams._streams and "ending" not in streams.due():
+            streams.end(["ending"])
+    while streams.ending:
+        finals += streams.advance(4)
+    (final,) = finals
+    offline = model.transcribe([ending], max_new_tokens=policy.final_tokens)[0]
+    assert final.tokens == offline.tokens
