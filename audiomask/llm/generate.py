@@ -122,10 +122,6 @@ class Decoder:
         self._rows: list[_Row] = []  # in flight, each with its last chosen token not yet in its slot ...
         self._chosen: torch.Tensor | None = None  # ... those tokens, (len(_rows),) long on the device
 
-    def __len__(self) -> int:
-        """Rows added or in flight."""
-        return len(self._added) + len(self._rows)
-
     def add(self, key: Hashable, slot: int, inputs: torch.Tensor, budget: int, *, finish: bool = True) -> None:
         """A row ``key`` (distinct): ``inputs`` ``(n, hidden_size)`` (``n >= 1``) to append to slot ``slot``, then
         at most ``budget`` tokens; ``finish``: the next run ends only once it is done."""
@@ -160,9 +156,11 @@ class Decoder:
         while self._rows:
             if fresh:
                 self._record(len(self._rows) - fresh, done)
-            if not self._rows or (not any(row.finish for row in self._rows) and extra <= 0):
+            if not self._rows:
                 break
             if not any(row.finish for row in self._rows):
+                if extra <= 0:
+                    break
                 extra -= 1
             slots = np.array([row.slot for row in self._rows], np.int64)
             if self.steps is not None:

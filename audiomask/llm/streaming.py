@@ -494,8 +494,7 @@ class LLMStreams:
             if kind == "final":
                 stream = self._ending.pop(name)
                 self._ended.append(self._final(stream, self.model.answer(tokens, self.language)))
-                self.cache.reset(stream.slot)
-                self._free.append(stream.slot)
+                self._release(stream)
         return done
 
     def _take_ended(self) -> list[Partial]:
@@ -526,6 +525,10 @@ class LLMStreams:
             self._decoder.discard(("final", name))
         else:
             stream = self._streams.pop(self._stream(name).name)
+        self._release(stream)
+
+    def _release(self, stream: _Stream) -> None:
+        """``stream``'s slot emptied and free."""
         self.cache.reset(stream.slot)
         self._free.append(stream.slot)
 
