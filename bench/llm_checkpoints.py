@@ -35,6 +35,7 @@ __all__ = [
     "TINY_AUDIO",
     "TINY_TEXT",
     "byte_tokenizer",
+    "qwen3_asr_tokenizer",
     "word_ids",
     "save_qwen3_asr",
     "save_random_qwen3_asr",
@@ -97,6 +98,13 @@ WORD_START = "\u0120"  # "Ġ": the byte-level alphabet's space, which starts a w
 BYTE_TOKENS = 256  # the byte-level alphabet: ids 0-255
 TEMPLATE_WORDS = ("system", "user", "assistant")  # the role names of QWEN3_ASR_CHAT_TEMPLATE
 BENCH_INIT_RANGE = 0.02  # the real sizes' weights: normal(0, 0.02), as bench.llm_streams.build_model's
+
+
+def qwen3_asr_tokenizer(vocab_size: int | None = None) -> Any:
+    """:func:`byte_tokenizer` with Qwen3-ASR's special and added tokens, chat template and named tokens."""
+    return byte_tokenizer(
+        QWEN3_ASR_SPECIALS, QWEN3_ASR_ADDED, QWEN3_ASR_CHAT_TEMPLATE, QWEN3_ASR_NAMED, vocab_size=vocab_size
+    )
 
 
 def byte_tokenizer(
@@ -181,9 +189,7 @@ def save_qwen3_asr(
         Qwen3ASRProcessor,
     )
 
-    tokenizer = byte_tokenizer(
-        QWEN3_ASR_SPECIALS, QWEN3_ASR_ADDED, QWEN3_ASR_CHAT_TEMPLATE, QWEN3_ASR_NAMED, vocab_size=vocab_size
-    )
+    tokenizer = qwen3_asr_tokenizer(vocab_size)
     ids = {token: tokenizer.convert_tokens_to_ids(token) for token in QWEN3_ASR_SPECIALS}
     config = Qwen3ASRConfig(
         audio_config=audio,

@@ -40,14 +40,7 @@ from audiomask.llm.prompt import encode_texts
 from audiomask.llm.qwen3_asr import Qwen3ASRProjector, assemble
 from audiomask.llm.streaming import LLMStreams, Partial
 from audiomask.models import Qwen3ASRConfig, Qwen3ASREncoder
-from bench.llm_checkpoints import (
-    QWEN3_ASR_ADDED,
-    QWEN3_ASR_CHAT_TEMPLATE,
-    QWEN3_ASR_NAMED,
-    QWEN3_ASR_SPECIALS,
-    byte_tokenizer,
-    word_ids,
-)
+from bench.llm_checkpoints import qwen3_asr_tokenizer, word_ids
 
 __all__ = [
     "SIZES",
@@ -129,9 +122,7 @@ def build_model(
     for module in (encoder, projector, lm):
         _randomize(module, std)
         module.to(device=device, dtype=dtype).eval()
-    tokenizer = byte_tokenizer(
-        QWEN3_ASR_SPECIALS, QWEN3_ASR_ADDED, QWEN3_ASR_CHAT_TEMPLATE, QWEN3_ASR_NAMED, vocab_size=lm.config.vocab_size
-    )
+    tokenizer = qwen3_asr_tokenizer(lm.config.vocab_size)
     stop_ids = frozenset(tokenizer.convert_tokens_to_ids(token) for token in STOP_TOKENS)
     return assemble(encoder, projector, lm, tokenizer, stop_ids, description={"size": size, "random_weights": True})
 

@@ -14,14 +14,7 @@ import torch
 
 from audiomask.llm.qwen3_asr import qwen3_asr_prompt
 from audiomask.llm.streaming import StreamPolicy
-from bench.llm_checkpoints import (
-    QWEN3_ASR_ADDED,
-    QWEN3_ASR_CHAT_TEMPLATE,
-    QWEN3_ASR_NAMED,
-    QWEN3_ASR_SPECIALS,
-    byte_tokenizer,
-    word_ids,
-)
+from bench.llm_checkpoints import QWEN3_ASR_SPECIALS, qwen3_asr_tokenizer, word_ids
 from bench.llm_streams import BenchStreams, ReFeedStreams, build_model, fixed_tokens, one_stream
 
 pytest.importorskip("transformers")
@@ -115,9 +108,7 @@ def test_the_re_feed_streams_give_the_incremental_partials() -> None:
 
 @pytest.mark.parametrize("vocab_size", [151936, 512])
 def test_the_tokenizer_round_trips_answers_and_counts_the_prompt_as_qwen3_asr(vocab_size: int) -> None:
-    tokenizer = byte_tokenizer(
-        QWEN3_ASR_SPECIALS, QWEN3_ASR_ADDED, QWEN3_ASR_CHAT_TEMPLATE, QWEN3_ASR_NAMED, vocab_size=vocab_size
-    )
+    tokenizer = qwen3_asr_tokenizer(vocab_size)
     assert len(tokenizer) == vocab_size
     parts = qwen3_asr_prompt(tokenizer, "", None)
     special = [tokenizer.convert_tokens_to_ids(token) for token in ("<|im_start|>", "<|im_end|>", "<|audio_end|>")]
