@@ -1,4 +1,4 @@
-"""One WebSocket connection, whatever its protocol: admission, audio in, text changes out, final result, errors.
+"""One WebSocket connection, whatever its protocol: admission, audio in, results out, final result, errors.
 
 A protocol (:mod:`audiomask.serve.sherpa`, :mod:`audiomask.serve.wenet`) is a
 :class:`ClientProtocol`: it turns each client message into an event
@@ -230,7 +230,7 @@ class _Session:
         self._binary_messages = 0
         self._ended: deque[Segment] = deque()  # segments ended and not sent yet, in order
         self._current: Segment | None = None  # the current segment, as last reported
-        self._sent: tuple[int, str] = (-1, "")  # the segment and text last sent
+        self._current_sent = True  # ... and sent already
         self._audio_ended = False  # the client's audio has ended: results go out with the final one
         self._changed = asyncio.Event()
         self._stopped = False  # the server is draining
@@ -251,7 +251,7 @@ class _Session:
                 self._ended.append(segment)
                 self._current = None
             else:
-                self._current = segment
+                self._current, self._current_sent = segment, False
         self._changed.set()
 
     def failed(self, error: BaseException) -> None:
@@ -415,16 +415,17 @@ class _Session:
         return ClientError(f"the server cannot {doing} this stream: {error}", CLOSE_INTERNAL_ERROR)
 
     async def _send_results(self) -> None:
-        """Send the results as the engine reports them: each ended segment, then the current one's text when it
-        changed (the latest when several came at once); returns once the client's audio has ended."""
+        """Send the results as the engine reports them: each ended segment, then the current one each time the
+        recognizer reported it anew (a CTC token said, an LLM update: its text changed or not; the latest when
+        several came at once); returns once the client's audio has ended."""
         try:
             while not self._audio_ended:
                 await self._changed.wait()
                 self._changed.clear()
                 await self._send_ended()
                 current = self._current
-                if current is not None and (current.index, current.transcript.text) != self._sent:
-                    self._sent = (current.index, current.transcript.text)
+                if current is not None and not self._current_sent:
+                    self._current_sent = True
                     await self._websocket.send_text(self._protocol.result(current))
         except WebSocketDisconnect:
             pass

@@ -3,9 +3,9 @@
 The client sends binary messages of **little-endian float32** mono samples in
 [-1, 1] at 16 kHz, of any length (not int16: that is WeNet's route,
 ``/wenet``), and then the text message ``Done``. The server sends a JSON text
-message each time the text changes, then, after ``Done``, the final result
-with ``is_final`` and ``is_eof`` true, then the text message ``Done!``, and
-closes with code 1000:
+message each time the recognizer has new output (a CTC token, an LLM
+update), then, after ``Done``, the final result with ``is_final`` and
+``is_eof`` true, then the text message ``Done!``, and closes with code 1000:
 
 >>> from audiomask.asr.transcript import Transcript
 >>> from audiomask.serve.segments import Segment

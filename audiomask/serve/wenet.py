@@ -4,8 +4,8 @@ The client sends the start signal ``{"signal": "start", "nbest": 1,
 "continuous_decoding": false}`` and the server answers ``{"status": "ok",
 "type": "server_ready"}``; then binary messages of **little-endian int16** PCM,
 mono, 16 kHz (not float32: that is the sherpa-onnx route, ``/``); then
-``{"signal": "end"}``. The server sends ``partial_result`` each time the text
-changes and, after the end signal, ``final_result`` and ``speech_end``, then
+``{"signal": "end"}``. The server sends ``partial_result`` each time the
+recognizer has new output and, after the end signal, ``final_result`` and ``speech_end``, then
 closes with code 1000. ``nbest`` is a JSON *string* of ``[{"sentence": ...}]``
 (greedy decoding: one hypothesis whatever ``nbest`` asks). Errors are
 ``{"status": "failed", "message": ...}``, then a close frame.
