@@ -33,10 +33,13 @@ This module gives the same calls over :class:`~audiomask.llm.streaming.LLMStream
 - a due stream's update waits up to :attr:`max_wait_s` for the other streams'
   chunks, so that streams out of step share updates; it runs at once when
   every open stream is due;
-- a stream ending starts its final pass at once (:meth:`LLMStreams.end`: its
-  whole prompt prefilled with the next update, then decoded riding along the
-  updates' steps, or in steps of its own while no update is due), its slot
-  held until the final is in; a cancelled one frees its slot without a final.
+- a stream ending starts its final pass after the next update (:meth:`LLMStreams.end`:
+  its whole prompt through the offline front end and encoder, prefilled with
+  the update after, then decoded riding along the updates' steps, or in steps
+  of its own while no update is due), at most :data:`FINALS_PER_UPDATE` between
+  two updates, so that a burst of ends holds no update back for long; its last
+  chunks go to the final, its slot is held until the final is in; a cancelled
+  one frees its slot without a final.
 
 Usage (with a checkpoint directory on disk)::
 
@@ -89,6 +92,10 @@ DEFAULT_LLM_MAX_WAIT_MS = 40
 # Steps the ended streams' finals take between two looks at the queue when no update is due (a few milliseconds
 # each on a GPU): their own steps use the time the updates leave; beside updates they ride along theirs.
 ADVANCE_STEPS = 8
+# Ended streams whose final passes start between two updates (more while none is due): a start runs the offline
+# front end and encoder over the whole utterance (~15 ms for 27 s of audio on an H200), so a burst of ends
+# delays the next update by one such group, not by all of them.
+FINALS_PER_UPDATE = 16
 STREAMING_FAMILY = "qwen3_asr"  # the family LLMStreams streams
 _WORDS = re.compile(r"\S+\s*|\s+")
 
@@ -225,6 +232,7 @@ class LLMServingRecognizer:
         self._epoch = 0  # counts changes to the queue: the thread runs again when it moved
         self._live: dict[str, LLMServingStream] = {}  # by key: opened and not done
         self._due_since: dict[str, float] = {}  # by key: when its oldest due chunk came due
+        self._ending: list[LLMServingStream] = []  # ended, their final passes not started (the thread's own)
         self._serial = itertools.count()
         self._error: BaseException | None = None
         self._closed = False
@@ -411,14 +419,16 @@ class LLMServingRecognizer:
                 streams.open(key)
             for key, array in samples:
                 streams.feed(key, array)
-            if ending:
-                self._finish(streams, ending)
+            self._ending += ending
             due, wait_s = self._due(streams)
             if due:
                 started = time.perf_counter()
                 partials = streams.update(due)
                 self._record(len(due), time.perf_counter() - started, len(due) * self.policy.chunk_samples)
                 self._publish(partials)
+                self._finish(streams)
+            elif self._ending:
+                self._finish(streams)
             elif streams.ending:  # no update due: the ended streams' finals take steps of their own
                 self._publish(streams.advance(ADVANCE_STEPS))
             else:
@@ -428,7 +438,8 @@ class LLMServingRecognizer:
     def _due(self, streams: LLMStreams) -> tuple[list[str], float | None]:
         """The streams to update now: all due ones, once each open stream is due or the oldest has waited
         :attr:`max_wait_s`; else none, and how long until that wait is over (``None``: none is due)."""
-        due = streams.due()
+        ending = {stream._key for stream in self._ending}
+        due = [key for key in streams.due() if key not in ending]  # their finals take their last chunks
         now = time.monotonic()
         self._due_since = {key: self._due_since.get(key, now) for key in due}
         if not due:
@@ -438,9 +449,12 @@ class LLMServingRecognizer:
             return due, None
         return [], self.max_wait_s - waited
 
-    def _finish(self, streams: LLMStreams, ending: list[LLMServingStream]) -> None:
-        """Start the final passes of ``ending`` (:meth:`LLMStreams.end`: they ride along the updates, and come
-        back with them or with advances); a stream that got no samples ends at once, with no text."""
+    def _finish(self, streams: LLMStreams) -> None:
+        """Start the final passes of the first :data:`FINALS_PER_UPDATE` ended streams (:meth:`LLMStreams.end`:
+        they ride along the updates, and come back with them or with advances); a stream that got no samples
+        ends at once, with no text; a cancelled one was dropped already."""
+        ending = [stream for stream in self._ending[:FINALS_PER_UPDATE] if not stream._cancelled]
+        del self._ending[:FINALS_PER_UPDATE]
         heard = [stream for stream in ending if stream._fed]
         for stream in ending:
             if not stream._fed:

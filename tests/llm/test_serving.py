@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from audiomask.llm import checkpoint
-from audiomask.llm.serving import LLMServingRecognizer
+from audiomask.llm.serving import FINALS_PER_UPDATE, LLMServingRecognizer
 from audiomask.llm.streaming import LLMStreams, StreamPolicy
 
 pytest.importorskip("transformers")
@@ -149,3 +149,32 @@ def test_streams_that_end_cancel_and_join_at_any_time_get_the_offline_finals(qwe
         assert finals == {name: offline[name] for name in signals if name not in cancelled}
         wait_for(lambda: recognizer._streams.ending == 0 and len(recognizer._streams._free) == 2)
         assert recognizer._thread.is_alive() and recognizer._error is None
+
+
+def test_a_burst_of_ends_starts_its_finals_a_group_between_updates(
+    qwen3_asr, speech: Callable, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """More streams end at once than :data:`FINALS_PER_UPDATE`: their final passes start a group between two of
+    another stream's updates, not all before the next one; each gets its offline answer and no partial (its
+    whole chunk still buffered goes to its final)."""
+    calls: list[tuple[str, int]] = []
+    for name in ("update", "end"):
+        original = getattr(LLMStreams, name)
+
+        def spy(streams: LLMStreams, names: list[str], _original: Callable = original, _name: str = name) -> object:
+            calls.append((_name, len(names)))
+            return _original(streams, names)
+
+        monkeypatch.setattr(LLMStreams, name, spy)
+    count = FINALS_PER_UPDATE + 4
+    signals = [speech(1.5 * CHUNK_SAMPLES / 16000, seed) for seed in range(count)]
+    talk = speech(3 * CHUNK_SAMPLES / 16000, count)
+    policy = StreamPolicy(chunk_s=CHUNK_SAMPLES / 16000, update_tokens=2)
+    with LLMServingRecognizer(qwen3_asr, max_streams=count + 1, policy=policy, max_wait_ms=0) as recognizer:
+        talker = recognizer.open_stream("talker")
+        ending = [recognizer.open_stream(f"ends-{index}") for index in range(count)]
+        recognizer.accept_many([(talker, talk), *zip(ending, signals)], finished=ending)
+        wait_for(lambda: all(stream.done for stream in ending) and talker.token_count == 3)
+    assert [stream.partial() for stream in ending] == [qwen3_asr.transcribe([signal])[0].text for signal in signals]
+    assert [stream.token_count for stream in ending] == [1] * count
+    assert calls[:4] == [("update", 1), ("end", FINALS_PER_UPDATE), ("update", 1), ("end", count - FINALS_PER_UPDATE)]
