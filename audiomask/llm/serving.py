@@ -427,10 +427,10 @@ class LLMServingRecognizer:
                 self._record(len(due), time.perf_counter() - started, len(due) * self.policy.chunk_samples)
                 self._publish(partials)
                 self._finish(streams)
-            elif self._ending:
+            elif self._ending or streams.ending:  # no update due: finals start, and take steps of their own
                 self._finish(streams)
-            elif streams.ending:  # no update due: the ended streams' finals take steps of their own
-                self._publish(streams.advance(ADVANCE_STEPS))
+                if streams.ending:
+                    self._publish(streams.advance(ADVANCE_STEPS))
             else:
                 return wait_s
         return None
@@ -455,6 +455,8 @@ class LLMServingRecognizer:
         ends at once, with no text; a cancelled one was dropped already."""
         ending = [stream for stream in self._ending[:FINALS_PER_UPDATE] if not stream._cancelled]
         del self._ending[:FINALS_PER_UPDATE]
+        if not ending:
+            return
         heard = [stream for stream in ending if stream._fed]
         for stream in ending:
             if not stream._fed:
