@@ -35,7 +35,10 @@ stream ending then), so partials are fast and finals are the model's best.
 Long streams: a segment holds ``segment_windows`` closed windows at most (32 s
 by default); once it has them, the segment ends at that window's last sample,
 its offline answer is committed to the stream's text, and the stream goes on
-as a new utterance from there. Memory per stream is so bounded: one cache slot
+as a new utterance from there. The segment's offline pass runs in a spare slot
+(``pass_slots`` of them), decoded riding along later steps as a final is, its
+last partial standing in for its text until it lands; with no spare slot free
+it runs in the update. Memory per stream is so bounded: one cache slot
 (:attr:`LLMStreams.capacity` positions), the open window's frames and the
 current segment's samples.
 """
@@ -76,6 +79,9 @@ FRONTEND_SHARE = 16  # fewest due streams a front-end thread is given
 # Most segments one encoder call of a final pass takes (their features and the encoder's activations; the
 # pass's prefill and decoding then take every segment ending at once).
 FINAL_ROWS = 64
+# Spare cache slots for long streams' segment passes decoded riding along (a 32 s segment's pass takes ~125
+# steps, ~10 updates; a stream crosses a segment end every 32 s): 92.7 MB each at the 0.6B's 2 s slots.
+DEFAULT_PASS_SLOTS = 16
 
 
 @dataclass(frozen=True)
@@ -103,6 +109,7 @@ class _Stream:
     tokens: tuple[int, ...] = ()
     committed: list[str] = field(default_factory=list)  # earlier segments' final texts
     language: str = ""
+    answer: LLMTranscript | None = None  # its final, once decoded (ended streams)
 
 
 class LLMStreams:
@@ -115,7 +122,8 @@ class LLMStreams:
     ``slots x capacity`` positions (:attr:`capacity`), and so is the open
     windows' frame buffer on the model's device: ``slots x mel bins x
     (window + a chunk's frames)`` float32 (512 MB for 1,024 slots at 2 s
-    chunks). ``cuda_graphs`` (default: on a CUDA device): decode steps
+    chunks); the cache has ``pass_slots`` more slots, for long streams'
+    segment passes. ``cuda_graphs`` (default: on a CUDA device): decode steps
     replayed from CUDA graphs (:class:`~audiomask.llm.graphs.GraphedDecode`;
     on a CPU they run eagerly). ``frontend_threads``: threads that push the due streams' audio
     through the front end, a share each (the features do not depend on how
@@ -132,6 +140,7 @@ class LLMStreams:
         language: str | None = None,
         cuda_graphs: bool | None = None,
         frontend_threads: int = DEFAULT_FRONTEND_THREADS,
+        pass_slots: int = DEFAULT_PASS_SLOTS,
     ) -> None:
         if not isinstance(model.encoder, Qwen3ASREncoder):
             raise ValueError(f"model must be a Qwen3-ASR recogniser for streaming, got family {model.family!r}")
@@ -156,7 +165,9 @@ class LLMStreams:
             + len(self.parts.tail)
             + max(chunks * (policy.fixed_tokens or policy.update_tokens), policy.final_budget(windows * window_samples))
         )
-        self.cache = model.lm.new_cache(check_int("slots", slots, minimum=1), self.capacity)
+        self.slots = check_int("slots", slots, minimum=1)
+        spare = check_int("pass_slots", pass_slots, minimum=0)
+        self.cache = model.lm.new_cache(slots + spare, self.capacity)
         if cuda_graphs is None:
             cuda_graphs = model.device.type == "cuda"
         self._steps = GraphedDecode(model.lm, self.cache) if cuda_graphs else None
@@ -181,6 +192,8 @@ class LLMStreams:
         threads = self.frontend_threads
         self._frontend_pool = ThreadPoolExecutor(threads, "audiomask-frontend") if threads > 1 else None
         self._free = list(range(slots))[::-1]
+        self._spare = list(range(slots, slots + spare))[::-1]  # slots for segment passes
+        self._passes: dict[str, tuple[_Stream, int, int]] = {}  # stream -> (it, committed index, slot): in flight
         self._streams: dict[str, _Stream] = {}
         self._ending: dict[str, _Stream] = {}  # ended (:meth:`end`), their finals in flight in their slots
         self._ended: list[Partial] = []  # their finals done, for the next update() or advance()
@@ -201,7 +214,7 @@ class LLMStreams:
         if name in self._streams:
             raise ValueError(f"name {name!r} is already an open stream")
         if not self._free:
-            raise ValueError(f"all {self.cache.slots} slots hold streams: finish one before opening {name!r}")
+            raise ValueError(f"all {self.slots} slots hold streams: finish one before opening {name!r}")
         stream = _Stream(name, self._free.pop())
         self._streams[name] = stream
         self._start_segment(stream)
@@ -251,16 +264,28 @@ class LLMStreams:
         return partials + self._take_ended()
 
     def _next_segments(self, streams: list[_Stream]) -> None:
-        """End the segments of ``streams`` at their last closed window: commit its offline text, go on after it."""
+        """End the segments of ``streams`` at their last closed window and go on after it; commit each one's
+        offline text: decoded riding along later steps in a spare slot (its last partial's text standing in
+        until then), or now in its own slot when no spare one is free or its last segment's is in flight."""
         if not streams:
             return
         cut = self.policy.segment_windows * self.window_frames * HOP_LENGTH
-        heard = [np.concatenate(stream.samples) for stream in streams]
-        finals = self._finals(streams, [samples[:cut] for samples in heard])
-        for stream, samples, transcript in zip(streams, heard, finals, strict=True):
-            stream.committed.append(transcript.text)
+        heard = {stream.name: np.concatenate(stream.samples) for stream in streams}
+        fresh = [stream for stream in streams if stream.name not in self._passes]
+        riding, waiting = fresh[: len(self._spare)], [s for s in streams if s not in fresh[: len(self._spare)]]
+        slots = [self._spare.pop() for _ in riding]
+        signals = [heard[stream.name][:cut] for stream in riding]
+        for stream, slot, row, signal in zip(riding, slots, self._final_inputs(signals, slots), signals, strict=True):
+            self._decoder.add(("segment", stream.name), slot, row, self.policy.final_budget(len(signal)), finish=False)
+            self._passes[stream.name] = (stream, len(stream.committed), slot)
+            stream.committed.append(self.model.parse(stream.raw, self.language)[1])
+        if waiting:
+            finals = self._finals(waiting, [heard[stream.name][:cut] for stream in waiting])
+            for stream, transcript in zip(waiting, finals, strict=True):
+                stream.committed.append(transcript.text)
+        for stream in streams:
             self._start_segment(stream)
-            stream.pending = np.concatenate((samples[cut:], stream.pending))
+            stream.pending = np.concatenate((heard[stream.name][cut:], stream.pending))
 
     def _decode(self, streams: list[_Stream], chunks: list[np.ndarray]) -> list[Partial]:
         if not streams:
@@ -456,6 +481,8 @@ class LLMStreams:
     def finish(self, names: Sequence[str]) -> list[Partial]:
         """End streams ``names``: each one's final text (the offline answer for its audio), slots freed."""
         streams = [self._stream(name) for name in names]
+        while any(stream.name in self._passes for stream in streams):  # their segment passes in flight first
+            self._run(extra_steps=1)
         answers = self._finals(streams, [self._heard(stream) for stream in streams])
         results = [self._final(stream, answer) for stream, answer in zip(streams, answers, strict=True)]
         for stream in streams:
@@ -470,7 +497,8 @@ class LLMStreams:
         from the call in which it is done, and frees its slot. The same text as :meth:`finish` gives."""
         streams = [self._stream(name) for name in names]
         signals = [self._heard(stream) for stream in streams]
-        for stream, row, signal in zip(streams, self._final_inputs(streams, signals), signals, strict=True):
+        slots = [stream.slot for stream in streams]
+        for stream, row, signal in zip(streams, self._final_inputs(signals, slots), signals, strict=True):
             budget = self.policy.final_budget(len(signal))
             self._decoder.add(("final", stream.name), stream.slot, row, budget, finish=False)
             self._ending[stream.name] = self._streams.pop(stream.name)
@@ -488,13 +516,21 @@ class LLMStreams:
         return self._take_ended()
 
     def _run(self, extra_steps: int = 0) -> dict:
-        """Run the decoder; the ended streams' finals it completes go to :attr:`_ended`, their slots freed."""
+        """Run the decoder; the segment passes it completes are committed, their spare slots freed; the ended
+        streams' finals, once their segment passes are in too, go to :attr:`_ended`, their slots freed."""
         done = self._decoder.run(extra_steps)
         for (kind, name), tokens in done.items():
-            if kind == "final":
-                stream = self._ending.pop(name)
-                self._ended.append(self._final(stream, self.model.answer(tokens, self.language)))
-                self._release(stream)
+            if kind == "segment":
+                stream, index, slot = self._passes.pop(name)
+                stream.committed[index] = self.model.answer(tokens, self.language).text
+                self.cache.reset(slot)
+                self._spare.append(slot)
+            elif kind == "final":
+                self._ending[name].answer = self.model.answer(tokens, self.language)
+        for name in [name for name, s in self._ending.items() if s.answer is not None and name not in self._passes]:
+            stream = self._ending.pop(name)
+            self._ended.append(self._final(stream, stream.answer))
+            self._release(stream)
         return done
 
     def _take_ended(self) -> list[Partial]:
@@ -525,6 +561,11 @@ class LLMStreams:
             self._decoder.discard(("final", name))
         else:
             stream = self._streams.pop(self._stream(name).name)
+        if name in self._passes:
+            self._decoder.discard(("segment", name))
+            _, _, slot = self._passes.pop(name)
+            self.cache.reset(slot)
+            self._spare.append(slot)
         self._release(stream)
 
     def _release(self, stream: _Stream) -> None:
@@ -537,16 +578,17 @@ class LLMStreams:
         second pass, :meth:`_final_inputs`), decoded greedily all together, beside any ended streams' finals,
         through the decode graphs. The slots end holding the answers: the caller empties them (the stream's
         next segment, or its end). With ``fixed_tokens``, a segment's :meth:`StreamPolicy.final_budget`."""
-        for stream, row, signal in zip(streams, self._final_inputs(streams, signals), signals, strict=True):
+        slots = [stream.slot for stream in streams]
+        for stream, row, signal in zip(streams, self._final_inputs(signals, slots), signals, strict=True):
             self._decoder.add(("pass", stream.name), stream.slot, row, self.policy.final_budget(len(signal)))
         done = self._run()
         return [self.model.answer(done[("pass", stream.name)], self.language) for stream in streams]
 
-    def _final_inputs(self, streams: list[_Stream], signals: list[np.ndarray]) -> list[torch.Tensor]:
+    def _final_inputs(self, signals: list[np.ndarray], slots: list[int]) -> list[torch.Tensor]:
         """Each segment's whole prompt from the offline front end and encoder (:meth:`AudioLM.prompts`, at most
-        :data:`FINAL_ROWS` segments a call), its stream's slot emptied for it."""
+        :data:`FINAL_ROWS` segments a call), the slot it is decoded in emptied for it."""
         inputs: list[torch.Tensor] = []
         for start in range(0, len(signals), FINAL_ROWS):
             inputs += self.model.prompts(signals[start : start + FINAL_ROWS], self.parts)
-        self.cache.reset([stream.slot for stream in streams])
+        self.cache.reset(slots)
         return inputs

@@ -153,6 +153,48 @@ def test_long_streams_go_on_in_segments_within_the_slot(qwen3_asr, speech: Calla
     assert len(partials) >= len(signal) // policy.chunk_samples
 
 
+def test_a_segment_pass_rides_along_in_a_spare_slot_and_commits_the_same_text(qwen3_asr, speech: Callable) -> None:
+    """A segment's offline pass in a spare slot, decoded along the next updates: the update that cuts does not
+    wait for it, every partial's answer is the in-update pass's, and so are the finals (by ``finish`` and by
+    ``end`` with a pass still in flight); a dropped stream's spare slot comes back."""
+    policy = StreamPolicy(chunk_s=2.0, update_tokens=8, segment_windows=1, final_tokens=24)
+    signal = speech(21.0, seed=3)
+
+    def run(pass_slots: int, ending: bool) -> tuple[list[tuple[int, ...]], str, int, bool]:
+        streams = LLMStreams(qwen3_asr, slots=1, policy=policy, pass_slots=pass_slots)
+        streams.open("long")
+        streams.feed("long", signal[: len(signal) - 8000])
+        answers, in_flight = [], 0
+        while streams.due():
+            answers += [partial.tokens for partial in streams.update()]
+            in_flight += bool(streams._passes)
+        streams.feed("long", signal[len(signal) - 8000 :])
+        at_end = bool(streams._passes)
+        if not ending:
+            (final,) = streams.finish(["long"])
+            return answers, final.text, in_flight, at_end
+        streams.end(["long"])
+        finals = []
+        while not finals:
+            finals = [partial for partial in streams.advance(4) if partial.final]
+        return answers, finals[0].text, in_flight, at_end
+
+    alone = run(0, False)
+    assert alone[2:] == (0, False)
+    for ending in (False, True):
+        answers, text, in_flight, at_end = run(1, ending)
+        assert in_flight > 0 and at_end, "the run's segment passes were not in flight at its updates and its end"
+        assert (answers, text) == alone[:2]
+
+    streams = LLMStreams(qwen3_asr, slots=1, policy=policy, pass_slots=1)
+    streams.open("gone")
+    streams.feed("gone", signal[:160000])
+    while not streams._passes:
+        streams.update()
+    streams.drop("gone")
+    assert streams._spare == [1] and not streams._passes
+
+
 def test_decode_steps_through_graphed_buffers_give_the_same_partials(qwen3_asr, speech: Callable) -> None:
     """``cuda_graphs=True`` (its static buffers run eagerly on the CPU) changes no token."""
     policy = StreamPolicy(chunk_s=1.0, update_tokens=UPDATE_TOKENS, final_tokens=16)
