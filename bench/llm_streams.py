@@ -157,26 +157,26 @@ class ReFeedStreams(BenchStreams):
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self._frames: dict[str, list[np.ndarray]] = {}
+        self._frames: dict[int, list[np.ndarray]] = {}  # by slot: the segment's frames
         super().__init__(*args, **kwargs)
 
     def _start_segment(self, stream: Any) -> None:
         super()._start_segment(stream)
-        self._frames[stream.name] = []
+        self._frames[stream.slot] = []
 
-    def drop(self, name: str) -> None:
-        super().drop(name)
-        del self._frames[name]
+    def _push_window_frames(self, chunks: list[np.ndarray], slots: np.ndarray) -> np.ndarray:
+        """Keep the frames of ``chunks`` (each slot's whole segment is encoded again every update)."""
+        new, added = self._push_frames(chunks, slots)
+        for row, slot in enumerate(slots.tolist()):
+            self._frames[slot].append(new[row, :, : added[row]])
+        return np.zeros(len(slots), np.int64)  # the open-window buffer stays unused
 
     def _decode(self, streams: list[Any], chunks: list[np.ndarray]) -> list[Partial]:
         if not streams:
             return []
         model, lm = self.model, self.model.lm
-        new, added = self._push_frames(chunks, np.array([stream.slot for stream in streams]))
-        frames = []
-        for row, stream in enumerate(streams):
-            self._frames[stream.name].append(new[row, :, : added[row]])
-            frames.append(np.concatenate(self._frames[stream.name], axis=1))
+        self._push_window_frames(chunks, np.array([stream.slot for stream in streams], np.int64))
+        frames = [np.concatenate(self._frames[stream.slot], axis=1) for stream in streams]
         audio = []
         for group in _feature_groups([frame.shape[1] for frame in frames], frames[0].shape[0]):
             lengths = np.array([frames[row].shape[1] for row in group], np.int64)

@@ -35,12 +35,11 @@ stream ending then), so partials are fast and finals are the model's best.
 Long streams: a segment holds ``segment_windows`` closed windows at most (32 s
 by default); once it has them, the segment ends at that window's last sample,
 its offline answer is committed to the stream's text, and the stream goes on
-as a new utterance from there. The segment's offline pass runs in a spare slot
-(``pass_slots`` of them), decoded riding along later steps as a final is, its
-last partial standing in for its text until it lands; with no spare slot free
-it runs in the update. Memory per stream is so bounded: one cache slot
-(:attr:`LLMStreams.capacity` positions), the open window's frames and the
-current segment's samples.
+as a new utterance from there. The segment's offline pass rides along later
+steps in a spare slot (``pass_slots``; none free: it runs in the update), its
+last partial standing in until it lands. Memory per stream is so bounded: one
+cache slot (:attr:`LLMStreams.capacity` positions), the open window's frames
+and the current segment's samples.
 """
 
 from __future__ import annotations
@@ -76,11 +75,8 @@ REPLACEMENT_CHARACTER = "\ufffd"  # a cut through a multi-byte character decodes
 # interpreter lock). One per four cores, at most 4; on a host of under 8 cores, one (the calling thread).
 DEFAULT_FRONTEND_THREADS = max(1, min(4, (os.cpu_count() or 1) // 4))
 FRONTEND_SHARE = 16  # fewest due streams a front-end thread is given
-# Most segments one encoder call of a final pass takes (their features and the encoder's activations; the
-# pass's prefill and decoding then take every segment ending at once).
-FINAL_ROWS = 64
-# Spare cache slots for long streams' segment passes decoded riding along (a 32 s segment's pass takes ~125
-# steps, ~10 updates; a stream crosses a segment end every 32 s): 92.7 MB each at the 0.6B's 2 s slots.
+FINAL_ROWS = 64  # most segments one encoder call of final passes takes (the prefill and decoding take all)
+# Spare cache slots for segment passes riding along (~125 steps, ~10 updates each; 92.7 MB a slot, 0.6B, 2 s).
 DEFAULT_PASS_SLOTS = 16
 
 
@@ -270,22 +266,27 @@ class LLMStreams:
         if not streams:
             return
         cut = self.policy.segment_windows * self.window_frames * HOP_LENGTH
-        heard = {stream.name: np.concatenate(stream.samples) for stream in streams}
-        fresh = [stream for stream in streams if stream.name not in self._passes]
-        riding, waiting = fresh[: len(self._spare)], [s for s in streams if s not in fresh[: len(self._spare)]]
-        slots = [self._spare.pop() for _ in riding]
-        signals = [heard[stream.name][:cut] for stream in riding]
-        for stream, slot, row, signal in zip(riding, slots, self._final_inputs(signals, slots), signals, strict=True):
+        heard = [np.concatenate(stream.samples) for stream in streams]
+        ride, free = [], len(self._spare)
+        for stream in streams:
+            ride.append(stream.name not in self._passes and sum(ride) < free)
+        riding = [(stream, self._spare.pop(), samples[:cut]) for stream, samples, r in zip(streams, heard, ride) if r]
+        rows = self._final_inputs([signal for *_, signal in riding], [slot for _, slot, _ in riding])
+        for (stream, slot, signal), row in zip(riding, rows, strict=True):
             self._decoder.add(("segment", stream.name), slot, row, self.policy.final_budget(len(signal)), finish=False)
             self._passes[stream.name] = (stream, len(stream.committed), slot)
             stream.committed.append(self.model.parse(stream.raw, self.language)[1])
-        if waiting:
-            finals = self._finals(waiting, [heard[stream.name][:cut] for stream in waiting])
-            for stream, transcript in zip(waiting, finals, strict=True):
-                stream.committed.append(transcript.text)
-        for stream in streams:
+        waiting = [stream for stream, r in zip(streams, ride, strict=True) if not r]
+        signals = [samples[:cut] for samples, r in zip(heard, ride, strict=True) if not r]
+        for stream, transcript in zip(waiting, self._finals(waiting, signals) if waiting else [], strict=True):
+            stream.committed.append(transcript.text)
+        # The audio past the cut (under a chunk: the window closed with this update) starts the next segment's
+        # open window at once, encoded with its next chunk: no update, and no partial, of its own.
+        for stream, samples in zip(streams, heard, strict=True):
             self._start_segment(stream)
-            stream.pending = np.concatenate((heard[stream.name][cut:], stream.pending))
+            stream.samples = [samples[cut:]]
+        slots = np.array([stream.slot for stream in streams], np.int64)
+        self._window_filled[slots] = self._push_window_frames([samples[cut:] for samples in heard], slots)
 
     def _decode(self, streams: list[_Stream], chunks: list[np.ndarray]) -> list[Partial]:
         if not streams:
@@ -331,13 +332,7 @@ class LLMStreams:
         tokens. A window's frames close once ``window_frames`` of them are in; its tokens are then final.
         """
         slots = np.array([stream.slot for stream in streams], np.int64)
-        new, added = self._push_frames(chunks, slots)  # (B, bins, T): zeros after each row's frames
-        filled = self._window_filled[slots]
-        lengths = filled + added
-        # Every new frame to its slot's buffer in one scatter: frame j of row r goes to slots[r] at filled[r] + j.
-        rows, frames = ragged_index(added)
-        where = to_device(np.stack((rows, frames, slots[rows], filled[rows] + frames)), self._window.device)
-        self._window[where[2], :, where[3]] = to_device(new, self._window.device)[where[0], :, where[1]]
+        lengths = self._push_window_frames(chunks, slots)
         counts = self.model.encoder.output_lengths(lengths)  # on the host, as the lengths: no wait for the device
         audio = self._encode(slots, lengths, counts)
         closing = lengths // self.window_frames
@@ -346,6 +341,16 @@ class LLMStreams:
         self._shift_open_windows(slots[closing > 0], (closing * self.window_frames)[closing > 0], lengths[closing > 0])
         self._window_filled[slots] = lengths - closing * self.window_frames
         return audio, counts, closing * self.window_tokens
+
+    def _push_window_frames(self, chunks: list[np.ndarray], slots: np.ndarray) -> np.ndarray:
+        """Push ``chunks`` through the front end and append their frames to the slots' open windows (one
+        scatter: frame j of row r goes to slots[r] at its filled length + j); the windows' new lengths."""
+        new, added = self._push_frames(chunks, slots)  # (B, bins, T): zeros after each row's frames
+        filled = self._window_filled[slots]
+        rows, frames = ragged_index(added)
+        where = to_device(np.stack((rows, frames, slots[rows], filled[rows] + frames)), self._window.device)
+        self._window[where[2], :, where[3]] = to_device(new, self._window.device)[where[0], :, where[1]]
+        return filled + added
 
     def _encode(self, slots: np.ndarray, lengths: np.ndarray, counts: np.ndarray) -> torch.Tensor:
         """The projected audio tokens ``(B, n, hidden)`` of each slot's first ``lengths[b]`` window frames
