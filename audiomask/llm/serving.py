@@ -33,7 +33,7 @@ This module gives the same calls over :class:`~audiomask.llm.streaming.LLMStream
 - a due stream's update waits up to :attr:`max_wait_s` for the other streams'
   chunks, so that streams out of step share updates; it runs at once when
   every open stream is due;
-- a stream ending starts its final pass after the next update (:meth:`LLMStreams.end`:
+- a stream ending starts its final pass after the next update, or at once when none is due (:meth:`LLMStreams.end`:
   its whole prompt through the offline front end and encoder, prefilled with
   the update after, then decoded riding along the updates' steps, or in steps
   of its own while no update is due), at most :data:`FINALS_PER_UPDATE` between
