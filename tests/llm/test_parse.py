@@ -139,6 +139,18 @@ def test_empty_output_wins_over_a_forced_language():
     assert parse_output("", language="English") == ("", "")
 
 
+@pytest.mark.parametrize("before", [0, 1, 7])
+@pytest.mark.parametrize("length", [1, 2, MAX_PATTERN_LENGTH, MAX_PATTERN_LENGTH + 1])
+@pytest.mark.parametrize("copies", [REPETITION_THRESHOLD - 1, REPETITION_THRESHOLD, REPETITION_THRESHOLD + 1])
+@pytest.mark.parametrize("after", [0, 1, 2 * REPETITION_THRESHOLD - 1, 2 * REPETITION_THRESHOLD])
+def test_fix_repetitions_at_the_bounds_of_upstreams_search(before, length, copies, after):
+    """A pattern at each bound: its length, its copies, and the characters left after it (upstream starts no
+    pattern where fewer than twice the threshold remain), all shifted off position 0."""
+    pattern = "".join(chr(0x61 + i % 26) if i % 7 else "\n" for i in range(length))
+    text = "x" * before + pattern * copies + "".join(chr(0x4E00 + i) for i in range(after))
+    assert fix_repetitions(text) == upstream._detect_and_fix_repetitions(text)
+
+
 def test_a_long_run_of_repetitions_does_not_recurse():
     """Upstream recurses once per collapsed pattern, so 3,000 of them pass Python's recursion limit; ours loops."""
     chars = [chr(0x4E00 + i % 500) for i in range(3000)]
