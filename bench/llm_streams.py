@@ -88,6 +88,7 @@ INIT_STD = 0.02  # random weights: normal(0, 0.02) matrices, zero biases, unit n
 TOKENS_PER_S = 4  # an update's answer beyond the rolled-back tokens: about 4 tokens per second of new audio
 GOLDEN = 0.6180339887498949  # stream i's phase: frac(i * GOLDEN) of a chunk, even over any first n streams
 LEAD_S = 0.05  # an episode's first chunk is due this long after it starts
+PIECE_S = 0.1  # a live stream's audio arrives in pieces this long (as a client's messages), fed as they come
 FEATURE_BATCH_BYTES = 256 * 2**20  # the re-feed recipe's feature batches: at most this many bytes staged at once
 
 STOP_TOKENS = ("<|endoftext|>", "<|im_end|>")
@@ -175,7 +176,9 @@ class ReFeedStreams(BenchStreams):
         if not streams:
             return []
         model, lm = self.model, self.model.lm
-        self._push_window_frames(chunks, np.array([stream.slot for stream in streams], np.int64))
+        slots = np.array([stream.slot for stream in streams], np.int64)
+        self._push_window_frames(chunks, slots)
+        self._push_ahead(slots)  # the other streams' buffered audio, as LLMStreams does
         frames = [np.concatenate(self._frames[stream.slot], axis=1) for stream in streams]
         audio = []
         for group in _feature_groups([frame.shape[1] for frame in frames], frames[0].shape[0]):
@@ -329,7 +332,8 @@ class Driver:
     """Streams of ``utterance_s``-long utterances in real time on one :class:`BenchStreams`.
 
     Stream ``i`` reads a shared noise signal from its own offset; its chunks are due every ``chunk_s`` at
-    phase ``frac(i * golden ratio) * chunk_s``; at its utterance's end it restarts (:meth:`BenchStreams.restart`).
+    phase ``frac(i * golden ratio) * chunk_s``, their audio arriving in :data:`PIECE_S` pieces over the chunk
+    before; at its utterance's end it restarts (:meth:`BenchStreams.restart`).
     New streams are first run, flat out and untimed, to a random position in their utterance, so that a
     measured level holds streams at every point of their utterances, as a server's would.
     """
@@ -342,13 +346,20 @@ class Driver:
         self.source = noise(OFFSET_SPAN + self.utterance_chunks * self.size, seed)
         self.rng = np.random.default_rng(seed)
         self.names: list[str] = []
-        self.positions: list[int] = []
+        self.positions: list[int] = []  # each stream's chunk being fed
+        self.fed: list[int] = []  # samples of that chunk fed so far
         self.offsets = np.zeros(0, np.int64)
 
-    def _feed(self, index: int) -> None:
+    def _feed(self, index: int, upto: int | None = None) -> None:
+        """Feed stream ``index`` its current chunk up to sample ``upto`` (default: the whole chunk, then the next)."""
+        upto = self.size if upto is None else min(upto, self.size)
         start = int(self.offsets[index]) + self.positions[index] * self.size
-        self.streams.feed(self.names[index], self.source[start : start + self.size])
-        self.positions[index] += 1
+        if upto > self.fed[index]:
+            self.streams.feed(self.names[index], self.source[start + self.fed[index] : start + upto])
+            self.fed[index] = upto
+        if upto == self.size:
+            self.positions[index] += 1
+            self.fed[index] = 0
 
     def _after(self, index: int) -> None:
         if self.positions[index] >= self.utterance_chunks:
@@ -367,6 +378,7 @@ class Driver:
         for index in new:
             self.names.append(f"s{index}")
             self.positions.append(0)
+            self.fed.append(0)
             streams.open(self.names[index])
         self.offsets = stream_offsets(len(self.names), OFFSET_SPAN)
         targets = self.rng.integers(0, self.utterance_chunks, size=len(new))
@@ -391,8 +403,8 @@ class Driver:
         """Streams ``0 .. count - 1`` in real time for ``warm_s + measure_s``: latencies of chunks due after ``warm_s``.
 
         A partial's latency: its chunk's last sample due -> its partial returned. Each loop feeds every
-        stream whose chunk is due and updates them in one call; it ends once no chunk is due before the
-        end, or (failed) once a due chunk waits over ``abort_lag_s``.
+        stream the pieces of its chunk that have arrived and updates those whose chunk is due in one call;
+        it ends once no chunk is due before the end, or (failed) once a due chunk waits over ``abort_lag_s``.
         """
         chunk_s = self.chunk_s
         start = time.perf_counter() + LEAD_S
@@ -412,8 +424,12 @@ class Driver:
             if now - float(due[ready].min()) > abort_lag_s:
                 aborted = True
                 break
-            for index in ready:
-                self._feed(int(index))
+            piece = round(PIECE_S * SAMPLE_RATE)
+            arrived = np.clip((now - due + chunk_s) // PIECE_S, 0, None).astype(np.int64) * piece
+            arrived = np.minimum(arrived, max(0, self.size - piece))  # a chunk's last piece comes when it is due
+            arrived[ready] = self.size
+            for index in np.flatnonzero(arrived > np.asarray(self.fed[:count])):
+                self._feed(int(index), int(arrived[index]))
             self.streams.update([self.names[index] for index in ready])
             done = time.perf_counter()
             update_s += done - now

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from audiomask.constants import SAMPLE_RATE
-from audiomask.llm.streaming import REPLACEMENT_CHARACTER, StreamPolicy
+from audiomask.llm.policy import REPLACEMENT_CHARACTER, StreamPolicy
 
 __all__ = ["TransformersReFeed", "refeed_updates"]
 

@@ -4,8 +4,8 @@
 One JSON report (and ``<out stem>.png`` where matplotlib imports) of four sections:
 
 - ``capacity``: concurrent real-time streams through :class:`~audiomask.llm.streaming.LLMStreams` (one
-  slot each; 30 s utterances at random points, chunks due at phases spread over a chunk; the driver
-  updates every due stream in one call): p50/p95/p99 partial latency (chunk due -> partial) per number
+  slot each; 30 s utterances at random points, chunks due at phases spread over a chunk, their audio fed in
+  100 ms pieces as it arrives; the driver updates every due stream in one call): p50/p95/p99 partial latency (chunk due -> partial) per number
   of streams, doubling then bisection to the most whose p99 is under the chunk, for 2 s and 1 s chunks;
   the first partial of one stream alone (its first chunk fed -> its partial).
 - ``anchor``: the same for the re-feed recipe on the same model code

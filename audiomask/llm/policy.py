@@ -8,11 +8,14 @@ update's answer may be, the segments of long streams and the final pass's length
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from audiomask.checks import check_int
 from audiomask.constants import SAMPLE_RATE
 from audiomask.llm.model import DEFAULT_MAX_NEW_TOKENS
+from audiomask.llm.prompt import encode_texts
 
 __all__ = [
     "DEFAULT_CHUNK_S",
@@ -20,6 +23,7 @@ __all__ = [
     "DEFAULT_UNFIXED_CHUNKS",
     "DEFAULT_UNFIXED_TOKENS",
     "DEFAULT_UPDATE_TOKENS",
+    "REPLACEMENT_CHARACTER",
     "StreamPolicy",
 ]
 
@@ -28,6 +32,7 @@ DEFAULT_UNFIXED_CHUNKS = 2  # the recipe's first chunks decoded without a prefix
 DEFAULT_UNFIXED_TOKENS = 5  # the recipe's roll-back: the previous answer's last tokens are decoded again
 DEFAULT_UPDATE_TOKENS = 32  # the longest answer one update adds beyond its prefix (~8 s of speech at ~4 tokens/s)
 DEFAULT_SEGMENT_WINDOWS = 4  # closed 8 s windows a segment holds: 32 s
+REPLACEMENT_CHARACTER = "\ufffd"  # a cut through a multi-byte character decodes to this
 
 
 @dataclass(frozen=True)
@@ -85,3 +90,23 @@ class StreamPolicy:
         if self.fixed_tokens is None:
             return self.final_tokens
         return self.answer_tokens(max(1, -(-samples // self.chunk_samples)))
+
+    def prefixes(self, tokenizer: Any, answers: Sequence[str], chunks: Sequence[int]) -> list[str]:
+        """The text each stream's next answer starts from, given its answer so far (``answers[b]``, decoded text)
+        after ``chunks[b]`` updates: that answer less its last ``unfixed_tokens`` tokens (the recipe's
+        roll-back), none while ``chunks[b] < unfixed_chunks``; a cut through a character moves back a token.
+        The answers are encoded again, as the recipe does (one call for all)."""
+        prefixes = [""] * len(answers)
+        rolled = [
+            row for row, (answer, count) in enumerate(zip(answers, chunks)) if count >= self.unfixed_chunks and answer
+        ]
+        for row, ids in zip(rolled, encode_texts(tokenizer, [answers[row] for row in rolled]), strict=True):
+            back = self.unfixed_tokens
+            while (end := max(0, len(ids) - back)) > 0:
+                prefixes[row] = tokenizer.decode(ids[:end])
+                if REPLACEMENT_CHARACTER not in prefixes[row]:
+                    break
+                back += 1
+            else:
+                prefixes[row] = ""
+        return prefixes

@@ -19,9 +19,10 @@ done once is kept:
   windows, the open window, the prompt tail and the rolled-back prefix, then
   decodes.
 
-All streams that have a chunk due update together: one front-end call (one
-:class:`~audiomask.features.frontend.FeatureStreams` of a stream per slot,
-the due ones pushed), one gather of their new conv chunks' frames (kept per
+All streams that have a chunk due update together: one front-end call
+(:class:`~audiomask.llm.stream_features.StreamFeatures`, a stream per slot, the
+due ones pushed; what the others have buffered is pushed on the front-end
+threads while the update runs on the device), one gather of their new conv chunks' frames (kept per
 slot in one preallocated buffer on the device), one convolution call, one
 attention call (two when some rows close a window), one embedding call for every
 row's prompt tail and prefix, one gather assembling the rows' inputs, one
@@ -44,9 +45,7 @@ and the current segment's samples.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -56,13 +55,13 @@ from torch.nn.attention import sdpa_kernel
 
 from audiomask.checks import check_int
 from audiomask.constants import HOP_LENGTH
-from audiomask.features.frontend import FeatureStreams
 from audiomask.llm.generate import Decoder
 from audiomask.llm.graphs import GraphedDecode
 from audiomask.llm.lm import ATTENTION_BACKENDS
 from audiomask.llm.model import AudioLM, LLMTranscript
 from audiomask.llm.policy import StreamPolicy
 from audiomask.llm.prompt import encode_texts
+from audiomask.llm.stream_features import DEFAULT_FRONTEND_THREADS, StreamFeatures
 from audiomask.models import Qwen3ASREncoder
 from audiomask.ragged import ragged_index
 from audiomask.samples import as_samples
@@ -70,11 +69,6 @@ from audiomask.transfer import to_device
 
 __all__ = ["LLMStreams", "Partial", "StreamPolicy"]
 
-REPLACEMENT_CHARACTER = "\ufffd"  # a cut through a multi-byte character decodes to this
-# Front-end threads: each pushes a share of the due streams (disjoint slots; torch's kernels release the
-# interpreter lock). One per four cores, at most 4; on a host of under 8 cores, one (the calling thread).
-DEFAULT_FRONTEND_THREADS = max(1, min(4, (os.cpu_count() or 1) // 4))
-FRONTEND_SHARE = 16  # fewest due streams a front-end thread is given
 FINAL_ROWS = 64  # most segments one encoder call of final passes takes (the prefill and decoding take all)
 # Spare cache slots for segment passes riding along (~125 steps, ~10 updates each; 92.7 MB a slot, 0.6B, 2 s).
 DEFAULT_PASS_SLOTS = 16
@@ -122,8 +116,9 @@ class LLMStreams:
     segment passes. ``cuda_graphs`` (default: on a CUDA device): decode steps
     replayed from CUDA graphs (:class:`~audiomask.llm.graphs.GraphedDecode`;
     on a CPU they run eagerly). ``frontend_threads``: threads that push the due streams' audio
-    through the front end, a share each (the features do not depend on how
-    the streams are shared: each frame is computed alone).
+    through the front end, a share each, and the other streams' buffered audio
+    while an update runs on the device (the features do not depend on how the
+    streams or their samples are shared out: each frame is computed alone).
     """
 
     def __init__(
@@ -171,7 +166,7 @@ class LLMStreams:
         stop = self.policy.fixed_tokens is None
         self._decoder = Decoder(model.lm, self.cache, model.stop_ids, stop=stop, steps=self._steps)
         # Slot s's open-window frames are _window[s, :, :_window_filled[s]], zeros after (so one gather pads a batch).
-        self.features: FeatureStreams = model.frontend.streams(slots)
+        self.features = StreamFeatures(model.frontend, slots, frontend_threads)
         framing = model.frontend.framing
         pushed = (self.policy.chunk_samples + framing.win + framing.pad) // framing.hop + 2  # most a push makes
         width = -(-(self.window_frames + pushed) // config.chunk_frames) * config.chunk_frames  # whole conv chunks
@@ -184,9 +179,6 @@ class LLMStreams:
             device=model.device,
         )
         self._chunks_done = np.zeros(slots, np.int64)
-        self.frontend_threads = check_int("frontend_threads", frontend_threads, minimum=1)
-        threads = self.frontend_threads
-        self._frontend_pool = ThreadPoolExecutor(threads, "audiomask-frontend") if threads > 1 else None
         self._free = list(range(slots))[::-1]
         self._spare = list(range(slots, slots + spare))[::-1]  # slots for segment passes
         self._passes: dict[str, tuple[_Stream, int, int]] = {}  # stream -> (it, committed index, slot): in flight
@@ -255,7 +247,10 @@ class LLMStreams:
         for stream in streams:
             chunks.append(stream.pending[:size])
             stream.pending = stream.pending[size:]
-        partials = self._decode(streams, chunks)
+        try:
+            partials = self._decode(streams, chunks)
+        finally:
+            self.features.wait()  # the other streams' front end, run meanwhile (:meth:`_push_ahead`)
         self._next_segments([stream for stream in streams if stream.closed_windows >= self.policy.segment_windows])
         return partials + self._take_ended()
 
@@ -333,6 +328,7 @@ class LLMStreams:
         """
         slots = np.array([stream.slot for stream in streams], np.int64)
         lengths = self._push_window_frames(chunks, slots)
+        self._push_ahead(slots)
         counts = self.model.encoder.output_lengths(lengths)  # on the host, as the lengths: no wait for the device
         audio = self._encode(slots, lengths, counts)
         closing = lengths // self.window_frames
@@ -401,22 +397,20 @@ class LLMStreams:
         return audio
 
     def _push_frames(self, chunks: list[np.ndarray], slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The front end's new frames of ``chunks`` for the streams of ``slots``: ``(B, bins, T)`` and ``(B,)``
-        counts, as ``self.features.push(chunks, indices=slots)``; over the front-end threads, a share each."""
-        shares = len(slots) // FRONTEND_SHARE
-        if self._frontend_pool is None or shares < 2:
-            return self.features.push(chunks, indices=slots)
-        parts = np.array_split(np.arange(len(slots)), min(shares, self.frontend_threads))
-        futures = [
-            self._frontend_pool.submit(self.features.push, [chunks[row] for row in part], indices=slots[part])
-            for part in parts
-        ]
-        pushed = [future.result() for future in futures]
-        added = np.concatenate([counts for _, counts in pushed])
-        new = np.zeros((len(slots), pushed[0][0].shape[1], max(1, int(added.max()))), np.float32)
-        for part, (frames, _) in zip(parts, pushed, strict=True):
-            new[part[0] : part[-1] + 1, :, : frames.shape[2]] = frames
-        return new, added
+        """The front end's frames of ``chunks``, the due chunks of the streams of ``slots``: ``(B, bins, T)`` and
+        ``(B,)`` counts (:meth:`StreamFeatures.push`)."""
+        return self.features.push(chunks, slots)
+
+    def _push_ahead(self, busy: np.ndarray) -> None:
+        """Start the front end on what the open streams but those of slots ``busy`` have buffered of their next
+        chunks, on the front-end threads while this update runs on the device (:meth:`update` waits for it)."""
+        size, pieces, slots, busy = self.policy.chunk_samples, [], [], set(busy.tolist())
+        for stream in self._streams.values():
+            start, stop = self.features.ahead(stream.slot), min(len(stream.pending), size)
+            if stop > start and stream.slot not in busy:
+                pieces.append(stream.pending[start:stop])
+                slots.append(stream.slot)
+        self.features.push_ahead(pieces, slots)
 
     def _shift_open_windows(self, slots: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> None:
         """Move frames ``starts[r] .. lengths[r]`` of slot ``slots[r]`` to the front (the frames of windows closed
@@ -460,24 +454,8 @@ class LLMStreams:
         return [gathered[row, :total] for row, total in enumerate(totals.tolist())]
 
     def _prefixes(self, streams: list[_Stream]) -> list[str]:
-        """The text each answer starts from: the previous answer less its last tokens (the recipe's roll-back),
-        none for a segment's first chunks; a cut through a character moves back a token."""
-        prefixes = [""] * len(streams)
-        rolled = [
-            row for row, stream in enumerate(streams) if stream.chunks >= self.policy.unfixed_chunks and stream.raw
-        ]
-        decode = self.model.tokenizer.decode
-        raws = [streams[row].raw for row in rolled]
-        for row, ids in zip(rolled, encode_texts(self.model.tokenizer, raws), strict=True):
-            back = self.policy.unfixed_tokens
-            while (end := max(0, len(ids) - back)) > 0:
-                prefixes[row] = decode(ids[:end])
-                if REPLACEMENT_CHARACTER not in prefixes[row]:
-                    break
-                back += 1
-            else:
-                prefixes[row] = ""
-        return prefixes
+        """What each stream's next answer starts from (:meth:`StreamPolicy.prefixes`)."""
+        return self.policy.prefixes(self.model.tokenizer, [s.raw for s in streams], [s.chunks for s in streams])
 
     def _joined(self, stream: _Stream, text: str) -> str:
         return " ".join(piece for piece in (*stream.committed, text) if piece)
@@ -554,9 +532,7 @@ class LLMStreams:
 
     def close(self) -> None:
         """Stop the front-end threads (the streams and the cache stay readable). Idempotent."""
-        if self._frontend_pool is not None:
-            self._frontend_pool.shutdown()
-            self._frontend_pool = None
+        self.features.close()
 
     def drop(self, name: str) -> None:
         """End stream ``name`` without a final (its client went away; an ended one's final is dropped): its slot

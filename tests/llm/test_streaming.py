@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from audiomask.llm import checkpoint
-from audiomask.llm.streaming import FRONTEND_SHARE, LLMStreams, StreamPolicy
+from audiomask.llm.stream_features import FRONTEND_SHARE
+from audiomask.llm.streaming import LLMStreams, StreamPolicy
 from tests.llm.streams import stream_tokens
 
 transformers = pytest.importorskip("transformers")
@@ -220,6 +221,48 @@ def test_front_end_threads_change_no_frame_and_no_token(qwen3_asr, speech: Calla
     (partials, windows), (threaded_partials, threaded_windows) = runs
     assert threaded_partials == partials
     assert all(torch.equal(a, b) for a, b in zip(windows, threaded_windows, strict=True))
+
+
+def test_audio_buffered_between_updates_is_pushed_ahead_with_the_same_frames_and_tokens(
+    qwen3_asr, speech: Callable
+) -> None:
+    """Live streams, out of phase: audio arrives in quarter chunks between updates, and what the streams not
+    due have buffered goes through the front end on its threads while an update runs. The open windows'
+    frames, the partials (across a segment's cut) and the finals equal those of one thread, which pushes
+    each chunk whole when it is due."""
+    policy = StreamPolicy(chunk_s=1.0, update_tokens=4, final_tokens=4, segment_windows=1)
+    names = [f"s{index}" for index in range(FRONTEND_SHARE + 3)]
+    signals = {name: speech(8.5 + (seed % 3) * 0.6, seed) for seed, name in enumerate(names)}
+    piece = policy.chunk_samples // 4
+    runs = []
+    for threads in (1, 3):
+        streams = LLMStreams(qwen3_asr, slots=len(names), policy=policy, frontend_threads=threads)
+        seen: dict[str, list[tuple[int, ...]]] = {name: [] for name in names}
+        windows, taken = [], 0
+        for name in names:
+            streams.open(name)
+        for step in range(max(len(signal) for signal in signals.values()) // piece + 4):
+            for lag, name in enumerate(names):  # stream k starts k % 4 pieces late
+                start = (step - lag % 4) * piece
+                if 0 <= start < len(signals[name]):
+                    streams.feed(name, signals[name][start : start + piece])
+            if streams.due():
+                for partial in streams.update():
+                    seen[partial.stream].append(partial.tokens)
+                windows.append(streams._window.clone())
+                taken += sum(streams.features.ahead(slot) for slot in range(len(names)))
+        finals = {partial.stream: partial.text for partial in streams.finish(names)}
+        left = [slot for slot in range(len(names)) if streams.features.ahead(slot)]  # their last samples' frames
+        for name in names:
+            streams.open(f"next {name}")  # new streams in the freed slots start with nothing taken ahead
+        assert not any(streams.features.ahead(slot) for slot in range(len(names)))
+        streams.close()
+        runs.append((seen, windows, finals, taken + len(left)))
+    (seen, windows, finals, taken), (ahead_seen, ahead_windows, ahead_finals, ahead_taken) = runs
+    assert taken == 0 and ahead_taken > 0  # one thread takes nothing ahead; three do
+    assert ahead_seen == seen and ahead_finals == finals
+    assert all(torch.equal(a, b) for a, b in zip(windows, ahead_windows, strict=True))
+    assert all(len(partials) >= 8 for partials in seen.values())  # every stream streamed past its cut
 
 
 def test_a_stream_closing_its_window_beside_others_equals_itself_alone(qwen3_asr, speech: Callable) -> None:

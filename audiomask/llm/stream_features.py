@@ -1,0 +1,117 @@
+"""The front end of many streams of an LLM recogniser, on threads: :class:`StreamFeatures`.
+
+One :class:`~audiomask.features.frontend.FeatureStreams` holds a stream per
+slot. An update pushes its due streams' chunks in one batched call a
+front-end thread, a share of the streams each (torch's kernels let go of the
+interpreter lock); while the update's encoder and decoder run on the device,
+the threads take what the other streams have buffered of their next chunks
+(:meth:`StreamFeatures.push_ahead`), so that their updates push only what came
+since. A stream's frames do not depend on how its samples are split between
+pushes, nor on which streams share a call: each frame is computed alone.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+
+import numpy as np
+
+from audiomask.checks import check_int
+from audiomask.features.frontend import FeatureStreams, Frontend
+
+__all__ = ["DEFAULT_FRONTEND_THREADS", "FRONTEND_SHARE", "StreamFeatures"]
+
+# Front-end threads: one per four cores, at most 4; on a host of under 8 cores, one (the calling thread). More
+# threads make a push slower on the 16-core H200 host: their Python takes turns on the interpreter lock.
+DEFAULT_FRONTEND_THREADS = max(1, min(4, (os.cpu_count() or 1) // 4))
+FRONTEND_SHARE = 16  # fewest streams a front-end thread is given
+
+
+class StreamFeatures:
+    """``slots`` streams of ``frontend``, pushed over ``threads`` front-end threads (1: on the calling thread).
+
+    :meth:`push` gives the frames a chunk completes (after those taken ahead of it), :meth:`push_ahead`
+    starts taking the next samples of idle streams on the threads and :meth:`wait` waits for them;
+    :meth:`ahead` is how many samples of a stream's next chunk are taken. One thread calls these; only the
+    jobs :meth:`push_ahead` starts run beside it, each on slots no other call touches until :meth:`wait`.
+    """
+
+    def __init__(self, frontend: Frontend, slots: int, threads: int) -> None:
+        self.streams: FeatureStreams = frontend.streams(slots)
+        self.threads = check_int("frontend_threads", threads, minimum=1)
+        self._pool = ThreadPoolExecutor(self.threads, "audiomask-frontend") if self.threads > 1 else None
+        # Slot s's stream has taken the first _ahead[s] samples of its next chunk; their frames wait in _early[s].
+        self._ahead = np.zeros(slots, np.int64)
+        self._early: list[list[np.ndarray]] = [[] for _ in range(slots)]
+        self._jobs: list[Future] = []
+
+    def reset(self, slot: int) -> None:
+        """Start slot ``slot``'s stream over (a new signal), anything taken ahead dropped."""
+        self.streams.reset(slot)
+        self._ahead[slot], self._early[slot] = 0, []
+
+    def ahead(self, slot: int) -> int:
+        """Samples of slot ``slot``'s next chunk already taken (their frames come with its :meth:`push`)."""
+        return int(self._ahead[slot])
+
+    def push(self, chunks: Sequence[np.ndarray], slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The frames of ``chunks`` (each the whole next chunk of the stream of ``slots[r]``, its first
+        :meth:`ahead` samples included): ``(B, bins, T)`` float32, zeros after each row's ``(B,)`` counts."""
+        taken = self._ahead[slots]
+        new, added = self._push_shared([chunk[skip:] for chunk, skip in zip(chunks, taken.tolist())], slots)
+        if not taken.any():
+            return new, added
+        pieces = [self._early[slot] + [new[row, :, : added[row]]] for row, slot in enumerate(slots.tolist())]
+        counts = np.array([sum(piece.shape[1] for piece in row) for row in pieces], np.int64)
+        frames = np.zeros((len(slots), new.shape[1], max(1, int(counts.max()))), np.float32)
+        for row, slot in enumerate(slots.tolist()):
+            frames[row, :, : counts[row]] = np.concatenate(pieces[row], axis=1)
+            self._ahead[slot], self._early[slot] = 0, []
+        return frames, counts
+
+    def _push_shared(self, chunks: list[np.ndarray], slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``self.streams.push(chunks, indices=slots)`` over the threads, a share each."""
+        shares = len(slots) // FRONTEND_SHARE
+        if self._pool is None or shares < 2:
+            return self.streams.push(chunks, indices=slots)
+        parts = np.array_split(np.arange(len(slots)), min(shares, self.threads))
+        futures = [
+            self._pool.submit(self.streams.push, [chunks[row] for row in part], indices=slots[part]) for part in parts
+        ]
+        pushed = [future.result() for future in futures]
+        added = np.concatenate([counts for _, counts in pushed])
+        new = np.zeros((len(slots), pushed[0][0].shape[1], max(1, int(added.max()))), np.float32)
+        for part, (frames, _) in zip(parts, pushed, strict=True):
+            new[part[0] : part[-1] + 1, :, : frames.shape[2]] = frames
+        return new, added
+
+    def push_ahead(self, pieces: Sequence[np.ndarray], slots: Sequence[int]) -> None:
+        """Start taking ``pieces[r]``, the samples of slot ``slots[r]``'s next chunk after its :meth:`ahead`
+        ones, on the threads, a share each; returns at once. Without threads, nothing is taken."""
+        if self._pool is None or not len(slots):
+            return
+        slots = np.asarray(slots, np.int64)
+        for part in np.array_split(np.arange(len(slots)), max(1, min(len(slots) // FRONTEND_SHARE, self.threads))):
+            self._jobs.append(self._pool.submit(self._take, [pieces[row] for row in part], slots[part]))
+
+    def _take(self, pieces: list[np.ndarray], slots: np.ndarray) -> None:
+        new, added = self.streams.push(pieces, indices=slots)
+        for row, slot in enumerate(slots.tolist()):
+            self._early[slot].append(new[row, :, : added[row]])
+            self._ahead[slot] += len(pieces[row])
+
+    def wait(self) -> None:
+        """Wait for every job :meth:`push_ahead` started, then raise the first one's error, if any."""
+        jobs, self._jobs = self._jobs, []
+        wait(jobs)
+        for job in jobs:
+            job.result()
+
+    def close(self) -> None:
+        """Stop the threads (after their jobs). Idempotent."""
+        if self._pool is not None:
+            self.wait()
+            self._pool.shutdown()
+            self._pool = None
