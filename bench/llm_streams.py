@@ -9,8 +9,8 @@ part of :mod:`audiomask`.
   :func:`bench.llm_checkpoints.byte_tokenizer`'s of the model's ids (a byte-level BPE: Qwen3-ASR's
   prompt lengths, answers that encode back to their ids, a real BPE's cost per text).
 - :class:`BenchStreams`: :class:`~audiomask.llm.streaming.LLMStreams` that can
-  start a stream's next utterance without the final pass (``restart``) and
-  count its front end's time; :class:`ReFeedStreams`: the official
+  start a stream's next utterance without the final pass (``restart``);
+  :class:`ReFeedStreams`: the official
   ``qwen-asr`` re-feed recipe over the same model code (every update encodes
   all the utterance's features and prefills the whole prompt again).
 - :class:`Driver`: streams in real time (chunks due on a clock, phases spread
@@ -129,18 +129,7 @@ def build_model(
 
 
 class BenchStreams(LLMStreams):
-    """:class:`LLMStreams` with :meth:`restart` (a stream's next utterance, no final pass) and ``frontend_s``:
-    seconds in the streams' front ends (host), over all updates."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self.frontend_s = 0.0
-        super().__init__(*args, **kwargs)
-
-    def _push_frames(self, chunks: list[np.ndarray], slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        began = time.perf_counter()
-        frames = super()._push_frames(chunks, slots)
-        self.frontend_s += time.perf_counter() - began
-        return frames
+    """:class:`LLMStreams` with :meth:`restart` (a stream's next utterance, no final pass)."""
 
     def restart(self, name: str) -> None:
         """Start stream ``name``'s next utterance in its slot, its audio dropped (finals are not measured)."""
@@ -411,7 +400,7 @@ class Driver:
         due = start + ((np.arange(count) * GOLDEN) % 1.0) * chunk_s
         measure_from, end = start + warm_s, start + warm_s + measure_s
         latencies, batches, aborted = [], [], False
-        frontend_s, update_s = self.streams.frontend_s, 0.0
+        frontend_s, update_s = self.streams.features.push_s, 0.0
         while True:
             now = time.perf_counter()
             ready = np.flatnonzero((due <= now) & (due <= end))
@@ -444,7 +433,7 @@ class Driver:
         result["batch_mean"] = float(np.mean(batches)) if batches else 0.0
         result["batch_max"] = int(max(batches, default=0))
         result["busy_share"] = update_s / wall  # of the episode's wall time, in update() (front end included)
-        result["frontend_share"] = (self.streams.frontend_s - frontend_s) / wall
+        result["frontend_share"] = (self.streams.features.push_s - frontend_s) / wall
         result["aborted"] = aborted
         if latencies:
             result["latency_ms"] = {k: v * MS_PER_S for k, v in percentiles(latencies).items()}

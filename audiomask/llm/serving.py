@@ -11,7 +11,8 @@ This module gives the same calls over :class:`~audiomask.llm.streaming.LLMStream
 
 - a *chunk* is the streaming policy's (2 s by default); a stream's blocks are
   chunks, and an update (:meth:`LLMStreams.update`, all due streams in one
-  batch) is a *cycle* of :attr:`stats`;
+  batch) is a *cycle* of :attr:`stats` (its front end: the due streams'; its
+  step: the rest);
 - a stream's ``transcript()`` is its latest partial, then its final: the
   model's offline answer for the whole utterance. Its ``tokens`` are the
   text's words (with their trailing spaces: joined, they are the text) and
@@ -422,9 +423,10 @@ class LLMServingRecognizer:
             self._ending += ending
             due, wait_s = self._due(streams)
             if due:
-                started = time.perf_counter()
+                started, cpu, frontend = time.perf_counter(), time.thread_time(), streams.features.push_s
                 partials = streams.update(due)
-                self._record(len(due), time.perf_counter() - started, len(due) * self.policy.chunk_samples)
+                seconds, cpu = time.perf_counter() - started, time.thread_time() - cpu
+                self._record(len(due), seconds, streams.features.push_s - frontend, cpu)
                 self._publish(partials)
                 self._finish(streams)
             elif self._ending or streams.ending:  # no update due: finals start, and take steps of their own
@@ -498,9 +500,15 @@ class LLMServingRecognizer:
         if text != stream._transcript.text:
             stream._transcript = Transcript(text, words(text), ())
 
-    def _record(self, count: int, seconds: float, samples: int) -> None:
-        timing = CycleTiming(self.stats.count, count, 0.0, 0.0, seconds, 0.0, audio_s=samples / SAMPLE_RATE)
-        self.stats.record(timing)
+    def _record(self, count: int, seconds: float, frontend_s: float, cpu_s: float) -> None:
+        """One update of ``count`` streams as a cycle of :attr:`stats`: ``seconds`` of wall time, of which
+        ``frontend_s`` in the due streams' front end (the cycle's front end; the rest its step), and ``cpu_s``
+        CPU seconds of the recognizer's thread."""
+        audio_s = count * self.policy.chunk_samples / SAMPLE_RATE
+        step_s = seconds - frontend_s
+        self.stats.record(
+            CycleTiming(self.stats.count, count, frontend_s, 0.0, step_s, 0.0, audio_s=audio_s, host_cpu_s=cpu_s)
+        )
 
 
 def _serve(recognizer_ref: weakref.ref, queued: threading.Condition) -> None:

@@ -13,6 +13,7 @@ pushes, nor on which streams share a call: each frame is computed alone.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 
@@ -36,6 +37,7 @@ class StreamFeatures:
     starts taking the next samples of idle streams on the threads and :meth:`wait` waits for them;
     :meth:`ahead` is how many samples of a stream's next chunk are taken. One thread calls these; only the
     jobs :meth:`push_ahead` starts run beside it, each on slots no other call touches until :meth:`wait`.
+    ``push_s``: wall seconds spent in :meth:`push`, over all calls (what is taken ahead is not in it).
     """
 
     def __init__(self, frontend: Frontend, slots: int, threads: int) -> None:
@@ -46,6 +48,7 @@ class StreamFeatures:
         self._ahead = np.zeros(slots, np.int64)
         self._early: list[list[np.ndarray]] = [[] for _ in range(slots)]
         self._jobs: list[Future] = []
+        self.push_s = 0.0
 
     def reset(self, slot: int) -> None:
         """Start slot ``slot``'s stream over (a new signal), anything taken ahead dropped."""
@@ -59,6 +62,13 @@ class StreamFeatures:
     def push(self, chunks: Sequence[np.ndarray], slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The frames of ``chunks`` (each the whole next chunk of the stream of ``slots[r]``, its first
         :meth:`ahead` samples included): ``(B, bins, T)`` float32, zeros after each row's ``(B,)`` counts."""
+        began = time.perf_counter()
+        try:
+            return self._push_after_ahead(chunks, slots)
+        finally:
+            self.push_s += time.perf_counter() - began
+
+    def _push_after_ahead(self, chunks: Sequence[np.ndarray], slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         taken = self._ahead[slots]
         new, added = self._push_shared([chunk[skip:] for chunk, skip in zip(chunks, taken.tolist())], slots)
         if not taken.any():

@@ -22,11 +22,11 @@ done once is kept:
 All streams that have a chunk due update together: one front-end call
 (:class:`~audiomask.llm.stream_features.StreamFeatures`, a stream per slot, the
 due ones pushed; what the others have buffered is pushed on the front-end
-threads while the update runs on the device), one gather of their new conv chunks' frames (kept per
-slot in one preallocated buffer on the device), one convolution call, one
-attention call (two when some rows close a window), one embedding call for every
-row's prompt tail and prefix, one gather assembling the rows' inputs, one
-prefill, one batched greedy loop over slots of different lengths
+threads while the update runs on the device), one gather of their new conv
+chunks' frames (kept per slot in one preallocated buffer on the device), one
+convolution call, one attention call (two when some rows close a window), one
+embedding call for every row's prompt tail and prefix, one gather assembling
+the rows' inputs, one prefill, one batched greedy loop over slots of different lengths
 (:func:`~audiomask.llm.generate.greedy`), so a stream's partials do not
 depend on the others. When a stream ends, its final text is the model's
 offline answer for the whole utterance (:meth:`AudioLM.transcribe`'s, a second
@@ -455,7 +455,8 @@ class LLMStreams:
 
     def _prefixes(self, streams: list[_Stream]) -> list[str]:
         """What each stream's next answer starts from (:meth:`StreamPolicy.prefixes`)."""
-        return self.policy.prefixes(self.model.tokenizer, [s.raw for s in streams], [s.chunks for s in streams])
+        answers, chunks = [stream.raw for stream in streams], [stream.chunks for stream in streams]
+        return self.policy.prefixes(self.model.tokenizer, answers, chunks)
 
     def _joined(self, stream: _Stream, text: str) -> str:
         return " ".join(piece for piece in (*stream.committed, text) if piece)

@@ -51,6 +51,10 @@ def test_token_count_moves_every_chunk_whether_or_not_the_text_changed_then_with
         assert len(set(texts)) < len(texts), "one answer token rolled back each update: some texts repeat"
         final = stream.finish(timeout=WAIT_S)
         assert stream.done and stream.token_count == len(texts) + 1
+        cycles = recognizer.stats.cycles  # an update each chunk: its front end, the rest, the thread's CPU time
+        assert len(cycles) == len(texts) and all(cycle.streams == 1 for cycle in cycles)
+        assert all(cycle.cpu_s > 0 and cycle.encode_s > 0 and cycle.host_cpu_s > 0 for cycle in cycles)
+        assert recognizer.stats.audio_s == pytest.approx(len(texts) * policy.chunk_s)
     assert final == qwen3_asr.transcribe([signal])[0].text
 
 
