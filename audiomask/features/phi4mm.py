@@ -155,13 +155,16 @@ class Phi4MMFrontend(Frontend):
         scratch = buffers.get(self.fft_dtype)
         if scratch is None:
             samples = HOP_SAMPLES * (SLAB_FRAMES - 1) + WIN_SAMPLES
-            scratch = buffers[self.fft_dtype] = {
-                "padded": torch.zeros((SLAB_FRAMES, N_FFT), dtype=self.fft_dtype),  # columns WIN_SAMPLES: stay 0
-                "emphasized": torch.empty(samples, dtype=self.fft_dtype),
-                "delayed": torch.empty(samples, dtype=torch.float32),
-                "first": torch.empty(SLAB_FRAMES, dtype=torch.float32),
-                "power": torch.empty((SLAB_FRAMES, N_FFT // 2 + 1), dtype=torch.float32),
-            }
+            # Normal tensors even when the first call comes under torch.inference_mode (an LLM's transcription):
+            # inference tensors could not be written by any later call outside it.
+            with torch.inference_mode(False):
+                scratch = buffers[self.fft_dtype] = {
+                    "padded": torch.zeros((SLAB_FRAMES, N_FFT), dtype=self.fft_dtype),  # columns WIN_SAMPLES: stay 0
+                    "emphasized": torch.empty(samples, dtype=self.fft_dtype),
+                    "delayed": torch.empty(samples, dtype=torch.float32),
+                    "first": torch.empty(SLAB_FRAMES, dtype=torch.float32),
+                    "power": torch.empty((SLAB_FRAMES, N_FFT // 2 + 1), dtype=torch.float32),
+                }
         return scratch
 
     def _mel_power_into(self, signal: torch.Tensor, frames: int, out: torch.Tensor) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import threading
 
 import numpy as np
 import pytest
@@ -221,3 +222,21 @@ def test_accepts_float64_tensors_and_read_only_arrays(frontend):
     frozen = x.copy()
     frozen.flags.writeable = False
     np.testing.assert_array_equal(frontend(frozen), expected)
+
+
+def test_a_first_call_under_inference_mode_leaves_later_calls_outside_it_working(frontend):
+    """Each thread's scratch buffers are made by its first call: under ``torch.inference_mode`` (an LLM's
+    transcription) they must still be writable by the calls outside it, with the same features."""
+    x = speech_like(0.5, seed=3)
+    results: list[np.ndarray] = []
+
+    def run() -> None:  # a thread of its own: its first call makes its scratch
+        with torch.inference_mode():
+            results.append(frontend(x))
+        results.append(frontend(x))
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    assert len(results) == 2  # the call outside inference mode raised nothing
+    np.testing.assert_array_equal(results[1], results[0])
