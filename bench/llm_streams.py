@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -33,12 +32,12 @@ import torch
 from audiomask.bench.signals import OFFSET_SPAN, noise, stream_offsets
 from audiomask.bench.timing import MS_PER_S, percentiles
 from audiomask.constants import SAMPLE_RATE
+from audiomask.llm import refeed
 from audiomask.llm.lm import CausalLM, LMConfig
 from audiomask.llm.model import AudioLM
 from audiomask.llm.policy import DEFAULT_UNFIXED_TOKENS
-from audiomask.llm.prompt import encode_texts
 from audiomask.llm.qwen3_asr import Qwen3ASRProjector, assemble
-from audiomask.llm.streaming import LLMStreams, Partial
+from audiomask.llm.streaming import LLMStreams
 from audiomask.models import Qwen3ASRConfig, Qwen3ASREncoder
 from bench.llm_checkpoints import qwen3_asr_tokenizer, word_ids
 
@@ -89,7 +88,6 @@ TOKENS_PER_S = 4  # an update's answer beyond the rolled-back tokens: about 4 to
 GOLDEN = 0.6180339887498949  # stream i's phase: frac(i * GOLDEN) of a chunk, even over any first n streams
 LEAD_S = 0.05  # an episode's first chunk is due this long after it starts
 PIECE_S = 0.1  # a live stream's audio arrives in pieces this long (as a client's messages), fed as they come
-FEATURE_BATCH_BYTES = 256 * 2**20  # the re-feed recipe's feature batches: at most this many bytes staged at once
 
 STOP_TOKENS = ("<|endoftext|>", "<|im_end|>")
 
@@ -138,67 +136,14 @@ class BenchStreams(LLMStreams):
         stream.pending = np.zeros(0, np.float32)
 
 
-class ReFeedStreams(BenchStreams):
-    """The ``qwen-asr`` re-feed recipe on the same model code: every update encodes all the utterance's features
-    and prefills the whole prompt (head, all audio tokens, tail, rolled-back prefix) into an emptied slot.
+class ReFeedStreams(refeed.ReFeedStreams, BenchStreams):
+    """The ``qwen-asr`` re-feed recipe on the same model code (:class:`audiomask.llm.refeed.ReFeedStreams`: every
+    update encodes all the utterance's features and prefills the whole prompt into an emptied slot), with
+    :meth:`BenchStreams.restart`.
 
     The features are the streaming front end's, each frame computed once (the recipe recomputes them too,
     so this is a lower bound of its cost); policy, prefix and decoding are :class:`LLMStreams`'.
     """
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self._frames: dict[int, list[np.ndarray]] = {}  # by slot: the segment's frames
-        super().__init__(*args, **kwargs)
-
-    def _start_segment(self, stream: Any) -> None:
-        super()._start_segment(stream)
-        self._frames[stream.slot] = []
-
-    def _push_window_frames(self, chunks: list[np.ndarray], slots: np.ndarray) -> np.ndarray:
-        """Keep the frames of ``chunks`` (each slot's whole segment is encoded again every update)."""
-        new, added = self._push_frames(chunks, slots)
-        for row, slot in enumerate(slots.tolist()):
-            self._frames[slot].append(new[row, :, : added[row]])
-        return np.zeros(len(slots), np.int64)  # the open-window buffer stays unused
-
-    def _decode(self, streams: list[Any], chunks: list[np.ndarray]) -> list[Partial]:
-        if not streams:
-            return []
-        model, lm = self.model, self.model.lm
-        slots = np.array([stream.slot for stream in streams], np.int64)
-        self._push_window_frames(chunks, slots)
-        self._push_ahead(slots)  # the other streams' buffered audio, as LLMStreams does
-        frames = [np.concatenate(self._frames[stream.slot], axis=1) for stream in streams]
-        audio = []
-        for group in _feature_groups([frame.shape[1] for frame in frames], frames[0].shape[0]):
-            lengths = np.array([frames[row].shape[1] for row in group], np.int64)
-            batch = np.zeros((len(group), frames[0].shape[0], max(1, int(lengths.max()))), np.float32)
-            for position, row in enumerate(group):
-                batch[position, :, : lengths[position]] = frames[row]
-            audio += model.audio_inputs(torch.from_numpy(batch), lengths)
-        inputs = []
-        prefixes = self._prefixes(streams)
-        for stream, tokens, prefix, prefix_ids in zip(
-            streams, audio, prefixes, encode_texts(model.tokenizer, prefixes), strict=True
-        ):
-            self.cache.reset(stream.slot)
-            tail = lm.embed(torch.tensor([*self.parts.tail, *prefix_ids], dtype=torch.long))
-            inputs.append(torch.cat([piece.to(lm.dtype) for piece in (self._head, tokens, tail)]))
-            stream.raw = prefix
-        return self._answer(streams, inputs)
-
-
-def _feature_groups(lengths: Sequence[int], bins: int) -> list[list[int]]:
-    """Consecutive rows whose padded float32 feature batch stays within :data:`FEATURE_BATCH_BYTES`."""
-    groups: list[list[int]] = [[]]
-    longest = 0
-    for row, length in enumerate(lengths):
-        longest = max(longest, length)
-        if groups[-1] and (len(groups[-1]) + 1) * bins * longest * 4 > FEATURE_BATCH_BYTES:
-            groups.append([])
-            longest = length
-        groups[-1].append(row)
-    return groups
 
 
 class Probe:

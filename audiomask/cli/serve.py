@@ -185,11 +185,9 @@ def _check_model_options(args: argparse.Namespace) -> bool:
     """Whether ``--model`` is an LLM checkpoint directory; ``ValueError`` for a CTC model's option with an LLM (the
     LLM's options without one: :func:`~audiomask.serve.settings.check_ctc_options`)."""
     from audiomask.llm.checkpoint import is_llm_checkpoint
-    from audiomask.llm.serving import check_streamable
 
     if args.model is None or not is_llm_checkpoint(args.model):
         return False
-    check_streamable(args.model)
     misused = [
         name
         for name, given in (

@@ -23,7 +23,8 @@ import torch
 
 from audiomask.llm.checkpoint import load
 from audiomask.llm.model import AudioLM
-from audiomask.llm.streaming import LLMStreams, StreamPolicy
+from audiomask.llm.refeed import streams_for
+from audiomask.llm.streaming import StreamPolicy
 
 __all__ = ["DEFAULT_LLM_STREAMS", "LLMRecognizer", "LLMStream"]
 
@@ -73,7 +74,7 @@ class LLMRecognizer:
         language: str | None = None,
     ) -> None:
         self.model = model
-        self.streams = LLMStreams(model, max_streams, policy=policy, context=context, language=language)
+        self.streams = streams_for(model, max_streams, policy=policy, context=context, language=language)
 
     @classmethod
     def from_pretrained(

@@ -58,7 +58,6 @@ import threading
 import time
 import weakref
 from collections.abc import Iterable
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -69,8 +68,8 @@ from audiomask.asr.transcript import Transcript
 from audiomask.checks import check_int, pick_device
 from audiomask.constants import SAMPLE_RATE
 from audiomask.llm.checkpoint import load
-from audiomask.llm.files import CheckpointFiles
 from audiomask.llm.model import AudioLM
+from audiomask.llm.refeed import streams_for
 from audiomask.llm.streaming import LLMStreams, Partial, StreamPolicy
 from audiomask.samples import as_samples
 
@@ -82,7 +81,6 @@ __all__ = [
     "LLMServingRecognizer",
     "LLMServingStream",
     "build_llm_recognizer",
-    "check_streamable",
     "words",
 ]
 
@@ -97,7 +95,6 @@ ADVANCE_STEPS = 8
 # front end and encoder over the whole utterance (~15 ms for 27 s of audio on an H200), so a burst of ends
 # delays the next update by one such group, not by all of them.
 FINALS_PER_UPDATE = 16
-STREAMING_FAMILY = "qwen3_asr"  # the family LLMStreams streams
 _WORDS = re.compile(r"\S+\s*|\s+")
 
 
@@ -194,7 +191,7 @@ class LLMServingRecognizer:
     """Streams of one LLM recogniser (:class:`~audiomask.llm.model.AudioLM`) for the server: see the module.
 
     Args:
-        model: a Qwen3-ASR recogniser (:class:`LLMStreams` streams no other family: :func:`check_streamable`).
+        model: a Qwen3-ASR or Phi-4-multimodal recogniser (streamed by :func:`~audiomask.llm.refeed.streams_for`).
         max_streams: slots of the cache: streams open at once (one per connection).
         policy: chunk and answer lengths (:class:`~audiomask.llm.streaming.StreamPolicy`).
         context, language: the prompt's context text and forced language (``None``: detected).
@@ -216,7 +213,7 @@ class LLMServingRecognizer:
     ) -> None:
         self.model = model
         self.max_streams = check_int("max_streams", max_streams, minimum=1)
-        self._streams: LLMStreams | None = LLMStreams(
+        self._streams: LLMStreams | None = streams_for(
             model, max_streams, policy=policy, context=context, language=language
         )
         self.policy = self._streams.policy
@@ -538,18 +535,6 @@ def _wake(queued: threading.Condition) -> None:
         queued.notify_all()
 
 
-def check_streamable(path: str | Path) -> None:
-    """``ValueError`` unless the LLM checkpoint directory ``path`` is of a family that streams (Qwen3-ASR): a
-    Phi-4-multimodal encoder attends over the whole utterance, so no chunk gives a partial (read from config.json,
-    no weight loaded)."""
-    family = CheckpointFiles(path).model_type
-    if family != STREAMING_FAMILY:
-        raise ValueError(
-            f"--model {path}: a {family} checkpoint does not stream (its encoder attends over the whole utterance); "
-            f"audiomask serve takes {STREAMING_FAMILY} checkpoints"
-        )
-
-
 def build_llm_recognizer(settings: ServeSettings) -> LLMServingRecognizer:
     """The recogniser of the LLM checkpoint directory ``settings.model``, for the server.
 
@@ -560,7 +545,6 @@ def build_llm_recognizer(settings: ServeSettings) -> LLMServingRecognizer:
     """
     if settings.left_chunks is not None:
         raise ValueError(f"--left-chunks is for CTC models; {settings.model!r} is an LLM recogniser")
-    check_streamable(str(settings.model))
     device = pick_device(settings.device, "--device")
     chunk = {} if settings.chunk_ms is None else {"chunk_s": settings.chunk_ms / MS_PER_S}
     try:

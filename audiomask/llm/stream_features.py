@@ -42,6 +42,7 @@ class StreamFeatures:
 
     def __init__(self, frontend: Frontend, slots: int, threads: int) -> None:
         self.streams: FeatureStreams = frontend.streams(slots)
+        self._time_major = frontend.time_axis == 0  # its frames (B, T, bins): given out as (B, bins, T)
         self.threads = check_int("frontend_threads", threads, minimum=1)
         self._pool = ThreadPoolExecutor(self.threads, "audiomask-frontend") if self.threads > 1 else None
         # Slot s's stream has taken the first _ahead[s] samples of its next chunk; their frames wait in _early[s].
@@ -61,7 +62,8 @@ class StreamFeatures:
 
     def push(self, chunks: Sequence[np.ndarray], slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The frames of ``chunks`` (each the whole next chunk of the stream of ``slots[r]``, its first
-        :meth:`ahead` samples included): ``(B, bins, T)`` float32, zeros after each row's ``(B,)`` counts."""
+        :meth:`ahead` samples included): ``(B, bins, T)`` float32 whatever the front end's time axis, zeros after
+        each row's ``(B,)`` counts."""
         began = time.perf_counter()
         try:
             return self._push_after_ahead(chunks, slots)
@@ -82,20 +84,23 @@ class StreamFeatures:
         return frames, counts
 
     def _push_shared(self, chunks: list[np.ndarray], slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``self.streams.push(chunks, indices=slots)`` over the threads, a share each."""
+        """:meth:`_push_one` over the threads, a share each."""
         shares = len(slots) // FRONTEND_SHARE
         if self._pool is None or shares < 2:
-            return self.streams.push(chunks, indices=slots)
+            return self._push_one(chunks, slots)
         parts = np.array_split(np.arange(len(slots)), min(shares, self.threads))
-        futures = [
-            self._pool.submit(self.streams.push, [chunks[row] for row in part], indices=slots[part]) for part in parts
-        ]
+        futures = [self._pool.submit(self._push_one, [chunks[row] for row in part], slots[part]) for part in parts]
         pushed = [future.result() for future in futures]
         added = np.concatenate([counts for _, counts in pushed])
         new = np.zeros((len(slots), pushed[0][0].shape[1], max(1, int(added.max()))), np.float32)
         for part, (frames, _) in zip(parts, pushed, strict=True):
             new[part[0] : part[-1] + 1, :, : frames.shape[2]] = frames
         return new, added
+
+    def _push_one(self, chunks: Sequence[np.ndarray], slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``self.streams.push(chunks, indices=slots)``, its frames ``(B, bins, T)``."""
+        frames, counts = self.streams.push(chunks, indices=slots)
+        return (frames.transpose(0, 2, 1) if self._time_major else frames), counts
 
     def push_ahead(self, pieces: Sequence[np.ndarray], slots: Sequence[int]) -> None:
         """Start taking ``pieces[r]``, the samples of slot ``slots[r]``'s next chunk after its :meth:`ahead`
@@ -107,7 +112,7 @@ class StreamFeatures:
             self._jobs.append(self._pool.submit(self._take, [pieces[row] for row in part], slots[part]))
 
     def _take(self, pieces: list[np.ndarray], slots: np.ndarray) -> None:
-        new, added = self.streams.push(pieces, indices=slots)
+        new, added = self._push_one(pieces, slots)
         for row, slot in enumerate(slots.tolist()):
             self._early[slot].append(new[row, :, : added[row]])
             self._ahead[slot] += len(pieces[row])

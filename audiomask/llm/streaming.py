@@ -133,15 +133,12 @@ class LLMStreams:
         frontend_threads: int = DEFAULT_FRONTEND_THREADS,
         pass_slots: int = DEFAULT_PASS_SLOTS,
     ) -> None:
-        if not isinstance(model.encoder, Qwen3ASREncoder):
-            raise ValueError(f"model must be a Qwen3-ASR recogniser for streaming, got family {model.family!r}")
         self.model = model
         self.policy = policy or StreamPolicy()
         self.context, self.language = context, language
         self.parts = model.prompt(context, language)
-        config = model.encoder.config
-        self.window_frames = config.window_tokens * config.chunk_frames // config.chunk_tokens  # 800 frames: 8 s
-        self.window_tokens = config.window_tokens
+        self.slots = check_int("slots", slots, minimum=1)
+        self._init_windows(slots)
         policy = self.policy
         # The slot's longest content: head, the windows of a segment's audio, tail, then the longer of the
         # answer so far (at most one update's answer per chunk of the segment: a prefix re-encoded from text
@@ -156,7 +153,6 @@ class LLMStreams:
             + len(self.parts.tail)
             + max(chunks * (policy.fixed_tokens or policy.update_tokens), policy.final_budget(windows * window_samples))
         )
-        self.slots = check_int("slots", slots, minimum=1)
         spare = check_int("pass_slots", pass_slots, minimum=0)
         self.cache = model.lm.new_cache(slots + spare, self.capacity)
         if cuda_graphs is None:
@@ -165,8 +161,25 @@ class LLMStreams:
         # Every decoding of these slots: updates, final passes, and the ended streams' finals riding along.
         stop = self.policy.fixed_tokens is None
         self._decoder = Decoder(model.lm, self.cache, model.stop_ids, stop=stop, steps=self._steps)
-        # Slot s's open-window frames are _window[s, :, :_window_filled[s]], zeros after (so one gather pads a batch).
         self.features = StreamFeatures(model.frontend, slots, frontend_threads)
+        self._free = list(range(slots))[::-1]
+        self._spare = list(range(slots, slots + spare))[::-1]  # slots for segment passes
+        self._passes: dict[str, tuple[_Stream, int, int]] = {}  # stream -> (it, committed index, slot): in flight
+        self._streams: dict[str, _Stream] = {}
+        self._ending: dict[str, _Stream] = {}  # ended (:meth:`end`), their finals in flight in their slots
+        self._ended: list[Partial] = []  # their finals done, for the next update() or advance()
+        self._head = model.lm.embed(torch.tensor(self.parts.head, dtype=torch.long))
+
+    def _init_windows(self, slots: int) -> None:
+        """The encoder's windows (8 s for Qwen3-ASR: :attr:`window_frames` frames, :attr:`window_tokens` tokens),
+        and the open windows' buffers on the model's device."""
+        model = self.model
+        if not isinstance(model.encoder, Qwen3ASREncoder):
+            raise ValueError(f"model must be a Qwen3-ASR recogniser for streaming, got family {model.family!r}")
+        config = model.encoder.config
+        self.window_frames = config.window_tokens * config.chunk_frames // config.chunk_tokens  # 800 frames: 8 s
+        self.window_tokens = config.window_tokens
+        # Slot s's open-window frames are _window[s, :, :_window_filled[s]], zeros after (so one gather pads a batch).
         framing = model.frontend.framing
         pushed = (self.policy.chunk_samples + framing.win + framing.pad) // framing.hop + 2  # most a push makes
         width = -(-(self.window_frames + pushed) // config.chunk_frames) * config.chunk_frames  # whole conv chunks
@@ -179,13 +192,12 @@ class LLMStreams:
             device=model.device,
         )
         self._chunks_done = np.zeros(slots, np.int64)
-        self._free = list(range(slots))[::-1]
-        self._spare = list(range(slots, slots + spare))[::-1]  # slots for segment passes
-        self._passes: dict[str, tuple[_Stream, int, int]] = {}  # stream -> (it, committed index, slot): in flight
-        self._streams: dict[str, _Stream] = {}
-        self._ending: dict[str, _Stream] = {}  # ended (:meth:`end`), their finals in flight in their slots
-        self._ended: list[Partial] = []  # their finals done, for the next update() or advance()
-        self._head = model.lm.embed(torch.tensor(self.parts.head, dtype=torch.long))
+
+    def _reset_windows(self, slot: int) -> None:
+        """Slot ``slot``'s open window emptied (a new segment)."""
+        self._window[slot, :, : self._window_filled[slot]] = 0.0
+        self._window_filled[slot] = 0
+        self._chunks_done[slot] = 0
 
     def __len__(self) -> int:
         return len(self._streams)
@@ -209,9 +221,7 @@ class LLMStreams:
 
     def _start_segment(self, stream: _Stream) -> None:
         self.features.reset(stream.slot)
-        self._window[stream.slot, :, : self._window_filled[stream.slot]] = 0.0
-        self._window_filled[stream.slot] = 0
-        self._chunks_done[stream.slot] = 0
+        self._reset_windows(stream.slot)
         stream.samples = []
         stream.chunks = stream.closed_windows = 0
         stream.raw, stream.tokens = "", ()

@@ -115,7 +115,7 @@ PHI4MM_TEXT = {
 PHI4MM_LORA_TARGETS = r"model\.layers\.\d+\.(self_attn\.(qkv|o)_proj|mlp\.(gate_up|down)_proj)"
 
 
-def _save_phi4mm(directory: Path, seed: int, tie_word_embeddings: bool, lora: bool) -> Path:
+def save_phi4mm(directory: Path, seed: int, tie_word_embeddings: bool, lora: bool) -> Path:
     from transformers import Phi4MultimodalConfig, Phi4MultimodalFeatureExtractor, Phi4MultimodalForCausalLM
 
     tokenizer = byte_tokenizer(PHI4MM_SPECIALS, (), PHI4MM_CHAT_TEMPLATE, PHI4MM_NAMED)
@@ -152,13 +152,13 @@ def _save_phi4mm(directory: Path, seed: int, tie_word_embeddings: bool, lora: bo
 @pytest.fixture(scope="session")
 def tiny_phi4mm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random Phi-4-multimodal checkpoint (``Phi4MultimodalForCausalLM.save_pretrained``), tied head, no LoRA."""
-    return _save_phi4mm(tmp_path_factory.mktemp("phi4mm-tiny"), seed=0, tie_word_embeddings=True, lora=False)
+    return save_phi4mm(tmp_path_factory.mktemp("phi4mm-tiny"), seed=0, tie_word_embeddings=True, lora=False)
 
 
 @pytest.fixture(scope="session")
 def tiny_phi4mm_lora_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random Phi-4-multimodal checkpoint, untied head, with a random ``speech-lora/`` saved by peft."""
-    return _save_phi4mm(tmp_path_factory.mktemp("phi4mm-lora"), seed=1, tie_word_embeddings=False, lora=True)
+    return save_phi4mm(tmp_path_factory.mktemp("phi4mm-lora"), seed=1, tie_word_embeddings=False, lora=True)
 
 
 # transformers' name prefix -> the original Qwen3-ASR layout's (qwen-asr's modules: the audio tower holds proj1, proj2)

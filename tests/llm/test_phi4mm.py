@@ -13,14 +13,25 @@ import torch
 
 from audiomask.llm import checkpoint
 from audiomask.llm.phi4mm import DEFAULT_INSTRUCTION, phi4mm_prompt
+from audiomask.llm.policy import StreamPolicy
+from audiomask.llm.recognizer import LLMRecognizer
+from audiomask.llm.refeed import ReFeedStreams, streams_for
 
 transformers = pytest.importorskip("transformers")
 
 MAX_NEW_TOKENS = 24
 
 
-def reference(model: object, directory: Path, signal: np.ndarray, context: str = "") -> list[int]:
-    """transformers' greedy answer: its feature extractor, the prompt with one audio token per encoder token.
+def reference(
+    model: object,
+    directory: Path,
+    signal: np.ndarray,
+    context: str = "",
+    prefix: str = "",
+    max_new_tokens: int = MAX_NEW_TOKENS,
+) -> list[int]:
+    """transformers' greedy answer: its feature extractor, the prompt with one audio token per encoder token,
+    then ``prefix`` (text the answer starts from; not in the returned ids).
 
     The prompt's ids are built here from the text (transformers' processor needs torchvision for its image
     processor); the audio token count is the feature extractor's ``audio_embed_sizes``, as the processor's.
@@ -31,10 +42,10 @@ def reference(model: object, directory: Path, signal: np.ndarray, context: str =
     features = Phi4MultimodalFeatureExtractor.from_pretrained(directory)(signal, return_tensors="pt")
     audio = tokenizer.audio_token * int(features["audio_embed_sizes"][0])
     system = f"<|system|>{context}<|end|>" if context else ""
-    ids = tokenizer(f"{system}<|user|>{audio}{DEFAULT_INSTRUCTION}<|end|><|assistant|>", return_tensors="pt")
+    ids = tokenizer(f"{system}<|user|>{audio}{DEFAULT_INSTRUCTION}<|end|><|assistant|>{prefix}", return_tensors="pt")
     with torch.inference_mode():
         out = model.generate(  # type: ignore[attr-defined]
-            **ids, **features, max_new_tokens=MAX_NEW_TOKENS, do_sample=False
+            **ids, **features, max_new_tokens=max_new_tokens, do_sample=False
         )
     answer = out[0, ids["input_ids"].shape[1] :].tolist()
     stops = set(model.generation_config.eos_token_id)  # type: ignore[attr-defined]
@@ -205,3 +216,47 @@ def test_weights_missing_a_tensor_are_a_value_error_naming_it(
     _rewrite_safetensors(directory / "model.safetensors", lambda tensors: tensors.pop(name))
     with pytest.raises(ValueError, match=said.replace(".", r"\.")):
         checkpoint.load(directory)
+
+
+def test_phi4mm_streams_by_re_feeding_each_partial_the_recipe_over_transformers_generate(
+    phi4mm, upstream, tiny_phi4mm_dir: Path, speech: Callable
+) -> None:
+    """Its encoder attends over the whole utterance, so each update encodes all the audio so far again: every
+    partial is transformers' greedy answer for that audio from the recipe's prefix (the previous answer less its
+    last tokens, none for the first chunks), and the final is the offline answer, across a segment's end."""
+    policy = StreamPolicy(chunk_s=1.0, update_tokens=6, final_tokens=MAX_NEW_TOKENS, segment_windows=1)
+    signal = speech(9.6, seed=5)  # past one segment: 8 s
+    streams = streams_for(phi4mm, 2, policy=policy)
+    assert isinstance(streams, ReFeedStreams)
+    streams.open("talk")
+    tokenizer, size, cut = phi4mm.tokenizer, policy.chunk_samples, 8 * 16000
+    raw, start, partials = "", 0, 0  # the segment's answer so far, where it starts, its updates
+    for end in range(size, len(signal) + 1, size):
+        streams.feed("talk", signal[end - size : end])
+        (partial,) = streams.update()
+        ids, back, prefix = tokenizer.encode(raw), policy.unfixed_tokens, ""
+        while partials >= policy.unfixed_chunks and len(ids) > back:  # a cut through a character: one more back
+            prefix = tokenizer.decode(ids[:-back])
+            if "\ufffd" not in prefix:
+                break
+            back, prefix = back + 1, ""
+        expected = reference(upstream, tiny_phi4mm_dir, signal[start:end], prefix=prefix, max_new_tokens=6)
+        assert list(partial.tokens) == expected, end
+        raw, partials = prefix + tokenizer.decode(expected, skip_special_tokens=True), partials + 1
+        if end - start >= cut:  # the segment ends at 8 s: its offline answer is committed, the stream goes on
+            committed = phi4mm.transcribe([signal[start : start + cut]], max_new_tokens=MAX_NEW_TOKENS)[0].text
+            raw, start, partials = "", start + cut, 0
+    streams.feed("talk", signal[end:])  # the last 0.6 s: no chunk of its own, in the final
+    (final,) = streams.finish(["talk"])
+    rest = phi4mm.transcribe([signal[start:]], max_new_tokens=MAX_NEW_TOKENS)[0].text
+    assert final.text == " ".join(text for text in (committed, rest) if text)
+
+
+def test_phi4mm_streams_through_the_recognizer_to_the_offline_answer(phi4mm, speech: Callable) -> None:
+    """What ``audiomask transcribe --model DIR`` drives: a stream's final is the offline answer."""
+    signal = speech(3.3, seed=8)
+    recognizer = LLMRecognizer(phi4mm, max_streams=1, policy=StreamPolicy(chunk_s=1.0, final_tokens=MAX_NEW_TOKENS))
+    stream = recognizer.open_stream("file")
+    stream.accept(signal)
+    assert stream.partial()  # a partial each whole chunk
+    assert stream.finish() == phi4mm.transcribe([signal], max_new_tokens=MAX_NEW_TOKENS)[0].text

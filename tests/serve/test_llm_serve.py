@@ -1,5 +1,6 @@
 """``audiomask serve --model DIR`` with a tiny random Qwen3-ASR checkpoint: partials as the audio comes, the
-offline answer as the final, on both routes; options for the other kind of model are one line, status 2.
+offline answer as the final, on both routes; a Phi-4-multimodal one the same way; options for the other kind of
+model are one line, status 2.
 
 The checkpoint is ``tests/llm``'s (:mod:`bench.llm_checkpoints`). Chunks of 0.5 s keep the server quick on a CPU.
 """
@@ -147,14 +148,18 @@ def test_a_ctc_option_with_an_llm_checkpoint_is_one_line(qwen3_dir, options):
     assert options[0] in line and "LLM checkpoint" in line
 
 
-def test_a_phi4_checkpoint_is_refused_in_one_line(tmp_path):
-    from transformers import Phi4MultimodalConfig
+def test_a_phi4_checkpoint_streams_by_re_feeding_to_its_offline_answer(start_server, tmp_path, speech):
+    """Phi-4-multimodal's encoder attends over the whole utterance: each update encodes all the audio again (the
+    recipe as it is), a result every chunk, and the final is the offline answer."""
+    from tests.llm.conftest import save_phi4mm
 
-    Phi4MultimodalConfig().save_pretrained(tmp_path)  # the family is read from config.json, before any weight
-    result = _serve_usage("--model", str(tmp_path))
-    assert result.returncode == EXIT_USAGE
-    (line,) = result.stderr.splitlines()
-    assert "phi4_multimodal checkpoint does not stream" in line
+    phi4mm_dir = save_phi4mm(tmp_path, seed=0, tie_word_embeddings=True, lora=False)
+    served = start_server("--model", str(phi4mm_dir), "--device", "cpu", "--chunk-ms", str(CHUNK_MS))
+    audio = speech(2.6, 5)
+    result = asyncio.run(stream_audio(served.ws_url, audio, message_samples=MESSAGE_SAMPLES, realtime=True))
+    assert result.text == _offline(phi4mm_dir, [audio])[0]
+    chunks = len(audio) * 1000 // (CHUNK_MS * SAMPLE_RATE)
+    assert chunks - 1 <= len(result.partials) <= chunks, (len(result.partials), chunks)
 
 
 @pytest.mark.parametrize("options", [("--context", "names"), ("--language", "English"), ("--fixed-tokens", "13")])
