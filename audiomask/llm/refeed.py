@@ -82,7 +82,9 @@ class ReFeedStreams(LLMStreams):
         audio = self._audio(frames)
         prefixes = self._prefixes(streams)
         inputs = []
-        for stream, tokens, prefix, ids in zip(streams, audio, prefixes, encode_texts(model.tokenizer, prefixes)):
+        for stream, tokens, prefix, ids in zip(
+            streams, audio, prefixes, encode_texts(model.tokenizer, prefixes), strict=True
+        ):
             self.cache.reset(stream.slot)
             tail = lm.embed(torch.tensor([*self.parts.tail, *ids], dtype=torch.long))
             inputs.append(torch.cat([piece.to(lm.dtype) for piece in (self._head, tokens, tail)]))
