@@ -98,7 +98,9 @@ class StreamPolicy:
         The answers are encoded again, as the recipe does (one call for all)."""
         prefixes = [""] * len(answers)
         rolled = [
-            row for row, (answer, count) in enumerate(zip(answers, chunks)) if count >= self.unfixed_chunks and answer
+            row
+            for row, (answer, count) in enumerate(zip(answers, chunks, strict=True))
+            if count >= self.unfixed_chunks and answer
         ]
         for row, ids in zip(rolled, encode_texts(tokenizer, [answers[row] for row in rolled]), strict=True):
             back = self.unfixed_tokens
