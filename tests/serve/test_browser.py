@@ -136,7 +136,8 @@ def _page_target(profile: Path, process: subprocess.Popen, log_path: Path) -> st
     while True:
         if process.poll() is not None:
             pytest.fail(f"chromium exited with {process.returncode}:\n{log_path.read_text(errors='replace')}")
-        with contextlib.suppress(OSError, ValueError, json.JSONDecodeError):
+        # IndexError: the port file exists but Chromium has not written its port yet (read empty).
+        with contextlib.suppress(OSError, ValueError, IndexError, json.JSONDecodeError):
             port = int(port_file.read_text().split()[0])
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=5) as response:
                 pages = [target for target in json.load(response) if target["type"] == "page"]
