@@ -413,7 +413,10 @@ class LLMStreams:
 
     def _push_ahead(self, busy: np.ndarray) -> None:
         """Start the front end on what the open streams but those of slots ``busy`` have buffered of their next
-        chunks, on the front-end threads while this update runs on the device (:meth:`update` waits for it)."""
+        chunks, on the front-end threads while this update runs on the device (:meth:`update` waits for it).
+        Without front-end threads nothing runs beside the update: no stream is looked at."""
+        if self.features.threads < 2:
+            return
         size, pieces, slots, busy = self.policy.chunk_samples, [], [], set(busy.tolist())
         for stream in self._streams.values():
             start, stop = self.features.ahead(stream.slot), min(len(stream.pending), size)
