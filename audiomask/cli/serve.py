@@ -27,6 +27,7 @@ from audiomask.serve.settings import (
     DEFAULT_MAX_PENDING_HANDSHAKES,
     DEFAULT_MAX_SEGMENT_S,
     DEFAULT_PORT,
+    DEFAULT_VAD_THRESHOLD,
     DTYPES,
     LOOPBACK,
     ServeSettings,
@@ -146,15 +147,23 @@ def add_parser(commands: argparse._SubParsersAction, device_help: str, model_hel
         type=float,
         default=DEFAULT_ENDPOINT_SILENCE_S,
         metavar="S",
-        help="on the sherpa-onnx route, silence after some text that ends a segment (its result final, the next "
-        f"one's text afresh); 0: one segment per connection (default {DEFAULT_ENDPOINT_SILENCE_S:g})",
+        help="silence after speech, by voice-activity detection, that ends a segment (its result final, the next "
+        "one's text afresh) on the sherpa-onnx route and WeNet's with continuous_decoding; 0: one segment per "
+        f"connection (default {DEFAULT_ENDPOINT_SILENCE_S:g})",
+    )
+    parser.add_argument(
+        "--vad-threshold",
+        type=float,
+        default=DEFAULT_VAD_THRESHOLD,
+        metavar="P",
+        help=f"speech probability at which the voice-activity detector hears speech (default {DEFAULT_VAD_THRESHOLD:g})",
     )
     parser.add_argument(
         "--max-segment-s",
         type=float,
         default=DEFAULT_MAX_SEGMENT_S,
         metavar="S",
-        help=f"on the sherpa-onnx route, the longest segment (default {DEFAULT_MAX_SEGMENT_S:g})",
+        help=f"the longest segment, on every route (default {DEFAULT_MAX_SEGMENT_S:g})",
     )
     parser.add_argument("--token", help="require 'Authorization: Bearer TOKEN' or '?token=TOKEN' (else HTTP 401)")
     parser.add_argument("--certfile", help="PEM certificate: serve wss:// and https:// (with --keyfile)")
@@ -194,15 +203,13 @@ def _check_model_options(args: argparse.Namespace) -> bool:
             ("--left-chunks", args.left_chunks is not None),
             ("--frontend-workers", args.frontend_workers is not None),
             ("--dtype", args.dtype != DEFAULT_DTYPE),
-            ("--endpoint-silence-s", args.endpoint_silence_s not in (0, DEFAULT_ENDPOINT_SILENCE_S)),
-            ("--max-segment-s", args.max_segment_s != DEFAULT_MAX_SEGMENT_S),
         )
         if given
     ]
     if misused:
         raise ValueError(
             f"{', '.join(misused)}: for CTC models; {args.model!r} is an LLM checkpoint (it runs in bfloat16 on "
-            "CUDA, float32 on the CPU, one segment per connection)"
+            "CUDA, float32 on the CPU)"
         )
     return True
 
@@ -238,6 +245,7 @@ def serve(args: argparse.Namespace) -> int:
         ws_workers=args.ws_workers,
         max_wait_ms=args.max_wait_ms,
         endpoint_silence_s=args.endpoint_silence_s,
+        vad_threshold=args.vad_threshold,
         max_segment_s=args.max_segment_s,
         token=args.token,
         certfile=args.certfile,

@@ -4,6 +4,8 @@ Routes:
 
 - WebSocket ``/``: sherpa-onnx's online protocol (:mod:`audiomask.serve.sherpa`), float32 samples;
 - WebSocket ``/wenet``: WeNet's protocol (:mod:`audiomask.serve.wenet`), int16 PCM;
+- WebSocket ``/v1/realtime``: OpenAI's Realtime transcription protocol and vLLM's realtime dialect
+  (:mod:`audiomask.serve.realtime`), base64 PCM16 in JSON events;
 - ``GET /health``: 200 and ``{"status": "ready", "connections", "max_connections", "streams",
   "device", "chunk_ms", "max_wait_ms", "cycles", "recent_cycles"}`` (``cycles``: encoder steps run
   so far) once the model is loaded and a first chunk step has run; 503 with ``"status"``
@@ -27,6 +29,7 @@ from typing import TYPE_CHECKING
 from fastapi import FastAPI, WebSocket
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
+from audiomask.serve.realtime import REALTIME_ROUTE, RealtimeProtocol, openai_hint
 from audiomask.serve.remote import RemoteEngine
 from audiomask.serve.session import serve_connection
 from audiomask.serve.settings import ServeSettings
@@ -37,7 +40,7 @@ if TYPE_CHECKING:  # the recognizer's modules load torch: a WebSocket worker imp
     from audiomask.asr.recognizer import StreamingRecognizer
     from audiomask.serve.engine import Engine
 
-__all__ = ["PAGE", "SHERPA_ROUTE", "WENET_ROUTE", "create_app"]
+__all__ = ["PAGE", "REALTIME_ROUTE", "SHERPA_ROUTE", "WENET_ROUTE", "create_app"]
 
 SHERPA_ROUTE = "/"
 WENET_ROUTE = "/wenet"
@@ -94,6 +97,11 @@ def create_app(
     @app.websocket(WENET_ROUTE)
     async def wenet(websocket: WebSocket) -> None:
         await serve_connection(websocket, backend, WeNetProtocol())
+
+    @app.websocket(REALTIME_ROUTE)
+    async def realtime(websocket: WebSocket) -> None:
+        hint = openai_hint(websocket.query_params, websocket.headers)
+        await serve_connection(websocket, backend, RealtimeProtocol(settings, openai_hint=hint))
 
     @app.get("/health")
     async def health() -> JSONResponse:

@@ -50,13 +50,14 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from audiomask.asr.recognizer import StreamingRecognizer
-from audiomask.asr.transcript import Transcript
 from audiomask.checks import pick_device
 from audiomask.constants import SAMPLE_RATE
 from audiomask.serve.admission import Listener, Refusal, State, busy_refusal, state_refusal
 from audiomask.serve.feeds import Feed, Inbox
 from audiomask.serve.segments import Segment, Segmenter
-from audiomask.serve.settings import ServeSettings, check_ctc_options
+from audiomask.serve.settings import Endpointing, ServeSettings, check_ctc_options
+from audiomask.serve.utterances import Utterances
+from audiomask.vad.detector import VoiceActivity
 
 __all__ = [
     "DRAIN_TIMEOUT_S",
@@ -184,7 +185,7 @@ class Engine:
         self.error: str | None = None  # why the engine FAILED
         self.connections = 0  # handshakes admitted and not yet released
         self._feeds: dict[Feed, Listener] = {}  # the connections attached, by feed
-        self._segmenters: dict[Feed, Segmenter] = {}  # ... and their streams' segments
+        self._voice: VoiceActivity | None = None  # speech probabilities of the connections that endpoint by voice
         self._feeds_lock = threading.Lock()  # the ticker reads the feeds while the loop changes them
         self._inbox: Inbox | None = None  # made with the recognizer (its block sizes)
         self._served_from = 0  # the first cycle after the warm-up: /health's recent steps are the served ones
@@ -258,19 +259,23 @@ class Engine:
         """A connection :meth:`admit` counted has ended."""
         self.connections -= 1
 
-    def attach(self, listener: Listener, name: str, *, endpoints: bool = False) -> Feed:
-        """The feed of a new connection (its stream is named ``name``); ``listener`` hears of its stream's
-        results and failure, and is stopped when the server drains. ``endpoints``: split the stream into
-        segments by the settings' endpoint rules (:mod:`audiomask.serve.segments`); else one segment."""
-        if self._inbox is None:
+    def attach(self, listener: Listener, name: str, endpointing: Endpointing = (None, None)) -> Feed:
+        """The feed of a new connection (its streams are named after ``name``); ``listener`` hears of its
+        segments and failure, and is stopped when the server drains. ``endpointing``: ``(vad, max_segment_s)``
+        of its :class:`~audiomask.serve.segments.Segmenter` (``(None, None)``: one segment until it commits)."""
+        inbox = self._inbox
+        if inbox is None:
             raise RuntimeError("the recognizer is not built yet: attach connections once the engine is READY")
-        feed = self._inbox.open(name)
-        # Endpoints are token positions in a text that only grows: none where partials revise the text (LLMs).
-        endpoints = endpoints and not getattr(self._recognizer, "revises_text", False)
-        segmenter = Segmenter(*(self.settings.endpoints if endpoints else (None, None)))
+        vad, max_segment_s = endpointing
+        vad_key = None
+        if vad is not None:
+            if self._voice is None:
+                self._voice = VoiceActivity()
+            vad_key = self._voice.open()
+        utterances = Utterances(name, Segmenter(vad, max_segment_s), inbox.first_block, inbox.block, vad_key)
+        feed = inbox.open(name, utterances)
         with self._feeds_lock:
             self._feeds[feed] = listener
-            self._segmenters[feed] = segmenter
         if self._drained is not None:
             self._drained.clear()
         if self.state is State.DRAINING:
@@ -278,29 +283,28 @@ class Engine:
         return feed
 
     def detach(self, feed: Feed) -> None:
-        """The connection of ``feed`` has ended: its samples not fed are dropped, its stream cancelled (freed at
+        """The connection of ``feed`` has ended: its samples not fed are dropped, its streams cancelled (freed at
         the recognizer's next call, by a feeder)."""
-        feeding = feed.close()  # when a pass is feeding the stream now, it cancels it afterwards
-        if not feeding and feed.stream is not None:
-            feed.stream.cancel()
+        feeding = feed.close()  # when a pass is feeding the streams now, it cancels them afterwards
+        if not feeding:
+            for stream in feed.utterances.unfinished():
+                stream.cancel()
+        if feed.utterances.vad_key is not None and self._voice is not None:
+            self._voice.close(feed.utterances.vad_key)
         with self._feeds_lock:
             self._feeds.pop(feed, None)
-            self._segmenters.pop(feed, None)
             empty = not self._feeds
         if empty and self._drained is not None:
             self._drained.set()
 
     async def finish(self, feed: Feed) -> list[Segment]:
-        """Feed every sample put to ``feed`` and finish its stream: the segments not yet reported, the last one
-        final (its text empty when no samples came).
+        """Feed every sample put to ``feed`` and finish its streams: the segments not yet reported, the last one
+        final (its text empty when no segment ended with the audio).
 
-        Waits for the encoder steps the stream's last chunks need (a feeder runs them); raises the stream's error.
+        Waits for the encoder steps the streams' last chunks need (a feeder runs them); raises the stream's error.
         """
         await feed.end()
-        transcript = Transcript() if feed.stream is None else feed.stream.transcript()
-        with self._feeds_lock:
-            segmenter = self._segmenters[feed]
-        return segmenter.finish(transcript)
+        return feed.utterances.finish()
 
     @property
     def feed_limits(self) -> tuple[int, int, int] | None:
@@ -394,7 +398,6 @@ class Engine:
         recognizer, inbox = self.recognizer, self._inbox
         assert inbox is not None
         tick_s = recognizer.chunk_ms / MS_PER_S / TICKS_PER_CHUNK
-        token_counts: dict[Feed, int] = {}
         cycles_swept = recognizer.stats.count
         sweep_at = poll_at = 0.0  # time.monotonic() before which no sweep starts, and no pass only polls
         timeout_s = tick_s
@@ -411,14 +414,16 @@ class Engine:
                 else:
                     self._feeders.release()
             done = inbox.done()  # streams a long pass has finished among its others' steps
-            changed: list[tuple[Listener, Segmenter]] = []
+            changed: list[tuple[Listener, Utterances]] = []
             cycles = recognizer.stats.count
             if cycles != cycles_swept and now >= sweep_at:
                 cycles_swept = cycles
-                changed = self._sweep(token_counts)
+                changed = self._sweep()
                 sweep_at = now + SWEEP_PAUSE_FACTOR * (time.monotonic() - now)
             elif cycles != cycles_swept:
                 timeout_s = min(tick_s, sweep_at - now)
+            else:  # no step ran: a segment cut earlier may have got its final text all the same
+                changed = self._sweep_finishing()
             if changed or done:
                 self._post(done, changed)
 
@@ -444,54 +449,52 @@ class Engine:
             self._feeders.release()
             self._wake.set()  # the ticker may start the next pass, and sweep what these steps produced
 
-    @staticmethod
-    def _feed(recognizer: StreamingRecognizer, taken: list[tuple[Feed, np.ndarray]]) -> int:
-        """Open the new streams, accept every feed's samples and end the ``ending`` feeds' streams in one call;
-        how many streams it fed or ended (a feeder thread). The samples were checked when they were put
+    def _feed(self, recognizer: StreamingRecognizer, taken: list[tuple[Feed, np.ndarray]]) -> int:
+        """Cut each feed's samples into its segments (scoring their voice activity first, in one batch), open
+        the streams of segments that start, feed them all and end those of segments that end, in one call; how
+        many streams it fed or ended (a feeder thread). The samples were checked when they were put
         (:meth:`Feed.put`, or in a WebSocket worker).
 
-        A feed whose stream refuses its samples keeps the error in ``feed.error``.
+        A feed whose stream could not be opened, or refused its samples, keeps the error in ``feed.error``.
         """
-        fed: list[tuple[Feed, np.ndarray]] = []
+        voiced = [(feed.utterances.vad_key, samples) for feed, samples in taken if feed.utterances.vad_key is not None]
+        scores = iter(self._voice.score(voiced) if voiced and self._voice is not None else ())
+        pairs: list[tuple[object, np.ndarray]] = []
+        owners: list[Feed] = []
+        finished: list[object] = []
         for feed, samples in taken:
-            if not len(samples):
+            utterances = feed.utterances
+            heard = next(scores) if utterances.vad_key is not None else None
+            if feed.clearing:
+                utterances.clear()
+            try:
+                fed, ended, feed.new_blocks = utterances.route(
+                    recognizer.open_stream, samples, heard, commit=feed.committing, last=feed.ending
+                )
+            except Exception as error:  # noqa: BLE001 - the connection reports it to its client
+                feed.error = error
                 continue
-            if feed.stream is None:
-                try:
-                    feed.stream = recognizer.open_stream(feed.name)
-                except Exception as error:  # noqa: BLE001 - the connection reports it to its client
-                    feed.error = error
-                    continue
-            fed.append((feed, samples))
-        ending = [feed.stream for feed, _ in taken if feed.ending and feed.stream is not None]
-        errors = recognizer.accept_many(
-            [(feed.stream, samples) for feed, samples in fed], checked=True, finished=ending
-        )
-        for (feed, _), error in zip(fed, errors):
+            pairs += fed
+            owners += [feed] * len(fed)
+            finished += ended
+        errors = recognizer.accept_many(pairs, checked=True, finished=finished)  # type: ignore[arg-type]
+        for feed, error in zip(owners, errors):
             if error is not None:
                 feed.error = error
-        return len(fed) + len(ending)
+        return len(pairs) + len(finished)
 
-    def _sweep(self, counts: dict[Feed, int]) -> list[tuple[Listener, Segmenter]]:
-        """The listeners whose stream's segments changed (tokens decoded since ``counts``, which is updated, or an
-        endpoint), with their segmenters."""
+    def _sweep_finishing(self) -> list[tuple[Listener, Utterances]]:
+        """As :meth:`_sweep`, over the connections with a segment cut whose final text is not reported yet."""
         with self._feeds_lock:
-            feeds = [(feed, listener, self._segmenters[feed]) for feed, listener in self._feeds.items()]
-        changed = []
-        now: dict[Feed, int] = {}
-        for feed, listener, segmenter in feeds:
-            stream = feed.stream
-            if stream is None:
-                continue
-            tokens = now[feed] = stream.token_count
-            transcript = stream.transcript() if counts.get(feed, 0) != tokens else None
-            if (transcript is not None or segmenter.silence_s is not None) and segmenter.update(
-                transcript, stream.decoded_s
-            ):
-                changed.append((listener, segmenter))
-        counts.clear()
-        counts.update(now)
-        return changed
+            feeds = [(feed, listener) for feed, listener in self._feeds.items() if feed.utterances.finishing]
+        return [(listener, feed.utterances) for feed, listener in feeds if feed.utterances.sweep()]
+
+    def _sweep(self) -> list[tuple[Listener, Utterances]]:
+        """The listeners whose segments have news (a stream's tokens changed, a final is known), with their
+        connections' :class:`~audiomask.serve.utterances.Utterances`."""
+        with self._feeds_lock:
+            feeds = list(self._feeds.items())
+        return [(listener, feed.utterances) for feed, listener in feeds if feed.utterances.sweep()]
 
     def _fail_feeds(self, error: BaseException) -> None:
         """Every attached connection fails with ``error`` (the recognizer stopped)."""
@@ -503,7 +506,7 @@ class Engine:
                 feed.error = failure
         self._post(feeds, [])
 
-    def _post(self, woken: list[Feed], changed: list[tuple[Listener, Segmenter]]) -> None:
+    def _post(self, woken: list[Feed], changed: list[tuple[Listener, Utterances]]) -> None:
         """Hand the event loop a pass's outcome in one callback."""
         if self._loop is None:
             return
@@ -512,14 +515,14 @@ class Engine:
         except RuntimeError:  # the loop has closed: the server is gone
             pass
 
-    def _deliver(self, woken: list[Feed], changed: list[tuple[Listener, Segmenter]]) -> None:
+    def _deliver(self, woken: list[Feed], changed: list[tuple[Listener, Utterances]]) -> None:
         """Wake the feeds the event loop waits on, tell failed connections, hand over the results (event loop)."""
         for feed in woken:
             feed.wake()
             listener = self._feeds.get(feed)
             if feed.error is not None and listener is not None:
                 listener.failed(feed.error)
-        for listener, segmenter in changed:
-            segments = segmenter.take()  # each once: a finish may have taken them already
+        for listener, utterances in changed:
+            segments = utterances.take()  # each once: a finish may have taken them already
             if segments:
                 listener.results(segments)

@@ -27,9 +27,10 @@ and a connection holds at most ``max_buffered`` samples plus one message
 here, and ``max_ahead`` blocks in the recognizer.
 
 >>> import asyncio, threading, numpy as np
+>>> from audiomask.serve.segments import Segmenter
 >>> async def demo():
 ...     inbox = Inbox(threading.Event(), first_block=4, block=2, max_buffered=8)
-...     feed = inbox.open("caller-1")
+...     feed = inbox.open("caller-1", Utterances("caller-1", Segmenter(None, None), first_block=4, block=2))
 ...     await feed.put(np.zeros(3, np.float32))  # short of the first block: not due
 ...     first = inbox.take(cycles=0)
 ...     await feed.put(np.ones(2, np.float32))   # 5 samples: the first block is complete
@@ -46,9 +47,9 @@ import threading
 
 import numpy as np
 
-from audiomask.asr.recognizer import RecognizerStream
 from audiomask.checks import check_int
 from audiomask.samples import as_samples
+from audiomask.serve.utterances import Stream, Utterances
 
 __all__ = ["MAX_AHEAD_BLOCKS", "Feed", "Inbox"]
 
@@ -56,17 +57,18 @@ MAX_AHEAD_BLOCKS = 2  # a stream's blocks fed and not encoded: the next one is r
 
 
 class Feed:
-    """One connection's samples not yet fed to its stream, and the stream once a pass opened it.
+    """One connection's samples not yet fed to its streams, and its :class:`~audiomask.serve.utterances.Utterances`.
 
-    The event loop calls :meth:`put`, :meth:`end` and :meth:`close`; the
-    pass feeding it sets :attr:`stream` and :attr:`error`. Everything both
-    sides touch is guarded by the inbox's lock.
+    The event loop calls :meth:`put`, :meth:`commit`, :meth:`clear`, :meth:`end` and :meth:`close`; the
+    pass feeding it sets :attr:`error` and :attr:`new_blocks`. Everything both sides touch is guarded by the
+    inbox's lock.
     """
 
-    def __init__(self, inbox: Inbox, name: str) -> None:
+    def __init__(self, inbox: Inbox, name: str, utterances: Utterances) -> None:
         self.name = name
-        self.stream: RecognizerStream | None = None  # opened with the first samples fed
+        self.utterances = utterances  # its segments' streams, opened by the passes
         self.error: BaseException | None = None  # why the stream refused samples, or the recognizer stopped
+        self.new_blocks = 0  # whole blocks of its streams' audio the pass in flight completed (set by the pass)
         self._inbox = inbox
         self._pending: list[np.ndarray] = []  # (n,) float32 each, oldest first
         self._pending_samples = 0
@@ -82,11 +84,37 @@ class Feed:
         self._waiting = False  # the event loop waits for a pass (put over the bound, or end)
         self._end_asked = False  # the client has ended its audio (:meth:`end`)
         self.ending = False  # taken with its last samples: the pass that took it ends the stream
+        self._commits: list[int] = []  # samples put when the client committed, oldest first, not taken yet
+        self.committing = False  # taken up to a commit: the pass that took it ends the open segment
+        self._clear_asked = False  # the client dropped its audio not committed (:meth:`clear`)
+        self.clearing = False  # taken with a clear: the pass drops the open segment first
         self._closed = False  # the connection has ended: nothing more is fed
         self._room = asyncio.Event()  # set by the event loop once a pass has fed what waited
 
     def __repr__(self) -> str:
         return f"Feed({self.name!r}, pending={self._pending_samples}, fed={self._fed})"
+
+    @property
+    def stream(self) -> Stream | None:
+        """The open segment's stream, else the latest one's (``None`` before a pass opened one)."""
+        return self.utterances.stream
+
+    def commit(self) -> None:
+        """The client has committed its audio so far: the open segment ends after it (called on the event loop)."""
+        inbox = self._inbox
+        with inbox.lock:
+            self._commits.append(self._accepted)
+            inbox.post(self)
+
+    def clear(self) -> None:
+        """The client drops its audio not committed: the samples not fed, and the open segment (event loop)."""
+        inbox = self._inbox
+        with inbox.lock:
+            self._pending.clear()
+            self._pending_samples = 0
+            self._commits.clear()
+            self._clear_asked = True
+            inbox.post(self)
 
     async def put(self, samples: np.ndarray) -> None:
         """Queue ``samples`` ``(n,)`` float32 for the stream; waits while more than ``max_buffered`` wait.
@@ -207,9 +235,9 @@ class Inbox:
         self._due: dict[Feed, None] = {}  # in the order they became due
         self._ending: dict[Feed, None] = {}  # fed and ended, their streams' last chunks not all encoded
 
-    def open(self, name: str) -> Feed:
-        """A new connection's feed (event loop)."""
-        return Feed(self, name)
+    def open(self, name: str, utterances: Utterances) -> Feed:
+        """A new connection's feed, its segments cut by ``utterances`` (event loop)."""
+        return Feed(self, name, utterances)
 
     def post(self, feed: Feed) -> None:
         """Called with the lock held: ``feed`` is due; wake the engine's ticker if no feed was."""
@@ -234,13 +262,22 @@ class Inbox:
                     # was fed: these wait for the next pass.
                     self._due[feed] = None
                     continue
-                pieces, feed._pending, feed._pending_samples = feed._pending, [], 0
+                samples = _join(feed._pending)
+                feed._pending, feed._pending_samples = [], 0
+                feed.committing, feed.clearing, feed._clear_asked = False, feed._clear_asked, False
+                if feed._commits:  # the samples up to the first commit now, the rest in a later pass
+                    upto = feed._commits.pop(0) - (feed._accepted - len(samples))
+                    if upto < len(samples):
+                        feed._pending, feed._pending_samples = [samples[upto:]], len(samples) - upto
+                        samples = samples[:upto]
+                    feed.committing = True
+                    self._due[feed] = None
                 feed._busy = True
-                feed.ending = feed._end_asked
-                taken.append((feed, np.concatenate(pieces) if len(pieces) > 1 else _only(pieces)))
+                feed.ending = feed._end_asked and not feed._pending and not feed._commits
+                taken.append((feed, samples))
             return taken
 
-    def fed(self, taken: list[tuple[Feed, np.ndarray]]) -> tuple[list[Feed], list[RecognizerStream]]:
+    def fed(self, taken: list[tuple[Feed, np.ndarray]]) -> tuple[list[Feed], list[Stream]]:
         """``taken`` has been fed (the streams of ``ending`` feeds ended), and maybe other steps ran: the feeds
         whose event loop side to wake (an ending one once its stream is done), and the streams to cancel
         (their connection closed while they were fed)."""
@@ -251,7 +288,8 @@ class Inbox:
                 feed._fed += len(samples)
                 while feed._block_end <= feed._fed:
                     feed._block_end += self.block
-                    feed._blocks_fed += 1
+                feed._blocks_fed += feed.new_blocks  # blocks its streams will encode (silence left out is not)
+                feed.new_blocks = 0
                 if feed._pending and feed._fed + feed._pending_samples >= feed._block_end:
                     self.post(feed)  # samples put during the pass complete the next block
                 if feed.ending:
@@ -259,8 +297,8 @@ class Inbox:
                 elif feed.error is not None or (feed._waiting and not feed._end_asked):
                     feed._waiting = False  # an end asked meanwhile waits for the pass that takes it
                     woken.append(feed)
-                if feed._closed and feed.stream is not None and not feed.stream.finished:
-                    orphans.append(feed.stream)
+                if feed._closed:
+                    orphans += feed.utterances.unfinished()
             woken += self._done()
         return woken, orphans
 
@@ -272,7 +310,7 @@ class Inbox:
 
     def _done(self) -> list[Feed]:
         """Called with the lock held: :meth:`done`."""
-        done = [f for f in self._ending if f.error is not None or f._closed or f.stream is None or f.stream.done]
+        done = [f for f in self._ending if f.error is not None or f._closed or f.utterances.done]
         for feed in done:
             del self._ending[feed]
             feed._waiting = False
@@ -282,6 +320,6 @@ class Inbox:
 _EMPTY = np.zeros(0, np.float32)
 
 
-def _only(pieces: list[np.ndarray]) -> np.ndarray:
-    """The one array of ``pieces``, or an empty one."""
-    return pieces[0] if pieces else _EMPTY
+def _join(pieces: list[np.ndarray]) -> np.ndarray:
+    """``pieces`` in one array (the one piece itself, or an empty array)."""
+    return np.concatenate(pieces) if len(pieces) > 1 else pieces[0] if pieces else _EMPTY

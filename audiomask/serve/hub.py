@@ -155,7 +155,11 @@ class WorkerHub:
                 worker.link.send((wire.RESUME, cid, feed.taken))
         elif kind == wire.OPEN:
             listener = _RemoteListener(worker.link, cid)
-            worker.feeds[cid] = self.engine.attach(listener, message[2], endpoints=message[3])
+            worker.feeds[cid] = self.engine.attach(listener, message[2], message[3])
+        elif kind == wire.COMMIT and cid in worker.feeds:
+            worker.feeds[cid].commit()
+        elif kind == wire.CLEAR and cid in worker.feeds:
+            worker.feeds[cid].clear()
         elif kind == wire.END and cid in worker.feeds:
             self._spawn(self._finish(worker.link, cid, worker.feeds[cid]))
         elif kind == wire.END:  # its stream was never opened here: the session must not wait for ever

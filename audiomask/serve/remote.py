@@ -36,7 +36,7 @@ from audiomask.samples import as_samples
 from audiomask.serve import wire
 from audiomask.serve.admission import Listener, Refusal, State, busy_refusal, state_refusal
 from audiomask.serve.segments import Segment
-from audiomask.serve.settings import ServeSettings
+from audiomask.serve.settings import Endpointing, ServeSettings
 
 __all__ = ["RemoteEngine", "RemoteFeed"]
 
@@ -90,6 +90,16 @@ class RemoteFeed:
         while self._block_end <= self._sent:
             self._block_end += self._engine.block
         self._engine.send((wire.AUDIO, self.cid, samples))
+
+    def commit(self) -> None:
+        """The open segment ends after the samples put so far: they go now, then the commit."""
+        self.send_pending()
+        self._engine.send((wire.COMMIT, self.cid))
+
+    def clear(self) -> None:
+        """Drop the samples not sent, and, in the main process, those not fed and the open segment."""
+        self._pending, self._pending_samples = [], 0
+        self._engine.send((wire.CLEAR, self.cid))
 
     def resume(self, taken: int) -> None:
         """The main process's passes have taken ``taken`` samples: go on, or wait for the next pass."""
@@ -174,14 +184,14 @@ class RemoteEngine:
         with self._connections.get_lock():
             self._connections[self._index] -= 1
 
-    def attach(self, listener: Listener, name: str, *, endpoints: bool = False) -> RemoteFeed:
-        """The feed of a new connection; ``listener`` hears of its stream's results and failure; ``endpoints``:
-        split the stream into segments."""
+    def attach(self, listener: Listener, name: str, endpointing: Endpointing = (None, None)) -> RemoteFeed:
+        """The feed of a new connection; ``listener`` hears of its segments and failure; ``endpointing``: how
+        its audio is cut into segments."""
         if not self.first_block:
             raise RuntimeError("the recognizer is not ready yet: attach connections once /health says ready")
         feed = RemoteFeed(self, next(self._cids), name)
         self._feeds[feed.cid] = (feed, listener)
-        self.send((wire.OPEN, feed.cid, name, endpoints))
+        self.send((wire.OPEN, feed.cid, name, endpointing))
         if self._state is State.DRAINING:
             listener.stop()
         return feed

@@ -1,117 +1,200 @@
-"""Endpoints: a connection's speech split into segments, by the rules sherpa-onnx's servers use (Kaldi's).
+"""A connection's audio cut into segments, one recognizer stream each: at voice-activity endpoints and commits.
 
-A segment ends (an *endpoint*) once, after some text, ``silence_s`` seconds
-of the stream's audio have been decoded without a new token (rule 2; the
-server's default 1.2 s, :data:`~audiomask.serve.settings.DEFAULT_ENDPOINT_SILENCE_S`),
-or once it has lasted ``max_segment_s`` (rule 3; 20 s by default). Twice
-``silence_s`` without any text moves the next segment's start on, without a
-result (rule 1). The stream goes on; the next segment's text, tokens and
-token times start afresh, its ``start_s`` where the last one ended. Silence
-here is what greedy CTC decodes as blanks: decoded audio after the last
-token. ``silence_s=None`` turns endpoints off (one segment per connection).
+A segment (an utterance; an *item* of OpenAI's Realtime API) is the audio of
+one stream of the recognizer. A :class:`Segmenter` decides, for each piece of
+a connection's audio, which segment it belongs to, as :class:`Cut`\\ s: the
+samples for the current segment's stream, whether they open it (a new stream)
+and whether they end it (the stream is finished: its final text is the
+segment's). A segment ends
 
->>> from audiomask.asr.transcript import Transcript
->>> segmenter = Segmenter(silence_s=1.2, max_segment_s=20.0)
->>> segmenter.update(Transcript("hi", ("h", "i"), (0.5, 0.6)), decoded_s=0.8)
-True
->>> [(s.index, s.transcript.text, s.final) for s in segmenter.take()]
-[(0, 'hi', False)]
->>> segmenter.update(None, decoded_s=1.9)  # 1.3 s decoded since the last token: an endpoint
-True
->>> [(s.index, s.transcript.text, s.final, s.start_s) for s in segmenter.take()]
-[(0, 'hi', True, 0.0)]
->>> full = Transcript("hi yo", ("h", "i", " ", "y", "o"), (0.5, 0.6, 2.0, 2.1, 2.2))
->>> [(s.index, s.transcript.text, s.transcript.times_s, s.start_s) for s in segmenter.finish(full)]
-[(1, ' yo', (0.1, 0.2, 0.3), 1.9)]
+- at an endpoint, with voice-activity detection (``vad``,
+  :mod:`audiomask.vad`): once speech has stopped for ``silence_ms``, at the
+  sample where that became known (the quiet belongs to the segment that ends);
+  the next segment opens where speech starts again, ``prefix_padding_ms``
+  before it; audio in which the detector hears no speech beyond that padding
+  belongs to no segment (OpenAI's server VAD does the same);
+- after ``max_segment_s`` of audio (a new one opens at once: speech goes on);
+- where the client commits its audio (OpenAI's ``input_audio_buffer.commit``)
+  or ends it.
+
+Without ``vad`` the segment opens with the first sample after the last one
+ended, and every sample belongs to a segment.
+
+>>> import numpy as np
+>>> segmenter = Segmenter(vad=None, max_segment_s=None)
+>>> [(c.segment, len(c.samples), c.opens, c.ends) for c in segmenter.split(np.zeros(800, np.float32))]
+[(0, 800, True, False)]
+>>> [(c.segment, len(c.samples), c.opens, c.ends) for c in segmenter.split(np.zeros(400, np.float32), commit=True)]
+[(0, 400, False, True)]
+>>> [(c.segment, c.start, c.opens) for c in segmenter.split(np.zeros(100, np.float32))]
+[(1, 1200, True)]
 """
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 
+import numpy as np
+
 from audiomask.asr.transcript import Transcript
+from audiomask.constants import SAMPLE_RATE
+from audiomask.vad.endpoints import VAD_WINDOW_SAMPLES, Endpointer, SpeechStarted, VADSettings
 
-__all__ = ["SILENCE_WITHOUT_TEXT_FACTOR", "Segment", "Segmenter"]
+__all__ = ["Cut", "Segment", "Segmenter", "TextChanges", "seconds"]
 
-SILENCE_WITHOUT_TEXT_FACTOR = 2  # rule 1: twice the endpoint silence with no text moves the next segment's start
+_EMPTY = np.zeros(0, np.float32)
 
 
 @dataclass(frozen=True)
 class Segment:
-    """What a result message reports: segment ``index`` of a stream, its text so far or in full (``final``).
+    """What a result message reports: segment ``index`` of a connection, its text so far or in full (``final``).
 
     ``transcript``: the segment's text, tokens and their times in seconds from ``start_s``, where the segment
-    starts in the stream (seconds from its start).
+    starts in the connection's audio (seconds from its first sample). ``end_s``: where its audio ended, once it
+    has (an endpoint, a commit: no more audio comes to it, its final text is on its way); ``None`` before.
     """
 
     index: int
     transcript: Transcript
     start_s: float
     final: bool
+    end_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Cut:
+    """Samples ``(n,)`` float32 of one segment: for its stream, opened for them when ``opens``, finished after
+    them when ``ends``. ``start``: where the segment starts, samples from the connection's first; ``end``: where
+    it ends (when ``ends``)."""
+
+    samples: np.ndarray
+    segment: int
+    opens: bool
+    ends: bool
+    start: int
+    end: int | None = None
 
 
 class Segmenter:
-    """One stream's segments: the engine's sweeps :meth:`update` it, its connection :meth:`take`\\ s what changed.
+    """One connection's segments, as its audio arrives (see the module docstring).
 
-    Thread-safe (a ticker thread updates, the event loop takes and finishes). Each segment is taken
-    once: ended ones in order, then the current one when its text changed since the last take.
+    Args:
+        vad: endpointing by voice activity; ``None``: segments end only at ``max_segment_s``, commits and the
+            end of the audio.
+        max_segment_s: seconds a segment lasts at most; ``None``: no limit.
+
+    :meth:`split` takes each piece of audio in order, with its windows' speech probabilities when ``vad``
+    is set (:class:`~audiomask.vad.detector.VoiceActivity`); one thread calls it (the pass that feeds the
+    connection).
     """
 
-    def __init__(self, silence_s: float | None, max_segment_s: float | None) -> None:
-        self.silence_s, self.max_segment_s = silence_s, max_segment_s
-        self._lock = threading.Lock()
-        self._index = 0  # the current segment
-        self._first = 0  # its first token, in the stream's transcript
-        self._start_s = 0.0  # where it starts in the stream
-        self._latest = Transcript()  # the stream's whole transcript, as last seen
-        self._times_s: list[float] = []  # the current segment's token times from its start, as far as converted
-        self._ended: list[Segment] = []  # ended and not taken
-        self._current: Segment | None = None  # changed and not taken
+    def __init__(self, vad: VADSettings | None, max_segment_s: float | None) -> None:
+        self.vad = vad
+        self.max_samples = None if max_segment_s is None else max(1, round(max_segment_s * SAMPLE_RATE))
+        self._endpointer = None if vad is None else Endpointer(vad)
+        self.index = 0  # the current segment, or the next one while none is open
+        self._open = False  # a segment is open: samples go to it
+        self._opened = False  # ... and its stream has been opened (a cut with opens went out)
+        self._start = 0  # where the open segment starts
+        self._position = 0  # samples of the connection seen so far
+        self._held = _EMPTY  # while no segment is open (vad): the latest samples, for the next one's padding
+        self._held_start = 0
 
-    def update(self, transcript: Transcript | None, decoded_s: float) -> bool:
-        """The stream has decoded ``decoded_s`` seconds, its transcript now ``transcript`` (``None``: as it was);
-        whether there is something new to :meth:`take`."""
-        with self._lock:
-            if transcript is not None:
-                self._latest = transcript
-            spoken = len(self._latest.tokens) > self._first
-            if self.silence_s is not None and spoken:
-                quiet_s = decoded_s - self._latest.times_s[-1]
-                long = self.max_segment_s is not None and decoded_s - self._start_s >= self.max_segment_s
-                if quiet_s >= self.silence_s or long:
-                    self._ended.append(self._segment(final=True))
-                    self._index, self._first, self._start_s = self._index + 1, len(self._latest.tokens), decoded_s
-                    self._current, self._times_s = None, []
-                    return True
-            elif (
-                self.silence_s is not None and decoded_s - self._start_s >= SILENCE_WITHOUT_TEXT_FACTOR * self.silence_s
-            ):
-                self._start_s = decoded_s  # nothing said: the next segment starts later
-            if transcript is not None and spoken:
-                self._current = self._segment(final=False)
-                return True
-            return bool(self._ended)
+    @property
+    def position(self) -> int:
+        """Samples of the connection seen so far."""
+        return self._position
 
-    def take(self) -> list[Segment]:
-        """The segments ended since the last take, in order, then the current one if it changed."""
-        with self._lock:
-            taken = self._ended + ([self._current] if self._current is not None else [])
-            self._ended, self._current = [], None
-            return taken
+    def split(self, samples: np.ndarray, scores: np.ndarray | None = None, *, commit: bool = False) -> list[Cut]:
+        """The next ``samples`` ``(n,)`` float32, and with ``vad`` the speech probabilities of the whole windows
+        they complete: the cuts, in order. ``commit``: the open segment ends after these samples (the client
+        committed its audio, or ended it)."""
+        start = self._position
+        self._position += len(samples)
+        audio, audio_start = (
+            (np.concatenate((self._held, samples)), self._held_start)
+            if len(self._held)
+            else (
+                samples,
+                start,
+            )
+        )
+        self._held = _EMPTY
+        cuts: list[Cut] = []
+        cursor = audio_start if not self._open else start
 
-    def finish(self, transcript: Transcript) -> list[Segment]:
-        """The stream has ended with ``transcript``: the ended segments not taken, then the last one, final."""
-        with self._lock:
-            self._latest = transcript
-            taken = [*self._ended, self._segment(final=True)]
-            self._ended, self._current = [], None
-            return taken
+        def route(upto: int, ends: bool) -> None:
+            nonlocal cursor
+            if upto > cursor or (ends and self._opened):
+                cuts.append(
+                    Cut(
+                        audio[cursor - audio_start : upto - audio_start],
+                        self.index,
+                        opens=not self._opened,
+                        ends=ends,
+                        start=self._start,
+                        end=upto if ends else None,
+                    )
+                )
+                self._opened = True
+            cursor = upto
+            if ends:
+                if self._opened:
+                    self.index += 1
+                self._open = self._opened = False
 
-    def _segment(self, *, final: bool) -> Segment:
-        # Only the tokens new since the last call are converted: a sweep updates every speaking stream after
-        # each step, and converting a whole segment each time would hold the ticker's interpreter lock per token said.
-        times, start_s = self._times_s, self._start_s
-        times += [round(time - start_s, 3) for time in self._latest.times_s[self._first + len(times) :]]
-        tokens = self._latest.tokens[self._first :]
-        return Segment(self._index, Transcript("".join(tokens), tokens, tuple(times)), start_s, final)
+        def begin(at: int) -> None:
+            nonlocal cursor
+            self._open, self._start, cursor = True, at, at
+
+        speaking = self._endpointer is not None and self._endpointer.speaking
+        if not self._open and len(samples) and (self.vad is None or speaking):
+            begin(start)  # no endpointing, or speech goes on past a commit: a segment opens with these samples
+        events = self._endpointer.push(scores) if self._endpointer is not None and scores is not None else []
+        for event in events:
+            if isinstance(event, SpeechStarted):
+                if not self._open:
+                    begin(max(cursor, event.sample - self.vad.prefix_padding_samples))  # type: ignore[union-attr]
+            elif self._open:
+                route(max(event.at, cursor), ends=True)
+        while self._open and self.max_samples is not None and self._position - self._start >= self.max_samples:
+            limit = self._start + self.max_samples
+            route(limit, ends=True)
+            begin(limit)  # speech goes on: the next segment opens where this one ended
+        if self._open:
+            route(self._position, ends=commit)
+        elif self.vad is not None:
+            keep_from = max(cursor, self._position - self.vad.prefix_padding_samples - VAD_WINDOW_SAMPLES)
+            self._held, self._held_start = audio[keep_from - audio_start :], keep_from
+        return cuts
+
+    def clear(self) -> None:
+        """Drop the open segment (its stream is cancelled by the caller): the next samples start the next one."""
+        if self._opened:
+            self.index += 1
+        self._open = self._opened = False
+        self._held = _EMPTY
+
+
+class TextChanges:
+    """Which reports of a connection's segments are news to a client that sees only texts: each report of a
+    segment's text by its stream (a CTC token said, an LLM update: changed or not) unless it is empty and
+    nothing was said yet, and each segment's final text, once; not that a segment opened or that its audio
+    ended."""
+
+    def __init__(self) -> None:
+        self._index, self._text = -1, ""  # the segment reported last, and its text
+
+    def changed(self, segment: Segment) -> bool:
+        """Whether ``segment`` is news (and remember it)."""
+        if segment.index != self._index:
+            self._index, self._text = segment.index, ""
+        text = segment.transcript.text
+        news = segment.final or (segment.end_s is None and (bool(text) or text != self._text))
+        self._text = text
+        return news
+
+
+def seconds(samples: int) -> float:
+    """``samples`` at 16 kHz in seconds, to the millisecond."""
+    return round(samples / SAMPLE_RATE, 3)

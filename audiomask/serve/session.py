@@ -1,10 +1,12 @@
 """One WebSocket connection, whatever its protocol: admission, audio in, results out, final result, errors.
 
-A protocol (:mod:`audiomask.serve.sherpa`, :mod:`audiomask.serve.wenet`) is a
-:class:`ClientProtocol`: it turns each client message into an event
-(:class:`Samples`, :class:`Reply`, :data:`END`) or a :class:`ClientError`, and
-formats partial results, final results and errors. Everything else is here,
-once for both:
+A protocol (:mod:`audiomask.serve.sherpa`, :mod:`audiomask.serve.wenet`,
+:mod:`audiomask.serve.realtime`) is a :class:`ClientProtocol`: it turns each
+client message into an event (:class:`Samples`, :class:`Reply`,
+:class:`Commit`, :class:`Clear`, :data:`END`) or a :class:`ClientError`, says
+how the connection's audio is cut into segments, and formats what to tell
+the client of each segment's progress, final results and errors. Everything
+else is here, once for all:
 
 - the handshake: the token (HTTP 401) and the connection limit (HTTP 503 with
   ``Retry-After``) are checked before the connection is accepted;
@@ -18,13 +20,16 @@ once for both:
   sends faster than real time waits for the encoder steps (uvicorn stops
   reading its socket and TCP slows it), and the server holds at most two
   blocks and one message per connection;
-- the stream is opened with the first block of samples (a connection that
+- the connection is attached to the engine with its first audio (or commit),
+  cut into segments as its protocol says then (:mod:`audiomask.serve.segments`);
+  a segment's stream is opened with its first samples (a connection that
   sends less holds no encoder slot) and named after the client's address;
-- the text is sent each time it changes (the engine's ticker sweeps it after
-  the encoder steps), each segment's last result once it ends at an endpoint
-  (routes that want them); the final result after the client's end message
-  (every sample is fed first, and every segment ended before is sent), or
-  when the server drains;
+- what the engine reports of the segments (one opened, its text each time it
+  changed, its audio ended, its final text) is handed to the protocol in order,
+  and its messages sent; a client's commit ends the open segment where the
+  client committed; the final result after the client's end message (every
+  sample is fed first, and every segment ended before is reported), or when
+  the server drains;
 - a client error (a message over ``--max-message-bytes``, a malformed message,
   NaN/Inf samples, no message for ``--idle-timeout-s``, messages faster than
   ``--max-messages-per-s``) gets the protocol's
@@ -46,10 +51,11 @@ import numpy as np
 from starlette.responses import PlainTextResponse
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from audiomask.asr.transcript import Transcript
 from audiomask.errors import AudioError
 from audiomask.serve.admission import Listener, Refusal
 from audiomask.serve.segments import Segment
-from audiomask.serve.settings import ServeSettings
+from audiomask.serve.settings import Endpointing, ServeSettings
 
 __all__ = [
     "CLOSE_INTERNAL_ERROR",
@@ -59,6 +65,8 @@ __all__ = [
     "CLOSE_TOO_BIG",
     "CLOSE_UNSUPPORTED",
     "END",
+    "Clear",
+    "Commit",
     "MAX_CLOSE_REASON_BYTES",
     "ClientError",
     "ClientProtocol",
@@ -104,6 +112,21 @@ class Reply:
     messages: tuple[str, ...]
 
 
+@dataclass(frozen=True)
+class Commit:
+    """The client has committed its audio: the open segment ends after it and ``samples`` ``(n,)`` float32
+    (what the protocol still held of it)."""
+
+    samples: np.ndarray
+
+
+@dataclass(frozen=True)
+class Clear:
+    """The client drops its audio not committed (the open segment); ``messages`` go back at once."""
+
+    messages: tuple[str, ...]
+
+
 class End:
     """The client has sent all its audio: finish the stream and send the final result."""
 
@@ -121,20 +144,29 @@ class ClientProtocol(ABC):
     sample_format: str
     #: What to tell a client whose samples hold NaN, Inf or absurd values.
     bad_samples_hint: str = ""
-    #: Whether the route splits a stream into segments at endpoints (:mod:`audiomask.serve.segments`).
-    endpoints: bool = False
+
+    def greeting(self) -> tuple[str, ...]:
+        """The messages sent once the connection is accepted, before anything else."""
+        return ()
+
+    def endpointing(self, settings: ServeSettings) -> Endpointing:
+        """How the connection's audio is cut into segments (:class:`~audiomask.serve.segments.Segmenter`),
+        asked when its first audio comes: by default, one segment (until a commit)."""
+        return None, None
 
     @abstractmethod
-    def read_text(self, text: str) -> Samples | Reply | End:
+    def read_text(self, text: str) -> Samples | Reply | End | Commit | Clear:
         """The event of a text message; :class:`ClientError` when the protocol has no such message."""
 
     @abstractmethod
-    def read_bytes(self, data: bytes) -> Samples | Reply | End:
+    def read_bytes(self, data: bytes) -> Samples | Reply | End | Commit | Clear:
         """The event of a binary message; :class:`ClientError` when it is not audio of the route's format."""
 
     @abstractmethod
-    def result(self, segment: Segment) -> str:
-        """The message that reports a segment: its text so far, or in full once it has ended (``final``)."""
+    def result(self, segment: Segment) -> tuple[str, ...]:
+        """The messages that report a segment's progress (:class:`~audiomask.serve.segments.Segment`: opened,
+        its text so far, its audio ended, or its final text), in the order the engine reported them; none
+        when the protocol has nothing to say of it."""
 
     @abstractmethod
     def final(self, segment: Segment) -> tuple[str, ...]:
@@ -152,6 +184,12 @@ class AudioFeed(Protocol):
     async def put(self, samples: np.ndarray) -> None:
         """Queue ``samples`` ``(n,)`` float32 for the stream (checked here); waits while the feed is full."""
 
+    def commit(self) -> None:
+        """The open segment ends after the samples put so far."""
+
+    def clear(self) -> None:
+        """Drop the samples not fed and the open segment."""
+
 
 class Backend(Protocol):
     """What a connection needs of the recognizer's side: :class:`~audiomask.serve.engine.Engine` (the
@@ -165,9 +203,9 @@ class Backend(Protocol):
     def release(self) -> None:
         """A connection :meth:`admit` counted has ended."""
 
-    def attach(self, listener: Listener, name: str, *, endpoints: bool = False) -> AudioFeed:
-        """The feed of a new connection, whose stream's results and failure ``listener`` hears of; ``endpoints``:
-        split the stream into segments."""
+    def attach(self, listener: Listener, name: str, endpointing: Endpointing = (None, None)) -> AudioFeed:
+        """The feed of a new connection, whose segments and failure ``listener`` hears of; ``endpointing``:
+        how its audio is cut into segments."""
 
     def detach(self, feed: AudioFeed) -> None:
         """The connection of ``feed`` has ended: drop what was not fed, end and free its stream (returns at once)."""
@@ -228,9 +266,7 @@ class _Session:
         self._name = f"{websocket.url.path} {client.host}:{client.port}" if client else websocket.url.path
         self._feed: AudioFeed | None = None
         self._binary_messages = 0
-        self._ended: deque[Segment] = deque()  # segments ended and not sent yet, in order
-        self._current: Segment | None = None  # the current segment, as last reported
-        self._current_sent = True  # ... and sent already
+        self._outbox: deque[Segment] = deque()  # segment reports not handed to the protocol yet, in order
         self._audio_ended = False  # the client's audio has ended: results go out with the final one
         self._changed = asyncio.Event()
         self._stopped = False  # the server is draining
@@ -246,12 +282,19 @@ class _Session:
         self._allowance_at = asyncio.get_running_loop().time()
 
     def results(self, segments: list[Segment]) -> None:
+        outbox = self._outbox
         for segment in segments:
-            if segment.final:
-                self._ended.append(segment)
-                self._current = None
+            last = outbox[-1] if outbox else None
+            if (
+                last is not None
+                and last.index == segment.index
+                and not last.final
+                and not segment.final
+                and (last.end_s is None) == (segment.end_s is None)
+            ):
+                outbox[-1] = segment  # a newer text of the same segment: the latest is enough
             else:
-                self._current, self._current_sent = segment, False
+                outbox.append(segment)
         self._changed.set()
 
     def failed(self, error: BaseException) -> None:
@@ -283,7 +326,8 @@ class _Session:
     async def run(self) -> None:
         """Read until the end message (or a drain), then send the final result; errors end it early."""
         self._task = asyncio.current_task()
-        feed = self._feed = self._engine.attach(self, self._name, endpoints=self._protocol.endpoints)
+        for message in self._protocol.greeting():
+            await self._websocket.send_text(message)
         sender = asyncio.create_task(self._send_results())
         self._watch_idle()
         try:
@@ -292,14 +336,14 @@ class _Session:
                 self._audio_ended = True  # the sender sends what it holds and returns
                 self._changed.set()
                 await asyncio.gather(sender, return_exceptions=True)
-                *ended, last = await self._finish(feed)
+                *ended, last = await self._finish()
             except ClientError as error:
                 await _cancel(sender)
                 await self._websocket.send_text(self._protocol.error(str(error)))
                 await self._websocket.close(error.code, _close_reason(str(error)))
                 return
-            self._ended.extend(ended)  # after the segments reported while the stream finished
-            await self._send_ended()
+            self._outbox.extend(ended)  # after the reports that came while the streams finished
+            await self._send_outbox()
             for message in self._protocol.final(last):
                 await self._websocket.send_text(message)
             await self._websocket.close(CLOSE_NORMAL)
@@ -309,7 +353,15 @@ class _Session:
             if self._idle_timer is not None:
                 self._idle_timer.cancel()
             await _cancel(sender)
-            self._engine.detach(feed)
+            if self._feed is not None:
+                self._engine.detach(self._feed)
+
+    def _attached(self) -> AudioFeed:
+        """The connection's feed, attached to the engine with its first audio, cut as its protocol says then."""
+        if self._feed is None:
+            endpointing = self._protocol.endpointing(self._engine.settings)
+            self._feed = self._engine.attach(self, self._name, endpointing)
+        return self._feed
 
     async def _read_audio(self) -> None:
         """Queue each message's samples for the stream, until the end message or a drain."""
@@ -325,6 +377,15 @@ class _Session:
                     await self._websocket.send_text(reply)
             elif isinstance(event, Samples) and len(event.samples):
                 await self._accept(event.samples)
+            elif isinstance(event, Commit):
+                if len(event.samples):
+                    await self._accept(event.samples)
+                self._attached().commit()
+            elif isinstance(event, Clear):
+                if self._feed is not None:
+                    self._feed.clear()
+                for reply in event.messages:
+                    await self._websocket.send_text(reply)
 
     async def _next_message(self) -> dict | None:
         """The client's next message; ``None`` when the server drains; :class:`ClientError` when idle too
@@ -391,17 +452,19 @@ class _Session:
 
     async def _accept(self, samples: np.ndarray) -> None:
         """Queue ``samples`` for the stream; waits while the feed is full."""
-        assert self._feed is not None
+        feed = self._attached()
         try:
-            await self._feed.put(samples)
+            await feed.put(samples)
         except Exception as error:  # noqa: BLE001 - each is the client's error or the server's, reported to it
             raise self._client_error(error) from None
 
-    async def _finish(self, feed: AudioFeed) -> list[Segment]:
-        """The stream's segments not yet reported, the last final (its text empty when no samples came); waits
-        for the steps its last chunks need."""
+    async def _finish(self) -> list[Segment]:
+        """The segments not yet reported, the last final (its text empty when no samples came); waits for the
+        steps their last chunks need."""
+        if self._feed is None:
+            return [Segment(0, Transcript(), 0.0, True, 0.0)]
         try:
-            return await self._engine.finish(feed)
+            return await self._engine.finish(self._feed)
         except Exception as error:  # noqa: BLE001 - as in _accept
             raise self._client_error(error, finishing=True) from None
 
@@ -415,25 +478,21 @@ class _Session:
         return ClientError(f"the server cannot {doing} this stream: {error}", CLOSE_INTERNAL_ERROR)
 
     async def _send_results(self) -> None:
-        """Send the results as the engine reports them: each ended segment, then the current one each time the
-        recognizer reported it anew (a CTC token said, an LLM update: its text changed or not; the latest when
-        several came at once); returns once the client's audio has ended."""
+        """Send what the engine reports of the segments, as it comes (the latest text of a segment when several
+        came at once); returns once the client's audio has ended."""
         try:
             while not self._audio_ended:
                 await self._changed.wait()
                 self._changed.clear()
-                await self._send_ended()
-                current = self._current
-                if current is not None and not self._current_sent:
-                    self._current_sent = True
-                    await self._websocket.send_text(self._protocol.result(current))
+                await self._send_outbox()
         except WebSocketDisconnect:
             pass
 
-    async def _send_ended(self) -> None:
-        """Send the ended segments not sent yet, in order."""
-        while self._ended:
-            await self._websocket.send_text(self._protocol.result(self._ended.popleft()))
+    async def _send_outbox(self) -> None:
+        """Hand the reports not sent yet to the protocol, in order, and send its messages."""
+        while self._outbox:
+            for message in self._protocol.result(self._outbox.popleft()):
+                await self._websocket.send_text(message)
 
 
 async def _cancel(task: asyncio.Task) -> None:

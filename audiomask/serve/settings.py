@@ -19,6 +19,13 @@ import math
 from dataclasses import dataclass
 
 from audiomask.checks import check_int
+from audiomask.vad.endpoints import (
+    DEFAULT_PREFIX_PADDING_MS,
+    DEFAULT_SILENCE_MS,
+    DEFAULT_THRESHOLD,
+    MS_PER_S,
+    VADSettings,
+)
 
 __all__ = [
     "DEFAULT_DTYPE",
@@ -30,6 +37,8 @@ __all__ = [
     "DEFAULT_MAX_MESSAGE_BYTES",
     "DEFAULT_MAX_PENDING_HANDSHAKES",
     "DEFAULT_MAX_SEGMENT_S",
+    "DEFAULT_VAD_THRESHOLD",
+    "Endpointing",
     "DEFAULT_PORT",
     "DTYPES",
     "LOOPBACK",
@@ -67,8 +76,13 @@ DEFAULT_MAX_MESSAGES_PER_S = 1000.0
 # from more, and the front end and the event loop need the other cores (as for `audiomask transcribe`).
 SERVE_THREADS = 1
 # Endpoints on the sherpa-onnx route (audiomask.serve.segments), sherpa-onnx's defaults (Kaldi's rules 2 and 3).
-DEFAULT_ENDPOINT_SILENCE_S = 1.2  # seconds of trailing silence after some text that end a segment
+# Voice-activity endpointing suited to conversation (OpenAI's server VAD defaults): half a second of silence
+# ends an utterance.
+DEFAULT_ENDPOINT_SILENCE_S = DEFAULT_SILENCE_MS / MS_PER_S  # seconds of silence after speech that end a segment
+DEFAULT_VAD_THRESHOLD = DEFAULT_THRESHOLD  # speech probability at which speech starts
 DEFAULT_MAX_SEGMENT_S = 20.0  # seconds a segment lasts at the most
+# How a connection's audio is cut into segments: (voice-activity endpointing or None, longest segment in seconds).
+Endpointing = tuple[VADSettings | None, float | None]
 DTYPES = ("float32", "bfloat16", "float16")  # what --dtype takes: torch dtype names
 DEFAULT_DTYPE = "float32"  # the shipped model is trained and measured in float32
 MAX_WS_WORKERS = 256  # WebSocket worker processes: a bound on a typo, far above any host's cores
@@ -110,10 +124,13 @@ class ServeSettings:
         max_wait_ms: how long a connection's ready chunk waits for the others' before a step runs the
             ready ones (the recognizer's ``max_wait_ms``); ``None``: one chunk on the CPU, 40 ms (or the
             chunk if shorter) on CUDA.
-        endpoint_silence_s: on the sherpa-onnx route, seconds of silence after some text that end a
-            segment (an endpoint: its result is final, and the next segment's text starts afresh); ``0``:
-            no endpoints, one segment per connection (see :mod:`audiomask.serve.segments`).
-        max_segment_s: on the sherpa-onnx route, seconds a segment lasts at the most.
+        endpoint_silence_s: seconds of silence after speech, by voice-activity detection (:mod:`audiomask.vad`),
+            that end a segment (an endpoint: its result is final, and the next segment's text starts afresh)
+            on the routes that split a stream into segments (the sherpa-onnx route; WeNet's with
+            ``continuous_decoding``); ``0``: no endpoints, one segment per connection (see
+            :mod:`audiomask.serve.segments`). Realtime sessions choose their own (``turn_detection``).
+        vad_threshold: the speech probability, in (0, 1), at which the detector hears speech start.
+        max_segment_s: seconds a segment lasts at the most, on every route.
         token: when set, a client must send ``Authorization: Bearer TOKEN`` or ``?token=TOKEN``
             (otherwise HTTP 401 at the handshake).
         certfile, keyfile: a PEM certificate and its key: serve ``wss://`` / ``https://`` (both or neither).
@@ -143,6 +160,7 @@ class ServeSettings:
     ws_workers: int | None = None
     max_wait_ms: int | None = None
     endpoint_silence_s: float = DEFAULT_ENDPOINT_SILENCE_S
+    vad_threshold: float = DEFAULT_VAD_THRESHOLD
     max_segment_s: float = DEFAULT_MAX_SEGMENT_S
     token: str | None = None
     certfile: str | None = None
@@ -179,6 +197,10 @@ class ServeSettings:
                 )
         _check_seconds("--endpoint-silence-s", self.endpoint_silence_s, zero=True)
         _check_seconds("--max-segment-s", self.max_segment_s, zero=False)
+        try:
+            VADSettings(threshold=self.vad_threshold)
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"--vad-threshold: {error}") from None
         if self.ws_workers is not None:
             check_int("--ws-workers", self.ws_workers, minimum=0, maximum=MAX_WS_WORKERS)
         if self.token is not None and (
@@ -198,11 +220,18 @@ class ServeSettings:
             )
 
     @property
-    def endpoints(self) -> tuple[float | None, float | None]:
-        """``(silence_s, max_segment_s)`` of the sherpa-onnx route's endpoints; ``(None, None)``: none."""
-        if not self.endpoint_silence_s:
-            return None, None
-        return float(self.endpoint_silence_s), float(self.max_segment_s)
+    def endpointing(self) -> Endpointing:
+        """``(vad, max_segment_s)`` of the routes that split a stream into segments at endpoints (``vad`` is
+        ``None`` when ``endpoint_silence_s`` is 0)."""
+        return self.segments_by(self.endpoint_silence_s)
+
+    def segments_by(self, silence_s: float | None, prefix_padding_ms: int = DEFAULT_PREFIX_PADDING_MS) -> Endpointing:
+        """``(vad, max_segment_s)``: voice-activity endpoints after ``silence_s`` of silence (``None`` or 0:
+        none) at this server's threshold, and its longest segment."""
+        if not silence_s:
+            return None, float(self.max_segment_s)
+        vad = VADSettings(self.vad_threshold, round(silence_s * MS_PER_S), prefix_padding_ms)
+        return vad, float(self.max_segment_s)
 
     @property
     def secure(self) -> bool:

@@ -13,7 +13,9 @@ update), then, after ``Done``, the final result with ``is_final`` and
 >>> protocol.read_text("Done")
 END
 >>> protocol.result(Segment(0, Transcript("hi", ("h", "i"), (0.28, 0.36)), start_s=0.0, final=False))
-'{"text": "hi", "segment": 0, "is_final": false, "is_eof": false, "tokens": ["h", "i"], "timestamps": [0.28, 0.36], "start_time": 0.0}'
+('{"text": "hi", "segment": 0, "is_final": false, "is_eof": false, "tokens": ["h", "i"], "timestamps": [0.28, 0.36], "start_time": 0.0}',)
+>>> protocol.result(Segment(0, Transcript("hi", ("h", "i"), (0.28, 0.36)), start_s=0.0, final=False, end_s=1.2))
+()
 >>> protocol.final(Segment(1, Transcript("yo", ("y", "o"), (0.1, 0.2)), start_s=2.4, final=True))
 ('{"text": "yo", "segment": 1, "is_final": true, "is_eof": true, "tokens": ["y", "o"], "timestamps": [0.1, 0.2], "start_time": 2.4}', 'Done!')
 >>> protocol.read_bytes(b"\\x00\\x00")
@@ -23,11 +25,13 @@ audiomask.serve.session.ClientError: a binary message of 2 bytes is not a whole 
 an odd number of 16-bit values looks like int16 PCM; this route takes little-endian float32 samples in [-1, 1] at 16 kHz \
 (int16 PCM goes to /wenet)
 
-Endpoints split a connection's speech into segments (sherpa-onnx's rules,
-:mod:`audiomask.serve.segments`): a segment's last result has ``is_final``
-true (``is_eof`` false), and the next segment's ``text`` starts afresh, its
-``segment`` one more and ``start_time`` where it starts (seconds from the
-stream's start). ``tokens`` are the segment's tokens (characters, for the
+Endpoints split a connection's speech into segments (voice-activity
+detection, ``--endpoint-silence-s``; :mod:`audiomask.serve.segments`): a
+segment's last result has ``is_final`` true (``is_eof`` false), and the next
+segment's ``text`` starts afresh, its ``segment`` one more and ``start_time``
+where it starts (seconds from the stream's start). A result is sent each time
+the recognizer reports a segment's text (a CTC token said, an LLM update), and
+once with its final text. ``tokens`` are the segment's tokens (characters, for the
 shipped model) and ``timestamps`` when each starts, seconds from
 ``start_time`` (where greedy CTC emitted it: :class:`~audiomask.asr.transcript.Transcript`).
 A client error gets ``{"error": MESSAGE}``, then a close frame whose code
@@ -40,8 +44,9 @@ import json
 
 import numpy as np
 
-from audiomask.serve.segments import Segment
+from audiomask.serve.segments import Segment, TextChanges
 from audiomask.serve.session import CLOSE_UNSUPPORTED, END, ClientError, ClientProtocol, End, Reply, Samples
+from audiomask.serve.settings import Endpointing, ServeSettings
 
 __all__ = ["DONE", "DONE_REPLY", "FLOAT32_LE", "SherpaProtocol"]
 
@@ -57,7 +62,12 @@ class SherpaProtocol(ClientProtocol):
 
     sample_format = SAMPLE_FORMAT
     bad_samples_hint = f"; this route takes {SAMPLE_FORMAT}: int16 PCM read as float32 gives such values"
-    endpoints = True
+
+    def __init__(self) -> None:
+        self._texts = TextChanges()
+
+    def endpointing(self, settings: ServeSettings) -> Endpointing:
+        return settings.endpointing
 
     def read_text(self, text: str) -> Samples | Reply | End:
         if text == DONE:
@@ -78,8 +88,8 @@ class SherpaProtocol(ClientProtocol):
             )
         return Samples(np.frombuffer(data, FLOAT32_LE))
 
-    def result(self, segment: Segment) -> str:
-        return _result(segment, eof=False)
+    def result(self, segment: Segment) -> tuple[str, ...]:
+        return (_result(segment, eof=False),) if self._texts.changed(segment) else ()
 
     def final(self, segment: Segment) -> tuple[str, ...]:
         return _result(segment, eof=True), DONE_REPLY

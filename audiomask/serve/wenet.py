@@ -7,8 +7,11 @@ mono, 16 kHz (not float32: that is the sherpa-onnx route, ``/``); then
 ``{"signal": "end"}``. The server sends ``partial_result`` each time the
 recognizer has new output and, after the end signal, ``final_result`` and ``speech_end``, then
 closes with code 1000. ``nbest`` is a JSON *string* of ``[{"sentence": ...}]``
-(greedy decoding: one hypothesis whatever ``nbest`` asks). Errors are
-``{"status": "failed", "message": ...}``, then a close frame.
+(greedy decoding: one hypothesis whatever ``nbest`` asks). With
+``"continuous_decoding": true`` the audio is cut into segments at
+voice-activity endpoints (as WeNet's server does): each segment's text ends
+with a ``final_result``, and the next one's ``partial_result`` starts afresh.
+Errors are ``{"status": "failed", "message": ...}``, then a close frame.
 
 >>> from audiomask.asr.transcript import Transcript
 >>> from audiomask.serve.segments import Segment
@@ -16,7 +19,7 @@ closes with code 1000. ``nbest`` is a JSON *string* of ``[{"sentence": ...}]``
 >>> protocol.read_text('{"signal": "start", "nbest": 1, "continuous_decoding": false}').messages
 ('{"status": "ok", "type": "server_ready"}',)
 >>> protocol.result(Segment(0, Transcript("hello"), start_s=0.0, final=False))
-'{"status": "ok", "type": "partial_result", "nbest": "[{\\\\"sentence\\\\": \\\\"hello\\\\"}]"}'
+('{"status": "ok", "type": "partial_result", "nbest": "[{\\\\"sentence\\\\": \\\\"hello\\\\"}]"}',)
 >>> protocol.read_bytes(b"\\x00\\x40").samples   # int16 16384 = 0.5 of full scale
 array([0.5], dtype=float32)
 """
@@ -27,8 +30,9 @@ import json
 
 import numpy as np
 
-from audiomask.serve.segments import Segment
+from audiomask.serve.segments import Segment, TextChanges
 from audiomask.serve.session import END, ClientError, ClientProtocol, End, Reply, Samples
+from audiomask.serve.settings import Endpointing, ServeSettings
 
 __all__ = ["INT16_FULL_SCALE", "INT16_LE", "WeNetProtocol"]
 
@@ -46,6 +50,11 @@ class WeNetProtocol(ClientProtocol):
 
     def __init__(self) -> None:
         self.started = False
+        self.continuous = False  # continuous_decoding: segments at endpoints
+        self._texts = TextChanges()
+
+    def endpointing(self, settings: ServeSettings) -> Endpointing:
+        return settings.endpointing if self.continuous else (None, None)
 
     def read_text(self, text: str) -> Samples | Reply | End:
         """The event of a start or end signal; :class:`ClientError` (close 1007) for any other text, JSON that
@@ -75,11 +84,10 @@ class WeNetProtocol(ClientProtocol):
         nbest = message.get("nbest", 1)
         if isinstance(nbest, bool) or not isinstance(nbest, int) or nbest < 1:
             raise ClientError(f"nbest must be a positive integer, got {_shown(nbest)}")
-        if not isinstance(message.get("continuous_decoding", False), bool):
-            raise ClientError(
-                f"continuous_decoding must be true or false, got {_shown(message['continuous_decoding'])}"
-            )
-        self.started = True
+        continuous = message.get("continuous_decoding", False)
+        if not isinstance(continuous, bool):
+            raise ClientError(f"continuous_decoding must be true or false, got {_shown(continuous)}")
+        self.started, self.continuous = True, continuous
         return Reply((json.dumps({"status": "ok", "type": "server_ready"}),))
 
     def read_bytes(self, data: bytes) -> Samples | Reply | End:
@@ -92,8 +100,10 @@ class WeNetProtocol(ClientProtocol):
             )
         return Samples(np.frombuffer(data, INT16_LE).astype(np.float32) / np.float32(INT16_FULL_SCALE))
 
-    def result(self, segment: Segment) -> str:
-        return _result("final_result" if segment.final else "partial_result", segment.transcript.text)
+    def result(self, segment: Segment) -> tuple[str, ...]:
+        if not self._texts.changed(segment):
+            return ()
+        return (_result("final_result" if segment.final else "partial_result", segment.transcript.text),)
 
     def final(self, segment: Segment) -> tuple[str, ...]:
         return _result("final_result", segment.transcript.text), json.dumps({"status": "ok", "type": "speech_end"})

@@ -10,9 +10,11 @@ frames a pass, not one system call each.
 
 Worker -> recognizer (``cid``: the worker's number for the connection):
 
-- ``(OPEN, cid, name, endpoints)``: a connection attached (``endpoints``: its route splits the stream into
-  segments); its stream is opened with its first samples;
+- ``(OPEN, cid, name, endpointing)``: a connection attached (``endpointing``: how its audio is cut into
+  segments, :data:`~audiomask.serve.settings.Endpointing`); a segment's stream is opened with its first samples;
 - ``(AUDIO, cid, samples)``: ``(n,)`` float32 samples, already checked, in whole blocks of the stream;
+- ``(COMMIT, cid)``: the client committed its audio: the open segment ends after the samples sent before;
+- ``(CLEAR, cid)``: the client dropped its audio not committed: what was not fed, and the open segment;
 - ``(END, cid)``: the client ended its audio: feed the rest, finish, answer ``FINAL``;
 - ``(WAIT, cid)``: the worker holds the client's messages until ``RESUME`` (it has sent more than the
   feed may hold: ``max_buffered`` samples beyond those a pass has taken);
@@ -52,7 +54,9 @@ from audiomask.errors import AudioError
 
 __all__ = [
     "AUDIO",
+    "CLEAR",
     "CLOSE",
+    "COMMIT",
     "DRAIN",
     "END",
     "ERROR_KINDS",
@@ -75,7 +79,7 @@ __all__ = [
     "read_frame",
 ]
 
-OPEN, AUDIO, WAIT, END, CLOSE = "open", "audio", "wait", "end", "close"
+OPEN, AUDIO, COMMIT, CLEAR, WAIT, END, CLOSE = "open", "audio", "commit", "clear", "wait", "end", "close"
 HELLO, HEALTH, RESULTS, RESUME, FAILED, FINAL, STOP, DRAIN, EXIT = (
     "hello",
     "health",

@@ -11,7 +11,7 @@ known ``silence_ms`` after it, which is the delay a segment's end costs.
 
 >>> endpointer = Endpointer(VADSettings(threshold=0.5, silence_ms=96, prefix_padding_ms=0))
 >>> endpointer.push(np.array([0.1, 0.9, 0.9, 0.1, 0.2, 0.1, 0.1]))   # 32 ms windows
-[SpeechStarted(sample=512), SpeechStopped(sample=1536)]
+[SpeechStarted(sample=512), SpeechStopped(sample=1536, at=3072)]
 >>> endpointer.speaking
 False
 """
@@ -82,9 +82,11 @@ class SpeechStarted:
 
 @dataclass(frozen=True)
 class SpeechStopped:
-    """Speech stopped at ``sample`` of the stream (the start of its first quiet window), ``silence_ms`` ago."""
+    """Speech stopped at ``sample`` of the stream (the start of its first quiet window); known ``at`` sample
+    (the end of the window that made the quiet last ``silence_ms``)."""
 
     sample: int
+    at: int
 
 
 class Endpointer:
@@ -121,6 +123,6 @@ class Endpointer:
                 self._quiet_since = window
             if self._windows - self._quiet_since >= max(1, silence_windows):
                 self.speaking = False
-                events.append(SpeechStopped(self._quiet_since * VAD_WINDOW_SAMPLES))
+                events.append(SpeechStopped(self._quiet_since * VAD_WINDOW_SAMPLES, self.heard))
                 self._quiet_since = None
         return events

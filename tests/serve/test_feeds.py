@@ -32,10 +32,28 @@ class _Stream:
     done = False
 
 
+class _Utterances:
+    """What a feed and its inbox read of a connection's segments: the stream a pass opened, if any."""
+
+    def __init__(self) -> None:
+        self.stream: _Stream | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.stream is None or self.stream.done
+
+    def unfinished(self) -> list[_Stream]:
+        return [] if self.stream is None or self.stream.finished else [self.stream]
+
+
+def _open(inbox: Inbox, name: str):
+    return inbox.open(name, _Utterances())
+
+
 def test_a_feed_is_due_when_its_samples_complete_the_next_block():
     async def run():
         inbox, wake = _inbox()
-        feed = inbox.open("caller")
+        feed = _open(inbox, "caller")
         await feed.put(_samples(1, 2, 3))
         assert inbox.take(CYCLES) == [] and not wake.is_set()
         await feed.put(_samples(4, 5))  # 5 samples: the first block (4) is complete
@@ -52,7 +70,7 @@ def test_a_feed_is_due_when_its_samples_complete_the_next_block():
 def test_put_waits_over_the_bound_until_a_pass_has_fed_the_samples():
     async def run():
         inbox, _ = _inbox()
-        feed = inbox.open("fast sender")
+        feed = _open(inbox, "fast sender")
         put = asyncio.create_task(feed.put(np.zeros(MAX_BUFFERED + 1, np.float32)))
         await asyncio.sleep(0.01)
         assert not put.done()
@@ -68,7 +86,7 @@ def test_put_waits_over_the_bound_until_a_pass_has_fed_the_samples():
 def test_a_feed_being_fed_is_not_taken_again_so_its_samples_stay_in_order():
     async def run():
         inbox, _ = _inbox()
-        feed = inbox.open("caller")
+        feed = _open(inbox, "caller")
         await feed.put(_samples(*range(5)))
         first = inbox.take(CYCLES)
         await feed.put(_samples(5, 6, 7, 8))  # due again while the first pass still feeds it
@@ -82,7 +100,7 @@ def test_a_feed_being_fed_is_not_taken_again_so_its_samples_stay_in_order():
 def test_samples_put_during_a_pass_are_due_once_the_pass_counts_its_own():
     async def run():
         inbox, _ = _inbox()
-        feed = inbox.open("caller")
+        feed = _open(inbox, "caller")
         await feed.put(_samples(*range(5)))
         first = inbox.take(CYCLES)
         await feed.put(_samples(5, 6))  # 2 samples short of the first block by the count so far ...
@@ -95,13 +113,13 @@ def test_samples_put_during_a_pass_are_due_once_the_pass_counts_its_own():
 def test_end_feeds_what_is_short_of_a_block_and_waits_until_the_stream_is_done():
     async def run():
         inbox, _ = _inbox()
-        feed = inbox.open("caller")
+        feed = _open(inbox, "caller")
         await feed.put(_samples(1, 2))
         end = asyncio.create_task(feed.end())
         await asyncio.sleep(0.01)
         [(taken, samples)] = inbox.take(CYCLES)
         assert taken is feed and feed.ending and samples.tolist() == [1, 2]
-        feed.stream = _Stream()  # the pass opened it, fed it and ended it; its last chunk is not encoded yet
+        feed.utterances.stream = _Stream()  # the pass opened it, fed it and ended it; its last chunk is not encoded yet
         assert inbox.fed([(taken, samples)]) == ([], [])
         assert inbox.fed([]) == ([], [])  # a later pass: the stream is still not done
         await asyncio.sleep(0.01)
@@ -118,14 +136,14 @@ def test_end_feeds_what_is_short_of_a_block_and_waits_until_the_stream_is_done()
 def test_an_end_asked_while_a_pass_feeds_the_stream_waits_for_the_next_pass_with_the_last_samples():
     async def run():
         inbox, _ = _inbox()
-        feed = inbox.open("caller")
+        feed = _open(inbox, "caller")
         await feed.put(_samples(1, 2, 3, 4))
         [(_, first)] = inbox.take(CYCLES)  # a pass feeds the first block ...
         await feed.put(_samples(5))  # ... while the client sends its last samples and ends
         end = asyncio.create_task(feed.end())
         await asyncio.sleep(0.01)
         assert not feed.ending  # that pass took none of the last samples: it must not end the stream
-        feed.stream = _Stream()
+        feed.utterances.stream = _Stream()
         assert inbox.fed([(feed, first)]) == ([], [])
         [(_, last)] = inbox.take(CYCLES)
         assert feed.ending and last.tolist() == [5]
@@ -140,12 +158,12 @@ def test_an_end_asked_while_a_pass_feeds_the_stream_waits_for_the_next_pass_with
 def test_an_ending_feed_without_samples_is_woken_by_the_next_pass_and_a_closed_one_at_once():
     async def run():
         inbox, _ = _inbox()
-        silent, gone = inbox.open("silent"), inbox.open("gone")
+        silent, gone = _open(inbox, "silent"), _open(inbox, "gone")
         await gone.put(_samples(1))
         ends = [asyncio.create_task(feed.end()) for feed in (silent, gone)]
         await asyncio.sleep(0.01)
         taken = inbox.take(CYCLES)
-        gone.stream = _Stream()
+        gone.utterances.stream = _Stream()
         assert inbox.fed(taken) == ([silent], [])  # no sample came: no stream, nothing to wait for
         assert gone.close() is False  # ... which releases its end at once
         with pytest.raises(RuntimeError, match="'gone' ended before its final result"):
@@ -160,7 +178,7 @@ def test_an_ending_feed_without_samples_is_woken_by_the_next_pass_and_a_closed_o
 def test_bad_samples_are_refused_at_once_naming_the_frame_from_the_stream_start():
     async def run():
         inbox, _ = _inbox()
-        feed = inbox.open("caller")
+        feed = _open(inbox, "caller")
         await feed.put(_samples(0, 0, 0))
         with pytest.raises(AudioError, match=r"stream 'caller': non-finite sample \(nan\) at frame 4"):
             await feed.put(_samples(0, np.nan))
@@ -172,7 +190,7 @@ def test_bad_samples_are_refused_at_once_naming_the_frame_from_the_stream_start(
 def test_a_stream_error_reaches_the_next_put():
     async def run():
         inbox, _ = _inbox()
-        feed = inbox.open("caller")
+        feed = _open(inbox, "caller")
         feed.error = RuntimeError("the recognizer stopped")
         with pytest.raises(RuntimeError, match="stopped"):
             await feed.put(_samples(1))
@@ -183,13 +201,13 @@ def test_a_stream_error_reaches_the_next_put():
 def test_a_closed_feed_drops_its_samples_and_a_pass_feeding_it_ends_its_stream():
     async def run():
         inbox, _ = _inbox()
-        idle, busy = inbox.open("idle"), inbox.open("busy")
+        idle, busy = _open(inbox, "idle"), _open(inbox, "busy")
         await idle.put(_samples(*range(5)))
         assert idle.close() is False  # not being fed: the caller ends its stream
         assert inbox.take(CYCLES) == []
         await busy.put(_samples(*range(5)))
         taken = inbox.take(CYCLES)
-        busy.stream = _Stream()
+        busy.utterances.stream = _Stream()
         assert busy.close() is True  # being fed: the pass ends its stream
         woken, orphans = inbox.fed(taken)
         assert orphans == [busy.stream]
@@ -205,12 +223,55 @@ def test_the_bound_holds_a_whole_first_block():
 def test_a_feed_waits_while_the_recognizer_has_not_encoded_what_it_was_fed():
     async def run():
         inbox = Inbox(threading.Event(), FIRST_BLOCK, BLOCK, MAX_BUFFERED, max_ahead=2)
-        feed = inbox.open("fast sender")
+        feed = _open(inbox, "fast sender")
         for block in (np.zeros(FIRST_BLOCK, np.float32), np.zeros(BLOCK, np.float32)):
             await feed.put(block)
-            inbox.fed(inbox.take(CYCLES))  # two blocks fed, no cycle ran
+            taken = inbox.take(CYCLES)
+            feed.new_blocks = 1  # the pass fed its stream a whole block
+            inbox.fed(taken)  # two blocks fed, no cycle ran
         await feed.put(np.zeros(BLOCK, np.float32))
         assert inbox.take(CYCLES) == []
         assert [len(samples) for _, samples in inbox.take(CYCLES + 1)] == [BLOCK]  # one block encoded
+
+    asyncio.run(run())
+
+
+def test_silence_left_out_of_every_stream_holds_no_feed_back():
+    async def run():
+        inbox = Inbox(threading.Event(), FIRST_BLOCK, BLOCK, MAX_BUFFERED, max_ahead=1)
+        feed = _open(inbox, "quiet")
+        for _ in range(4):  # passes that feed no stream (voice-activity endpointing heard no speech)
+            await feed.put(np.zeros(FIRST_BLOCK, np.float32))
+            assert [len(samples) for _, samples in inbox.take(CYCLES)] == [FIRST_BLOCK]
+            inbox.fed([(feed, np.zeros(FIRST_BLOCK, np.float32))])
+
+    asyncio.run(run())
+
+
+def test_a_commit_splits_the_samples_where_the_client_committed():
+    async def run():
+        inbox, _ = _inbox()
+        feed = _open(inbox, "caller")
+        await feed.put(_samples(1, 2, 3))
+        feed.commit()
+        await feed.put(_samples(4, 5))
+        [(_, first)] = inbox.take(CYCLES)
+        assert first.tolist() == [1, 2, 3] and feed.committing  # the pass ends the open segment after them
+        inbox.fed([(feed, first)])
+        [(_, rest)] = inbox.take(CYCLES)
+        assert rest.tolist() == [4, 5] and not feed.committing
+
+    asyncio.run(run())
+
+
+def test_a_clear_drops_what_was_not_fed_and_tells_the_next_pass():
+    async def run():
+        inbox, _ = _inbox()
+        feed = _open(inbox, "caller")
+        await feed.put(_samples(1, 2, 3))
+        feed.clear()
+        await feed.put(_samples(4))
+        [(_, samples)] = inbox.take(CYCLES)
+        assert samples.tolist() == [4] and feed.clearing
 
     asyncio.run(run())

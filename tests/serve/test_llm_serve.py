@@ -139,7 +139,7 @@ def _serve_usage(*args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize(
     "options",
-    [("--left-chunks", "2"), ("--frontend-workers", "1"), ("--dtype", "bfloat16"), ("--endpoint-silence-s", "2")],
+    [("--left-chunks", "2"), ("--frontend-workers", "1"), ("--dtype", "bfloat16")],
 )
 def test_a_ctc_option_with_an_llm_checkpoint_is_one_line(qwen3_dir, options):
     result = _serve_usage("--model", str(qwen3_dir), *options)

@@ -153,7 +153,7 @@ def test_a_dip_between_words_does_not_stop_speech() -> None:
     endpointer = Endpointer(VADSettings(threshold=0.5, silence_ms=64, prefix_padding_ms=0))
     # 0.4 is below the threshold but above threshold - HYSTERESIS: still speech.
     assert endpointer.push(np.array([0.9, 0.4, 0.4, 0.4, 0.9])) == [SpeechStarted(0)]
-    assert endpointer.push(np.array([0.1, 0.1])) == [SpeechStopped(5 * WINDOW_SAMPLES)]
+    assert endpointer.push(np.array([0.1, 0.1])) == [SpeechStopped(5 * WINDOW_SAMPLES, 7 * WINDOW_SAMPLES)]
     assert endpointer.heard == 7 * WINDOW_SAMPLES
 
 
