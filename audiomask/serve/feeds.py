@@ -200,9 +200,13 @@ class Feed:
         self._room.clear()
 
     def _ahead(self, cycles: int) -> int:
-        """Called with the lock held: blocks fed and not encoded yet (at least), after ``cycles`` cycles ran."""
+        """Called with the lock held: blocks fed and not encoded yet (at least), after ``cycles`` cycles ran;
+        none while no segment is open (a segment cut finishes whatever it was fed, and no step may come
+        before the next one opens)."""
         since = 0 if self._cycles_seen is None else cycles - self._cycles_seen
         self._cycles_seen = cycles
+        if not self.utterances.segment_open:
+            self._blocks_encoded = self._blocks_fed
         self._blocks_encoded = min(self._blocks_fed, self._blocks_encoded + since)
         return self._blocks_fed - self._blocks_encoded
 

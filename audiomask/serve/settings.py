@@ -239,13 +239,17 @@ class ServeSettings:
         return self.certfile is not None
 
     def describe_routes(self) -> str:
-        """Both WebSocket routes' URLs and what their binary messages hold, for a start-up line.
+        """The WebSocket routes' URLs and what their messages hold, for a start-up line.
 
         >>> ServeSettings(port=8000).describe_routes()
-        'ws://127.0.0.1:8000/ (sherpa-onnx, float32 samples), ws://127.0.0.1:8000/wenet (WeNet, int16 PCM)'
+        'ws://127.0.0.1:8000/ (sherpa-onnx, float32 samples), ws://127.0.0.1:8000/wenet (WeNet, int16 PCM), \
+ws://127.0.0.1:8000/v1/realtime (OpenAI Realtime and vLLM, base64 PCM16)'
         """
         address = f"{'wss' if self.secure else 'ws'}://{self.host}:{self.port}"
-        return f"{address}/ (sherpa-onnx, float32 samples), {address}/wenet (WeNet, int16 PCM)"
+        return (
+            f"{address}/ (sherpa-onnx, float32 samples), {address}/wenet (WeNet, int16 PCM), "
+            f"{address}/v1/realtime (OpenAI Realtime and vLLM, base64 PCM16)"
+        )
 
 
 def check_ctc_options(settings: ServeSettings) -> None:

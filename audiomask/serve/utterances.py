@@ -39,6 +39,11 @@ class Stream(Protocol):
     def token_count(self) -> int: ...
 
     @property
+    def segment_open(self) -> bool:
+        """Whether a segment is open, its stream taking samples (read without the lock)."""
+        return self._current is not None
+
+    @property
     def finishing(self) -> bool:
         """Whether a segment has been cut and its final text not reported yet (read without the lock)."""
         return bool(self._ending)
@@ -100,6 +105,11 @@ class Utterances:
         with self._lock:
             latest = self._current or self._last
             return None if latest is None else latest.stream
+
+    @property
+    def segment_open(self) -> bool:
+        """Whether a segment is open, its stream taking samples (read without the lock)."""
+        return self._current is not None
 
     @property
     def finishing(self) -> bool:

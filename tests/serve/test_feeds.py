@@ -37,6 +37,7 @@ class _Utterances:
 
     def __init__(self) -> None:
         self.stream: _Stream | None = None
+        self.segment_open = True
 
     @property
     def done(self) -> bool:
@@ -232,6 +233,22 @@ def test_a_feed_waits_while_the_recognizer_has_not_encoded_what_it_was_fed():
         await feed.put(np.zeros(BLOCK, np.float32))
         assert inbox.take(CYCLES) == []
         assert [len(samples) for _, samples in inbox.take(CYCLES + 1)] == [BLOCK]  # one block encoded
+
+    asyncio.run(run())
+
+
+def test_a_feed_without_an_open_segment_is_not_held_back_by_blocks_a_cut_stream_was_fed():
+    async def run():
+        inbox = Inbox(threading.Event(), FIRST_BLOCK, BLOCK, MAX_BUFFERED, max_ahead=1)
+        feed = _open(inbox, "caller")
+        await feed.put(np.zeros(FIRST_BLOCK, np.float32))
+        taken = inbox.take(CYCLES)
+        feed.new_blocks = 1
+        inbox.fed(taken)  # a block fed, no cycle ran: the feed waits ...
+        await feed.put(np.zeros(BLOCK, np.float32))
+        assert inbox.take(CYCLES) == []
+        feed.utterances.segment_open = False  # ... until its segment is cut: no step may come for it
+        assert [len(samples) for _, samples in inbox.take(CYCLES)] == [BLOCK]
 
     asyncio.run(run())
 

@@ -3,6 +3,8 @@ offline answer as the final, on both routes; a Phi-4-multimodal one the same way
 model are one line, status 2.
 
 The checkpoint is ``tests/llm``'s (:mod:`bench.llm_checkpoints`). Chunks of 0.5 s keep the server quick on a CPU.
+The synthetic signals are no speech to a voice-activity detector: those servers run without endpoints
+(``--endpoint-silence-s 0``), one segment per connection; the realtime test streams the sample files.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ pytest.importorskip("transformers")
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 CHUNK_MS = 500
+NO_ENDPOINTS = ("--endpoint-silence-s", "0")
 MESSAGE_SAMPLES = 1600  # 0.1 s a message, sent in real time
 USAGE_TIMEOUT_S = 60.0
 EXIT_USAGE = 2
@@ -66,7 +69,15 @@ def _health(url: str) -> dict:
 @pytest.mark.parametrize("ws_workers", [0, 1])
 def test_two_clients_at_once_get_partials_and_the_offline_answer(start_server, qwen3_dir, speech, ws_workers):
     served = start_server(
-        "--model", str(qwen3_dir), "--device", "cpu", "--chunk-ms", str(CHUNK_MS), "--ws-workers", str(ws_workers)
+        "--model",
+        str(qwen3_dir),
+        "--device",
+        "cpu",
+        "--chunk-ms",
+        str(CHUNK_MS),
+        "--ws-workers",
+        str(ws_workers),
+        *NO_ENDPOINTS,
     )
     health = _health(served.url)
     assert (health["chunk_ms"], health["device"], health["max_connections"]) == (CHUNK_MS, "cpu", 4)
@@ -87,14 +98,14 @@ def test_two_clients_at_once_get_partials_and_the_offline_answer(start_server, q
         # A result every chunk, its text changed or not (the last chunk's may come with the final instead).
         assert chunks - 1 <= len(result.partials) <= chunks, (len(result.partials), chunks)
         assert result.partials[0][0] < result.done_at, "the first partial came after the end of the audio"
-        assert result.segments == []  # one segment per connection: no endpoints over a revised text
+        assert result.segments == []  # one segment per connection: no endpoints
     assert _health(served.url)["cycles"] > 0
 
 
 def test_a_result_comes_every_chunk_when_its_text_repeats(start_server, qwen3_dir, speech):
     # One token an update, then rolled back: the answer never grows, so the partials repeat one text.
     served = start_server(
-        "--model", str(qwen3_dir), "--device", "cpu", "--chunk-ms", str(CHUNK_MS), "--fixed-tokens", "1"
+        "--model", str(qwen3_dir), "--device", "cpu", "--chunk-ms", str(CHUNK_MS), "--fixed-tokens", "1", *NO_ENDPOINTS
     )
     audio = speech(2.0, 4)
     result = asyncio.run(stream_audio(served.ws_url, audio, message_samples=MESSAGE_SAMPLES, realtime=True))
@@ -105,7 +116,7 @@ def test_a_result_comes_every_chunk_when_its_text_repeats(start_server, qwen3_di
 
 
 def test_a_client_gone_mid_stream_frees_its_slot(start_server, qwen3_dir, speech):
-    served = start_server("--model", str(qwen3_dir), "--device", "cpu", "--chunk-ms", str(CHUNK_MS))
+    served = start_server("--model", str(qwen3_dir), "--device", "cpu", "--chunk-ms", str(CHUNK_MS), *NO_ENDPOINTS)
     audio = speech(1.5, 3)
 
     async def run():
@@ -154,7 +165,7 @@ def test_a_phi4_checkpoint_streams_by_re_feeding_to_its_offline_answer(start_ser
     from tests.llm.conftest import save_phi4mm
 
     phi4mm_dir = save_phi4mm(tmp_path, seed=0, tie_word_embeddings=True, lora=False)
-    served = start_server("--model", str(phi4mm_dir), "--device", "cpu", "--chunk-ms", str(CHUNK_MS))
+    served = start_server("--model", str(phi4mm_dir), "--device", "cpu", "--chunk-ms", str(CHUNK_MS), *NO_ENDPOINTS)
     audio = speech(2.6, 5)
     result = asyncio.run(stream_audio(served.ws_url, audio, message_samples=MESSAGE_SAMPLES, realtime=True))
     assert result.text == _offline(phi4mm_dir, [audio])[0]
@@ -180,3 +191,45 @@ def test_fixed_tokens_reach_the_servers_policy(qwen3_dir):
         assert recognizer.policy == StreamPolicy(chunk_s=CHUNK_MS / 1000, fixed_tokens=3)
     with pytest.raises(ValueError, match="--fixed-tokens"):
         ServeSettings(model=str(qwen3_dir), fixed_tokens=0)
+
+
+def test_server_vad_ends_each_items_stream_and_its_final_is_the_offline_answer_of_its_audio(
+    start_server, qwen3_dir, sample_audio
+):
+    """Two sentences with a pause, over ``/v1/realtime`` with server VAD (16 kHz PCM, so that the server hears these
+    very samples): two items, each the language model's offline answer over the audio its events bound."""
+    import base64
+
+    from websockets.asyncio.client import connect
+
+    served = start_server("--model", str(qwen3_dir), "--device", "cpu", "--chunk-ms", str(CHUNK_MS))
+    pause = np.zeros(SAMPLE_RATE, np.float32)
+    audio = np.concatenate([sample_audio["hello_world.wav"], pause, sample_audio["numbers.wav"], pause])
+    pcm = (np.clip(audio, -1, 32767 / 32768) * 32768).astype("<i2")
+    heard = pcm.astype(np.float32) / np.float32(32768)  # what the server decodes
+    session = {
+        "type": "transcription",
+        "audio": {
+            "input": {"format": {"type": "audio/pcm", "rate": SAMPLE_RATE}, "turn_detection": {"type": "server_vad"}}
+        },
+    }
+
+    async def run() -> list[dict]:
+        async with connect(served.ws_url + "/v1/realtime?intent=transcription", proxy=None) as ws:
+            await ws.recv()
+            await ws.send(json.dumps({"type": "session.update", "session": session}))
+            for start in range(0, len(pcm), MESSAGE_SAMPLES):
+                chunk = base64.b64encode(pcm[start : start + MESSAGE_SAMPLES].tobytes()).decode()
+                await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": chunk}))
+            events = []
+            while sum(e["type"].endswith("transcription.completed") for e in events) < 2:
+                events.append(json.loads(await asyncio.wait_for(ws.recv(), 60)))
+            return events
+
+    events = asyncio.run(run())
+    starts = [e["audio_start_ms"] for e in events if e["type"] == "input_audio_buffer.speech_started"]
+    ends = [e["audio_end_ms"] for e in events if e["type"] == "input_audio_buffer.speech_stopped"]
+    finals = [e["transcript"] for e in events if e["type"].endswith("transcription.completed")]
+    assert len(starts) == len(ends) == 2
+    spans = [heard[start * SAMPLE_RATE // 1000 : end * SAMPLE_RATE // 1000] for start, end in zip(starts, ends)]
+    assert finals == _offline(qwen3_dir, spans)
