@@ -5,14 +5,14 @@
   incrementally, so memory stays bounded for files of any length.
 - :func:`iter_stream_blocks`: the same from a pipe, FIFO or character
   device, as the samples arrive.
-- :class:`Resampler`: the streaming resampler :func:`iter_blocks` uses, for
-  live samples as well.
+- :class:`~audiomask.resample.Resampler` (from :mod:`audiomask.resample`): the
+  streaming resampler :func:`iter_blocks` uses, for live samples as well.
 
 Files are read with soundfile (libsndfile: WAV PCM 16/24/32-bit and float,
 FLAC, Ogg Vorbis/Opus, AIFF, ...). Several channels are mixed down by their
 mean. Resampling is torchaudio's windowed-sinc filter
 (``torchaudio.functional.resample`` defaults), computed in float64 and rounded
-to float32 once: :class:`Resampler` applies the same filter with the overlap
+to float32 once: :class:`~audiomask.resample.Resampler` applies the same filter with the overlap
 between pushes carried over, so any chunking gives the samples of the
 whole-file call (float64 sums differ from it by rounding noise only, far below
 half a float32 ulp; the tests assert equality to within one ulp).
@@ -59,6 +59,7 @@ import torchaudio
 from audiomask.checks import check_int
 from audiomask.constants import SAMPLE_RATE
 from audiomask.errors import AudioError
+from audiomask.resample import MAX_RESAMPLE_FILTER_BYTES, Resampler, resample_refusal
 from audiomask.samples import MAX_SAMPLE_MAGNITUDE, check_samples, first_unusable
 
 __all__ = [
@@ -85,13 +86,6 @@ MAX_CHANNELS = 8
 # 768 kHz (the highest rate converters offer) a header is corrupt, not audio.
 MIN_SAMPLE_RATE = 4000
 MAX_SAMPLE_RATE = 768000
-# torchaudio's resampling filter holds (new / g) phases of (orig / g + 2 * width) float64 taps,
-# g = gcd of the rates, and building it takes several times that memory, and seconds for the largest.
-# Every standard rate from 8 to 768 kHz needs at most 2.2 MiB (11.025 kHz); exotic 44.056 kHz
-# needs 85 MiB and coprime rates such as 16001 Hz 2 GB. Figures: docs/defaults.md.
-MAX_RESAMPLE_FILTER_BYTES = 16 * 2**20
-_LOWPASS_FILTER_WIDTH = 6  # torchaudio.functional.resample's defaults, which the filter size follows
-_ROLLOFF = 0.99
 # Frames per read, for load and iter_blocks alike: whatever a header declares, memory follows the
 # data actually there (2 MiB a read at 8 channels). At least FLAC's largest block (65535 frames):
 # when a corrupt header misstates block sizes, libsndfile fails reads shorter than a block.
@@ -197,7 +191,7 @@ def _check_header(handle: sf.SoundFile, path: Path, target_sr: int | None) -> No
             f"unsupported sample rate: {handle.samplerate} Hz (audio is read at {MIN_SAMPLE_RATE} to "
             f"{MAX_SAMPLE_RATE} Hz; the header is likely corrupt)",
         )
-    refusal = None if target_sr is None else _resample_refusal(handle.samplerate, target_sr)
+    refusal = None if target_sr is None else resample_refusal(handle.samplerate, target_sr)
     if refusal:
         raise _fail(path, refusal)
     log = handle.extra_info
@@ -226,27 +220,6 @@ def _mono(block: np.ndarray) -> np.ndarray:
     if block.shape[1] == 1:
         return np.ascontiguousarray(block[:, 0])
     return block.mean(axis=1, dtype=np.float32)
-
-
-def _resample_filter_bytes(orig_sr: int, new_sr: int) -> int:
-    """Bytes of the float64 filter torchaudio builds to resample ``orig_sr`` to ``new_sr`` Hz."""
-    gcd = math.gcd(orig_sr, new_sr)
-    orig, new = orig_sr // gcd, new_sr // gcd
-    width = math.ceil(_LOWPASS_FILTER_WIDTH * orig / (min(orig, new) * _ROLLOFF))
-    return new * (orig + 2 * width) * 8
-
-
-def _resample_refusal(orig_sr: int, new_sr: int) -> str | None:
-    """Why ``orig_sr`` -> ``new_sr`` Hz is refused (its filter is too large), or ``None`` when it is not."""
-    if orig_sr == new_sr:
-        return None
-    nbytes = _resample_filter_bytes(orig_sr, new_sr)
-    if nbytes <= MAX_RESAMPLE_FILTER_BYTES:
-        return None
-    return (
-        f"cannot resample {orig_sr} Hz to {new_sr} Hz: their ratio needs a {nbytes / 2**20:,.0f} MiB filter "
-        f"(limit {MAX_RESAMPLE_FILTER_BYTES // 2**20} MiB); convert the audio to a common rate first"
-    )
 
 
 def _mono_blocks(handle: sf.SoundFile, path: Path, read_frames: int = READ_BLOCK_FRAMES) -> Iterator[np.ndarray]:
@@ -508,90 +481,3 @@ def _resampled_blocks(
     pending = np.concatenate((pending, resampler.flush()))
     for start in range(0, len(pending), block_samples):
         yield pending[start : start + block_samples]
-
-
-class Resampler:
-    """Streaming resampler: ``push`` chunks, then ``flush``; the output equals the whole-signal call.
-
-    Applies torchaudio's windowed-sinc kernel (the one
-    ``torchaudio.functional.resample(x, orig_sr, new_sr)`` uses) as a
-    polyphase convolution with stride ``orig_sr / g`` (``g`` = gcd of the
-    rates), in float64. Each push computes every output whose input window lies
-    inside the samples seen so far and keeps the rest (under
-    ``2 * width + orig_sr / g`` input samples, ``width`` = the kernel's half
-    span); ``flush`` pads the end with zeros, as the offline call does, and cuts
-    the output to ``ceil(N * new_sr / orig_sr)`` samples for ``N`` pushed.
-    Latency: ``width + orig_sr / g`` input samples. Equal rates pass the
-    samples through unchanged, as ``torchaudio.functional.resample`` does.
-
-    Args:
-        orig_sr: input rate in Hz, ``>= 1``.
-        new_sr: output rate in Hz, ``>= 1``.
-
-    >>> r = Resampler(48000, 16000)
-    >>> x = np.sin(np.arange(4800, dtype=np.float32) * 0.01)
-    >>> y = np.concatenate([r.push(x[:1000]), r.push(x[1000:]), r.flush()])
-    >>> y.dtype, len(y)
-    (dtype('float32'), 1600)
-    >>> ref = torchaudio.functional.resample(torch.from_numpy(x).double(), 48000, 16000).float().numpy()
-    >>> bool(np.abs(y - ref).max() <= np.spacing(np.float32(1)))
-    True
-    """
-
-    def __init__(self, orig_sr: int, new_sr: int) -> None:
-        orig_sr = check_int("orig_sr", orig_sr, minimum=1)
-        new_sr = check_int("new_sr", new_sr, minimum=1)
-        refusal = _resample_refusal(orig_sr, new_sr)
-        if refusal:
-            raise ValueError(f"orig_sr and new_sr: {refusal}")
-        self._identity = orig_sr == new_sr
-        self._pushed = 0
-        self._emitted = 0
-        self._flushed = False
-        if self._identity:
-            return
-        reference = torchaudio.transforms.Resample(orig_sr, new_sr, dtype=torch.float64)
-        self._stride = orig_sr // reference.gcd  # input samples per group of new_sr / g outputs
-        self._ratio = (new_sr // reference.gcd, self._stride)
-        self._kernel = reference.kernel  # (new_sr / g, 1, 2 * width + stride)
-        self._width = reference.width
-        self._span = self._kernel.shape[-1]
-        self._held = torch.zeros(self._width, dtype=torch.float64)  # the offline call's left zero padding
-
-    def _convolve(self, tail: torch.Tensor) -> np.ndarray:
-        """Outputs of every full window of ``self._held + tail``; keep what the next windows need."""
-        held = torch.cat((self._held, tail))
-        windows = (len(held) - self._span) // self._stride + 1 if len(held) >= self._span else 0
-        if windows == 0:
-            self._held = held
-            return np.empty(0, dtype=np.float32)
-        used = held[: (windows - 1) * self._stride + self._span]
-        out = torch.nn.functional.conv1d(used[None, None], self._kernel, stride=self._stride)
-        self._held = held[windows * self._stride :]
-        return out[0].T.reshape(-1).float().numpy()
-
-    def push(self, samples: np.ndarray) -> np.ndarray:
-        """Resample the next chunk: ``(n,)`` float -> ``(m,)`` float32 of the outputs now known."""
-        if self._flushed:
-            raise ValueError("push after flush: this Resampler's stream has ended")
-        samples = np.asarray(samples)
-        if samples.ndim != 1:
-            raise ValueError(f"samples must be 1-D, got shape {samples.shape}")
-        if self._identity:
-            return samples.astype(np.float32, copy=False)
-        self._pushed += len(samples)
-        out = self._convolve(torch.from_numpy(samples.astype(np.float64)))
-        self._emitted += len(out)
-        return out
-
-    def flush(self) -> np.ndarray:
-        """End the stream: the remaining ``(m,)`` float32 outputs."""
-        if self._flushed:
-            raise ValueError("flush called twice: this Resampler's stream has already ended")
-        self._flushed = True
-        if self._identity:
-            return np.empty(0, dtype=np.float32)
-        new, orig = self._ratio
-        total = -(-self._pushed * new // orig)  # ceil, in exact integers
-        out = self._convolve(torch.zeros(self._width + self._stride, dtype=torch.float64))
-        return out[: total - self._emitted]

@@ -47,7 +47,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from audiomask.resample import StreamResampler
+from audiomask.resample import Resampler
 from audiomask.serve.segments import Segment
 from audiomask.serve.session import Clear, ClientProtocol, Commit, End, Reply, Samples
 from audiomask.serve.settings import Endpointing, ServeSettings
@@ -115,7 +115,7 @@ class RealtimeProtocol(ClientProtocol):
             "prefix_padding_ms": VADSettings().prefix_padding_ms,
             "silence_duration_ms": VADSettings().silence_ms,
         }
-        self._resampler: StreamResampler | None = None
+        self._resampler: Resampler | None = None
         self._audio_started = False  # audio has been appended: the endpointing is fixed
         self._uncommitted = 0  # samples appended since the last commit or clear
         self._items: dict[int, _Item] = {}  # by segment index
@@ -330,7 +330,7 @@ class RealtimeProtocol(ClientProtocol):
         pcm = np.frombuffer(data, "<i2").astype(np.float32) / np.float32(INT16_FULL_SCALE)
         if self._resampler is None:
             rate = VLLM_RATE if self.dialect == VLLM else self._rate
-            self._resampler = StreamResampler(rate, VLLM_RATE)
+            self._resampler = Resampler(rate, VLLM_RATE)
         self._audio_started = True
         self._uncommitted += len(pcm)
         return Samples(self._resampler.push(pcm))
