@@ -1,4 +1,4 @@
-"""Stream audio to an ``audiomask serve`` (or any sherpa-onnx / WeNet WebSocket server) and collect the text.
+"""Stream audio to an ``audiomask serve`` (or any sherpa-onnx / WeNet / OpenAI Realtime server) and collect the text.
 
 :func:`stream_audio` sends 16 kHz float32 samples in messages of
 ``message_samples``, as fast as the server takes them (it reads a message
@@ -8,7 +8,9 @@ time it arrived, and the time each message was sent (``time.perf_counter``
 seconds), from which a benchmark computes its latencies. Over ``"sherpa"``
 the samples travel as float32, over ``"wenet"`` as int16 PCM (samples are
 rounded to the nearest of 65536 levels; those read from 16-bit files travel
-exactly).
+exactly), over ``"realtime"`` as OpenAI's Realtime API has them: resampled
+to 24 kHz, base64 PCM16 in ``input_audio_buffer.append`` events, under server
+VAD (each item a segment), committed at the end.
 
 >>> import asyncio, numpy as np
 >>> result = asyncio.run(stream_audio("ws://127.0.0.1:6006/", np.zeros(16000, np.float32)))  # doctest: +SKIP
@@ -19,6 +21,7 @@ exactly).
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import ssl
 import time
@@ -30,16 +33,23 @@ from websockets.exceptions import ConnectionClosed
 
 from audiomask.checks import check_int
 from audiomask.constants import SAMPLE_RATE
+from audiomask.resample import Resampler
 
 __all__ = ["DEFAULT_MESSAGE_SAMPLES", "PROTOCOLS", "ServerError", "StreamResult", "stream_audio"]
 
-PROTOCOLS = ("sherpa", "wenet")
+PROTOCOLS = ("sherpa", "wenet", "realtime")
 DEFAULT_MESSAGE_SAMPLES = SAMPLE_RATE // 10  # 100 ms a message, as sherpa-onnx's file client sends
 INT16_FULL_SCALE = 32768
 INT16_MIN, INT16_MAX = -INT16_FULL_SCALE, INT16_FULL_SCALE - 1
 WENET_START = {"signal": "start", "nbest": 1, "continuous_decoding": False}
 WENET_END = {"signal": "end"}
 SHERPA_DONE, SHERPA_DONE_REPLY = "Done", "Done!"
+REALTIME_RATE = 24_000  # Hz: OpenAI's audio/pcm
+REALTIME_SESSION = {
+    "type": "session.update",
+    "session": {"type": "transcription", "audio": {"input": {"turn_detection": {"type": "server_vad"}}}},
+}
+REALTIME_COMMIT = {"type": "input_audio_buffer.commit"}
 
 
 class ServerError(Exception):
@@ -71,40 +81,69 @@ class StreamResult:
     final_at: float = 0.0
 
 
-def _encode(samples: np.ndarray, protocol: str) -> bytes:
-    """The binary message of ``samples`` ``(n,)`` float32: float32 LE (sherpa) or int16 LE PCM (wenet)."""
+def _encode(samples: np.ndarray, protocol: str) -> bytes | str:
+    """The message of ``samples`` ``(n,)`` float32: float32 LE (sherpa), int16 LE PCM (wenet), or an append
+    event of base64 int16 LE PCM (realtime: samples already at 24 kHz)."""
     if protocol == "sherpa":
         return np.ascontiguousarray(samples, "<f4").tobytes()
-    levels = np.clip(np.rint(samples * np.float32(INT16_FULL_SCALE)), INT16_MIN, INT16_MAX)
-    return levels.astype("<i2").tobytes()
+    levels = np.clip(np.rint(samples * np.float32(INT16_FULL_SCALE)), INT16_MIN, INT16_MAX).astype("<i2").tobytes()
+    if protocol == "realtime":
+        return json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(levels).decode()})
+    return levels
 
 
-def _parse(message: str | bytes, protocol: str) -> tuple[str, str | None, float | None]:
-    """``(kind, text, newest token's start s)`` of a server message: kind ``partial``, ``segment`` (a segment
-    ended), ``final``, ``end`` or ``other``; the token time where the message carries token times."""
-    if protocol == "sherpa":
-        if message == SHERPA_DONE_REPLY:
-            return "end", None, None
+class _Reader:
+    """``(kind, text, newest token's start s)`` of each server message: kind ``partial``, ``segment`` (a segment
+    ended), ``final``, ``end`` or ``other``; the token time where the message carries token times. A realtime
+    reader keeps each item's text (its deltas joined) and knows the last item once the client has committed."""
+
+    def __init__(self, protocol: str) -> None:
+        self.protocol = protocol
+        self.committed = False  # realtime: the client has committed its audio
+        self._item_texts: dict[str, str] = {}
+        self._last_item: str | None = None  # realtime: the first item committed after the client's commit
+
+    def parse(self, message: str | bytes) -> tuple[str, str | None, float | None]:
+        if self.protocol == "realtime":
+            return self._realtime(json.loads(message))
+        if self.protocol == "sherpa":
+            if message == SHERPA_DONE_REPLY:
+                return "end", None, None
+            result = json.loads(message)
+            if "error" in result:
+                raise ServerError(result["error"])
+            kind = "final" if result["is_eof"] else "segment" if result["is_final"] else "partial"
+            times = result.get("timestamps")
+            newest = result.get("start_time", 0.0) + times[-1] if times else None
+            return kind, result["text"], newest
         result = json.loads(message)
-        if "error" in result:
-            raise ServerError(result["error"])
-        kind = "final" if result["is_eof"] else "segment" if result["is_final"] else "partial"
-        times = result.get("timestamps")
-        newest = result.get("start_time", 0.0) + times[-1] if times else None
-        return kind, result["text"], newest
-    result = json.loads(message)
-    if result.get("status") == "failed":
-        raise ServerError(result["message"])
-    kind = {"partial_result": "partial", "final_result": "final", "speech_end": "end"}.get(result["type"], "other")
-    text = json.loads(result["nbest"])[0]["sentence"] if "nbest" in result else None
-    return kind, text, None
+        if result.get("status") == "failed":
+            raise ServerError(result["message"])
+        kind = {"partial_result": "partial", "final_result": "final", "speech_end": "end"}.get(result["type"], "other")
+        text = json.loads(result["nbest"])[0]["sentence"] if "nbest" in result else None
+        return kind, text, None
+
+    def _realtime(self, event: dict) -> tuple[str, str | None, float | None]:
+        kind = event.get("type")
+        if kind == "error":
+            raise ServerError(event["error"]["message"])
+        if kind == "conversation.item.input_audio_transcription.delta":
+            text = self._item_texts[event["item_id"]] = self._item_texts.get(event["item_id"], "") + event["delta"]
+            return "partial", text, None
+        if kind == "input_audio_buffer.committed" and self.committed and self._last_item is None:
+            self._last_item = event["item_id"]
+        elif kind == "conversation.item.input_audio_transcription.completed":
+            if event["item_id"] == self._last_item:  # the last (a later one could only be empty)
+                return "final", event["transcript"], None
+            return "segment", event["transcript"], None
+        return "other", None, None
 
 
-async def _receive(connection: ClientConnection, protocol: str, result: StreamResult) -> None:
+async def _receive(connection: ClientConnection, reader: _Reader, result: StreamResult) -> None:
     """Collect partials and the final result until the protocol's last message."""
     try:
         async for message in connection:
-            kind, text, newest_s = _parse(message, protocol)
+            kind, text, newest_s = reader.parse(message)
             before = "".join(result.segments)
             if kind in ("partial", "segment"):
                 result.partials.append((time.perf_counter(), before + text))
@@ -113,6 +152,8 @@ async def _receive(connection: ClientConnection, protocol: str, result: StreamRe
                 result.segments.append(text)
             elif kind == "final":
                 result.text, result.final_at = before + text, time.perf_counter()
+                if reader.protocol == "realtime":  # the connection stays open: the client is done
+                    return
             elif kind == "end":
                 return
     except ConnectionClosed:  # closed with an error code: said below
@@ -137,9 +178,12 @@ async def stream_audio(
     """Stream ``samples`` ``(n,)`` float32 at 16 kHz to ``url`` over ``protocol``; the server's results.
 
     Args:
-        url: ``ws://HOST:PORT/`` (sherpa) or ``ws://HOST:PORT/wenet``; ``wss://`` with TLS.
-        protocol: ``"sherpa"`` (float32 messages, ``Done``) or ``"wenet"`` (start signal, int16, end signal).
-        message_samples: samples per binary message.
+        url: ``ws://HOST:PORT/`` (sherpa), ``ws://HOST:PORT/wenet`` or ``ws://HOST:PORT/v1/realtime``;
+            ``wss://`` with TLS.
+        protocol: ``"sherpa"`` (float32 messages, ``Done``), ``"wenet"`` (start signal, int16, end signal)
+            or ``"realtime"`` (OpenAI's: session update, 24 kHz PCM16 appends, commit; even
+            ``message_samples``).
+        message_samples: samples per message (of 16 kHz audio).
         realtime: send message ``i`` at ``i * message_samples / 16000`` s after the first, as a live
             source would; otherwise as fast as the server takes them.
         token: sent as ``Authorization: Bearer TOKEN``.
@@ -152,6 +196,8 @@ async def stream_audio(
     if protocol not in PROTOCOLS:
         raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
     message_samples = check_int("message_samples", message_samples, minimum=1)
+    if protocol == "realtime" and message_samples % 2:
+        raise ValueError(f"message_samples must be even over realtime (1.5 times at 24 kHz), got {message_samples}")
     headers = {} if token is None else {"Authorization": f"Bearer {token}"}
     result = StreamResult()
     async with connect(url, additional_headers=headers, ssl=ssl_context, proxy=None, max_size=None) as connection:
@@ -169,24 +215,36 @@ async def _exchange(
     result: StreamResult,
 ) -> None:
     """Send the start message, the samples and the end message while the results are collected."""
+    step = message_samples
     if protocol == "wenet":
         await connection.send(json.dumps(WENET_START))
         reply = json.loads(await connection.recv())
         if reply.get("type") != "server_ready":
             raise ServerError(f"expected server_ready, got {reply}")
-    receiver = asyncio.create_task(_receive(connection, protocol, result))
+    elif protocol == "realtime":
+        greeting = json.loads(await connection.recv())
+        if greeting.get("type") != "session.created":
+            raise ServerError(f"expected session.created, got {greeting}")
+        await connection.send(json.dumps(REALTIME_SESSION))
+        resampler = Resampler(SAMPLE_RATE, REALTIME_RATE)
+        samples = np.concatenate((resampler.push(samples), resampler.flush()))
+        step = message_samples * REALTIME_RATE // SAMPLE_RATE
+    reader = _Reader(protocol)
+    receiver = asyncio.create_task(_receive(connection, reader, result))
+    end = {"sherpa": SHERPA_DONE, "wenet": json.dumps(WENET_END), "realtime": json.dumps(REALTIME_COMMIT)}[protocol]
 
     async def send_all() -> None:
         """Send the samples and then the end message; stop early when the server has ended the exchange."""
         started = time.perf_counter()
-        for start in range(0, len(samples), message_samples):
+        for index, start in enumerate(range(0, len(samples), step)):
             if receiver.done():  # the server sent an error or closed: stop sending
                 return
             if realtime:
-                await asyncio.sleep(max(0.0, started + start / SAMPLE_RATE - time.perf_counter()))
-            await connection.send(_encode(samples[start : start + message_samples], protocol))
+                await asyncio.sleep(max(0.0, started + index * message_samples / SAMPLE_RATE - time.perf_counter()))
+            await connection.send(_encode(samples[start : start + step], protocol))
             result.sent_at.append(time.perf_counter())
-        await connection.send(SHERPA_DONE if protocol == "sherpa" else json.dumps(WENET_END))
+        reader.committed = True
+        await connection.send(end)
         result.done_at = time.perf_counter()
 
     try:

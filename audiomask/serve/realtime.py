@@ -346,10 +346,37 @@ class RealtimeProtocol(ClientProtocol):
                 "Error committing input audio buffer: the buffer holds no audio",
                 "input_audio_buffer_commit_empty",
             )
+        heard = self._uncommitted
         self._uncommitted = 0
         tail = self._resampler.flush() if self._resampler is not None else np.zeros(0, np.float32)
         self._resampler = None
+        if not heard or (self._turn_detection is not None and self.dialect == OPENAI and not self._open_item()):
+            return Reply(self._empty_item())  # no audio (vLLM), or none of it speech (server VAD): no text
         return Commit(tail)
+
+    def _open_item(self) -> bool:
+        """Whether an item has been reported (its speech started) and not yet committed."""
+        return any(not item.committed for item in self._items.values())
+
+    def _empty_item(self) -> tuple[str, ...]:
+        """What a commit of no speech answers: an item whose text is empty (vLLM: ``transcription.done``)."""
+        if self.dialect == VLLM:
+            return (json.dumps({"type": "transcription.done", "text": "", "usage": _vllm_usage(0)}),)
+        item = _Item()
+        previous, self._previous_item = self._previous_item, item.id
+        added = "conversation.item.created" if self._beta else "conversation.item.added"
+        return (
+            self._event("input_audio_buffer.committed", previous_item_id=previous, item_id=item.id),
+            self._event(added, previous_item_id=previous, item=_user_item(item.id, None)),
+            self._event(
+                "conversation.item.input_audio_transcription.completed",
+                item_id=item.id,
+                content_index=0,
+                transcript="",
+                usage={"type": "duration", "seconds": 0.0},
+            ),
+            self._event("conversation.item.done", previous_item_id=None, item=_user_item(item.id, "")),
+        )
 
     def _clear(self) -> Clear:
         self._uncommitted = 0
@@ -388,12 +415,7 @@ class RealtimeProtocol(ClientProtocol):
         text = segment.transcript.text
         seconds = round((segment.end_s or segment.start_s) - segment.start_s, 3)
         if self.dialect == VLLM:
-            usage = {
-                "prompt_tokens": 0,
-                "total_tokens": len(segment.transcript.tokens),
-                "completion_tokens": len(segment.transcript.tokens),
-                "completion_tokens_details": None,
-            }
+            usage = _vllm_usage(len(segment.transcript.tokens))
             return [json.dumps({"type": "transcription.done", "text": text, "usage": usage})]
         return [
             self._event(
@@ -454,6 +476,11 @@ class RealtimeProtocol(ClientProtocol):
 
 
 _NOT_VALIDATED = "Model not validated. Make sure to validate the model by sending a session.update event."
+
+
+def _vllm_usage(tokens: int) -> dict:
+    """vLLM's ``usage`` of a transcription of ``tokens`` tokens (no prompt: the server's model has none to count)."""
+    return {"prompt_tokens": 0, "total_tokens": tokens, "completion_tokens": tokens, "completion_tokens_details": None}
 
 
 def _user_item(item_id: str, transcript: str | None) -> dict:

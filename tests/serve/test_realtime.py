@@ -1,8 +1,9 @@
 """``/v1/realtime`` against a real server: the official ``openai`` client unchanged, and vLLM's example client.
 
 OpenAI's client streams 24 kHz PCM16 (what its API takes), so each sample file
-is written at 24 kHz first, and its expected text is ``audiomask transcribe``'s
-of that file. vLLM's client streams the 16 kHz files as they are.
+is written at 24 kHz first (as ``audiomask.serve.client`` resamples it), and its
+expected text is ``audiomask transcribe``'s of that file. vLLM's client streams
+the 16 kHz files as they are.
 """
 
 from __future__ import annotations
@@ -17,11 +18,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import soundfile as sf
-import torch
-import torchaudio.functional as AF
 from websockets.asyncio.client import connect
 
 from audiomask.constants import SAMPLE_RATE
+from audiomask.resample import Resampler
+from audiomask.serve.client import stream_audio
 from audiomask.serve.realtime import OPENAI_RATE, REALTIME_ROUTE
 from tests.serve.conftest import REPOSITORY, TRANSCRIBE_TIMEOUT_S
 
@@ -36,7 +37,7 @@ PAUSE_S = 1.0  # the silence between two sentences in the server-VAD test
 
 
 def _pcm16(samples: np.ndarray) -> bytes:
-    return (np.clip(samples, -1, 32767 / 32768) * 32768).astype("<i2").tobytes()
+    return np.clip(np.rint(samples * 32768), -32768, 32767).astype("<i2").tobytes()
 
 
 def _transcribe(paths: list[Path]) -> dict[str, str]:
@@ -61,8 +62,8 @@ def files_24k(sample_audio, tmp_path_factory) -> dict[str, tuple[bytes, str]]:
     audio["two.wav"] = np.concatenate([first, np.zeros(round(PAUSE_S * SAMPLE_RATE), np.float32), second])
     pcm = {}
     for name, samples in audio.items():
-        resampled = AF.resample(torch.from_numpy(samples), SAMPLE_RATE, OPENAI_RATE).numpy()
-        pcm[name] = _pcm16(resampled)
+        resampler = Resampler(SAMPLE_RATE, OPENAI_RATE)
+        pcm[name] = _pcm16(np.concatenate((resampler.push(samples), resampler.flush())))
         sf.write(directory / name, np.frombuffer(pcm[name], "<i2"), OPENAI_RATE, subtype="PCM_16")
     texts = _transcribe([directory / name for name in audio])
     return {name: (pcm[name], texts[name]) for name in audio}
@@ -139,6 +140,21 @@ def test_server_vad_splits_two_sentences_into_two_items(served, files_24k):
         "input_audio_buffer.speech_stopped",
         "input_audio_buffer.committed",
     ]
+
+
+def test_the_package_client_streams_over_the_realtime_route(served, sample_audio, files_24k):
+    async def run_all():
+        url = served.ws_url + REALTIME_ROUTE
+        return {
+            name: await stream_audio(url, samples, protocol="realtime", realtime=False, token=served.token)
+            for name, samples in sample_audio.items()
+        }
+
+    results = asyncio.run(run_all())
+    assert {name: result.text for name, result in results.items()} == {
+        name: files_24k[name][1] for name in sample_audio
+    }
+    assert all(result.partials and result.final_at >= result.done_at for result in results.values())
 
 
 async def _vllm_example(url: str, pcm: bytes, model: str = "audiomask") -> tuple[str, str]:
