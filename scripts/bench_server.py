@@ -7,7 +7,8 @@ Usage: python3 scripts/bench_server.py --clients 64 --realtime --out bench/resul
 
 Each client streams a sample file (``samples/*.wav``, in turn) in messages of
 ``--message-ms`` over the sherpa-onnx route (``--route wenet``: WeNet's;
-``both``: every other client), at real time with ``--realtime`` (else as fast
+``realtime``: OpenAI's Realtime API, 24 kHz PCM16 under server VAD; ``both``:
+sherpa-onnx and WeNet, every other client), at real time with ``--realtime`` (else as fast
 as the server takes them), starting one after another over ``--ramp-s``; the
 clients run as asyncio tasks in ``--processes`` processes. Without ``--url``
 the script starts the server (``python -m audiomask serve``, the shipped model
@@ -85,7 +86,7 @@ from bench.server_process import health as server_health
 REPOSITORY = Path(__file__).resolve().parents[1]
 MS_PER_S = 1000
 PERCENTILES = (50, 90, 99, 100)
-ROUTES = {"sherpa": "/", "wenet": "/wenet"}
+ROUTES = {"sherpa": "/", "wenet": "/wenet", "realtime": "/v1/realtime"}
 HEALTH_SAMPLE_S = 1.0  # seconds between the server's /health samples while the clients run
 CLIENT_START_S = 3.0  # seconds the client processes get to start before the first client connects
 # --model's random models: the latency benchmark's two full-size ones, and shipped_tiny, the shipped model's
@@ -301,6 +302,7 @@ def main(argv: list[str]) -> int:
     args = _arguments(argv)
     from audiomask.audio import load
     from audiomask.llm.checkpoint import is_llm_checkpoint
+    from audiomask.serve.client import heard_over_realtime
 
     audio = {path.name: np.tile(load(path)[0], args.repeat) for path in sorted((REPOSITORY / "samples").glob("*.wav"))}
     message_samples = args.message_ms * SAMPLE_RATE // MS_PER_S
@@ -316,8 +318,10 @@ def main(argv: list[str]) -> int:
             references = _update_clock(args.chunk_ms or round(DEFAULT_CHUNK_S * MS_PER_S))
         else:
             on_device = {"device": args.device, "dtype": args.dtype, "max_streams": args.clients}
+            # Over realtime the server hears the audio resampled to 24 kHz, as int16, and back.
+            heard = {name: heard_over_realtime(a) for name, a in audio.items()} if args.route == "realtime" else audio
             references = single_stream_references(
-                audio,
+                heard,
                 args.model,
                 args.chunk_ms,
                 args.left_chunks,

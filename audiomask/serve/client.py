@@ -35,7 +35,7 @@ from audiomask.checks import check_int
 from audiomask.constants import SAMPLE_RATE
 from audiomask.resample import Resampler
 
-__all__ = ["DEFAULT_MESSAGE_SAMPLES", "PROTOCOLS", "ServerError", "StreamResult", "stream_audio"]
+__all__ = ["DEFAULT_MESSAGE_SAMPLES", "PROTOCOLS", "ServerError", "StreamResult", "heard_over_realtime", "stream_audio"]
 
 PROTOCOLS = ("sherpa", "wenet", "realtime")
 DEFAULT_MESSAGE_SAMPLES = SAMPLE_RATE // 10  # 100 ms a message, as sherpa-onnx's file client sends
@@ -81,12 +81,31 @@ class StreamResult:
     final_at: float = 0.0
 
 
+def _to_realtime(samples: np.ndarray) -> np.ndarray:
+    """``samples`` ``(n,)`` float32 at 16 kHz as this client sends them over realtime: at 24 kHz."""
+    resampler = Resampler(SAMPLE_RATE, REALTIME_RATE)
+    return np.concatenate((resampler.push(samples), resampler.flush()))
+
+
+def _pcm16(samples: np.ndarray) -> np.ndarray:
+    """``samples`` rounded to the nearest of int16 PCM's 65536 levels, as int16."""
+    return np.clip(np.rint(samples * np.float32(INT16_FULL_SCALE)), INT16_MIN, INT16_MAX).astype("<i2")
+
+
+def heard_over_realtime(samples: np.ndarray) -> np.ndarray:
+    """What a server hears of ``samples`` ``(n,)`` float32 at 16 kHz streamed over realtime by this client:
+    resampled to 24 kHz, rounded to int16 PCM, resampled to 16 kHz (as the server does, to float32 rounding)."""
+    pcm = _pcm16(_to_realtime(samples)).astype(np.float32) / np.float32(INT16_FULL_SCALE)
+    resampler = Resampler(REALTIME_RATE, SAMPLE_RATE)
+    return np.concatenate((resampler.push(pcm), resampler.flush()))
+
+
 def _encode(samples: np.ndarray, protocol: str) -> bytes | str:
     """The message of ``samples`` ``(n,)`` float32: float32 LE (sherpa), int16 LE PCM (wenet), or an append
     event of base64 int16 LE PCM (realtime: samples already at 24 kHz)."""
     if protocol == "sherpa":
         return np.ascontiguousarray(samples, "<f4").tobytes()
-    levels = np.clip(np.rint(samples * np.float32(INT16_FULL_SCALE)), INT16_MIN, INT16_MAX).astype("<i2").tobytes()
+    levels = _pcm16(samples).tobytes()
     if protocol == "realtime":
         return json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(levels).decode()})
     return levels
@@ -226,8 +245,7 @@ async def _exchange(
         if greeting.get("type") != "session.created":
             raise ServerError(f"expected session.created, got {greeting}")
         await connection.send(json.dumps(REALTIME_SESSION))
-        resampler = Resampler(SAMPLE_RATE, REALTIME_RATE)
-        samples = np.concatenate((resampler.push(samples), resampler.flush()))
+        samples = _to_realtime(samples)
         step = message_samples * REALTIME_RATE // SAMPLE_RATE
     reader = _Reader(protocol)
     receiver = asyncio.create_task(_receive(connection, reader, result))
