@@ -3,11 +3,10 @@
 A :class:`VoiceActivity` keeps each open stream's network state, its last
 :data:`~audiomask.vad.silero.CONTEXT_SAMPLES` samples and the samples short of a
 whole window. :meth:`VoiceActivity.score` takes the new samples of any number
-of streams and scores every whole window they complete: the ``k``-th windows
-of all the streams go through the network in one batch, so scoring a block of
-audio for a thousand streams costs as many calls as one stream's block has
-windows, not a thousand times that. A stream's scores are those Silero's own
-model gives it alone, window by window (the batch rows do not mix).
+of streams and scores every whole window they complete in one network call
+(:class:`~audiomask.vad.silero.SileroVAD`), so scoring a block of audio for a
+thousand streams costs one call, not a thousand. A stream's scores are those
+Silero's own model gives it alone, window by window (the batch rows do not mix).
 
 >>> import numpy as np
 >>> activity = VoiceActivity()
@@ -26,11 +25,9 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from audiomask.vad.silero import CONTEXT_SAMPLES, WINDOW_SAMPLES, SileroVAD
+from audiomask.vad.silero import CONTEXT_SAMPLES, WINDOW_SAMPLES, WINDOW_SPAN, SileroVAD
 
 __all__ = ["VoiceActivity"]
-
-WINDOW_SPAN = CONTEXT_SAMPLES + WINDOW_SAMPLES  # samples the network reads per window
 
 
 class _Stream:
@@ -101,14 +98,14 @@ class VoiceActivity:
 
     @torch.inference_mode()
     def _run(self, streams: list[_Stream], windows: torch.Tensor, counts: list[int]) -> np.ndarray:
-        """Scores ``(B, depth)`` of ``windows`` ``(B, depth, WINDOW_SPAN)``; each stream's state moves on by its
-        own ``count`` windows (rows past theirs are computed and dropped)."""
-        state = torch.stack([stream.state for stream in streams], dim=1)
-        live = torch.arange(windows.shape[1])[None, :] < torch.tensor(counts)[:, None]  # (B, depth)
-        scores = torch.empty(windows.shape[:2])
-        for step in range(windows.shape[1]):
-            scores[:, step], moved = self.model(windows[:, step], state)
-            state = torch.where(live[None, :, step, None], moved, state)
-        for row, stream in enumerate(streams):
-            stream.state = state[:, row].clone()
-        return scores.numpy()
+        """Scores ``(B, depth)`` of ``windows`` ``(B, depth, WINDOW_SPAN)``, each stream's first ``count`` in one
+        network call (streams without a window are left out of it); their states move on."""
+        scores = np.zeros(windows.shape[:2], np.float32)
+        rows = [row for row, count in enumerate(counts) if count]
+        state = torch.stack([streams[row].state for row in rows], dim=1)
+        lengths = torch.tensor([counts[row] for row in rows])
+        heard, state = self.model(windows[rows], lengths, state)
+        scores[rows] = heard.numpy()
+        for index, row in enumerate(rows):
+            streams[row].state = state[:, index].clone()
+        return scores

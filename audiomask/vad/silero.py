@@ -11,14 +11,17 @@ differently; the TorchScript model is the one its API serves.)
 
 A window is :data:`WINDOW_SAMPLES` new samples (32 ms) after the
 :data:`CONTEXT_SAMPLES` before them (zeros at a stream's start), as Silero's
-own wrappers feed it; its score is the probability of speech in it.
+own wrappers feed it; its score is the probability of speech in it. Only the
+recurrent cell runs window after window: the convolutions of every window of
+every stream run in one batch, and the cell as one LSTM over each stream's
+windows, so that a call costs a handful of operators whatever the windows.
 
 >>> import torch
 >>> vad = SileroVAD.from_package()
->>> windows = torch.zeros(3, CONTEXT_SAMPLES + WINDOW_SAMPLES)
->>> scores, state = vad(windows, vad.initial_state(3))
->>> scores.shape, state.shape, bool((scores < 0.5).all())   # silence, three streams
-(torch.Size([3]), torch.Size([2, 3, 128]), True)
+>>> windows = torch.zeros(3, 4, WINDOW_SPAN)                   # 3 streams, up to 4 windows each
+>>> scores, state = vad(windows, torch.tensor([4, 1, 2]), vad.initial_state(3))
+>>> scores.shape, state.shape, bool((scores < 0.5).all())    # silence
+(torch.Size([3, 4]), torch.Size([2, 3, 128]), True)
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ __all__ = [
     "WEIGHTS_FILE",
     "WINDOW_MS",
     "WINDOW_SAMPLES",
+    "WINDOW_SPAN",
     "SileroVAD",
     "package_weights",
 ]
@@ -47,6 +51,7 @@ __all__ = [
 WINDOW_SAMPLES = 512  # new samples per window at 16 kHz: what the network was trained on
 WINDOW_MS = 1000 * WINDOW_SAMPLES // SAMPLE_RATE  # 32 ms
 CONTEXT_SAMPLES = 64  # samples of the previous window each window starts with
+WINDOW_SPAN = CONTEXT_SAMPLES + WINDOW_SAMPLES  # samples the network reads per window
 N_FFT = 256  # the learned STFT's window, samples
 STFT_HOP = N_FFT // 2  # 128 samples
 STFT_BINS = N_FFT // 2 + 1  # 129 magnitude bins
@@ -60,7 +65,7 @@ TORCHSCRIPT_NAMES = {
     "encoder.1.reparam_conv": "conv2",
     "encoder.2.reparam_conv": "conv3",
     "encoder.3.reparam_conv": "conv4",
-    "decoder.rnn": "lstm_cell",
+    "decoder.rnn": "lstm",
     "decoder.decoder.2": "final_conv",
 }
 
@@ -83,19 +88,23 @@ def package_weights() -> Path:
 
 
 def _own_name(name: str) -> str:
-    """This module's name for the TorchScript model's weight ``name``."""
+    """This module's name for the TorchScript model's weight ``name`` (its LSTM cell's are the one layer's of
+    an LSTM: ``weight_ih`` is ``weight_ih_l0``)."""
     if name in TORCHSCRIPT_NAMES:
         return TORCHSCRIPT_NAMES[name]
     module, _, kind = name.rpartition(".")
-    return f"{TORCHSCRIPT_NAMES[module]}.{kind}"
+    own = TORCHSCRIPT_NAMES[module]
+    return f"{own}.{kind}_l0" if own == "lstm" else f"{own}.{kind}"
 
 
 class SileroVAD(nn.Module):
     """Silero VAD v5+ (16 kHz): a learned STFT, four convolutions, an LSTM cell and a sigmoid head.
 
-    ``forward(windows, state)``: ``windows`` ``(B, CONTEXT_SAMPLES + WINDOW_SAMPLES)`` float32, full scale +-1;
-    ``state`` ``(2, B, HIDDEN_SIZE)`` float32 (``h`` then ``c``; :meth:`initial_state` for new streams). Returns
-    ``(scores, state)``: ``(B,)`` probabilities of speech in [0, 1], and the state after these windows.
+    ``forward(windows, lengths, state)``: ``windows`` ``(B, D, WINDOW_SPAN)`` float32, full scale +-1, stream
+    ``b``'s first ``lengths[b]`` (``(B,)`` int64, each in 1..D) in order, the rest padding; ``state``
+    ``(2, B, HIDDEN_SIZE)`` float32 (``h`` then ``c``; :meth:`initial_state` for new streams). Returns
+    ``(scores, state)``: ``(B, D)`` probabilities of speech in [0, 1] (padding's are meaningless), and each
+    stream's state after its windows.
     """
 
     def __init__(self) -> None:
@@ -105,7 +114,7 @@ class SileroVAD(nn.Module):
         self.conv2 = nn.Conv1d(128, 64, 3, stride=2, padding=1)
         self.conv3 = nn.Conv1d(64, 64, 3, stride=2, padding=1)
         self.conv4 = nn.Conv1d(64, HIDDEN_SIZE, 3, padding=1)
-        self.lstm_cell = nn.LSTMCell(HIDDEN_SIZE, HIDDEN_SIZE)
+        self.lstm = nn.LSTM(HIDDEN_SIZE, HIDDEN_SIZE, batch_first=True)
         self.final_conv = nn.Conv1d(HIDDEN_SIZE, 1, 1)
 
     @classmethod
@@ -125,14 +134,19 @@ class SileroVAD(nn.Module):
         """``(2, batch, HIDDEN_SIZE)`` zeros: the state of streams that have heard nothing yet."""
         return torch.zeros(2, batch, HIDDEN_SIZE, device=device)
 
-    def forward(self, windows: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        x = F.pad(windows, (0, REFLECT_PAD), mode="reflect").unsqueeze(1)
+    def forward(
+        self, windows: torch.Tensor, lengths: torch.Tensor, state: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        batch, depth, span = windows.shape
+        x = F.pad(windows.reshape(batch * depth, 1, span), (0, REFLECT_PAD), mode="reflect")
         x = self.stft_conv(x)
         x = torch.sqrt(x[:, :STFT_BINS] ** 2 + x[:, STFT_BINS:] ** 2)
         x = F.relu(self.conv1(x))
         x = F.relu(self.conv2(x))
         x = F.relu(self.conv3(x))
-        x = F.relu(self.conv4(x)).squeeze(-1)
-        h, c = self.lstm_cell(x, (state[0], state[1]))
-        scores = torch.sigmoid(self.final_conv(F.relu(h).unsqueeze(-1))).squeeze(1).mean(dim=1)
-        return scores, torch.stack((h, c))
+        x = F.relu(self.conv4(x)).reshape(batch, depth, HIDDEN_SIZE)
+        packed = nn.utils.rnn.pack_padded_sequence(x, lengths.cpu(), batch_first=True, enforce_sorted=False)
+        out, (h, c) = self.lstm(packed, (state[:1].contiguous(), state[1:].contiguous()))
+        out, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=True, total_length=depth)
+        scores = torch.sigmoid(self.final_conv(F.relu(out).transpose(1, 2))).squeeze(1)
+        return scores, torch.cat((h, c))
