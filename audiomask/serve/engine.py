@@ -474,6 +474,7 @@ class Engine:
             except Exception as error:  # noqa: BLE001 - the connection reports it to its client
                 feed.error = error
                 continue
+            feed.endpoint_due = utterances.segmenter.endpoint_due
             pairs += fed
             owners += [feed] * len(fed)
             finished += ended

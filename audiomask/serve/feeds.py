@@ -13,8 +13,11 @@ recognizer encodes a stream's audio in blocks (a first block of
 :func:`~audiomask.asr.planner.block_samples`), so samples short of a block
 would wait in the recognizer anyway. Feeding them a block at a time costs no
 latency and calls ``accept`` once per chunk of audio, however small the
-client's messages. A feed is also due when its client waits (its buffer is
-full) and when its client has ended its audio (:meth:`Feed.end`): the pass
+client's messages. A feed is also due when its samples reach the sample by
+which its open segment's voice-activity endpoint may be known (speech has
+gone quiet: the pass says where, :attr:`Feed.endpoint_due`), so that a segment
+ends as soon as its silence has passed, not a block later; when its client
+waits (its buffer is full); and when its client has ended its audio (:meth:`Feed.end`): the pass
 then feeds what is left and ends the stream, and the passes after it wake
 the client once the stream's last chunk is encoded. So only the feeder
 threads ever run encoder steps, however many connections end at once.
@@ -69,6 +72,7 @@ class Feed:
         self.utterances = utterances  # its segments' streams, opened by the passes
         self.error: BaseException | None = None  # why the stream refused samples, or the recognizer stopped
         self.new_blocks = 0  # whole blocks of its streams' audio the pass in flight completed (set by the pass)
+        self.endpoint_due: int | None = None  # samples fed by which an endpoint may be known (set by the pass)
         self._inbox = inbox
         self._pending: list[np.ndarray] = []  # (n,) float32 each, oldest first
         self._pending_samples = 0
@@ -140,7 +144,7 @@ class Feed:
             self._pending.append(samples)
             self._pending_samples += len(samples)
             full = self._pending_samples > inbox.max_buffered
-            if full or self._fed + self._pending_samples >= self._block_end:
+            if full or self._due_at(self._fed + self._pending_samples):
                 inbox.post(self)
             if full:
                 self._wait_for_pass()
@@ -198,6 +202,12 @@ class Feed:
         """Called with the lock held: the event loop is about to wait for the next pass over this feed."""
         self._waiting = True
         self._room.clear()
+
+    def _due_at(self, samples: int) -> bool:
+        """Called with the lock held: whether ``samples`` put complete the stream's next block, or reach the
+        sample by which its open segment's endpoint may be known."""
+        endpoint = self.endpoint_due
+        return samples >= self._block_end or (endpoint is not None and samples >= endpoint)
 
     def _ahead(self, cycles: int) -> int:
         """Called with the lock held: blocks fed and not encoded yet (at least), after ``cycles`` cycles ran;
@@ -294,7 +304,7 @@ class Inbox:
                     feed._block_end += self.block
                 feed._blocks_fed += feed.new_blocks  # blocks its streams will encode (silence left out is not)
                 feed.new_blocks = 0
-                if feed._pending and feed._fed + feed._pending_samples >= feed._block_end:
+                if feed._pending and feed._due_at(feed._fed + feed._pending_samples):
                     self.post(feed)  # samples put during the pass complete the next block
                 if feed.ending:
                     self._ending[feed] = None

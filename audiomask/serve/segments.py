@@ -8,11 +8,12 @@ and whether they end it (the stream is finished: its final text is the
 segment's). A segment ends
 
 - at an endpoint, with voice-activity detection (``vad``,
-  :mod:`audiomask.vad`): once speech has stopped for ``silence_ms``, at the
-  sample where that became known (the quiet belongs to the segment that ends);
-  the next segment opens where speech starts again, ``prefix_padding_ms``
-  before it; audio in which the detector hears no speech beyond that padding
-  belongs to no segment (OpenAI's server VAD does the same);
+  :mod:`audiomask.vad`): once speech has stopped for ``silence_ms``, half that
+  silence after the speech (a pause only a little longer than the setting is
+  then not cut where the next sentence has begun); the next segment opens where
+  speech starts again, ``prefix_padding_ms`` before it; audio in which the
+  detector hears no speech beyond that padding belongs to no segment (OpenAI's
+  server VAD does the same);
 - after ``max_segment_s`` of audio (a new one opens at once: speech goes on);
 - where the client commits its audio (OpenAI's ``input_audio_buffer.commit``)
   or ends it.
@@ -105,6 +106,15 @@ class Segmenter:
         """Samples of the connection seen so far."""
         return self._position
 
+    @property
+    def endpoint_due(self) -> int | None:
+        """While the open segment's speech has gone quiet: the sample by which its endpoint is known if the quiet
+        lasts (samples from the connection's first); ``None`` otherwise. Feeding the samples up to it then, not
+        a block later, ends the segment as soon as its silence has passed."""
+        if not self._open or self._endpointer is None:
+            return None
+        return self._endpointer.stop_due
+
     def split(self, samples: np.ndarray, scores: np.ndarray | None = None, *, commit: bool = False) -> list[Cut]:
         """The next ``samples`` ``(n,)`` float32, and with ``vad`` the speech probabilities of the whole windows
         they complete: the cuts, in order. ``commit``: the open segment ends after these samples (the client
@@ -155,8 +165,8 @@ class Segmenter:
             if isinstance(event, SpeechStarted):
                 if not self._open:
                     begin(max(cursor, event.sample - self.vad.prefix_padding_samples))  # type: ignore[union-attr]
-            elif self._open:
-                route(max(event.at, cursor), ends=True)
+            elif self._open:  # it keeps half its silence; the rest waits as the next one's padding
+                route(max(min(event.sample + self.vad.silence_samples // 2, event.at), cursor), ends=True)  # type: ignore[union-attr]
         while self._open and self.max_samples is not None and self._position - self._start >= self.max_samples:
             limit = self._start + self.max_samples
             route(limit, ends=True)

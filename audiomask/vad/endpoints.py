@@ -103,10 +103,22 @@ class Endpointer:
         """Samples scored so far (whole windows)."""
         return self._windows * VAD_WINDOW_SAMPLES
 
+    @property
+    def stop_due(self) -> int | None:
+        """While speech has gone quiet: the sample whose window, if quiet too, stops it (``None`` otherwise)."""
+        if not self.speaking or self._quiet_since is None:
+            return None
+        return (self._quiet_since + self._silence_windows) * VAD_WINDOW_SAMPLES
+
+    @property
+    def _silence_windows(self) -> int:
+        """Quiet windows that stop speech: the silence setting, rounded up to whole windows (one at least)."""
+        return max(1, -(-self.settings.silence_samples // VAD_WINDOW_SAMPLES))
+
     def push(self, scores: np.ndarray) -> list[SpeechStarted | SpeechStopped]:
         """Read the next windows' scores ``(n,)`` (probabilities of speech); the starts and stops they show."""
         settings = self.settings
-        silence_windows = -(-settings.silence_samples // VAD_WINDOW_SAMPLES)  # whole windows of quiet, at least one
+        silence_windows = self._silence_windows
         events: list[SpeechStarted | SpeechStopped] = []
         for score in np.asarray(scores, np.float64).tolist():
             window = self._windows
@@ -121,7 +133,7 @@ class Endpointer:
                 continue
             if self._quiet_since is None:
                 self._quiet_since = window
-            if self._windows - self._quiet_since >= max(1, silence_windows):
+            if self._windows - self._quiet_since >= silence_windows:
                 self.speaking = False
                 events.append(SpeechStopped(self._quiet_since * VAD_WINDOW_SAMPLES, self.heard))
                 self._quiet_since = None

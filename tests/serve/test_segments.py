@@ -52,13 +52,15 @@ def _scores(*runs: tuple[float, int]) -> np.ndarray:
     return np.concatenate([np.full(count, score) for score, count in runs])
 
 
-def test_with_vad_a_segment_is_the_speech_with_its_padding_and_ends_where_the_silence_was_heard():
+def test_with_vad_a_segment_is_the_speech_with_its_padding_and_half_its_silence():
     segmenter = Segmenter(vad=VAD, max_segment_s=None)
     scores = _scores((0.1, 10), (0.9, 20), (0.1, 8), (0.9, 4), (0.1, 6))  # speech at windows 10-29 and 38-41
     cuts = _split(segmenter, _ramp(0, len(scores) * W), scores)
-    # Speech starts at window 10, padded by 2 windows; the quiet from window 30 lasts 5 windows at window 35.
-    assert [c[:5] for c in cuts] == [(0, True, True, 8 * W, 35 * W), (1, True, True, 36 * W, 47 * W)]
-    np.testing.assert_array_equal(cuts[0][5], _ramp(8 * W, 27 * W))
+    # Speech starts at window 10, padded by 2 windows; the quiet from window 30 lasts the 160 ms at window 35,
+    # and the segment keeps 80 ms of it; the next starts 2 windows before window 38.
+    half = VAD.silence_samples // 2
+    assert [c[:5] for c in cuts] == [(0, True, True, 8 * W, 30 * W + half), (1, True, True, 36 * W, 42 * W + half)]
+    np.testing.assert_array_equal(cuts[0][5], _ramp(8 * W, 22 * W + half))
     assert segmenter.index == 2
 
 
