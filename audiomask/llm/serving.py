@@ -17,9 +17,9 @@ This module gives the same calls over :class:`~audiomask.llm.streaming.LLMStream
   model's offline answer for the whole utterance. Its ``tokens`` are the
   text's words (with their trailing spaces: joined, they are the text) and
   it has no token times (an LLM gives none). A partial may rewrite its last
-  words (the recipe's roll-back), so :attr:`LLMServingRecognizer.revises_text`
-  is true and the engine makes one segment per connection (no endpoints: they
-  are token positions in a text that only grows). ``token_count`` counts its
+  words (the recipe's roll-back); a segment the server cuts (a voice-activity
+  endpoint, a commit) is a stream of its own, its final the offline answer
+  for that audio. ``token_count`` counts its
   partials, one a chunk whether its text changed or not, and its final: the
   engine reads ``transcript()`` and sends a result when it moves, so a client
   hears from every update (a heartbeat every chunk);
@@ -198,8 +198,6 @@ class LLMServingRecognizer:
         max_wait_ms: how long a due stream waits for the others' chunks; ``None``:
             :data:`DEFAULT_LLM_MAX_WAIT_MS`, or the chunk if shorter.
     """
-
-    revises_text = True  # a partial may rewrite its last words: no endpoints over its tokens
 
     def __init__(
         self,

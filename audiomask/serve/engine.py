@@ -15,12 +15,16 @@ a client's audio costs the event loop no thread hop:
   when nothing was due (the steps whose wait for stragglers is over). There
   are :data:`FEEDERS` feeders, so that while one runs encoder steps for as
   long as they keep coming due, the other goes on feeding;
+- a pass cuts each connection's samples into segments, a stream each
+  (:mod:`audiomask.serve.utterances`): it scores their voice activity first,
+  all the connections' in one batched call, where the route endpoints by
+  voice (:mod:`audiomask.vad`), and opens and ends streams where segments
+  start and end (an endpoint, a client's commit, the longest segment);
 - after steps ran, the ticker reads the ``transcript()`` of every open
-  stream whose tokens grew (it takes no lock, so it goes on while steps run),
-  splits it into segments at endpoints where the connection's route wants them
-  (:mod:`audiomask.serve.segments`), and hands the connections whose segments
-  changed to the event loop in one callback, as a feeder does with the feeds
-  whose clients may send again; each connection sends its own;
+  stream whose tokens grew, and the final of every segment cut whose stream
+  is done (it takes no lock, so it goes on while steps run), and hands the
+  connections with news to the event loop in one callback, as a feeder does
+  with the feeds whose clients may send again; each connection sends its own;
 - a client's end of audio is a due feed too: the pass feeds what is left
   and ends the stream in the same call, and the passes after it wake the
   connection once the stream's last chunk is encoded (:meth:`Feed.end`), so

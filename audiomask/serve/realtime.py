@@ -51,7 +51,7 @@ from audiomask.resample import Resampler
 from audiomask.serve.segments import Segment
 from audiomask.serve.session import Clear, ClientProtocol, Commit, End, Reply, Samples
 from audiomask.serve.settings import Endpointing, ServeSettings
-from audiomask.vad.endpoints import VADSettings
+from audiomask.vad.endpoints import DEFAULT_PREFIX_PADDING_MS, DEFAULT_SILENCE_MS, MS_PER_S, VADSettings
 
 __all__ = ["OPENAI", "OPENAI_RATE", "REALTIME_ROUTE", "VLLM", "VLLM_RATE", "RealtimeProtocol", "openai_hint"]
 
@@ -112,8 +112,8 @@ class RealtimeProtocol(ClientProtocol):
         self._turn_detection: dict | None = {
             "type": "server_vad",
             "threshold": settings.vad_threshold,
-            "prefix_padding_ms": VADSettings().prefix_padding_ms,
-            "silence_duration_ms": VADSettings().silence_ms,
+            "prefix_padding_ms": DEFAULT_PREFIX_PADDING_MS,
+            "silence_duration_ms": DEFAULT_SILENCE_MS,
         }
         self._resampler: Resampler | None = None
         self._audio_started = False  # audio has been appended: the endpointing is fixed
@@ -136,8 +136,8 @@ class RealtimeProtocol(ClientProtocol):
             return None, None
         vad = VADSettings(
             float(detection.get("threshold", settings.vad_threshold)),
-            int(detection.get("silence_duration_ms", VADSettings().silence_ms)),
-            int(detection.get("prefix_padding_ms", VADSettings().prefix_padding_ms)),
+            int(detection.get("silence_duration_ms", DEFAULT_SILENCE_MS)),
+            int(detection.get("prefix_padding_ms", DEFAULT_PREFIX_PADDING_MS)),
         )
         return vad, float(settings.max_segment_s)
 
@@ -180,7 +180,7 @@ class RealtimeProtocol(ClientProtocol):
         if item is None:
             item = self._items[segment.index] = _Item()
             if self.dialect == OPENAI and self._turn_detection is not None:
-                start_ms = round(segment.start_s * 1000)
+                start_ms = round(segment.start_s * MS_PER_S)
                 messages.append(
                     self._event("input_audio_buffer.speech_started", audio_start_ms=start_ms, item_id=item.id)
                 )
@@ -298,8 +298,8 @@ class RealtimeProtocol(ClientProtocol):
             try:
                 VADSettings(
                     merged.get("threshold", self.settings.vad_threshold),
-                    merged.get("silence_duration_ms", VADSettings().silence_ms),
-                    merged.get("prefix_padding_ms", VADSettings().prefix_padding_ms),
+                    merged.get("silence_duration_ms", DEFAULT_SILENCE_MS),
+                    merged.get("prefix_padding_ms", DEFAULT_PREFIX_PADDING_MS),
                 )
             except (TypeError, ValueError) as error:
                 raise _EventError(f"{param}: {error}", "invalid_value", param) from None
@@ -403,7 +403,7 @@ class RealtimeProtocol(ClientProtocol):
             return []
         messages = []
         if self._turn_detection is not None:
-            end_ms = round((segment.end_s or segment.start_s) * 1000)
+            end_ms = round((segment.end_s or segment.start_s) * MS_PER_S)
             messages.append(self._event("input_audio_buffer.speech_stopped", audio_end_ms=end_ms, item_id=item.id))
         previous, self._previous_item = self._previous_item, item.id
         messages.append(self._event("input_audio_buffer.committed", previous_item_id=previous, item_id=item.id))

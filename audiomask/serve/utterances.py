@@ -39,16 +39,6 @@ class Stream(Protocol):
     def token_count(self) -> int: ...
 
     @property
-    def segment_open(self) -> bool:
-        """Whether a segment is open, its stream taking samples (read without the lock)."""
-        return self._current is not None
-
-    @property
-    def finishing(self) -> bool:
-        """Whether a segment has been cut and its final text not reported yet (read without the lock)."""
-        return bool(self._ending)
-
-    @property
     def done(self) -> bool: ...
 
     @property

@@ -207,11 +207,10 @@ def sample_audio() -> dict[str, np.ndarray]:
     return {path.name: load(path)[0] for path in SAMPLES}
 
 
-@pytest.fixture(scope="session")
-def expected_texts() -> dict[str, str]:
-    """Each sample file's name and the text ``audiomask transcribe --json`` gives it (the shipped model)."""
+def transcribe_texts(paths: list[Path]) -> dict[str, str]:
+    """Each file's name and the text ``audiomask transcribe --json`` gives it (the shipped model)."""
     result = subprocess.run(
-        [sys.executable, "-m", "audiomask", "transcribe", "--json", *map(str, SAMPLES)],
+        [sys.executable, "-m", "audiomask", "transcribe", "--json", *map(str, paths)],
         capture_output=True,
         text=True,
         timeout=TRANSCRIBE_TIMEOUT_S,
@@ -220,6 +219,12 @@ def expected_texts() -> dict[str, str]:
     )
     lines = [json.loads(line) for line in result.stdout.splitlines()]
     return {Path(line["file"]).name: line["text"] for line in lines}
+
+
+@pytest.fixture(scope="session")
+def expected_texts() -> dict[str, str]:
+    """Each sample file's name and the text ``audiomask transcribe --json`` gives it (the shipped model)."""
+    return transcribe_texts(list(SAMPLES))
 
 
 @pytest.fixture(scope="session")

@@ -11,9 +11,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,7 +21,7 @@ from audiomask.constants import SAMPLE_RATE
 from audiomask.resample import Resampler
 from audiomask.serve.client import stream_audio
 from audiomask.serve.realtime import OPENAI_RATE, REALTIME_ROUTE
-from tests.serve.conftest import REPOSITORY, TRANSCRIBE_TIMEOUT_S
+from tests.serve.conftest import transcribe_texts
 
 openai = pytest.importorskip("openai")
 
@@ -40,18 +37,6 @@ def _pcm16(samples: np.ndarray) -> bytes:
     return np.clip(np.rint(samples * 32768), -32768, 32767).astype("<i2").tobytes()
 
 
-def _transcribe(paths: list[Path]) -> dict[str, str]:
-    result = subprocess.run(
-        [sys.executable, "-m", "audiomask", "transcribe", "--json", *map(str, paths)],
-        capture_output=True,
-        text=True,
-        timeout=TRANSCRIBE_TIMEOUT_S,
-        check=True,
-        cwd=REPOSITORY,
-    )
-    return {Path(line["file"]).name: line["text"] for line in map(json.loads, result.stdout.splitlines())}
-
-
 @pytest.fixture(scope="module")
 def files_24k(sample_audio, tmp_path_factory) -> dict[str, tuple[bytes, str]]:
     """Each sample file at 24 kHz: its PCM16 and ``audiomask transcribe``'s text of it; and the two-sentence file
@@ -65,7 +50,7 @@ def files_24k(sample_audio, tmp_path_factory) -> dict[str, tuple[bytes, str]]:
         resampler = Resampler(SAMPLE_RATE, OPENAI_RATE)
         pcm[name] = _pcm16(np.concatenate((resampler.push(samples), resampler.flush())))
         sf.write(directory / name, np.frombuffer(pcm[name], "<i2"), OPENAI_RATE, subtype="PCM_16")
-    texts = _transcribe([directory / name for name in audio])
+    texts = transcribe_texts([directory / name for name in audio])
     return {name: (pcm[name], texts[name]) for name in audio}
 
 
