@@ -273,8 +273,7 @@ class Engine:
         vad, max_segment_s = endpointing
         vad_key = None
         if vad is not None:
-            if self._voice is None:
-                self._voice = VoiceActivity()
+            assert self._voice is not None  # made with the inbox
             vad_key = self._voice.open()
         utterances = Utterances(name, Segmenter(vad, max_segment_s), inbox.first_block, inbox.block, vad_key)
         feed = inbox.open(name, utterances)
@@ -363,8 +362,14 @@ class Engine:
             if recognizer.device.type == "cpu":
                 sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))
             stream = recognizer.open_stream("warm-up")
-            stream.accept(np.zeros(WARMUP_CHUNKS * recognizer.chunk_ms * SAMPLE_RATE // MS_PER_S, np.float32))
+            silence = np.zeros(WARMUP_CHUNKS * recognizer.chunk_ms * SAMPLE_RATE // MS_PER_S, np.float32)
+            stream.accept(silence)
             stream.finish(timeout=WARMUP_TIMEOUT_S)
+            # Voice activity is scored on the recognizer's device, all connections' in one call per pass.
+            self._voice = VoiceActivity(device=recognizer.device)
+            warm_up = self._voice.open()
+            self._voice.score([(warm_up, silence)])
+            self._voice.close(warm_up)
         except Exception as error:  # noqa: BLE001 - any failure is reported by /health and refused handshakes
             self._fail(error)
             return

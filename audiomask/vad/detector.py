@@ -25,33 +25,46 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from audiomask.transfer import to_device, to_host
 from audiomask.vad.silero import CONTEXT_SAMPLES, WINDOW_SAMPLES, WINDOW_SPAN, SileroVAD
 
-__all__ = ["VoiceActivity"]
+__all__ = ["INITIAL_ROWS", "VoiceActivity"]
+
+INITIAL_ROWS = 64  # rows of the state table at first (it doubles when full)
 
 
 class _Stream:
-    """One stream's place in the detector: its network state, context and samples short of a window."""
+    """One stream's place in the detector: its row of the state table, context and samples short of a window."""
 
-    __slots__ = ("context", "rest", "state")
+    __slots__ = ("context", "rest", "row")
 
-    def __init__(self, state: torch.Tensor) -> None:
-        self.state = state  # (2, HIDDEN_SIZE)
+    def __init__(self, row: int) -> None:
+        self.row = row  # its row of the detector's state table
         self.context = np.zeros(CONTEXT_SAMPLES, np.float32)
         self.rest = np.zeros(0, np.float32)
+
+
+_CLOSED = _Stream(-1)  # what a key closed stands for in a call: no samples, no window
 
 
 class VoiceActivity:
     """Silero speech probabilities of many streams, batched (see the module docstring).
 
     Args:
-        model: the network (default: :meth:`SileroVAD.from_package`, on the CPU).
+        model: the network (default: :meth:`SileroVAD.from_package`), moved to ``device``.
+        device: where the network runs (a server's recognizer's device: its GPU where it has one); the windows
+            go there through :func:`audiomask.transfer.to_device`.
 
-    Thread-safe: one lock guards the streams; scoring holds it (callers score from one thread in practice).
+    The streams' recurrent states are rows of one table on ``device`` (rows of closed streams are reused, the
+    table doubles when full), gathered and scattered once per call. Thread-safe: one lock guards the streams;
+    scoring holds it (callers score from one thread in practice).
     """
 
-    def __init__(self, model: SileroVAD | None = None) -> None:
-        self.model = model if model is not None else SileroVAD.from_package()
+    def __init__(self, model: SileroVAD | None = None, device: torch.device | str = "cpu") -> None:
+        self.device = torch.device(device)
+        self.model = (model if model is not None else SileroVAD.from_package()).to(self.device)
+        self._states = self.model.initial_state(INITIAL_ROWS, self.device)  # (2, rows, HIDDEN_SIZE)
+        self._free = list(range(INITIAL_ROWS - 1, -1, -1))  # rows no stream holds, the lowest last
         self._streams: dict[int, _Stream] = {}
         self._next_key = 0
         self._lock = threading.Lock()
@@ -59,53 +72,68 @@ class VoiceActivity:
     def open(self) -> int:
         """A new stream, which has heard nothing: its key for :meth:`score` and :meth:`close`."""
         with self._lock:
+            if not self._free:
+                rows = self._states.shape[1]
+                self._states = torch.cat((self._states, self.model.initial_state(rows, self.device)), dim=1)
+                self._free = list(range(2 * rows - 1, rows - 1, -1))
+            row = self._free.pop()
+            self._states[:, row] = 0
             key, self._next_key = self._next_key, self._next_key + 1
-            self._streams[key] = _Stream(self.model.initial_state(1)[:, 0])
+            self._streams[key] = _Stream(row)
             return key
 
     def close(self, key: int) -> None:
         """Forget stream ``key`` (a key closed already is ignored)."""
         with self._lock:
-            self._streams.pop(key, None)
+            stream = self._streams.pop(key, None)
+            if stream is not None:
+                self._free.append(stream.row)
 
     def score(self, pieces: Sequence[tuple[int, np.ndarray]]) -> list[np.ndarray]:
         """Each stream's new samples ``(n,)`` float32 at 16 kHz, full scale +-1, in: for each, the speech
         probabilities ``(w,)`` float32 of the ``w`` whole windows they complete, in order. A stream may appear
-        once per call; ``KeyError`` for a key not open."""
+        once per call; one closed (its connection gone while a pass fed it) scores nothing."""
         with self._lock:
-            streams = [self._streams[key] for key, _ in pieces]
-            if len({id(s) for s in streams}) != len(streams):
+            streams = [self._streams.get(key, _CLOSED) for key, _ in pieces]
+            if len({key for key, _ in pieces}) != len(pieces):
                 raise ValueError("score: a stream appears twice in one call")
             spans = []
             for stream, (_, samples) in zip(streams, pieces):
+                if stream is _CLOSED:
+                    spans.append(stream.context)  # no window
+                    continue
                 audio = np.concatenate((stream.rest, np.asarray(samples, np.float32)))
                 whole = len(audio) // WINDOW_SAMPLES * WINDOW_SAMPLES
                 spans.append(np.concatenate((stream.context, audio[:whole])))
                 stream.rest = audio[whole:]
             counts = [(len(span) - CONTEXT_SAMPLES) // WINDOW_SAMPLES for span in spans]
-            depth = max(counts, default=0)
-            if depth == 0:
-                return [np.zeros(0, np.float32) for _ in pieces]
-            windows = np.zeros((len(spans), depth, WINDOW_SPAN), np.float32)
-            for row, (span, count) in enumerate(zip(spans, counts)):
-                if count:
-                    windows[row, :count] = np.lib.stride_tricks.sliding_window_view(span, WINDOW_SPAN)[
-                        ::WINDOW_SAMPLES
-                    ][:count]
-                    streams[row].context = span[-CONTEXT_SAMPLES:].copy()
-            scores = self._run(streams, torch.from_numpy(windows), counts)
-            return [scores[row, :count] for row, count in enumerate(counts)]
+            scored = [row for row, count in enumerate(counts) if count]
+            scores = [np.zeros(0, np.float32) for _ in pieces]
+            if not scored:
+                return scores
+            depth = max(counts)
+            windows = np.zeros((len(scored), depth, WINDOW_SPAN), np.float32)
+            for index, row in enumerate(scored):
+                span, count = spans[row], counts[row]
+                windows[index, :count] = np.lib.stride_tricks.sliding_window_view(span, WINDOW_SPAN)[::WINDOW_SAMPLES][
+                    :count
+                ]
+                streams[row].context = span[-CONTEXT_SAMPLES:].copy()
+            heard = self._run(windows, [streams[row].row for row in scored], [counts[row] for row in scored])
+            for index, row in enumerate(scored):
+                scores[row] = heard[index, : counts[row]]
+            return scores
 
     @torch.inference_mode()
-    def _run(self, streams: list[_Stream], windows: torch.Tensor, counts: list[int]) -> np.ndarray:
-        """Scores ``(B, depth)`` of ``windows`` ``(B, depth, WINDOW_SPAN)``, each stream's first ``count`` in one
-        network call (streams without a window are left out of it); their states move on."""
-        scores = np.zeros(windows.shape[:2], np.float32)
-        rows = [row for row, count in enumerate(counts) if count]
-        state = torch.stack([streams[row].state for row in rows], dim=1)
-        lengths = torch.tensor([counts[row] for row in rows])
-        heard, state = self.model(windows[rows], lengths, state)
-        scores[rows] = heard.numpy()
-        for index, row in enumerate(rows):
-            streams[row].state = state[:, index].clone()
-        return scores
+    def _run(self, windows: np.ndarray, rows: list[int], counts: list[int]) -> np.ndarray:
+        """Scores ``(B, depth)`` of ``windows`` ``(B, depth, WINDOW_SPAN)`` (each stream's first ``count``) in
+        one network call, from and into the state table's ``rows``."""
+        index = to_device(np.asarray(rows, np.int64), self.device)
+        heard, state = self.model(
+            to_device(windows, self.device), torch.tensor(counts), self._states.index_select(1, index)
+        )
+        self._states.index_copy_(1, index, state)
+        host, copied = to_host(heard)
+        if copied is not None:
+            copied.synchronize()
+        return host.numpy()

@@ -11,7 +11,7 @@ import soundfile as sf
 import torch
 
 from audiomask.constants import SAMPLE_RATE
-from audiomask.vad.detector import VoiceActivity
+from audiomask.vad.detector import INITIAL_ROWS, VoiceActivity
 from audiomask.vad.endpoints import Endpointer, SpeechStarted, SpeechStopped, VADSettings
 from audiomask.vad.silero import WINDOW_SAMPLES, SileroVAD, package_weights
 
@@ -75,14 +75,28 @@ def test_batched_streams_score_as_alone() -> None:
         np.testing.assert_allclose(np.concatenate(got[index]), reference, atol=SCORE_TOLERANCE)
 
 
-def test_score_refuses_a_stream_twice_and_unknown_keys() -> None:
+def test_streams_beyond_the_first_state_rows_and_rows_reused_score_as_alone() -> None:
+    samples = _sentence("numbers.wav")[:16000]
+    alone = VoiceActivity()
+    reference = alone.score([(alone.open(), samples)])[0]
+    activity = VoiceActivity()
+    keys = [activity.open() for _ in range(INITIAL_ROWS + 6)]  # the state table doubles
+    for key in keys[::2]:
+        activity.close(key)  # their rows go to the next streams opened
+    keys = keys[1::2] + [activity.open() for _ in range(10)]
+    for scores in activity.score([(key, samples) for key in keys]):
+        np.testing.assert_allclose(scores, reference, atol=SCORE_TOLERANCE)
+
+
+def test_score_refuses_a_stream_twice_and_scores_nothing_of_a_closed_one() -> None:
     activity = VoiceActivity()
     key = activity.open()
     with pytest.raises(ValueError, match="twice"):
         activity.score([(key, np.zeros(10, np.float32)), (key, np.zeros(10, np.float32))])
-    activity.close(key)
-    with pytest.raises(KeyError):
-        activity.score([(key, np.zeros(10, np.float32))])
+    other = activity.open()
+    activity.close(key)  # its connection has gone while a pass held its samples: they score nothing
+    scores = activity.score([(key, np.zeros(4096, np.float32)), (other, np.zeros(4096, np.float32))])
+    assert [len(s) for s in scores] == [0, 8]
 
 
 def _speech_extent(samples: np.ndarray) -> tuple[int, int]:
@@ -160,3 +174,13 @@ def test_a_dip_between_words_does_not_stop_speech() -> None:
 def test_network_loads_from_package() -> None:
     model = SileroVAD.from_package()
     assert not model.training and not any(p.requires_grad for p in model.parameters())
+
+
+@pytest.mark.gpu
+def test_scores_on_cuda_equal_the_cpu_ones() -> None:
+    samples = _sentence("weather.wav")
+    on_cpu, on_gpu = VoiceActivity(), VoiceActivity(device="cuda")
+    expected = on_cpu.score([(on_cpu.open(), samples)])[0]
+    key = on_gpu.open()
+    got = np.concatenate([on_gpu.score([(key, piece)])[0] for piece in np.array_split(samples, 5)])
+    np.testing.assert_allclose(got, expected, atol=1e-4)  # cuDNN's convolutions and LSTM round otherwise
