@@ -63,6 +63,7 @@ def _arguments(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("--tail-s", type=float, default=2.0, help="silence after the last sentence (default 2)")
     parser.add_argument("--device", default="cpu", help="the server's device (default cpu)")
+    parser.add_argument("--ws-workers", type=int, help="the server's --ws-workers (default: its own)")
     parser.add_argument("--out", type=Path, help="write the JSON report here")
     return parser.parse_args(argv)
 
@@ -202,7 +203,7 @@ def main(argv: list[str]) -> int:
     pauses_s = [float(p) for p in args.pauses.split(",")]
     samples, sentences = _joined(pauses_s, args.tail_s)
     runs = []
-    with running_server({"--device": args.device}) as served:
+    with running_server({"--device": args.device, "--ws-workers": args.ws_workers}) as served:
         chunk_ms = health(served.http_url)[1]["chunk_ms"]
         for silence_ms in (int(s) for s in args.silence_ms.split(",")):
             events, sent_at = asyncio.run(_stream(served.ws_url, samples, silence_ms))

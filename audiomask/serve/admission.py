@@ -49,6 +49,10 @@ class Listener(Protocol):
     def stop(self) -> None:
         """Finish now: the server is stopping."""
 
+    def endpoint_due(self, sample: int | None) -> None:
+        """The sample of the connection's audio by which its open segment's endpoint may be known (``None``:
+        none pending): a WebSocket worker hands its audio over as soon as it reaches it, not a block later."""
+
 
 @dataclass(frozen=True)
 class Refusal:

@@ -442,13 +442,14 @@ class Engine:
         An error outside a stream's own ``accept`` means the recognizer stopped: every connection fails.
         """
         try:
-            if not self._feed(recognizer, taken):
+            count, moved = self._feed(recognizer, taken)
+            if not count:
                 recognizer.poll()
             woken, orphans = inbox.fed(taken)
             for stream in orphans:  # their connection ended while they were fed
                 stream.cancel()
-            if woken:
-                self._post(woken, [])
+            if woken or moved:
+                self._post(woken, [], moved)
         except Exception as error:  # noqa: BLE001 - a stopped recognizer ends every connection
             if not self._stopping.is_set():  # else the server is stopping and has closed the recognizer
                 self._fail(error)
@@ -458,11 +459,11 @@ class Engine:
             self._feeders.release()
             self._wake.set()  # the ticker may start the next pass, and sweep what these steps produced
 
-    def _feed(self, recognizer: StreamingRecognizer, taken: list[tuple[Feed, np.ndarray]]) -> int:
+    def _feed(self, recognizer: StreamingRecognizer, taken: list[tuple[Feed, np.ndarray]]) -> tuple[int, list[Feed]]:
         """Cut each feed's samples into its segments (scoring their voice activity first, in one batch), open
         the streams of segments that start, feed them all and end those of segments that end, in one call; how
-        many streams it fed or ended (a feeder thread). The samples were checked when they were put
-        (:meth:`Feed.put`, or in a WebSocket worker).
+        many streams it fed or ended, and the feeds whose :attr:`~Feed.endpoint_due` moved (a feeder thread).
+        The samples were checked when they were put (:meth:`Feed.put`, or in a WebSocket worker).
 
         A feed whose stream could not be opened, or refused its samples, keeps the error in ``feed.error``.
         """
@@ -471,6 +472,7 @@ class Engine:
         pairs: list[tuple[object, np.ndarray]] = []
         owners: list[Feed] = []
         finished: list[object] = []
+        moved: list[Feed] = []
         for feed, samples in taken:
             utterances = feed.utterances
             heard = next(scores) if utterances.vad_key is not None else None
@@ -483,7 +485,10 @@ class Engine:
             except Exception as error:  # noqa: BLE001 - the connection reports it to its client
                 feed.error = error
                 continue
-            feed.endpoint_due = utterances.segmenter.endpoint_due
+            due = utterances.segmenter.endpoint_due
+            if due != feed.endpoint_due:
+                feed.endpoint_due = due
+                moved.append(feed)
             pairs += fed
             owners += [feed] * len(fed)
             finished += ended
@@ -491,7 +496,7 @@ class Engine:
         for feed, error in zip(owners, errors):
             if error is not None:
                 feed.error = error
-        return len(pairs) + len(finished)
+        return len(pairs) + len(finished), moved
 
     def _sweep_finishing(self) -> list[tuple[Listener, Utterances]]:
         """As :meth:`_sweep`, over the connections with a segment cut whose final text is not reported yet."""
@@ -516,17 +521,24 @@ class Engine:
                 feed.error = failure
         self._post(feeds, [])
 
-    def _post(self, woken: list[Feed], changed: list[tuple[Listener, Utterances]]) -> None:
+    def _post(
+        self, woken: list[Feed], changed: list[tuple[Listener, Utterances]], moved: list[Feed] | None = None
+    ) -> None:
         """Hand the event loop a pass's outcome in one callback."""
         if self._loop is None:
             return
         try:
-            self._loop.call_soon_threadsafe(self._deliver, woken, changed)
+            self._loop.call_soon_threadsafe(self._deliver, woken, changed, moved or [])
         except RuntimeError:  # the loop has closed: the server is gone
             pass
 
-    def _deliver(self, woken: list[Feed], changed: list[tuple[Listener, Utterances]]) -> None:
-        """Wake the feeds the event loop waits on, tell failed connections, hand over the results (event loop)."""
+    def _deliver(self, woken: list[Feed], changed: list[tuple[Listener, Utterances]], moved: list[Feed]) -> None:
+        """Wake the feeds the event loop waits on, tell failed connections, hand over the results and where
+        endpoints may come (event loop)."""
+        for feed in moved:
+            listener = self._feeds.get(feed)
+            if listener is not None:
+                listener.endpoint_due(feed.endpoint_due)
         for feed in woken:
             feed.wake()
             listener = self._feeds.get(feed)

@@ -56,6 +56,9 @@ class _RemoteListener:
     def stop(self) -> None:
         self._link.send((wire.STOP, self._cid))
 
+    def endpoint_due(self, sample: int | None) -> None:
+        self._link.send((wire.ENDPOINT, self._cid, sample))
+
 
 class _Worker:
     """One worker's link and its connections' feeds, by the worker's connection number."""

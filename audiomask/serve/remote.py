@@ -59,6 +59,7 @@ class RemoteFeed:
         self._resume = asyncio.Event()  # clear while the client waits for a pass in the main process
         self._resume.set()
         self.final: asyncio.Future[list[Segment]] | None = None  # the last segments, once the end was sent
+        self._endpoint_due: int | None = None  # samples sent by which an endpoint may be known (main process)
 
     async def put(self, samples: np.ndarray) -> None:
         """Check ``samples`` ``(n,)`` float32 and queue them; waits while more than the feed holds wait unfed.
@@ -71,7 +72,7 @@ class RemoteFeed:
         self._accepted += len(array)
         self._pending.append(array)
         self._pending_samples += len(array)
-        if self._sent + self._pending_samples >= self._block_end:
+        if self._due():
             self.send_pending()
         if self._resume.is_set() and self._sent - self._taken > self._engine.max_buffered:
             self._resume.clear()
@@ -90,6 +91,18 @@ class RemoteFeed:
         while self._block_end <= self._sent:
             self._block_end += self._engine.block
         self._engine.send((wire.AUDIO, self.cid, samples))
+
+    def endpoint_due(self, sample: int | None) -> None:
+        """The main process says by which sample an endpoint may be known: send what reaches it now, and then."""
+        self._endpoint_due = sample
+        if self._due():
+            self.send_pending()
+
+    def _due(self) -> bool:
+        """Whether the samples queued complete the stream's next block, or reach the endpoint's sample."""
+        queued = self._sent + self._pending_samples
+        endpoint = self._endpoint_due
+        return queued >= self._block_end or (endpoint is not None and queued >= endpoint)
 
     def commit(self) -> None:
         """The open segment ends after the samples put so far: they go now, then the commit."""
@@ -265,3 +278,5 @@ class RemoteEngine:
                 feed.final.set_result(segments)
         elif kind == wire.STOP:
             listener.stop()
+        elif kind == wire.ENDPOINT:
+            feed.endpoint_due(rest[0])

@@ -305,6 +305,9 @@ class _Session:
         self._stopped = True
         self._interrupt()
 
+    def endpoint_due(self, sample: int | None) -> None:
+        pass  # the feed of this process reads it itself (:attr:`~audiomask.serve.feeds.Feed.endpoint_due`)
+
     def _watch_idle(self) -> None:
         """Interrupt a wait for the client's message once it has lasted ``idle_timeout_s``; else check again
         when it would have (one timer per connection, not one per message)."""

@@ -31,6 +31,8 @@ Recognizer -> worker:
 - ``(FINAL, cid, segments)`` or ``(FINAL, cid, None, kind, message)``: the segments not reported yet, the
   last final, or why there are none;
 - ``(STOP, cid)``: the server is draining: finish the connection now;
+- ``(ENDPOINT, cid, sample)``: the connection's open segment's endpoint may be known once ``sample`` samples
+  have been sent (``None``: none pending): send the audio as soon as it reaches that, not a block later;
 - ``(DRAIN,)``: stop accepting connections; ``(EXIT,)``: shut down.
 
 >>> import asyncio
@@ -59,6 +61,7 @@ __all__ = [
     "COMMIT",
     "DRAIN",
     "END",
+    "ENDPOINT",
     "ERROR_KINDS",
     "EXIT",
     "FAILED",
@@ -80,6 +83,7 @@ __all__ = [
 ]
 
 OPEN, AUDIO, COMMIT, CLEAR, WAIT, END, CLOSE = "open", "audio", "commit", "clear", "wait", "end", "close"
+ENDPOINT = "endpoint"
 HELLO, HEALTH, RESULTS, RESUME, FAILED, FINAL, STOP, DRAIN, EXIT = (
     "hello",
     "health",
