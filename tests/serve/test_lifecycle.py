@@ -146,6 +146,7 @@ def test_a_front_end_in_a_process_of_its_own_gives_the_texts_of_audiomask_transc
         (["--max-wait-ms", "-5"], "--max-wait-ms must be >= 0, got -5"),
         (["--ws-workers", "-1"], "--ws-workers must be >= 0, got -1"),
         (["--endpoint-silence-s", "-1"], "--endpoint-silence-s must be a number of seconds >= 0, got -1.0"),
+        (["--vad-threshold", "1.5"], "--vad-threshold: threshold must be in (0, 1), got 1.5"),
         (["--max-segment-s", "0"], "--max-segment-s must be a positive number of seconds, got 0.0"),
         (["--max-segment-s", "inf"], "--max-segment-s must be a positive number of seconds, got inf"),
         (["--ws-workers", "2", "--ray"], "--ws-workers goes without --ray"),
