@@ -131,6 +131,11 @@ def _arguments(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--frontend-workers", type=int, help="the started server's --frontend-workers")
     parser.add_argument("--max-wait-ms", type=int, help="the started server's --max-wait-ms")
     parser.add_argument(
+        "--endpoint-silence-s",
+        type=float,
+        help="the started server's --endpoint-silence-s (0: one segment per connection, as the references are)",
+    )
+    parser.add_argument(
         "--repeat", type=int, default=1, help="each client streams its file this many times over (default 1)"
     )
     parser.add_argument("--token", help="the server's token")
@@ -162,6 +167,7 @@ def _server(args: argparse.Namespace) -> Iterator[tuple[str, subprocess.Popen | 
         "--dtype": None if args.llm else args.dtype,
         "--fixed-tokens": args.fixed_tokens,
         "--max-wait-ms": args.max_wait_ms,
+        "--endpoint-silence-s": args.endpoint_silence_s,
         "--token": args.token,
     }
     with running_server(options) as served:
@@ -456,6 +462,7 @@ def _measure(args, audio, message_samples, references: References, argv) -> int:
             "ramp_s": args.ramp_s,
             "repeat": args.repeat,
             "max_wait_ms": args.max_wait_ms,
+            "endpoint_silence_s": args.endpoint_silence_s,
             "most_clients_at_once": _most_at_once(outcomes),
             "chunk_ms": references.chunk_ms,
             "samples": {name: round(len(samples) / SAMPLE_RATE, 3) for name, samples in audio.items()},
