@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 import warnings
 
@@ -21,6 +22,7 @@ from audiomask.transfer.ring import MiB, PinnedRing
 
 __all__ = [
     "FEW_THREADS_PARALLEL_COPY_BYTES",
+    "LARGE_COPY_PIECES",
     "PARALLEL_COPY_BYTES",
     "PARALLEL_COPY_MIN_THREADS",
     "default_ring",
@@ -40,6 +42,10 @@ __all__ = [
 PARALLEL_COPY_BYTES = 1 * MiB
 PARALLEL_COPY_MIN_THREADS = 4
 FEW_THREADS_PARALLEL_COPY_BYTES = 32 * MiB
+# A payload over a ring's max_pinned_bytes / LARGE_COPY_PIECES crosses in pieces along its first axis, a slot
+# each: no copy needs the whole bound (one step's features of tens of thousands of streams exceed it), and the
+# host fills the next piece's slot while the previous pieces cross the bus.
+LARGE_COPY_PIECES = 4
 
 
 def parallel_copy_bytes() -> int:
@@ -172,7 +178,10 @@ def to_device(
     is used on the current stream), and the slot is reused only after the
     copy has completed. So the call costs the staging memcpy plus a submit,
     whatever the GPU queue holds, and the caller may reuse ``data`` as soon as
-    it returns.
+    it returns. A payload over the ring's ``max_pinned_bytes`` /
+    :data:`LARGE_COPY_PIECES` (128 MiB of the default 512) crosses in pieces of
+    whole rows of its first axis, a slot each, into one result (or a contiguous
+    ``out``); only a single row over ``max_pinned_bytes`` is refused.
 
     The result never shares memory with host ``data``, on any device: for
     ``device="cpu"`` it is a fresh dense copy too, so code that refills a
@@ -227,6 +236,14 @@ def to_device(
         stage_copy(result, source)
         return result
     ring = ring or default_ring(target)
+    piece_bytes = ring.max_pinned_bytes // LARGE_COPY_PIECES
+    if (
+        source.ndim
+        and source.shape[0] > 1
+        and math.prod(source.shape) * dtype.itemsize > piece_bytes
+        and (out is None or out.is_contiguous())
+    ):
+        return _to_device_in_pieces(source, target, dtype, out, stream, ring, piece_bytes)
     staged = ring._stage_checked(tuple(source.shape), dtype)
     try:
         stage_copy(staged._staging_views()[0], source)
@@ -235,6 +252,28 @@ def to_device(
         if staged._slot is not None:  # not submitted: hand the slot back (a with block's cost, only on failure)
             staged.release()
         raise
+
+
+def _to_device_in_pieces(
+    source: np.ndarray | torch.Tensor,
+    target: torch.device,
+    dtype: torch.dtype,
+    out: torch.Tensor | None,
+    stream: torch.cuda.Stream | None,
+    ring: PinnedRing,
+    piece_bytes: int,
+) -> torch.Tensor:
+    """:func:`to_device` of a payload over ``piece_bytes``: rows of ``source``'s first axis, at most
+    ``piece_bytes`` a piece (one row at least), each staged in a slot of ``ring`` and copied into its rows of
+    ``out`` (contiguous; allocated on ``target`` when ``None``)."""
+    if out is None:
+        out = torch.empty(tuple(source.shape), dtype=dtype, device=target)
+    rows = len(source)
+    per_piece = max(1, piece_bytes // (math.prod(source.shape[1:]) * dtype.itemsize))
+    for start in range(0, rows, per_piece):
+        stop = min(start + per_piece, rows)
+        to_device(source[start:stop], target, out=out[start:stop], stream=stream, ring=ring)
+    return out
 
 
 def pinned_empty(shape: int | tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:

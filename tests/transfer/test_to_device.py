@@ -222,7 +222,7 @@ def test_staging_copy_goes_multi_threaded_from_a_size(
     monkeypatch.setattr(np, "copyto", spy_numpy)
     monkeypatch.setattr(torch.Tensor, "copy_", spy_torch)
     data = np.arange(nbytes, dtype=np.uint8)
-    ring = PinnedRing(slot_bytes=KiB, num_slots=1, max_pinned_bytes=64 * MiB)
+    ring = PinnedRing(slot_bytes=KiB, num_slots=1, max_pinned_bytes=128 * MiB)
     result = to_device(data, "cpu", ring=ring)
     assert engines[0] == engine  # the staging memcpy (the copy out of the slot follows)
     assert torch.equal(result, torch.from_numpy(data))
@@ -328,3 +328,31 @@ def test_to_device_staged_equals_direct(shape: list[int], dtype, transpose: bool
 
 
 _SHARED_RING = PinnedRing(slot_bytes=KiB, num_slots=2)
+
+
+@pytest.mark.parametrize("transpose", [False, True])
+def test_to_device_copies_a_payload_over_the_bound_in_pieces_of_rows(transpose: bool) -> None:
+    ring = PinnedRing(slot_bytes=KiB, num_slots=2, max_pinned_bytes=16 * KiB)
+    data = (
+        np.random.default_rng(0).standard_normal((40, 100)).astype(np.float32)
+    )  # 8,000 bytes as bfloat16, pieces of 4 KiB at most
+    data = data.T.copy().T if transpose else data  # a column-major source: its rows are strided
+    result = to_device(data, "cpu", dtype=torch.bfloat16, ring=ring)
+    np.testing.assert_array_equal(
+        result.float().numpy(), torch.from_numpy(np.ascontiguousarray(data)).bfloat16().float()
+    )
+    stats = ring.stats()
+    rows_per_piece = 16 * KiB // staging.LARGE_COPY_PIECES // (100 * 2)  # 20 rows of 200 bytes
+    assert stats.copies == -(-40 // rows_per_piece)
+    assert stats.pinned_bytes <= ring.max_pinned_bytes and stats.leased == 0
+
+
+def test_to_device_fills_a_contiguous_out_in_pieces_and_refuses_a_row_over_the_bound() -> None:
+    ring = PinnedRing(slot_bytes=KiB, num_slots=2, max_pinned_bytes=16 * KiB)
+    data = np.arange(3 * 4096, dtype=np.int32).reshape(3, 4096)  # rows of 16 KiB: one piece each
+    out = torch.zeros(3, 4096, dtype=torch.int32)
+    assert to_device(data, "cpu", out=out, ring=ring) is out
+    np.testing.assert_array_equal(out.numpy(), data)
+    assert ring.stats().copies == 3
+    with pytest.raises(ValueError, match=r"a request of 16388 bytes exceeds max_pinned_bytes=16384"):
+        to_device(np.zeros((2, 4097), np.int32), "cpu", ring=ring)

@@ -96,6 +96,16 @@ def test_to_device_does_not_wait_for_a_busy_queue(filler: QueueFiller, nbytes: i
     assert torch.equal(runs[-1][2].cpu(), torch.from_numpy(payload))
 
 
+def test_a_payload_over_the_ring_bound_crosses_in_pieces_without_waiting(filler: QueueFiller) -> None:
+    ring = PinnedRing(slot_bytes=MiB, num_slots=2, max_pinned_bytes=8 * MiB)
+    payload = np.random.default_rng(1).integers(0, 256, (64, 512 * KiB), dtype=np.uint8)  # 32 MiB: 16 pieces
+    to_device(payload, "cuda", ring=ring)  # the ring's slots pinned here, not in the timed calls
+    runs = [behind_busy_queue(filler, lambda: to_device(payload, "cuda", ring=ring)) for _ in range(REPEATS)]
+    assert all(still_busy for _, still_busy, _ in runs), f"waited for the queue: {[ms for ms, _, _ in runs]} ms"
+    assert torch.equal(runs[-1][2].cpu(), torch.from_numpy(payload))
+    assert ring.stats().pinned_bytes <= 8 * MiB
+
+
 def test_mask_built_in_a_slot_is_submitted_without_waiting(filler: QueueFiller) -> None:
     name, build = mask_builder()
     ring = PinnedRing()
