@@ -96,6 +96,11 @@ class AudioLM:
         features, lengths = self.frontend.batch(
             [as_samples(f"signals[{index}]", signal) for index, signal in enumerate(signals)]
         )
+        return self.feature_prompts(features, lengths, parts)
+
+    def feature_prompts(self, features: np.ndarray, lengths: np.ndarray, parts: PromptParts) -> list[torch.Tensor]:
+        """:meth:`prompts` of a front end's :meth:`~audiomask.features.frontend.Frontend.batch` output: float32
+        ``features`` ``(B, bins, T)`` (or ``(B, T, bins)``, per the front end's time axis) and ``(B,)`` ``lengths``."""
         audio = self.audio_inputs(torch.from_numpy(features), lengths)
         return [self.prompt_inputs(parts, row) for row in audio]
 

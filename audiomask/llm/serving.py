@@ -37,8 +37,8 @@ This module gives the same calls over :class:`~audiomask.llm.streaming.LLMStream
 - a stream ending starts its final pass after the next update, or at once when none is due (:meth:`LLMStreams.end`:
   its whole prompt through the offline front end and encoder, prefilled with
   the update after, then decoded riding along the updates' steps, or in steps
-  of its own while no update is due), at most :data:`FINALS_PER_UPDATE` between
-  two updates, so that a burst of ends holds no update back for long; its last
+  of its own while no update is due), those of at most :data:`FINAL_AUDIO_S_PER_UPDATE`
+  seconds of audio between two updates, so that a burst of ends holds no update back for long; its last
   chunks go to the final, its slot is held until the final is in; a cancelled
   one frees its slot without a final.
 
@@ -91,10 +91,11 @@ DEFAULT_LLM_MAX_WAIT_MS = 40
 # Steps the ended streams' finals take between two looks at the queue when no update is due (a few milliseconds
 # each on a GPU): their own steps use the time the updates leave; beside updates they ride along theirs.
 ADVANCE_STEPS = 8
-# Ended streams whose final passes start between two updates (more while none is due): a start runs the offline
-# front end and encoder over the whole utterance (~15 ms for 27 s of audio on an H200), so a burst of ends
-# delays the next update by one such group, not by all of them.
-FINALS_PER_UPDATE = 16
+# Audio whose final passes start between two updates (more while none is due; one stream's at least): a start
+# runs the offline front end and encoder over the whole utterance (~15 ms for 27 s of audio on an H200), so a
+# burst of ends delays the next update by one such group, not by all of them. A bound in audio, not in streams:
+# short segments (ends at every pause) start many a group, long ones few.
+FINAL_AUDIO_S_PER_UPDATE = 480.0
 _WORDS = re.compile(r"\S+\s*|\s+")
 
 
@@ -447,11 +448,14 @@ class LLMServingRecognizer:
         return [], self.max_wait_s - waited
 
     def _finish(self, streams: LLMStreams) -> None:
-        """Start the final passes of the first :data:`FINALS_PER_UPDATE` ended streams (:meth:`LLMStreams.end`:
-        they ride along the updates, and come back with them or with advances); a stream that got no samples
-        ends at once, with no text; a cancelled one was dropped already."""
-        ending = [stream for stream in self._ending[:FINALS_PER_UPDATE] if not stream._cancelled]
-        del self._ending[:FINALS_PER_UPDATE]
+        """Start the final passes of the first ended streams, up to :data:`FINAL_AUDIO_S_PER_UPDATE` seconds of
+        their audio (one stream at least; :meth:`LLMStreams.end`: they ride along the updates, and come back with
+        them or with advances); a stream that got no samples ends at once, with no text; a cancelled one was
+        dropped already."""
+        heard = np.cumsum([stream._fed for stream in self._ending])
+        count = max(1, int(np.searchsorted(heard, FINAL_AUDIO_S_PER_UPDATE * SAMPLE_RATE, side="right")))
+        ending = [stream for stream in self._ending[:count] if not stream._cancelled]
+        del self._ending[:count]
         if not ending:
             return
         heard = [stream for stream in ending if stream._fed]

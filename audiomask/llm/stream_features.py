@@ -41,6 +41,7 @@ class StreamFeatures:
     """
 
     def __init__(self, frontend: Frontend, slots: int, threads: int) -> None:
+        self.frontend = frontend
         self.streams: FeatureStreams = frontend.streams(slots)
         self._time_major = frontend.time_axis == 0  # its frames (B, T, bins): given out as (B, bins, T)
         self.threads = check_int("frontend_threads", threads, minimum=1)
@@ -101,6 +102,25 @@ class StreamFeatures:
         """``self.streams.push(chunks, indices=slots)``, its frames ``(B, bins, T)``."""
         frames, counts = self.streams.push(chunks, indices=slots)
         return (frames.transpose(0, 2, 1) if self._time_major else frames), counts
+
+    def batch(self, signals: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """The front end's offline :meth:`~audiomask.features.frontend.Frontend.batch` of whole utterances
+        ``signals`` (1-D float32 samples each), split over the threads in runs of consecutive signals of about
+        equal samples: the same ``(features, lengths)`` as one call (each row is computed alone, zero-padded to the
+        longest row's frames)."""
+        parts = min(len(signals), self.threads if self._pool is not None else 1)
+        if parts < 2:
+            return self.frontend.batch(signals)
+        ends = np.cumsum([len(signal) for signal in signals])
+        cuts = np.searchsorted(ends, ends[-1] * np.arange(1, parts) / parts, side="right")
+        bounds = [0, *sorted(set(cuts.tolist()) - {0, len(signals)}), len(signals)]
+        futures = [self._pool.submit(self.frontend.batch, signals[a:b]) for a, b in zip(bounds, bounds[1:])]
+        batches = [future.result() for future in futures]
+        shape = np.max([features.shape for features, _ in batches], axis=0)
+        features = np.zeros((len(signals), *shape[1:]), np.float32)
+        for start, (part, _) in zip(bounds, batches):
+            features[start : start + len(part), : part.shape[1], : part.shape[2]] = part
+        return features, np.concatenate([lengths for _, lengths in batches])
 
     def push_ahead(self, pieces: Sequence[np.ndarray], slots: Sequence[int]) -> None:
         """Start taking ``pieces[r]``, the samples of slot ``slots[r]``'s next chunk after its :meth:`ahead`

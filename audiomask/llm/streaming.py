@@ -580,10 +580,12 @@ class LLMStreams:
         return [self.model.answer(done[("pass", stream.name)], self.language) for stream in streams]
 
     def _final_inputs(self, signals: list[np.ndarray], slots: list[int]) -> list[torch.Tensor]:
-        """Each segment's whole prompt from the offline front end and encoder (:meth:`AudioLM.prompts`, at most
-        :data:`FINAL_ROWS` segments a call), the slot it is decoded in emptied for it."""
+        """Each segment's whole prompt from the offline front end (on the front-end threads) and the encoder
+        (:meth:`AudioLM.feature_prompts`, at most :data:`FINAL_ROWS` segments a call), the slot it is decoded in
+        emptied for it."""
         inputs: list[torch.Tensor] = []
         for start in range(0, len(signals), FINAL_ROWS):
-            inputs += self.model.prompts(signals[start : start + FINAL_ROWS], self.parts)
+            features, lengths = self.features.batch(signals[start : start + FINAL_ROWS])
+            inputs += self.model.feature_prompts(features, lengths, self.parts)
         self.cache.reset(slots)
         return inputs

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from audiomask.llm import checkpoint
-from audiomask.llm.serving import FINALS_PER_UPDATE, LLMServingRecognizer
+from audiomask.llm import checkpoint, serving
+from audiomask.llm.serving import LLMServingRecognizer
 from audiomask.llm.streaming import LLMStreams, StreamPolicy
 
 pytest.importorskip("transformers")
@@ -158,9 +158,10 @@ def test_streams_that_end_cancel_and_join_at_any_time_get_the_offline_finals(qwe
 def test_a_burst_of_ends_starts_its_finals_a_group_between_updates(
     qwen3_asr, speech: Callable, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """More streams end at once than :data:`FINALS_PER_UPDATE`: their final passes start a group between two of
-    another stream's updates, not all before the next one; each gets its offline answer and no partial (its
-    whole chunk still buffered goes to its final)."""
+    """More audio ends at once than :data:`FINAL_AUDIO_S_PER_UPDATE` (here 4.5 chunks): the final passes start in
+    groups of at most that much audio (one stream at least), a group between two of another stream's updates, not
+    all before the next one; each gets its offline answer and no partial (its whole chunk still buffered goes to
+    its final)."""
     calls: list[tuple[str, int]] = []
     for name in ("update", "end"):
         original = getattr(LLMStreams, name)
@@ -170,15 +171,18 @@ def test_a_burst_of_ends_starts_its_finals_a_group_between_updates(
             return _original(streams, names)
 
         monkeypatch.setattr(LLMStreams, name, spy)
-    count = FINALS_PER_UPDATE + 4
-    signals = [speech(1.5 * CHUNK_SAMPLES / 16000, seed) for seed in range(count)]
-    talk = speech(3 * CHUNK_SAMPLES / 16000, count)
+    monkeypatch.setattr(serving, "FINAL_AUDIO_S_PER_UPDATE", 4.5 * CHUNK_SAMPLES / 16000)
+    chunks = [1.5, 1.5, 1.5, 1.5, 6.0, 1.0]  # groups: three of 1.5 chunks, one, the longer one alone, the last
+    signals = [speech(length * CHUNK_SAMPLES / 16000, seed) for seed, length in enumerate(chunks)]
+    count = len(signals)
+    talk = speech(5 * CHUNK_SAMPLES / 16000, count)
     policy = StreamPolicy(chunk_s=CHUNK_SAMPLES / 16000, update_tokens=2)
     with LLMServingRecognizer(qwen3_asr, max_streams=count + 1, policy=policy, max_wait_ms=0) as recognizer:
         talker = recognizer.open_stream("talker")
         ending = [recognizer.open_stream(f"ends-{index}") for index in range(count)]
         recognizer.accept_many([(talker, talk), *zip(ending, signals)], finished=ending)
-        wait_for(lambda: all(stream.done for stream in ending) and talker.token_count == 3)
+        wait_for(lambda: all(stream.done for stream in ending) and talker.token_count == 5)
     assert [stream.partial() for stream in ending] == [qwen3_asr.transcribe([signal])[0].text for signal in signals]
     assert [stream.token_count for stream in ending] == [1] * count
-    assert calls[:4] == [("update", 1), ("end", FINALS_PER_UPDATE), ("update", 1), ("end", count - FINALS_PER_UPDATE)]
+    ends = [("end", 3), ("end", 1), ("end", 1), ("end", 1)]
+    assert calls[:8] == [item for end in ends for item in (("update", 1), end)]
