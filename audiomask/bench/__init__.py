@@ -14,6 +14,8 @@ Their parts: :mod:`~audiomask.bench.models` (the encoders measured),
 :mod:`~audiomask.bench.single_stream` (latency per chunk size),
 :mod:`~audiomask.bench.throughput` (the most concurrent real-time streams),
 :mod:`~audiomask.bench.search` (the search for that count),
+:mod:`~audiomask.bench.limits` (how close a row comes to the device's compute
+and memory limits), :mod:`~audiomask.bench.tables` (the report on stdout),
 :mod:`~audiomask.bench.copy_timing` (how one copy strategy is timed, per GPU
 state) and :mod:`~audiomask.bench.transfer_verdicts` (what a transfer run
 must show), :mod:`~audiomask.bench.device_masks` (the Phi-4MM hidden-state

@@ -22,7 +22,10 @@ Sections (each in the JSON report under its name):
    each through the driver and as its encoder step alone; each row says what
    stops it (GPU compute or memory, the host's front end or driver loop),
    the device memory per stream and the host cores used
-   (:mod:`audiomask.bench.throughput`).
+   (:mod:`audiomask.bench.throughput`), and how close it comes to the
+   device's limits: the encoder's FLOPs per audio second, the TFLOPS achieved
+   and their fraction of the dense bf16 peak, the streams that compute and
+   memory allow and the row's fraction of the nearer (:mod:`audiomask.bench.limits`).
 
 Beside them: ``environment`` (command, date, git commit, versions, CPU, GPU,
 driver), ``settings``, ``models``, ``verdicts`` (the checks of the run's figures),
@@ -60,10 +63,12 @@ from audiomask.bench import plots, transfer_verdicts
 from audiomask.bench import transfer as transfer_bench
 from audiomask.bench.environment import capture_environment, write_result
 from audiomask.bench.harness import QueueFiller
+from audiomask.bench.limits import EncoderLimits
 from audiomask.bench.models import BenchModel, build_model
 from audiomask.bench.overlap import pipeline_section, pipeline_threads
 from audiomask.bench.search import search
 from audiomask.bench.single_stream import measure_latency
+from audiomask.bench.tables import print_tables
 from audiomask.bench.throughput import ProbePlan, make_probe
 from audiomask.bench.timing import Budget, log
 from audiomask.constants import FRAME_MS
@@ -256,12 +261,12 @@ def latency_section(
 
 
 def throughput_section(settings: RunSettings, models: Models, budget: Budget) -> list[dict]:
+    """One row per run of :data:`THROUGHPUT_RUNS`: its search, and how close it came to the device's limits."""
     results = []
+    limits: dict[str, EncoderLimits] = {}  # per model, counted once
     shares_left = sum(share for _, _, share, _ in THROUGHPUT_RUNS)
     for name, path, share, start in THROUGHPUT_RUNS:
         model = models[name]
-        run_budget = Budget(max(budget.left(), 1e-3) * share / shares_left)
-        shares_left -= share
         chunking = dict(zip(("chunk_size", "left_chunk"), _streaming_chunking(model))) if model.is_phi4mm else {}
         probe, probe_settings = make_probe(
             model,
@@ -271,20 +276,23 @@ def throughput_section(settings: RunSettings, models: Models, budget: Budget) ->
             frontend_workers=settings.frontend_workers,
             lanes=settings.lanes,
         )
+        if name not in limits:  # before the run's budget is set: the count is no part of the search
+            limits[name] = EncoderLimits.of(model, probe_settings["chunk_ms"], probe_settings.get("left_chunk"))
+        run_budget = Budget(max(budget.left(), 1e-3) * share / shares_left)
+        shares_left -= share
         log(f"  throughput {name}/{path}: budget {run_budget.seconds:.0f} s")
         start = min(start, settings.max_streams)
         counts = sorted({min(count, settings.max_streams) for count in SHORT_COUNTS[name, path]})
-        results.append(
-            search(
-                probe,
-                probe_settings,
-                model.device,
-                run_budget,
-                settings.max_streams,
-                start,
-                counts=counts if settings.short else None,
-            )
+        row = search(
+            probe,
+            probe_settings,
+            model.device,
+            run_budget,
+            settings.max_streams,
+            start,
+            counts=counts if settings.short else None,
         )
+        results.append({**row, **limits[name].row_fields(row)})
     return results
 
 
@@ -353,74 +361,6 @@ def _throughput_verdicts(rows: list[dict]) -> dict[str, dict]:
             limiting_resource=driver and driver.get("limiting_resource"),
         )
     return found
-
-
-def _cell(value: float | None, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
-
-
-def _print_throughput(rows: Sequence[dict]) -> None:
-    """One line per search: capacity, the costs per cycle at the deciding probe, memory, cores, what stops it."""
-    print(
-        f"\n{'throughput':<16}{'path':<14}{'chunk ms':>9}{'streams':>9}{'p99 ms':>9}{'first fail':>11}"
-        f"{'at N':>7}{'gpu ms':>9}{'fe ms':>8}{'host ms':>9}{'MiB/stream':>11}  {'cores (torch+fe)':<18}"
-        f"{'search ended':<14}limiting resource"
-    )
-    for row in rows:
-        costs = row.get("cycle_costs") or {}
-        per_stream = row.get("bytes_per_stream")
-        cores = row.get("host_cores", {})
-        cores_cell = f"{cores['allowed']} ({cores['torch_threads']}+{cores['frontend_processes']})" if cores else "-"
-        print(
-            f"{row['model']:<16}{row['path']:<14}{row['chunk_ms']:>9}{row['max_streams']:>9}"
-            f"{_cell(row['max_streams_chunk_ms_p99'], '.1f'):>9}{row['first_failing']!s:>11}"
-            f"{costs.get('streams', '-')!s:>7}{_cell(costs.get('gpu_ms_per_cycle'), '.1f'):>9}"
-            f"{_cell(costs.get('frontend_ms_per_cycle'), '.1f'):>8}{_cell(costs.get('host_ms_per_cycle'), '.1f'):>9}"
-            f"{_cell(None if per_stream is None else per_stream / MiB, '.2f'):>11}  {cores_cell:<18}"
-            f"{row['limited_by']:<14}{row.get('limiting_resource') or '-'}"
-        )
-
-
-def print_tables(report: dict) -> None:
-    """The report's figures as fixed-width tables on stdout."""
-    if report["transfer"]:
-        print("\ntransfer (ms; e2e = lengths on the host -> mask on the device, idle GPU)")
-        transfer_bench.print_table(report["transfer"])
-    pipeline = report["pipeline"]
-    if pipeline:
-        print(
-            f"\npipeline ({pipeline['model']}, B={pipeline['batch']}, {pipeline['cycles']} cycles of "
-            f"{pipeline['chunk_ms']} ms): serial {pipeline['serial_wall_s']:.3f} s, overlapped "
-            f"{pipeline['pipelined_wall_s']:.3f} s (x{pipeline['speedup']:.2f}); cpu {pipeline['cpu_s']:.3f} s, "
-            f"gpu {pipeline['gpu_s']:.3f} s, overlap {pipeline['overlap']:.2f}, wall / max(cpu, gpu) "
-            f"{pipeline['pipelined_over_max_of_sums']:.2f}; host per chunk p50 {pipeline['host_ms_per_chunk_p50']:.2f} "
-            f"/ p99 {pipeline['host_ms_per_chunk_p99']:.2f} ms"
-        )
-        if "pipelined_wall_s_spread" in pipeline:
-            spreads = ", ".join(
-                f"{mode} {pipeline[f'{mode}_wall_s_spread']:.1%}" for mode in ("serial", "pipelined", "process")
-            )
-            print(f"  {pipeline['repeats']} repeats of each mode, (max - min) / median: {spreads}")
-        if "process_wall_s" in pipeline:  # reports from 34fc93f on
-            print(
-                f"  front end in its own process: {pipeline['process_wall_s']:.3f} s "
-                f"(x{pipeline['process_speedup']:.2f}); cpu {pipeline['process_cpu_s']:.3f} s, gpu "
-                f"{pipeline['process_gpu_s']:.3f} s, overlap {pipeline['process_overlap']:.2f}, wall / max(cpu, gpu) "
-                f"{pipeline['process_over_max_of_sums']:.2f} (/ the serial run's max {pipeline['process_over_serial_max']:.2f})"
-            )
-    if report["latency"]:
-        print(
-            f"\n{'latency':<14}{'chunk ms':>9}{'left':>6}{'algo ms':>9}{'p50 ms':>9}{'p95 ms':>9}{'p99 ms':>9}"
-            f"{'first partial':>15}{'RTF':>8}"
-        )
-        for row in report["latency"]:
-            print(
-                f"{row['model']:<14}{row['chunk_ms']:>9}{row['left_chunks']:>6}{row['algorithmic_latency_ms']:>9.0f}"
-                f"{row['compute_ms_p50']:>9.2f}{row['compute_ms_p95']:>9.2f}{row['compute_ms_p99']:>9.2f}"
-                f"{row['first_partial_ms']:>15.1f}{row['rtf']:>8.4f}"
-            )
-    if report["throughput"]:
-        _print_throughput(report["throughput"])
 
 
 def _models_needed(sections: Sequence[str], settings: RunSettings, pipeline_model: str) -> list[str]:
