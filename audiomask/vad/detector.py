@@ -57,13 +57,17 @@ class VoiceActivity:
 
     The streams' recurrent states are rows of one table on ``device`` (rows of closed streams are reused, the
     table doubles when full), gathered and scattered once per call. Thread-safe: one lock guards the streams;
-    scoring holds it (callers score from one thread in practice).
+    scoring holds it (callers score from one thread in practice). On a GPU every call runs on a CUDA stream of
+    the detector's own, of high priority: a call waits for its own few kernels, not for the work other
+    threads have queued on the device (a recognizer's step), and its kernels go first.
     """
 
     def __init__(self, model: SileroVAD | None = None, device: torch.device | str = "cpu") -> None:
         self.device = torch.device(device)
-        self.model = (model if model is not None else SileroVAD.from_package()).to(self.device)
-        self._states = self.model.initial_state(INITIAL_ROWS, self.device)  # (2, rows, HIDDEN_SIZE)
+        self._stream = torch.cuda.Stream(self.device, priority=-1) if self.device.type == "cuda" else None
+        with torch.cuda.stream(self._stream):  # the state table is only ever touched on that stream
+            self.model = (model if model is not None else SileroVAD.from_package()).to(self.device)
+            self._states = self.model.initial_state(INITIAL_ROWS, self.device)  # (2, rows, HIDDEN_SIZE)
         self._free = list(range(INITIAL_ROWS - 1, -1, -1))  # rows no stream holds, the lowest last
         self._streams: dict[int, _Stream] = {}
         self._next_key = 0
@@ -71,7 +75,7 @@ class VoiceActivity:
 
     def open(self) -> int:
         """A new stream, which has heard nothing: its key for :meth:`score` and :meth:`close`."""
-        with self._lock:
+        with self._lock, torch.cuda.stream(self._stream):
             if not self._free:
                 rows = self._states.shape[1]
                 self._states = torch.cat((self._states, self.model.initial_state(rows, self.device)), dim=1)
@@ -127,13 +131,14 @@ class VoiceActivity:
     @torch.inference_mode()
     def _run(self, windows: np.ndarray, rows: list[int], counts: list[int]) -> np.ndarray:
         """Scores ``(B, depth)`` of ``windows`` ``(B, depth, WINDOW_SPAN)`` (each stream's first ``count``) in
-        one network call, from and into the state table's ``rows``."""
-        index = to_device(np.asarray(rows, np.int64), self.device)
-        heard, state = self.model(
-            to_device(windows, self.device), torch.tensor(counts), self._states.index_select(1, index)
-        )
-        self._states.index_copy_(1, index, state)
-        host, copied = to_host(heard)
+        one network call, from and into the state table's ``rows`` (on the detector's CUDA stream)."""
+        with torch.cuda.stream(self._stream):
+            index = to_device(np.asarray(rows, np.int64), self.device)
+            heard, state = self.model(
+                to_device(windows, self.device), torch.tensor(counts), self._states.index_select(1, index)
+            )
+            self._states.index_copy_(1, index, state)
+            host, copied = to_host(heard)
         if copied is not None:
             copied.synchronize()
         return host.numpy()

@@ -184,3 +184,27 @@ def test_scores_on_cuda_equal_the_cpu_ones() -> None:
     key = on_gpu.open()
     got = np.concatenate([on_gpu.score([(key, piece)])[0] for piece in np.array_split(samples, 5)])
     np.testing.assert_allclose(got, expected, atol=1e-4)  # cuDNN's convolutions and LSTM round otherwise
+
+
+@pytest.mark.gpu
+def test_scoring_does_not_wait_for_work_queued_on_the_device() -> None:
+    """A recognizer's step queued on the default CUDA stream: the detector's call returns before it is done,
+    with the scores it gives on an idle device."""
+    from audiomask.bench.harness import QueueFiller
+
+    samples = _sentence("weather.wav")
+    detector = VoiceActivity(device="cuda")
+    key = detector.open()
+    first, rest = samples[: len(samples) // 2], samples[len(samples) // 2 :]
+    expected = VoiceActivity(device="cuda")
+    expected_key = expected.open()
+    expected_scores = [expected.score([(expected_key, piece)])[0] for piece in (first, rest)]
+    scores = [detector.score([(key, first)])[0]]
+    torch.cuda.synchronize()
+    QueueFiller("cuda").fill(500)  # half a second of work on the default stream
+    scores.append(detector.score([(key, rest)])[0])
+    still_busy = not torch.cuda.current_stream().query()
+    torch.cuda.synchronize()
+    assert still_busy, "the detector waited for the work queued on the default stream"
+    for got, want in zip(scores, expected_scores, strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-6)
