@@ -57,7 +57,7 @@ import re
 import threading
 import time
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -198,6 +198,10 @@ class LLMServingRecognizer:
         context, language: the prompt's context text and forced language (``None``: detected).
         max_wait_ms: how long a due stream waits for the others' chunks; ``None``:
             :data:`DEFAULT_LLM_MAX_WAIT_MS`, or the chunk if shorter.
+
+    :attr:`on_results`: ``None`` or a callable without arguments, called on the recognizer's thread each time
+    partials or finals have been handed to the streams (the server's ticker wakes on it to send them, rather
+    than at its next tick).
     """
 
     def __init__(
@@ -221,6 +225,7 @@ class LLMServingRecognizer:
             max_wait_ms = min(self.chunk_ms, DEFAULT_LLM_MAX_WAIT_MS)
         self.max_wait_s = check_int("max_wait_ms", max_wait_ms, minimum=0) / MS_PER_S
         self.stats = RunStats()
+        self.on_results: Callable[[], None] | None = None
         # The queue: streams' intake, ends, cancels, the live streams. Reentrant: the recognizer's thread may drop
         # the last reference while holding it, and the finalizer that wakes the thread takes it too.
         self._lock = threading.RLock()
@@ -452,8 +457,8 @@ class LLMServingRecognizer:
         their audio (one stream at least; :meth:`LLMStreams.end`: they ride along the updates, and come back with
         them or with advances); a stream that got no samples ends at once, with no text; a cancelled one was
         dropped already."""
-        heard = np.cumsum([stream._fed for stream in self._ending])
-        count = max(1, int(np.searchsorted(heard, FINAL_AUDIO_S_PER_UPDATE * SAMPLE_RATE, side="right")))
+        samples = np.cumsum([stream._fed for stream in self._ending])
+        count = max(1, int(np.searchsorted(samples, FINAL_AUDIO_S_PER_UPDATE * SAMPLE_RATE, side="right")))
         ending = [stream for stream in self._ending[:count] if not stream._cancelled]
         del self._ending[:count]
         if not ending:
@@ -469,6 +474,8 @@ class LLMServingRecognizer:
                 if not stream._fed:
                     self._complete(stream, "")
             self._changed.notify_all()
+        if len(heard) < len(ending) and self.on_results is not None:
+            self.on_results()
 
     def _publish(self, partials: list[Partial]) -> None:
         """Hand the streams their partials, and their finals (done, off the live streams, waiters told)."""
@@ -485,6 +492,8 @@ class LLMServingRecognizer:
                     stream._changes += 1
             if any(partial.final for partial in partials):
                 self._changed.notify_all()
+        if partials and self.on_results is not None:
+            self.on_results()
 
     def _complete(self, stream: LLMServingStream, text: str) -> None:
         """Called with the lock held: ``stream``'s final text is ``text``; it is done."""

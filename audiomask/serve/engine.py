@@ -359,6 +359,8 @@ class Engine:
             if self._recognizer is None:
                 self._recognizer = build_recognizer(self.settings)
             recognizer = self._recognizer
+            if hasattr(recognizer, "on_results"):  # it steps on a thread of its own: the ticker wakes on its results
+                recognizer.on_results = self._wake.set
             if recognizer.device.type == "cpu":
                 sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))
             stream = recognizer.open_stream("warm-up")

@@ -58,6 +58,23 @@ def test_token_count_moves_every_chunk_whether_or_not_the_text_changed_then_with
     assert final == qwen3_asr.transcribe([signal])[0].text
 
 
+def test_on_results_is_called_once_each_update_and_final_is_handed_over(qwen3_asr, speech: Callable) -> None:
+    """The server's ticker wakes on :attr:`LLMServingRecognizer.on_results`: it is called on the recognizer's
+    thread after the texts it announces are readable, once per update (two streams due together: one call), and
+    for finals as they are done; never without news."""
+    policy = StreamPolicy(chunk_s=CHUNK_SAMPLES / 16000, update_tokens=1)
+    seen: list[tuple[int, int]] = []
+    with LLMServingRecognizer(qwen3_asr, max_streams=2, policy=policy, max_wait_ms=10_000) as recognizer:
+        streams = [recognizer.open_stream("a"), recognizer.open_stream("b")]
+        recognizer.on_results = lambda: seen.append(tuple(stream.token_count for stream in streams))
+        recognizer.accept_many([(stream, speech(0.5, seed)) for seed, stream in enumerate(streams)])
+        wait_for(lambda: len(seen) == 1)
+        recognizer.accept_many([], finished=streams)
+        wait_for(lambda: all(stream.done for stream in streams) and seen[-1] == (2, 2))
+    assert seen[0] == (1, 1) and len(seen) <= 3  # the finals in one call, or one each
+    assert all(sum(later) > sum(earlier) for earlier, later in zip(seen, seen[1:]))
+
+
 def test_the_callers_never_run_an_update_and_an_error_stops_the_recogniser_for_every_caller(
     qwen3_asr, speech: Callable, monkeypatch: pytest.MonkeyPatch
 ) -> None:
