@@ -9,8 +9,8 @@ and chat template, as a user's download):
   transformers' default a tiny model says the same thing whatever it hears);
   the vocabulary is 256 byte tokens plus the special tokens, so special ids
   are small and read from the directory, never assumed;
-- the server benchmark (``scripts/bench_server.py --model llm_0.6b``):
-  :func:`save_random_qwen3_asr` at the released sizes
+- the server and endpoint benchmarks (``scripts/bench_server.py --model llm_0.6b``,
+  :data:`RANDOM_LLMS`): :func:`save_random_qwen3_asr` at the released sizes
   (:data:`bench.llm_streams.SIZES`), normal(0, 0.02) weights, and a
   byte-level BPE tokenizer of the model's 151,936 ids (words of ASCII
   letters), so that every id the random model writes decodes to text and
@@ -19,8 +19,10 @@ and chat template, as a user's download):
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import string
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +40,8 @@ __all__ = [
     "qwen3_asr_tokenizer",
     "word_ids",
     "save_qwen3_asr",
+    "RANDOM_LLMS",
+    "random_llm_directory",
     "save_random_qwen3_asr",
     "speech",
 ]
@@ -230,6 +234,17 @@ def save_random_qwen3_asr(directory: Path, size: str, device: str = "cpu", seed:
     return save_qwen3_asr(
         directory, audio, text, seed=seed, vocab_size=spec["text"]["vocab_size"], device=device, dtype=torch.bfloat16
     )
+
+
+# The benchmarks' --model names of random LLM recognisers: Qwen3-ASR at a size of bench.llm_streams.SIZES.
+RANDOM_LLMS = {"llm_0.6b": "0.6b", "llm_1.7b": "1.7b", "llm_tiny": "tiny"}
+
+
+def random_llm_directory(name: str, device: str, stack: contextlib.ExitStack) -> str:
+    """A temporary directory of the random LLM recogniser ``name`` (:data:`RANDOM_LLMS`, by
+    :func:`save_random_qwen3_asr`), made on ``device`` (``"auto"``: the CPU), removed with ``stack``."""
+    directory = stack.enter_context(tempfile.TemporaryDirectory(prefix="audiomask-bench-llm-"))
+    return str(save_random_qwen3_asr(Path(directory), RANDOM_LLMS[name], device="cpu" if device == "auto" else device))
 
 
 def speech(seconds: float, seed: int) -> np.ndarray:

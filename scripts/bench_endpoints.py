@@ -9,7 +9,7 @@ the 10 ms frames louder than 1 % of its peak) are joined with pauses of
 over ``/v1/realtime`` under server VAD (``silence_duration_ms``: each of
 ``--silence-ms`` in turn; 16 kHz PCM16, so that the positions the server
 reports are the stream's own) to a server the script starts (the shipped
-model on the CPU).
+model on the CPU, or ``--model``: an LLM checkpoint directory, say).
 
 What it measures, and its criteria:
 
@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
 import json
 import sys
 import time
@@ -44,6 +45,7 @@ from websockets.asyncio.client import connect
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: bench/ is not installed
 
 from audiomask.constants import SAMPLE_RATE
+from bench.llm_checkpoints import RANDOM_LLMS, random_llm_directory
 from bench.server_process import health, running_server
 
 REPOSITORY = Path(__file__).resolve().parents[1]
@@ -64,6 +66,12 @@ def _arguments(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--tail-s", type=float, default=2.0, help="silence after the last sentence (default 2)")
     parser.add_argument("--device", default="cpu", help="the server's device (default cpu)")
     parser.add_argument("--ws-workers", type=int, help="the server's --ws-workers (default: its own)")
+    parser.add_argument(
+        "--model",
+        help="the server's --model: a file or checkpoint directory, or a random LLM recogniser (llm_tiny, llm_0.6b, "
+        "llm_1.7b: bench.llm_checkpoints.RANDOM_LLMS, saved to a temporary directory); default: the shipped model",
+    )
+    parser.add_argument("--chunk-ms", type=int, help="the server's --chunk-ms (default: the model's)")
     parser.add_argument("--out", type=Path, help="write the JSON report here")
     return parser.parse_args(argv)
 
@@ -203,12 +211,15 @@ def main(argv: list[str]) -> int:
     pauses_s = [float(p) for p in args.pauses.split(",")]
     samples, sentences = _joined(pauses_s, args.tail_s)
     runs = []
-    with running_server({"--device": args.device, "--ws-workers": args.ws_workers}) as served:
-        chunk_ms = health(served.http_url)[1]["chunk_ms"]
-        for silence_ms in (int(s) for s in args.silence_ms.split(",")):
-            events, sent_at = asyncio.run(_stream(served.ws_url, samples, silence_ms))
-            runs.append(_report(events, sent_at, sentences, len(samples), silence_ms, chunk_ms))
-            print(json.dumps({"silence_ms": silence_ms, **runs[-1]["criteria"]}))
+    with contextlib.ExitStack() as stack:
+        model = random_llm_directory(args.model, args.device, stack) if args.model in RANDOM_LLMS else args.model
+        options = {"--device": args.device, "--ws-workers": args.ws_workers, "--model": model}
+        with running_server(options | {"--chunk-ms": args.chunk_ms}) as served:
+            chunk_ms = health(served.http_url)[1]["chunk_ms"]
+            for silence_ms in (int(s) for s in args.silence_ms.split(",")):
+                events, sent_at = asyncio.run(_stream(served.ws_url, samples, silence_ms))
+                runs.append(_report(events, sent_at, sentences, len(samples), silence_ms, chunk_ms))
+                print(json.dumps({"silence_ms": silence_ms, **runs[-1]["criteria"]}))
     ms = MS_PER_S / SAMPLE_RATE
     report = {
         "settings": {

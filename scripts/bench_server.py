@@ -92,12 +92,11 @@ CLIENT_START_S = 3.0  # seconds the client processes get to start before the fir
 # --model's random models: the latency benchmark's two full-size ones, and shipped_tiny, the shipped model's
 # architecture at tiny widths, whose steps cost next to nothing: a run with it measures the server's own work.
 RANDOM_MODELS = ("phi4mm_full", "qwen3_asr_0.6b", "shipped_tiny")
-# --model's random LLM recognisers: Qwen3-ASR at its released sizes (bench.llm_checkpoints), saved to a temporary
-# directory first; run them with --fixed-tokens (random weights never say the end token).
-RANDOM_LLMS = {"llm_0.6b": "0.6b", "llm_1.7b": "1.7b"}
 
 
 def _arguments(argv: list[str]) -> argparse.Namespace:
+    from bench.llm_checkpoints import RANDOM_LLMS  # imports torch: not in the client processes
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", type=int, default=64, help="concurrent clients (default 64)")
     parser.add_argument("--realtime", action="store_true", help="send at real time (default: as fast as taken)")
@@ -114,7 +113,8 @@ def _arguments(argv: list[str]) -> argparse.Namespace:
         help="the started server's model: a file, an LLM checkpoint directory, a random model of the latency "
         f"benchmark ({', '.join(RANDOM_MODELS)}: saved to a temporary file first; shipped_tiny's steps cost next "
         f"to nothing: the server's own work is measured) or a random LLM recogniser ({', '.join(RANDOM_LLMS)}: "
-        "Qwen3-ASR's sizes, saved to a temporary directory); default: the shipped model",
+        "Qwen3-ASR's sizes, saved to a temporary directory; run with --fixed-tokens, as random weights never say "
+        "the end token); default: the shipped model",
     )
     parser.add_argument(
         "--fixed-tokens", type=int, help="the started server's --fixed-tokens (an LLM checkpoint's tokens per update)"
@@ -309,6 +309,7 @@ def main(argv: list[str]) -> int:
     from audiomask.audio import load
     from audiomask.llm.checkpoint import is_llm_checkpoint
     from audiomask.serve.client import heard_over_realtime
+    from bench.llm_checkpoints import RANDOM_LLMS, random_llm_directory
 
     audio = {path.name: np.tile(load(path)[0], args.repeat) for path in sorted((REPOSITORY / "samples").glob("*.wav"))}
     message_samples = args.message_ms * SAMPLE_RATE // MS_PER_S
@@ -316,7 +317,7 @@ def main(argv: list[str]) -> int:
         if args.model in RANDOM_MODELS:
             args.model_name, args.model = args.model, _save_random_model(args.model, args.dtype, stack)
         elif args.model in RANDOM_LLMS:
-            args.model_name, args.model = args.model, _save_random_llm(args.model, args.device, stack)
+            args.model_name, args.model = args.model, random_llm_directory(args.model, args.device, stack)
         args.llm = args.model is not None and is_llm_checkpoint(args.model)
         if args.llm:
             from audiomask.llm.policy import DEFAULT_CHUNK_S  # the server's chunk without --chunk-ms
@@ -335,17 +336,6 @@ def main(argv: list[str]) -> int:
                 **(on_device if args.reference_on_device else {}),
             )
         return _measure(args, audio, message_samples, references, argv)
-
-
-def _save_random_llm(name: str, device: str, stack: contextlib.ExitStack) -> str:
-    """A directory of the random LLM recogniser ``name`` (:data:`RANDOM_LLMS`), made on ``device``, removed with
-    ``stack``."""
-    import tempfile
-
-    from bench.llm_checkpoints import save_random_qwen3_asr
-
-    directory = stack.enter_context(tempfile.TemporaryDirectory(prefix="audiomask-bench-llm-"))
-    return str(save_random_qwen3_asr(Path(directory), RANDOM_LLMS[name], device="cpu" if device == "auto" else device))
 
 
 def _update_clock(chunk_ms: int) -> References:

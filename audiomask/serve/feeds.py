@@ -13,7 +13,10 @@ recognizer encodes a stream's audio in blocks (a first block of
 :func:`~audiomask.asr.planner.block_samples`), so samples short of a block
 would wait in the recognizer anyway. Feeding them a block at a time costs no
 latency and calls ``accept`` once per chunk of audio, however small the
-client's messages. A feed is also due when its samples reach the sample by
+client's messages. A connection cut by voice activity is also due every
+scoring step (:func:`~audiomask.serve.segments.scoring_step`: 320 ms) where
+its recognizer's blocks are longer (an LLM's 1-2 s chunks), so that the pass
+scores its audio and finds an endpoint that soon. A feed is also due when its samples reach the sample by
 which its open segment's voice-activity endpoint may be known (speech has
 gone quiet: the pass says where, :attr:`Feed.endpoint_due`), so that a segment
 ends as soon as its silence has passed, not a block later; when its client
@@ -52,6 +55,7 @@ import numpy as np
 
 from audiomask.checks import check_int
 from audiomask.samples import as_samples
+from audiomask.serve.segments import scoring_step
 from audiomask.serve.utterances import Stream, Utterances
 
 __all__ = ["MAX_AHEAD_BLOCKS", "Feed", "Inbox"]
@@ -79,6 +83,8 @@ class Feed:
         self._accepted = 0  # samples put so far: where the next ones start, for error messages
         self._fed = 0  # samples handed to the stream
         self._block_end = inbox.first_block  # samples fed at which the stream's next block is complete
+        self._step = scoring_step(inbox.block, utterances.vad_key is not None)  # due this often too (samples)
+        self._step_end = self._step  # samples fed at which the next step is complete
         self._blocks_fed = 0  # whole blocks fed
         # Blocks the recognizer has encoded, at most: a stream with a block fed and not encoded is ready, so
         # every cycle encodes one of its blocks; counted from the recognizer's cycles since the last pass.
@@ -204,10 +210,15 @@ class Feed:
         self._room.clear()
 
     def _due_at(self, samples: int) -> bool:
-        """Called with the lock held: whether ``samples`` put complete the stream's next block, or reach the
-        sample by which its open segment's endpoint may be known."""
+        """Called with the lock held: whether ``samples`` put complete the stream's next block or scoring step
+        (:func:`~audiomask.serve.segments.scoring_step`), or reach the sample by which its open segment's endpoint
+        may be known."""
         endpoint = self.endpoint_due
-        return samples >= self._block_end or (endpoint is not None and samples >= endpoint)
+        return (
+            samples >= self._block_end
+            or (self._step_end is not None and samples >= self._step_end)
+            or (endpoint is not None and samples >= endpoint)
+        )
 
     def _ahead(self, cycles: int) -> int:
         """Called with the lock held: blocks fed and not encoded yet (at least), after ``cycles`` cycles ran;
@@ -302,6 +313,8 @@ class Inbox:
                 feed._fed += len(samples)
                 while feed._block_end <= feed._fed:
                     feed._block_end += self.block
+                while feed._step_end is not None and feed._step_end <= feed._fed:
+                    feed._step_end += feed._step
                 feed._blocks_fed += feed.new_blocks  # blocks its streams will encode (silence left out is not)
                 feed.new_blocks = 0
                 if feed._pending and feed._due_at(feed._fed + feed._pending_samples):

@@ -35,7 +35,7 @@ import numpy as np
 from audiomask.samples import as_samples
 from audiomask.serve import wire
 from audiomask.serve.admission import Listener, Refusal, State, busy_refusal, state_refusal
-from audiomask.serve.segments import Segment
+from audiomask.serve.segments import Segment, scoring_step
 from audiomask.serve.settings import Endpointing, ServeSettings
 
 __all__ = ["RemoteEngine", "RemoteFeed"]
@@ -44,9 +44,10 @@ logger = logging.getLogger("audiomask.serve")
 
 
 class RemoteFeed:
-    """One connection's samples on their way to its stream in the main process, a block at a time."""
+    """One connection's samples on their way to its stream in the main process, a block at a time (and a scoring
+    step at a time where it is cut by voice activity: ``voiced``)."""
 
-    def __init__(self, engine: RemoteEngine, cid: int, name: str) -> None:
+    def __init__(self, engine: RemoteEngine, cid: int, name: str, voiced: bool = False) -> None:
         self.cid, self.name = cid, name
         self.error: BaseException | None = None  # why the stream cannot go on (told by the main process)
         self._engine = engine
@@ -56,6 +57,9 @@ class RemoteFeed:
         self._sent = 0  # samples sent to the main process
         self._taken = 0  # ... of which its passes have taken this many, at least
         self._block_end = engine.first_block  # samples sent at which the stream's next block is complete
+        # Cut by voice activity (``voiced``): due each scoring step too (audiomask.serve.segments.scoring_step).
+        self._step = scoring_step(engine.block, voiced)
+        self._step_end = self._step  # samples sent at which the next step is complete
         self._resume = asyncio.Event()  # clear while the client waits for a pass in the main process
         self._resume.set()
         self.final: asyncio.Future[list[Segment]] | None = None  # the last segments, once the end was sent
@@ -90,6 +94,8 @@ class RemoteFeed:
         self._sent += len(samples)
         while self._block_end <= self._sent:
             self._block_end += self._engine.block
+        while self._step_end is not None and self._step_end <= self._sent:
+            self._step_end += self._step
         self._engine.send((wire.AUDIO, self.cid, samples))
 
     def endpoint_due(self, sample: int | None) -> None:
@@ -99,10 +105,15 @@ class RemoteFeed:
             self.send_pending()
 
     def _due(self) -> bool:
-        """Whether the samples queued complete the stream's next block, or reach the endpoint's sample."""
+        """Whether the samples queued complete the stream's next block or scoring step, or reach the endpoint's
+        sample."""
         queued = self._sent + self._pending_samples
         endpoint = self._endpoint_due
-        return queued >= self._block_end or (endpoint is not None and queued >= endpoint)
+        return (
+            queued >= self._block_end
+            or (self._step_end is not None and queued >= self._step_end)
+            or (endpoint is not None and queued >= endpoint)
+        )
 
     def commit(self) -> None:
         """The open segment ends after the samples put so far: they go now, then the commit."""
@@ -202,7 +213,7 @@ class RemoteEngine:
         its audio is cut into segments."""
         if not self.first_block:
             raise RuntimeError("the recognizer is not ready yet: attach connections once /health says ready")
-        feed = RemoteFeed(self, next(self._cids), name)
+        feed = RemoteFeed(self, next(self._cids), name, voiced=endpointing[0] is not None)
         self._feeds[feed.cid] = (feed, listener)
         self.send((wire.OPEN, feed.cid, name, endpointing))
         if self._state is State.DRAINING:

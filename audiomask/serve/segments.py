@@ -41,9 +41,24 @@ from audiomask.asr.transcript import Transcript
 from audiomask.constants import SAMPLE_RATE
 from audiomask.vad.endpoints import VAD_WINDOW_SAMPLES, Endpointer, SpeechStarted, VADSettings
 
-__all__ = ["Cut", "Segment", "Segmenter", "TextChanges", "seconds"]
+__all__ = ["SCORING_STEP_SAMPLES", "Cut", "Segment", "Segmenter", "TextChanges", "scoring_step", "seconds"]
 
 _EMPTY = np.zeros(0, np.float32)
+# A connection cut by voice activity hands its audio over at least every SCORING_STEP_SAMPLES (320 ms: ten of the
+# detector's windows), also where its recognizer's blocks are longer (an LLM's 1-2 s chunks): the pass scores it,
+# so an endpoint is found within a step of the silence that makes it, not up to a block later.
+SCORING_STEP_SAMPLES = 10 * VAD_WINDOW_SAMPLES
+
+
+def scoring_step(block: int, voiced: bool) -> int | None:
+    """Samples after which a connection's audio is handed over besides its recognizer's blocks of ``block``
+    samples: :data:`SCORING_STEP_SAMPLES` where it is cut by voice activity (``voiced``) and the blocks are longer,
+    else ``None`` (its blocks only).
+
+    >>> scoring_step(32_000, True), scoring_step(32_000, False), scoring_step(5_120, True)
+    (5120, None, None)
+    """
+    return SCORING_STEP_SAMPLES if voiced and block > SCORING_STEP_SAMPLES else None
 
 
 @dataclass(frozen=True)

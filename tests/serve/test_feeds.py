@@ -10,6 +10,7 @@ import pytest
 
 from audiomask.errors import AudioError
 from audiomask.serve.feeds import Inbox
+from audiomask.serve.segments import SCORING_STEP_SAMPLES
 
 FIRST_BLOCK, BLOCK, MAX_BUFFERED = 4, 2, 6
 CYCLES = 0  # the recognizer's cycles so far, as the tests' passes see them
@@ -35,9 +36,10 @@ class _Stream:
 class _Utterances:
     """What a feed and its inbox read of a connection's segments: the stream a pass opened, if any."""
 
-    def __init__(self) -> None:
+    def __init__(self, vad_key: int | None = None) -> None:
         self.stream: _Stream | None = None
         self.segment_open = True
+        self.vad_key = vad_key  # not None: cut by voice activity
 
     @property
     def done(self) -> bool:
@@ -292,3 +294,21 @@ def test_a_clear_drops_what_was_not_fed_and_tells_the_next_pass():
         assert samples.tolist() == [4] and feed.clearing
 
     asyncio.run(run())
+
+
+def test_a_feed_cut_by_voice_is_due_every_scoring_step_and_at_its_blocks_when_they_are_longer():
+    step = SCORING_STEP_SAMPLES
+    block = 2 * step + 100  # an LLM's long chunk, not a multiple of the step
+    due_at: dict[bool, list[int]] = {}
+    for voiced in (False, True):
+        inbox = Inbox(threading.Event(), block, block, max_buffered=2 * block)
+        feed = inbox.open("talker", _Utterances(vad_key=0 if voiced else None))
+        due_at[voiced] = []
+        for fed in range(20, 3 * block + 1, 20):  # 20 samples a message: every boundary falls on one
+            feed.offer(np.zeros(20, np.float32))
+            taken = inbox.take(CYCLES)
+            if taken:
+                due_at[voiced].append(fed)
+                inbox.fed(taken)
+    assert due_at[False] == [block, 2 * block, 3 * block]
+    assert due_at[True] == [step, 2 * step, block, 3 * step, 4 * step, 2 * block, 5 * step, 6 * step, 3 * block]
