@@ -301,6 +301,9 @@ class StreamingRecognizer:
     taken. :meth:`close` too makes later calls raise ``RuntimeError``.
     """
 
+    # Its front end computes a block's features once the block is complete: a server hands it whole blocks.
+    takes_audio_ahead = False
+
     def __init__(
         self,
         model: ASRModel,

@@ -204,6 +204,10 @@ class LLMServingRecognizer:
     than at its next tick).
     """
 
+    # The front end takes what has come of the streams' next chunks while an update runs: a server hands the
+    # audio over as it comes (every audiomask.serve.segments.handover_step), not a chunk at a time.
+    takes_audio_ahead = True
+
     def __init__(
         self,
         model: AudioLM,

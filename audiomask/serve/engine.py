@@ -310,11 +310,12 @@ class Engine:
         return feed.utterances.finish()
 
     @property
-    def feed_limits(self) -> tuple[int, int, int] | None:
-        """``(first_block, block, max_buffered)`` of the feeds, samples: a stream's first block, each later
-        one, and what a feed holds before its client waits (``None`` until the recognizer is ready)."""
+    def feed_limits(self) -> tuple[int, int, int, bool] | None:
+        """``(first_block, block, max_buffered, ahead)`` of the feeds, samples: a stream's first block, each later
+        one, and what a feed holds before its client waits; whether the recognizer takes audio ahead of its
+        blocks (``None`` until the recognizer is ready)."""
         inbox = self._inbox
-        return None if inbox is None else (inbox.first_block, inbox.block, inbox.max_buffered)
+        return None if inbox is None else (inbox.first_block, inbox.block, inbox.max_buffered, inbox.ahead)
 
     @property
     def streams(self) -> int:
@@ -382,7 +383,9 @@ class Engine:
         self._served_from = recognizer.stats.count  # the warm-up's cycles, compiling kernels, are not served ones
         first_block, block = recognizer.first_block_samples, recognizer.block_samples
         # A client waits once two blocks wait in its feed: one being completed, one due.
-        self._inbox = Inbox(self._wake, first_block, block, max_buffered=first_block + block)
+        self._inbox = Inbox(
+            self._wake, first_block, block, max_buffered=first_block + block, ahead=recognizer.takes_audio_ahead
+        )
         if self.state is State.LOADING:
             self.state = State.READY
         logger.info(

@@ -13,10 +13,12 @@ recognizer encodes a stream's audio in blocks (a first block of
 :func:`~audiomask.asr.planner.block_samples`), so samples short of a block
 would wait in the recognizer anyway. Feeding them a block at a time costs no
 latency and calls ``accept`` once per chunk of audio, however small the
-client's messages. A connection cut by voice activity is also due every
-scoring step (:func:`~audiomask.serve.segments.scoring_step`: 320 ms) where
-its recognizer's blocks are longer (an LLM's 1-2 s chunks), so that the pass
-scores its audio and finds an endpoint that soon. A feed is also due when its samples reach the sample by
+client's messages. Where the recognizer's blocks are longer (an LLM's 1-2 s
+chunks), a feed is also due every hand-over step
+(:func:`~audiomask.serve.segments.handover_step`: 320 ms) when its connection
+is cut by voice activity (the pass scores its audio, and finds an endpoint that
+soon) or the recognizer takes audio ahead of its blocks (an LLM's front end
+runs on it while an update runs). A feed is also due when its samples reach the sample by
 which its open segment's voice-activity endpoint may be known (speech has
 gone quiet: the pass says where, :attr:`Feed.endpoint_due`), so that a segment
 ends as soon as its silence has passed, not a block later; when its client
@@ -55,7 +57,7 @@ import numpy as np
 
 from audiomask.checks import check_int
 from audiomask.samples import as_samples
-from audiomask.serve.segments import scoring_step
+from audiomask.serve.segments import handover_step
 from audiomask.serve.utterances import Stream, Utterances
 
 __all__ = ["MAX_AHEAD_BLOCKS", "Feed", "Inbox"]
@@ -83,7 +85,7 @@ class Feed:
         self._accepted = 0  # samples put so far: where the next ones start, for error messages
         self._fed = 0  # samples handed to the stream
         self._block_end = inbox.first_block  # samples fed at which the stream's next block is complete
-        self._step = scoring_step(inbox.block, utterances.vad_key is not None)  # due this often too (samples)
+        self._step = handover_step(inbox.block, utterances.vad_key is not None, inbox.ahead)  # due this often too
         self._step_end = self._step  # samples fed at which the next step is complete
         self._blocks_fed = 0  # whole blocks fed
         # Blocks the recognizer has encoded, at most: a stream with a block fed and not encoded is ready, so
@@ -210,8 +212,8 @@ class Feed:
         self._room.clear()
 
     def _due_at(self, samples: int) -> bool:
-        """Called with the lock held: whether ``samples`` put complete the stream's next block or scoring step
-        (:func:`~audiomask.serve.segments.scoring_step`), or reach the sample by which its open segment's endpoint
+        """Called with the lock held: whether ``samples`` put complete the stream's next block or hand-over step
+        (:func:`~audiomask.serve.segments.handover_step`), or reach the sample by which its open segment's endpoint
         may be known."""
         endpoint = self.endpoint_due
         return (
@@ -246,15 +248,25 @@ class Inbox:
             so that a full feed is always due.
         max_ahead: blocks a stream may have been fed and not encoded yet; a due feed waits for the
             recognizer beyond that, and so does its client once its feed is full.
+        ahead: the recognizer takes audio ahead of its blocks (an LLM's): feeds are due every hand-over step
+            too (:func:`~audiomask.serve.segments.handover_step`).
     """
 
     def __init__(
-        self, wake: threading.Event, first_block: int, block: int, max_buffered: int, max_ahead: int = MAX_AHEAD_BLOCKS
+        self,
+        wake: threading.Event,
+        first_block: int,
+        block: int,
+        max_buffered: int,
+        max_ahead: int = MAX_AHEAD_BLOCKS,
+        *,
+        ahead: bool = False,
     ) -> None:
         self.first_block = check_int("first_block", first_block, minimum=1)
         self.block = check_int("block", block, minimum=1)
         self.max_buffered = check_int("max_buffered", max_buffered, minimum=first_block)
         self.max_ahead = check_int("max_ahead", max_ahead, minimum=1)
+        self.ahead = bool(ahead)
         self.lock = threading.Lock()
         self._wake = wake
         self._due: dict[Feed, None] = {}  # in the order they became due

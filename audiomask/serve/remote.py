@@ -35,7 +35,7 @@ import numpy as np
 from audiomask.samples import as_samples
 from audiomask.serve import wire
 from audiomask.serve.admission import Listener, Refusal, State, busy_refusal, state_refusal
-from audiomask.serve.segments import Segment, scoring_step
+from audiomask.serve.segments import Segment, handover_step
 from audiomask.serve.settings import Endpointing, ServeSettings
 
 __all__ = ["RemoteEngine", "RemoteFeed"]
@@ -44,8 +44,8 @@ logger = logging.getLogger("audiomask.serve")
 
 
 class RemoteFeed:
-    """One connection's samples on their way to its stream in the main process, a block at a time (and a scoring
-    step at a time where it is cut by voice activity: ``voiced``)."""
+    """One connection's samples on their way to its stream in the main process, a block at a time (and a hand-over
+    step at a time where it is cut by voice activity, ``voiced``, or the recognizer takes audio ahead)."""
 
     def __init__(self, engine: RemoteEngine, cid: int, name: str, voiced: bool = False) -> None:
         self.cid, self.name = cid, name
@@ -57,8 +57,9 @@ class RemoteFeed:
         self._sent = 0  # samples sent to the main process
         self._taken = 0  # ... of which its passes have taken this many, at least
         self._block_end = engine.first_block  # samples sent at which the stream's next block is complete
-        # Cut by voice activity (``voiced``): due each scoring step too (audiomask.serve.segments.scoring_step).
-        self._step = scoring_step(engine.block, voiced)
+        # Due each hand-over step too (audiomask.serve.segments.handover_step): cut by voice activity (``voiced``),
+        # or the recognizer takes audio ahead of its blocks.
+        self._step = handover_step(engine.block, voiced, engine.ahead)
         self._step_end = self._step  # samples sent at which the next step is complete
         self._resume = asyncio.Event()  # clear while the client waits for a pass in the main process
         self._resume.set()
@@ -105,7 +106,7 @@ class RemoteFeed:
             self.send_pending()
 
     def _due(self) -> bool:
-        """Whether the samples queued complete the stream's next block or scoring step, or reach the endpoint's
+        """Whether the samples queued complete the stream's next block or hand-over step, or reach the endpoint's
         sample."""
         queued = self._sent + self._pending_samples
         endpoint = self._endpoint_due
@@ -161,6 +162,7 @@ class RemoteEngine:
     def __init__(self, settings: ServeSettings, hub_path: str, connections: SynchronizedArray, index: int) -> None:
         self.settings = settings
         self.first_block = self.block = self.max_buffered = 0  # the feeds' sizes, samples: known once ready
+        self.ahead = False  # ... and whether the recognizer takes audio ahead of its blocks
         self.on_drain: Callable[[], None] = lambda: None
         self.on_exit: Callable[[], None] = lambda: None
         self._hub_path = hub_path
@@ -262,7 +264,7 @@ class RemoteEngine:
             self._status, self._body = message[1], message[2]
             self._state, self._error = State(self._body["status"]), self._body.get("error")
         elif kind == wire.HELLO:
-            self.first_block, self.block, self.max_buffered = message[1:4]
+            self.first_block, self.block, self.max_buffered, self.ahead = message[1:5]
         elif kind == wire.DRAIN:
             self.on_drain()
         elif kind == wire.EXIT:

@@ -41,24 +41,27 @@ from audiomask.asr.transcript import Transcript
 from audiomask.constants import SAMPLE_RATE
 from audiomask.vad.endpoints import VAD_WINDOW_SAMPLES, Endpointer, SpeechStarted, VADSettings
 
-__all__ = ["SCORING_STEP_SAMPLES", "Cut", "Segment", "Segmenter", "TextChanges", "scoring_step", "seconds"]
+__all__ = ["HANDOVER_STEP_SAMPLES", "Cut", "Segment", "Segmenter", "TextChanges", "handover_step", "seconds"]
 
 _EMPTY = np.zeros(0, np.float32)
-# A connection cut by voice activity hands its audio over at least every SCORING_STEP_SAMPLES (320 ms: ten of the
-# detector's windows), also where its recognizer's blocks are longer (an LLM's 1-2 s chunks): the pass scores it,
-# so an endpoint is found within a step of the silence that makes it, not up to a block later.
-SCORING_STEP_SAMPLES = 10 * VAD_WINDOW_SAMPLES
+# A connection's audio is handed over at least every HANDOVER_STEP_SAMPLES (320 ms: ten of the detector's windows)
+# where its recognizer's blocks are longer (an LLM's 1-2 s chunks) and either the pass scores its voice activity
+# (an endpoint is then found within a step of the silence that makes it, not up to a block later) or the
+# recognizer takes audio ahead of its blocks (an LLM's front end runs on what has come while an update runs).
+HANDOVER_STEP_SAMPLES = 10 * VAD_WINDOW_SAMPLES
 
 
-def scoring_step(block: int, voiced: bool) -> int | None:
+def handover_step(block: int, voiced: bool, ahead: bool) -> int | None:
     """Samples after which a connection's audio is handed over besides its recognizer's blocks of ``block``
-    samples: :data:`SCORING_STEP_SAMPLES` where it is cut by voice activity (``voiced``) and the blocks are longer,
-    else ``None`` (its blocks only).
+    samples: :data:`HANDOVER_STEP_SAMPLES` where the blocks are longer and the connection is cut by voice activity
+    (``voiced``) or the recognizer takes audio ahead of its blocks (``ahead``); else ``None`` (its blocks only).
 
-    >>> scoring_step(32_000, True), scoring_step(32_000, False), scoring_step(5_120, True)
-    (5120, None, None)
+    >>> handover_step(32_000, True, False), handover_step(32_000, False, True), handover_step(32_000, False, False)
+    (5120, 5120, None)
+    >>> handover_step(5_120, True, True) is None  # blocks no longer than the step
+    True
     """
-    return SCORING_STEP_SAMPLES if voiced and block > SCORING_STEP_SAMPLES else None
+    return HANDOVER_STEP_SAMPLES if (voiced or ahead) and block > HANDOVER_STEP_SAMPLES else None
 
 
 @dataclass(frozen=True)

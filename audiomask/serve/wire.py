@@ -22,7 +22,8 @@ Worker -> recognizer (``cid``: the worker's number for the connection):
 
 Recognizer -> worker:
 
-- ``(HELLO, first_block, block, max_buffered)``: the feeds' sizes in samples (once the recognizer is ready);
+- ``(HELLO, first_block, block, max_buffered, ahead)``: the feeds' sizes in samples, and whether the
+  recognizer takes audio ahead of its blocks (once the recognizer is ready);
 - ``(HEALTH, status, body)``: ``/health``'s answer (every :data:`HEALTH_PERIOD_S` and when it changes);
 - ``(RESULTS, cid, segments)``: what changed in the stream's segments (:class:`~audiomask.serve.segments.Segment`);
 - ``(RESUME, cid, taken)``: answers ``WAIT`` once a pass has taken the feed's samples: ``taken`` samples

@@ -10,7 +10,7 @@ import pytest
 
 from audiomask.errors import AudioError
 from audiomask.serve.feeds import Inbox
-from audiomask.serve.segments import SCORING_STEP_SAMPLES
+from audiomask.serve.segments import HANDOVER_STEP_SAMPLES
 
 FIRST_BLOCK, BLOCK, MAX_BUFFERED = 4, 2, 6
 CYCLES = 0  # the recognizer's cycles so far, as the tests' passes see them
@@ -296,19 +296,20 @@ def test_a_clear_drops_what_was_not_fed_and_tells_the_next_pass():
     asyncio.run(run())
 
 
-def test_a_feed_cut_by_voice_is_due_every_scoring_step_and_at_its_blocks_when_they_are_longer():
-    step = SCORING_STEP_SAMPLES
+@pytest.mark.parametrize(("voiced", "ahead"), [(False, False), (True, False), (False, True)])
+def test_a_feed_is_due_every_handover_step_too_when_cut_by_voice_or_taken_ahead_and_blocks_are_longer(
+    voiced: bool, ahead: bool
+):
+    step = HANDOVER_STEP_SAMPLES
     block = 2 * step + 100  # an LLM's long chunk, not a multiple of the step
-    due_at: dict[bool, list[int]] = {}
-    for voiced in (False, True):
-        inbox = Inbox(threading.Event(), block, block, max_buffered=2 * block)
-        feed = inbox.open("talker", _Utterances(vad_key=0 if voiced else None))
-        due_at[voiced] = []
-        for fed in range(20, 3 * block + 1, 20):  # 20 samples a message: every boundary falls on one
-            feed.offer(np.zeros(20, np.float32))
-            taken = inbox.take(CYCLES)
-            if taken:
-                due_at[voiced].append(fed)
-                inbox.fed(taken)
-    assert due_at[False] == [block, 2 * block, 3 * block]
-    assert due_at[True] == [step, 2 * step, block, 3 * step, 4 * step, 2 * block, 5 * step, 6 * step, 3 * block]
+    inbox = Inbox(threading.Event(), block, block, max_buffered=2 * block, ahead=ahead)
+    feed = inbox.open("talker", _Utterances(vad_key=0 if voiced else None))
+    due_at = []
+    for fed in range(20, 3 * block + 1, 20):  # 20 samples a message: every boundary falls on one
+        feed.offer(np.zeros(20, np.float32))
+        taken = inbox.take(CYCLES)
+        if taken:
+            due_at.append(fed)
+            inbox.fed(taken)
+    steps = [step, 2 * step, block, 3 * step, 4 * step, 2 * block, 5 * step, 6 * step, 3 * block]
+    assert due_at == (steps if voiced or ahead else [block, 2 * block, 3 * block])

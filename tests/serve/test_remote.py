@@ -10,7 +10,7 @@ import pytest
 from audiomask.errors import AudioError
 from audiomask.serve import wire
 from audiomask.serve.remote import RemoteFeed
-from audiomask.serve.segments import SCORING_STEP_SAMPLES
+from audiomask.serve.segments import HANDOVER_STEP_SAMPLES
 
 FIRST_BLOCK, BLOCK, MAX_BUFFERED = 4, 2, 6
 WAIT_S = 5.0  # bound on every wait the test itself ends
@@ -19,7 +19,7 @@ WAIT_S = 5.0  # bound on every wait the test itself ends
 class _Engine:
     """What a :class:`RemoteFeed` uses of its :class:`~audiomask.serve.remote.RemoteEngine`: sizes and send."""
 
-    first_block, block, max_buffered = FIRST_BLOCK, BLOCK, MAX_BUFFERED
+    first_block, block, max_buffered, ahead = FIRST_BLOCK, BLOCK, MAX_BUFFERED, False
 
     def __init__(self) -> None:
         self.sent: list[tuple] = []
@@ -88,29 +88,20 @@ def test_a_client_waits_once_more_than_the_feed_holds_is_unfed_and_goes_on_when_
     asyncio.run(run())
 
 
-def test_a_connection_cut_by_voice_sends_every_scoring_step_and_at_its_blocks_when_they_are_longer():
-    step = SCORING_STEP_SAMPLES
+@pytest.mark.parametrize(("voiced", "ahead"), [(False, False), (True, False), (False, True)])
+def test_a_connection_sends_every_handover_step_too_when_cut_by_voice_or_taken_ahead_and_blocks_are_longer(
+    voiced: bool, ahead: bool
+):
+    step = HANDOVER_STEP_SAMPLES
     engine = _Engine()
-    engine.first_block = engine.block = 2 * step + 100  # an LLM's long chunk, not a multiple of the step
-    engine.max_buffered = 10 * engine.block
+    engine.first_block = engine.block = block = 2 * step + 100  # an LLM's long chunk, not a multiple of the step
+    engine.max_buffered, engine.ahead = 10 * block, ahead
 
-    async def run(voiced: bool) -> list[int]:
-        engine.sent = []
+    async def run() -> list[int]:
         feed = RemoteFeed(engine, 2, "talker", voiced=voiced)
-        for _ in range(3 * engine.block // 20):  # 20 samples a message: every boundary falls on one
+        for _ in range(3 * block // 20):  # 20 samples a message: every boundary falls on one
             await feed.put(np.zeros(20, np.float32))
         return np.cumsum([len(samples) for *_, samples in engine.sent]).tolist()
 
-    block = engine.block
-    assert asyncio.run(run(False)) == [block, 2 * block, 3 * block]
-    assert asyncio.run(run(True)) == [
-        step,
-        2 * step,
-        block,
-        3 * step,
-        4 * step,
-        2 * block,
-        5 * step,
-        6 * step,
-        3 * block,
-    ]
+    steps = [step, 2 * step, block, 3 * step, 4 * step, 2 * block, 5 * step, 6 * step, 3 * block]
+    assert asyncio.run(run()) == (steps if voiced or ahead else [block, 2 * block, 3 * block])
