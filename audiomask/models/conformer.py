@@ -16,43 +16,19 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from audiomask.models import convs
 from audiomask.models.attention import attend, split_heads
 from audiomask.models.config import Phi4MMAudioConfig
-from audiomask.models.layers import activation
+from audiomask.models.layers import activation, derived
 
 __all__ = ["SUBSAMPLING_SLICE", "ConformerBlock", "ConvSubsampling", "MeanVarianceNorm", "RelativeAttentionBias"]
 
 SUBSAMPLING_SLICE = 512  # utterances whose subsampling stages run at once in a larger batch (exact path)
-
-
-def _derived(owner: nn.Module, sources: tuple[torch.Tensor, ...], build: Callable[[], Any]) -> Any:
-    """``build()`` (tensors computed from ``sources``), cached on ``owner`` while no source changes.
-
-    Inference only: with autograd on, it is rebuilt on every call (gradients
-    reach the parameters). A source is unchanged while its storage and its
-    version counter (bumped by every in-place write: ``load_state_dict``,
-    ``copy_``) are; ``.to()`` makes new storage. Saves per-step kernels such
-    as the concatenated q/k/v weight.
-    """
-    if torch.is_grad_enabled():
-        return build()
-    try:
-        key = tuple((t.data_ptr(), t._version, t.dtype, t.device) for t in sources)
-    except RuntimeError:  # inference tensors have no version counter
-        return build()
-    cached = owner.__dict__.get("_derived_cache")
-    if cached is None or cached[0] != key:
-        # The cache holds the sources' storage too, so that no new storage can reuse their
-        # addresses (say after .to(bfloat16).to(float32)) and pass for them while it is kept.
-        cached = (key, build(), [t.detach() for t in sources])
-        owner.__dict__["_derived_cache"] = cached
-    return cached[1]
 
 
 class MeanVarianceNorm(nn.Module):
@@ -151,6 +127,7 @@ class ConvSubsampling(nn.Module):
         # slot in bf16 at 1.28 s chunks), and one copy of it alive instead of three is what lets
         # a CUDA-graph step hold thousands of slots.
         in_place = not torch.is_grad_enabled()
+        nhwc = convs.channels_last(hidden.device)  # cuDNN's tensor-core layout (audiomask.models.convs)
         if frame_valid is not None:
             hidden = hidden * frame_valid[:, None, :, None]
         for module in self.conv:
@@ -158,19 +135,27 @@ class ConvSubsampling(nn.Module):
                 # Output p reads inputs 2p - 1 .. 2p + 1: the one step before this even-aligned
                 # block is zero padding (a whole utterance) or comes from the cache. The conv runs
                 # on the block itself with zero padding, and the cached step's contribution to
-                # output 0 is added after (no concatenated copy of the stage input).
+                # output 0 is added after (no concatenated copy of the stage input; the first
+                # stage's patches, channels-last, read the cached step as their top row).
                 stage = stride.bit_length() - 1
-                out = F.conv2d(hidden, module.weight, module.bias, stride=2, padding=1, groups=module.groups)
-                if caches is not None:
-                    cache = caches[stage]
-                    top_tap = module.weight[:, :, :1]
-                    out[:, :, :1] += F.conv2d(cache, top_tap, None, stride=(1, 2), padding=(0, 1), groups=module.groups)
+                cache = None if caches is None else caches[stage]
+                if nhwc and module.in_channels == 1:
+                    out = convs.patch_conv(module, hidden, cache)
+                else:
+                    weight = convs.conv_weight(module) if nhwc else module.weight
+                    out = F.conv2d(hidden, weight, module.bias, stride=2, padding=1, groups=module.groups)
+                    if cache is not None:
+                        top_tap = module.weight[:, :, :1]
+                        out[:, :, :1] += F.conv2d(
+                            cache, top_tap, None, stride=(1, 2), padding=(0, 1), groups=module.groups
+                        )
+                if cache is not None:
                     cache.copy_(hidden[:, :, -1:])
                 hidden = out
                 del out  # the stage input is freed as soon as `hidden` moves on
                 stride *= 2
             elif isinstance(module, nn.Conv2d):
-                hidden = module(hidden)
+                hidden = F.conv2d(hidden, convs.conv_weight(module), module.bias) if nhwc else module(hidden)
             else:  # the activation ends a stage: zero its outputs beyond the utterance
                 activate_in_place = _IN_PLACE_ACTIVATIONS.get(type(module)) if in_place else None
                 hidden = activate_in_place(hidden) if activate_in_place else module(hidden)
@@ -250,7 +235,7 @@ class _Attention(nn.Module):
         """
         projections = (self.q_proj, self.k_proj, self.v_proj)
         sources = tuple(t for proj in projections for t in (proj.weight, proj.bias))
-        weight, bias_qkv = _derived(
+        weight, bias_qkv = derived(
             self,
             sources,
             lambda: (torch.cat([p.weight for p in projections]), torch.cat([p.bias for p in projections])),
@@ -288,7 +273,7 @@ class _GluPointwiseConv(nn.Module):
             bias = torch.cat([self.b1, self.b2], dim=1).flatten()
             return bias if conv.bias is None else conv.bias + bias
 
-        bias = _derived(self, sources, fold)
+        bias = derived(self, sources, fold)
         linear, gate = F.linear(hidden, conv.weight.flatten(1), bias).chunk(2, dim=-1)
         return linear * self.glu_act(gate)
 

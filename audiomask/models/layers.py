@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import numpy as np
@@ -18,6 +18,7 @@ __all__ = [
     "activation",
     "batch_lengths",
     "config_from_dict",
+    "derived",
     "host_lengths",
     "lengths_on",
     "model_input",
@@ -44,6 +45,30 @@ def activation(name: str, field: str) -> nn.Module:
         return _ACTIVATIONS[name]()
     except KeyError:
         raise ValueError(f"{field} must be one of {sorted(_ACTIVATIONS)}, got {name!r}") from None
+
+
+def derived(owner: nn.Module, sources: tuple[torch.Tensor, ...], build: Callable[[], Any]) -> Any:
+    """``build()`` (tensors computed from ``sources``), cached on ``owner`` while no source changes.
+
+    Inference only: with autograd on, it is rebuilt on every call (gradients
+    reach the parameters). A source is unchanged while its storage and its
+    version counter (bumped by every in-place write: ``load_state_dict``,
+    ``copy_``) are; ``.to()`` makes new storage. Saves per-step kernels such
+    as the concatenated q/k/v weight. One entry per ``owner``.
+    """
+    if torch.is_grad_enabled():
+        return build()
+    try:
+        key = tuple((t.data_ptr(), t._version, t.dtype, t.device) for t in sources)
+    except RuntimeError:  # inference tensors have no version counter
+        return build()
+    cached = owner.__dict__.get("_derived_cache")
+    if cached is None or cached[0] != key:
+        # The cache holds the sources' storage too, so that no new storage can reuse their
+        # addresses (say after .to(bfloat16).to(float32)) and pass for them while it is kept.
+        cached = (key, build(), [t.detach() for t in sources])
+        owner.__dict__["_derived_cache"] = cached
+    return cached[1]
 
 
 def positive_fields(config: object, *names: str) -> None:

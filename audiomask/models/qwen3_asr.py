@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from audiomask.models import convs
 from audiomask.models.attention import attend, may_attend_to_additive_bias, split_heads
 from audiomask.models.config import Qwen3ASRConfig, conv_size
 from audiomask.models.layers import activation, batch_lengths, lengths_on, model_input, valid_positions
@@ -150,8 +151,13 @@ class Qwen3ASREncoder(nn.Module):
         if len(chunks) > CONV_CHUNKS_PER_CALL:
             return torch.cat([self.embed_chunks(part) for part in chunks.split(CONV_CHUNKS_PER_CALL)])
         hidden = chunks.unsqueeze(1)  # (N, 1, mel bins, time)
-        for conv in (self.conv2d1, self.conv2d2, self.conv2d3):
-            hidden = F.gelu(conv(hidden))
+        if convs.channels_last(hidden.device):  # cuDNN's tensor-core layout (audiomask.models.convs)
+            hidden = F.gelu(convs.patch_conv(self.conv2d1, hidden))
+            for conv in (self.conv2d2, self.conv2d3):
+                hidden = F.gelu(F.conv2d(hidden, convs.conv_weight(conv), conv.bias, conv.stride, conv.padding))
+        else:
+            for conv in (self.conv2d1, self.conv2d2, self.conv2d3):
+                hidden = F.gelu(conv(hidden))
         count, channels, bins, steps = hidden.shape
         hidden = self.conv_out(hidden.permute(0, 3, 1, 2).reshape(count, steps, channels * bins))
         return hidden + self.positional_embedding[:steps].to(hidden.dtype)

@@ -1,0 +1,102 @@
+"""The encoders' stride-2 conv stacks in the layout of a GPU's tensor cores: channels-last, the first conv a matrix product.
+
+Both subsampling front ends (Qwen3-ASR's three 3x3 stride-2 conv2d + GELU,
+Phi-4MM's NeMo ``dw_striding``) start from one input channel and fan out to
+hundreds (480, 1024) at half the frame rate: the first conv's output is the
+largest tensor of a step. In the default (NCHW) layout a GPU runs it poorly
+three ways: cuDNN's bfloat16 tensor-core convolutions work in NHWC, so every
+conv converts its input and output; a conv from one input channel gets a
+non-tensor-core algorithm; and a depthwise conv goes to PyTorch's own kernel.
+On CUDA (:func:`channels_last`) the stacks therefore run channels-last:
+
+- :func:`patch_conv`: the first conv as one matrix product of each output
+  step's 3x3 input patch, ``(steps, 16) @ (16, C)``: 9 taps, a column of ones
+  that carries the bias (added in the product's float32 accumulator), zeros
+  to 16 (aligned rows for the tensor cores). Its ``(N, H', W', C)`` result is
+  the ``(N, C, H', W')`` output in channels-last memory, bias included: no
+  conversion, no separate pass for the bias.
+- :func:`conv_weight`: the other convs' weights in channels-last memory, made
+  once per weight (the input's layout then decides cuDNN's: NHWC in, NHWC out).
+
+Same convolutions, different kernels: outputs agree with the NCHW path to the
+kernels' rounding (float32: 1e-6 relative), and a step's shapes, hence its
+kernels, do not depend on the other streams.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from audiomask.models.layers import derived
+
+__all__ = ["PATCH_COLUMNS", "channels_last", "conv_weight", "patch_conv"]
+
+PATCH_COLUMNS = 16  # a patch row: 3 x 3 taps, the bias's 1, zeros to a 32-byte bfloat16 row
+
+
+def channels_last(device: torch.device) -> bool:
+    """Whether the conv stacks on ``device`` run channels-last (on CUDA: cuDNN's tensor-core layout)."""
+    return device.type == "cuda"
+
+
+def _check_patch_conv(conv: nn.Conv2d) -> None:
+    taps = conv.kernel_size[0] * conv.kernel_size[1]
+    plain = not isinstance(conv.padding, str) and conv.dilation == (1, 1) and conv.groups == 1
+    if conv.in_channels != 1 or not plain or taps + 1 > PATCH_COLUMNS or conv.bias is None:
+        raise ValueError(
+            f"conv must have one input channel, a bias, at most {PATCH_COLUMNS - 1} taps, numeric padding and no "
+            f"dilation, got {conv} (bias: {conv.bias is not None})"
+        )
+
+
+def _patch_weight(conv: nn.Conv2d) -> torch.Tensor:
+    """``(PATCH_COLUMNS, C)``: the conv's taps in patch order, then its bias, then zeros."""
+    _check_patch_conv(conv)
+
+    def build() -> torch.Tensor:
+        taps = conv.weight.reshape(conv.out_channels, -1)  # (C, kh * kw), row-major taps as a patch's
+        rows = torch.cat([taps, conv.bias[:, None]], dim=1)
+        return F.pad(rows, (0, PATCH_COLUMNS - rows.shape[1])).t().contiguous()
+
+    return derived(conv, (conv.weight, conv.bias), build)
+
+
+def patch_conv(conv: nn.Conv2d, inputs: torch.Tensor, top: torch.Tensor | None = None) -> torch.Tensor:
+    """``conv`` (one input channel) of ``inputs`` ``(N, 1, H, W)``: ``(N, C, H', W')`` in channels-last memory.
+
+    The same values as ``conv(inputs)`` with its zero padding, except that with ``top`` ``(N, 1, rows, W)``
+    the ``rows`` input steps above ``inputs`` (the previous chunk's last, for a streaming conv) take the
+    place of the top padding (``rows`` = the conv's top padding). Any dtype; computed in it, accumulated
+    as its matrix products are (float32 for bfloat16).
+
+    >>> conv = nn.Conv2d(1, 4, 3, stride=2, padding=1)
+    >>> x = torch.randn(2, 1, 9, 6)
+    >>> out = patch_conv(conv, x)
+    >>> out.shape, out.is_contiguous(memory_format=torch.channels_last), bool(torch.allclose(out, conv(x), atol=1e-6))
+    (torch.Size([2, 4, 5, 3]), True, True)
+    """
+    weight = _patch_weight(conv)
+    (pad_h, pad_w), (kh, kw), (sh, sw) = conv.padding, conv.kernel_size, conv.stride
+    count = inputs.shape[0]
+    plane = inputs[:, 0]  # (N, H, W)
+    if top is None:
+        plane = F.pad(plane, (pad_w, pad_w, pad_h, pad_h))
+    else:
+        if top.shape != (count, 1, pad_h, inputs.shape[3]):
+            raise ValueError(f"top must have shape {(count, 1, pad_h, inputs.shape[3])}, got {tuple(top.shape)}")
+        plane = F.pad(torch.cat([top[:, 0].to(plane.dtype), plane], dim=1), (pad_w, pad_w, 0, pad_h))
+    windows = plane.unfold(1, kh, sh).unfold(2, kw, sw)  # (N, H', W', kh, kw): a view
+    out_h, out_w = windows.shape[1:3]
+    patches = windows.new_zeros(count, out_h, out_w, PATCH_COLUMNS)
+    patches[..., : kh * kw] = windows.reshape(count, out_h, out_w, kh * kw)
+    patches[..., kh * kw] = 1.0
+    out = patches.view(-1, PATCH_COLUMNS) @ weight.to(patches.dtype)  # (N * H' * W', C)
+    return out.view(count, out_h, out_w, conv.out_channels).permute(0, 3, 1, 2)
+
+
+def conv_weight(conv: nn.Conv2d) -> torch.Tensor:
+    """``conv.weight`` in channels-last memory (made once per weight): with a channels-last input, cuDNN's
+    NHWC kernels read it as it is, no conversion per call."""
+    return derived(conv, (conv.weight,), lambda: conv.weight.contiguous(memory_format=torch.channels_last))
