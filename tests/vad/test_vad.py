@@ -20,6 +20,9 @@ SPEECH_FILES = ("hello_world.wav", "numbers.wav", "weather.wav")  # one sentence
 PAUSES_S = (0.3, 0.5, 0.8, 1.2, 2.0)  # silences put between the sentences
 BOUNDARY_TOLERANCE_S = 0.3  # a segment boundary lies within this of the pause it marks
 SCORE_TOLERANCE = 1e-5  # float32 convolutions of another batch size may round differently
+# The package's TorchScript graph computes the same network with other kernels and another order of sums; the
+# LSTM carries each rounding on through the file: up to 1.9e-5 of a probability on an AMD EPYC.
+PACKAGE_TOLERANCE = 1e-4
 
 
 def _sentence(name: str) -> np.ndarray:
@@ -47,7 +50,7 @@ def test_scores_equal_silero_package(name: str) -> None:
     ours = np.concatenate([activity.score([(key, piece)])[0] for piece in np.array_split(samples, 7)])
     reference = _silero_scores(samples)
     assert ours.shape == reference.shape
-    np.testing.assert_allclose(ours, reference, atol=SCORE_TOLERANCE)
+    np.testing.assert_allclose(ours, reference, atol=PACKAGE_TOLERANCE)
     assert (reference > 0.5).mean() > 0.5  # a sentence is mostly speech: the comparison is not of silence
 
 
