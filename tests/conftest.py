@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import os
 import resource
+import subprocess
 import sys
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -286,3 +289,25 @@ def cpu_only_torch(monkeypatch: pytest.MonkeyPatch) -> Iterator[type]:
     _resolve._resolve_cached.cache_clear()  # resolved with CUDA (on a GPU machine) by earlier tests
     yield _CpuOnlyTorchDevice.real
     _resolve._resolve_cached.cache_clear()  # and resolved without it here
+
+
+@pytest.fixture
+def in_triton_interpreter() -> Callable[[str], None]:
+    """``run(code)``: ``code`` in a fresh interpreter under Triton's CPU interpreter (``TRITON_INTERPRET=1``, read
+    when Triton is imported), from the repository root; fails with its stderr."""
+    pytest.importorskip("triton")
+
+    def run(code: str) -> None:
+        env = dict(os.environ, TRITON_INTERPRET="1")
+        result = subprocess.run(
+            [sys.executable, "-c", code],
+            check=False,
+            cwd=Path(__file__).resolve().parents[1],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+
+    return run

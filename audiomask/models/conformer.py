@@ -130,7 +130,8 @@ class ConvSubsampling(nn.Module):
         nhwc = convs.channels_last(hidden.device)  # cuDNN's tensor-core layout (audiomask.models.convs)
         if frame_valid is not None:
             hidden = hidden * frame_valid[:, None, :, None]
-        for module in self.conv:
+        activated = False  # the stage's conv applied its activation (the first, channels-last, fuses it)
+        for index, module in enumerate(self.conv):
             if isinstance(module, nn.Conv2d) and module.stride[0] == 2:
                 # Output p reads inputs 2p - 1 .. 2p + 1: the one step before this even-aligned
                 # block is zero padding (a whole utterance) or comes from the cache. The conv runs
@@ -140,7 +141,9 @@ class ConvSubsampling(nn.Module):
                 stage = stride.bit_length() - 1
                 cache = None if caches is None else caches[stage]
                 if nhwc and module.in_channels == 1:
-                    out = convs.patch_conv(module, hidden, cache)
+                    fused = _FUSED_ACTIVATIONS.get(type(self.conv[index + 1]))
+                    out = convs.patch_conv(module, hidden, cache, fused)
+                    activated = fused is not None
                 else:
                     weight = convs.conv_weight(module) if nhwc else module.weight
                     out = F.conv2d(hidden, weight, module.bias, stride=2, padding=1, groups=module.groups)
@@ -158,13 +161,17 @@ class ConvSubsampling(nn.Module):
                 hidden = F.conv2d(hidden, convs.conv_weight(module), module.bias) if nhwc else module(hidden)
             else:  # the activation ends a stage: zero its outputs beyond the utterance
                 activate_in_place = _IN_PLACE_ACTIVATIONS.get(type(module)) if in_place else None
-                hidden = activate_in_place(hidden) if activate_in_place else module(hidden)
+                if not activated:
+                    hidden = activate_in_place(hidden) if activate_in_place else module(hidden)
+                activated = False
                 if frame_valid is not None:
                     mask = frame_valid[:, None, ::stride, None]
                     hidden = hidden.mul_(mask) if in_place else hidden * mask
         return hidden
 
 
+# The activations of layers.activation that convs.patch_conv applies itself (nn.GELU's default is the exact one).
+_FUSED_ACTIVATIONS: dict[type[nn.Module], str] = {nn.ReLU: "relu", nn.GELU: "gelu"}
 # The activations of layers.activation that have an in-place form (GELU has none).
 _IN_PLACE_ACTIVATIONS: dict[type[nn.Module], Callable[[torch.Tensor], torch.Tensor]] = {
     nn.ReLU: torch.relu_,

@@ -11,9 +11,6 @@ the special ids are small and read from the directory, never assumed.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -43,22 +40,6 @@ def tiny_qwen3_asr_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def speech() -> Callable[[float, int], np.ndarray]:
     """``speech(seconds, seed)``: float32 16 kHz audio with a voice-like spectrum (harmonics with a moving pitch)."""
     return speech_signal
-
-
-@pytest.fixture
-def in_triton_interpreter() -> Callable[[str], None]:
-    """``run(code)``: ``code`` in a fresh interpreter under Triton's CPU interpreter (``TRITON_INTERPRET=1``, read
-    when Triton is imported), from the repository root; fails with its stderr."""
-    pytest.importorskip("triton")
-
-    def run(code: str) -> None:
-        env = dict(os.environ, TRITON_INTERPRET="1")
-        result = subprocess.run(
-            [sys.executable, "-c", code], check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
-        )
-        assert result.returncode == 0, result.stderr[-3000:]
-
-    return run
 
 
 def read_json(path: Path) -> dict:
