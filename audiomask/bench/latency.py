@@ -74,7 +74,7 @@ from audiomask.bench.timing import Budget, log
 from audiomask.constants import FRAME_MS
 from audiomask.transfer import KiB, MiB, default_ring
 
-__all__ = ["main"]
+__all__ = ["main", "streaming_chunking"]
 
 SECTIONS = ("transfer", "pipeline", "latency", "throughput")
 SECTION_SHARES = {"transfer": 0.15, "pipeline": 0.10, "latency": 0.12, "throughput": 0.63}  # of --seconds
@@ -191,7 +191,7 @@ class Models:
         return {name: model.info() for name, model in self._built.items()}
 
 
-def _streaming_chunking(model: BenchModel) -> tuple[int, int]:
+def streaming_chunking(model: BenchModel) -> tuple[int, int]:
     """``(chunk_size, left_chunk)`` a Phi-4MM model streams with in the pipeline and throughput sections.
 
     The full-size encoder: :data:`PHI4MM_FULL_CHUNK_MS` and :data:`PHI4MM_FULL_LEFT_CHUNKS`; others
@@ -267,7 +267,7 @@ def throughput_section(settings: RunSettings, models: Models, budget: Budget) ->
     shares_left = sum(share for _, _, share, _ in THROUGHPUT_RUNS)
     for name, path, share, start in THROUGHPUT_RUNS:
         model = models[name]
-        chunking = dict(zip(("chunk_size", "left_chunk"), _streaming_chunking(model))) if model.is_phi4mm else {}
+        chunking = dict(zip(("chunk_size", "left_chunk"), streaming_chunking(model))) if model.is_phi4mm else {}
         probe, probe_settings = make_probe(
             model,
             path,
@@ -505,7 +505,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             report["transfer"] = transfer_section(settings, device, budget, notes)
         elif section == "pipeline":
             model = models[args.pipeline_model]
-            chunk_size, left_chunk = _streaming_chunking(model)
+            chunk_size, left_chunk = streaming_chunking(model)
             report["pipeline"] = pipeline_section(
                 model,
                 chunk_size,

@@ -63,7 +63,7 @@ from audiomask.constants import FRAME_MS, SAMPLE_RATE
 from audiomask.features.process import available_cores
 from audiomask.streaming import Phi4MMSlots, Qwen3ASRSlots
 
-__all__ = ["PATHS", "ChunkCost", "ProbePlan", "ProbeTimes", "make_probe", "timed_chunks"]
+__all__ = ["PATHS", "ChunkCost", "ProbePlan", "ProbeTimes", "encoder_steps", "make_probe", "timed_chunks"]
 
 PATHS = ("driver", "encoder_step")
 EXCEEDED_TO_FAIL = 2  # timed chunks over the duration that settle a probe (p99 over at most 101 chunks)
@@ -243,45 +243,55 @@ def _driver_probe(
     return probe
 
 
-def _phi4mm_step_probe(
-    model: BenchModel, chunk_size: int, left_chunk: int, plan: ProbePlan, cuda_graph: bool
-) -> Callable[[int], ProbeTimes]:
-    encoder, device = model.encoder, model.device
-    frames = chunk_size * encoder.config.time_reduction
-    block = np.random.default_rng(0).standard_normal((frames, encoder.config.input_size)).astype(np.float32)
-    warmup, timed = _schedule(model, plan, left_chunk)
+def encoder_steps(
+    model: BenchModel, streams: int, *, chunk_size: int = 0, left_chunk: int = 0, cuda_graph: bool = False
+) -> tuple[int, Callable[[int], None]]:
+    """``(warm-up steps, step)``: ``step(index)`` enqueues the encoder's streaming step ``index`` of ``streams``
+    streams from host features (random, as the front end gives them) on the model's device, without waiting.
 
-    def probe(streams: int) -> ProbeTimes:
+    Phi-4MM: ``Phi4MMSlots.step``, one cache-aware chunk of ``chunk_size`` tokens with ``left_chunk`` chunks of
+    left context (``cuda_graph``: replayed from CUDA graphs); the warm-up fills every ring phase. Qwen3-ASR:
+    ``Qwen3ASRSlots.step``, one 1 s conv chunk of every started stream and the windows it completes, the
+    streams starting in groups (:func:`_start_groups`); the warm-up starts them all.
+    """
+    encoder = model.encoder
+    if model.is_phi4mm:
+        frames = chunk_size * encoder.config.time_reduction
+        block = np.random.default_rng(0).standard_normal((frames, encoder.config.input_size)).astype(np.float32)
         slots = Phi4MMSlots(encoder, streams, chunk_size, left_chunk, cuda_graph=cuda_graph)
         features = np.tile(block, (streams, 1, 1))  # (N, frames, 80) host float32, as the front end gives
         valid = np.full(streams, frames)
-        return timed_chunks(
-            lambda index: _device_cost(device, lambda: slots.step(features, valid)),
-            warmup,
-            timed,
-            frames * FRAME_MS / MS_PER_S,
-        )
 
-    return probe
+        def chunk_step(index: int) -> None:
+            slots.step(features, valid)
 
-
-def _qwen3_step_probe(model: BenchModel, plan: ProbePlan) -> Callable[[int], ProbeTimes]:
-    encoder, device = model.encoder, model.device
+        return left_chunk + 1, chunk_step
     config = encoder.config
     block = np.random.default_rng(0).standard_normal((config.num_mel_bins, config.chunk_frames)).astype(np.float32)
-    warmup, timed = _schedule(model, plan, 0)
+    qwen_slots = Qwen3ASRSlots(encoder, streams)
+    chunks = np.tile(block, (streams, 1, 1))  # (N, 128, 100) host float32, as the front end gives
+    groups = _start_groups(model)
+    opening = _start_step(streams, groups)
+
+    def step(index: int) -> None:
+        started = opening <= index  # a stream not started yet sits the step out
+        qwen_slots.step(chunks, np.where(started, config.chunk_frames, 0), active=started)
+
+    return groups, step
+
+
+def _step_probe(
+    model: BenchModel, chunk_size: int, left_chunk: int, plan: ProbePlan, cuda_graph: bool
+) -> Callable[[int], ProbeTimes]:
+    warmup, timed = _schedule(model, plan, left_chunk)
+    if model.is_phi4mm:
+        duration_s = chunk_size * model.encoder.config.time_reduction * FRAME_MS / MS_PER_S
+    else:
+        duration_s = model.encoder.config.chunk_frames * FRAME_MS / MS_PER_S
 
     def probe(streams: int) -> ProbeTimes:
-        slots = Qwen3ASRSlots(encoder, streams)
-        features = np.tile(block, (streams, 1, 1))  # (N, 128, 100) host float32, as the front end gives
-        opening = _start_step(streams, _start_groups(model))
-
-        def step(index: int) -> ChunkCost:
-            started = opening <= index  # a stream not started yet sits the step out
-            valid = np.where(started, config.chunk_frames, 0)
-            return _device_cost(device, lambda: slots.step(features, valid, active=started))
-
-        return timed_chunks(step, warmup, timed, config.chunk_frames * FRAME_MS / MS_PER_S)
+        _, step = encoder_steps(model, streams, chunk_size=chunk_size, left_chunk=left_chunk, cuda_graph=cuda_graph)
+        return timed_chunks(lambda index: _device_cost(model.device, lambda: step(index)), warmup, timed, duration_s)
 
     return probe
 
@@ -330,6 +340,6 @@ def make_probe(
         return _driver_probe(model, chunking, plan, cuda_graph, options), settings
     if model.is_phi4mm:
         settings["latency_until"] = "encoder outputs complete on the device (host features in; front end excluded)"
-        return _phi4mm_step_probe(model, chunk_size, left_chunk, plan, settings["cuda_graph"]), settings
+        return _step_probe(model, chunk_size, left_chunk, plan, settings["cuda_graph"]), settings
     settings["latency_until"] = "encoder outputs of the current window (partial) complete on the device"
-    return _qwen3_step_probe(model, plan), settings
+    return _step_probe(model, 0, 0, plan, False), settings
