@@ -463,7 +463,7 @@ class LLMStreams:
         )
         index = np.where(place < heads[:, None], place, np.where(place < (heads + counts)[:, None], audio_at, tail_at))
         index = np.where(place < totals[:, None], index, 0)
-        gathered = source[torch.from_numpy(index).to(source.device)]  # (B, longest, hidden)
+        gathered = source[to_device(index, source.device)]  # (B, longest, hidden)
         return [gathered[row, :total] for row, total in enumerate(totals.tolist())]
 
     def _prefixes(self, streams: list[_Stream]) -> list[str]:
