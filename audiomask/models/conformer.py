@@ -92,8 +92,8 @@ class ConvSubsampling(nn.Module):
                 the caller knows on the host that no frame is padding).
         """
         hidden = features.unsqueeze(1)  # (B, 1, T, F): time on dim 2, mel bins on dim 3
-        if frame_valid is None and not exact:
-            return self._tokens(self.conv(hidden))
+        if frame_valid is None and not exact:  # the stack as it is, in the device's layout (convs.channels_last)
+            return self._tokens(self._exact(hidden, None, None))
         if len(hidden) <= SUBSAMPLING_SLICE:
             return self._tokens(self._exact(hidden, frame_valid, caches))
         # The stages' outputs are the largest tensors of a step (the first is ~5 MB per slot at

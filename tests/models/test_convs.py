@@ -146,3 +146,14 @@ def test_phi4mm_streaming_subsampling_channels_last_equals_nchw(tiny_phi4mm, mon
     monkeypatch.setattr(convs, "channels_last", lambda device: True)
     outputs = _stream(encoder, features, 5)
     torch.testing.assert_close(outputs, reference, rtol=0, atol=TOLERANCE * reference.abs().max().item())
+
+
+def test_phi4mm_offline_subsampling_channels_last_equals_nchw(tiny_phi4mm, monkeypatch):
+    """The whole-utterance forward (upstream's subsampling: padding takes part) on the same path."""
+    encoder = tiny_phi4mm()
+    features, lengths = torch.randn(2, 203, PHI_MEL, generator=torch.Generator().manual_seed(5)), [203, 120]
+    with torch.no_grad():
+        reference, _ = encoder(features, lengths)
+        monkeypatch.setattr(convs, "channels_last", lambda device: True)
+        outputs, _ = encoder(features, lengths)
+    torch.testing.assert_close(outputs, reference, rtol=0, atol=TOLERANCE * reference.abs().max().item())
