@@ -101,7 +101,8 @@ class Resampler:
             raise ValueError(f"orig_sr and new_sr: {refusal}")
         self._orig, self._new, _ = _reduced(orig_sr, new_sr)
         self._identity = orig_sr == new_sr
-        self._kernel, self._width = sinc_kernel(orig_sr, new_sr) if not self._identity else (np.zeros((1, 1)), 0)
+        kernel, self._width = sinc_kernel(orig_sr, new_sr) if not self._identity else (np.zeros((1, 1)), 0)
+        self._taps = np.ascontiguousarray(kernel.T)  # (span, phases): each window's outputs in one row product
         # Input samples from global index _start on (before the first, zeros: torchaudio pads so).
         self._held = np.zeros(self._width, np.float64)
         self._start = -self._width
@@ -142,11 +143,14 @@ class Resampler:
         count = end - self._block
         if count <= 0:
             return np.zeros(0, np.float32)
-        span = self._kernel.shape[1]
+        span = self._taps.shape[0]
         offset = self._block * self._orig - self._width - self._start
         inputs = self._held[offset : offset + (count - 1) * self._orig + span]
-        windows = np.lib.stride_tricks.sliding_window_view(inputs, span)[:: self._orig]
-        outputs = (windows @ self._kernel.T).ravel().astype(np.float32)
+        # Block b's window: span inputs from b * orig (a strided view; the held samples are contiguous float64).
+        windows = np.lib.stride_tricks.as_strided(
+            inputs, (count, span), (self._orig * inputs.itemsize, inputs.itemsize)
+        )
+        outputs = np.dot(windows, self._taps).ravel().astype(np.float32)
         self._block = end
         keep_from = end * self._orig - self._width  # the first input the next block reads
         self._held = self._held[keep_from - self._start :]
