@@ -30,7 +30,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from audiomask.checks import check_int
 from audiomask.llm.attention import reads_in_place, slot_attention
 from audiomask.llm.cache import CacheIndex, KVCache
-from audiomask.llm.pointwise import fuses, norm_rotate, rms_norm, silu_gate
+from audiomask.llm.pointwise import fuses, norm_rotate, rms_norm
+from audiomask.models.fused import silu_gate
 from audiomask.ragged import ragged_index
 from audiomask.transfer import to_device
 
@@ -202,7 +203,7 @@ class _MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if fuses(x.device):
-            return self.down_proj(silu_gate(self.gate_up_proj(x)))
+            return self.down_proj(silu_gate(self.gate_up_proj(x), gate_first=True))
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 

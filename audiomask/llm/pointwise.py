@@ -1,5 +1,5 @@
-"""The decoder layer's elementwise work in three Triton kernels on GPUs: RMSNorm, query/key norm with rotary
-positions, the MLP's SiLU gate.
+"""The decoder layer's elementwise work in Triton kernels on GPUs: RMSNorm, query/key norm with rotary
+positions, and the MLP's SiLU gate (:func:`audiomask.models.fused.silu_gate`, shared with the audio Conformer).
 
 Written as PyTorch ops, a layer of :class:`~audiomask.llm.lm.CausalLM`
 launches some 56 kernels, of which only 7 are matrix products or attention:
@@ -27,9 +27,7 @@ try:
 except ImportError:  # CPU-only torch wheels come without Triton
     triton = None
 
-__all__ = ["fuses", "norm_rotate", "rms_norm", "silu_gate"]
-
-GATE_BLOCK = 1024  # gate columns per program
+__all__ = ["fuses", "norm_rotate", "rms_norm"]
 
 
 def fuses(device: torch.device) -> bool:
@@ -70,16 +68,6 @@ def norm_rotate(
         HEAD_DIM=head_dim, ROTARY=rotary, BLOCK_H=block_h, BLOCK_D=block_d, NORM=weight is not None,
         num_warps=_warps(block_h * block_d),
     )  # fmt: skip
-    return out
-
-
-def silu_gate(gate_up: torch.Tensor) -> torch.Tensor:
-    """``silu(gate) * up`` of ``gate_up`` ``(N, 2 * I)`` (gate first; last dim contiguous), the SiLU rounded to
-    the dtype before the product, as ``F.silu(gate) * up``; returns ``(N, I)``."""
-    total, width = gate_up.shape
-    size = width // 2
-    out = torch.empty((total, size), dtype=gate_up.dtype, device=gate_up.device)
-    _silu_gate[(total, triton.cdiv(size, GATE_BLOCK))](gate_up, out, gate_up.stride(0), size, BLOCK=GATE_BLOCK)
     return out
 
 
@@ -132,14 +120,3 @@ if triton is not None:
         rotated = ((values * c).to(dtype).to(tl.float32) + (turned * s).to(dtype).to(tl.float32)).to(dtype)
         result = tl.where(turns, rotated, values.to(dtype))
         tl.store(out + (n * heads + head) * HEAD_DIM + dim, result, mask=real)
-
-    @triton.jit
-    def _silu_gate(gate_up, out, stride, size, BLOCK: tl.constexpr):  # noqa: N803
-        row = tl.program_id(0)
-        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-        real = cols < size
-        gate = tl.load(gate_up + row * stride + cols, mask=real, other=0.0).to(tl.float32)
-        up = tl.load(gate_up + row * stride + size + cols, mask=real, other=0.0).to(tl.float32)
-        dtype = out.dtype.element_ty
-        silu = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
-        tl.store(out + row * size + cols, (silu * up).to(dtype), mask=real)

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from audiomask.models import convs
+from audiomask.models import convs, fused
 from audiomask.models.attention import attend, split_heads
 from audiomask.models.config import Phi4MMAudioConfig
 from audiomask.models.layers import activation, derived
@@ -213,8 +213,7 @@ class _FeedForward(nn.Module):
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        up, gate = self.gate_up_proj(self.layer_norm(hidden)).chunk(2, dim=-1)
-        return self.down_proj(up * self.act_fn(gate))
+        return self.down_proj(_gated(self.gate_up_proj(self.layer_norm(hidden)), self.act_fn))
 
 
 class _Attention(nn.Module):
@@ -281,8 +280,15 @@ class _GluPointwiseConv(nn.Module):
             return bias if conv.bias is None else conv.bias + bias
 
         bias = derived(self, sources, fold)
-        linear, gate = F.linear(hidden, conv.weight.flatten(1), bias).chunk(2, dim=-1)
-        return linear * self.glu_act(gate)
+        return _gated(F.linear(hidden, conv.weight.flatten(1), bias), self.glu_act)
+
+
+def _gated(projected: torch.Tensor, act: nn.Module) -> torch.Tensor:
+    """``up * act(gate)`` of ``projected`` ``(..., 2 C)`` (``up`` first): one kernel for SiLU on GPUs (fused)."""
+    if isinstance(act, nn.SiLU) and fused.fuses(projected.device):
+        return fused.silu_gate(projected, gate_first=False)
+    up, gate = projected.chunk(2, dim=-1)
+    return up * act(gate)
 
 
 def _pointwise(conv: nn.Conv1d, hidden: torch.Tensor) -> torch.Tensor:
@@ -306,11 +312,14 @@ class _DepthwiseSeparableConv(nn.Module):
         """Time-major ``(B, T + kernel_size - 1, D)`` -> ``(B, T, D)``.
 
         The depthwise conv is ``kernel_size`` multiply-adds of shifted views
-        (elementwise, no layout change), the pointwise conv one GEMM.
+        (elementwise, no layout change; one kernel on GPUs,
+        :func:`~audiomask.models.fused.causal_depthwise`), the pointwise conv one GEMM.
         """
         if self.multiplier > 1:
             hidden = hidden.repeat_interleave(self.multiplier, dim=-1)  # output channel o reads input o // m
         weight, kernel = self.dw_conv.weight, self.dw_conv.kernel_size[0]
+        if fused.fuses(hidden.device):  # the taps and the bias in one pass
+            return _pointwise(self.pw_conv, fused.causal_depthwise(hidden, weight[:, 0], self.dw_conv.bias))
         length = hidden.shape[1] - kernel + 1
         if self.dw_conv.bias is None:
             out = hidden[:, :length] * weight[:, 0, 0]

@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from audiomask.llm import lm
-from audiomask.llm.pointwise import fuses, norm_rotate, rms_norm, silu_gate
+from audiomask.llm.pointwise import fuses, norm_rotate, rms_norm
+from audiomask.models.fused import silu_gate
 
 NORM_SIZES = (8, 1024, 3072)  # a tiny model's hidden size, the 0.6B's, Phi-4-mini's (a block of 4,096)
 # (heads, head_dim, rotary dims, normed): Qwen3's heads (query and key), a tiny model's, Phi-4-mini's partial rotary
@@ -53,7 +54,7 @@ def check(device: str, dtype: torch.dtype, ulps: float) -> None:
     for size in GATE_SIZES:
         gate_up = randn(7, 2 * size) * 4
         gate, up = gate_up.chunk(2, dim=-1)
-        close(silu_gate(gate_up.to(device)), F.silu(gate) * up, ("gate", size))
+        close(silu_gate(gate_up.to(device), gate_first=True), F.silu(gate) * up, ("gate", size))
 
 
 def test_kernels_in_tritons_interpreter_equal_the_layers_ops(in_triton_interpreter) -> None:

@@ -1,0 +1,82 @@
+"""audiomask.models.fused: the gated unit and the causal depthwise conv against PyTorch's ops (Triton's interpreter
+on the CPU, compiled on a GPU), and the Phi-4MM Conformer with them against itself without."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from audiomask.models import fused
+
+# (rows, gated width): Phi-4MM's feed-forward (1,536) and conv module (1,024), a ragged block, a tiny one
+GATE_CASES = [(5, 1536), (3, 1024), (4, 1100), (2, 8)]
+# (batch, output steps, channels, taps, bias): Phi-4MM's conv module (16 tokens a chunk, 1,024 channels, 3 taps),
+# ragged tiles
+DEPTHWISE_CASES = [(2, 16, 1024, 3, True), (3, 7, 130, 3, False), (1, 33, 5, 4, True)]
+SMALL = 2  # the interpreter's cases: the last ones of each list
+
+
+def check(device: str, dtype: torch.dtype, ulps: float, small: bool = False) -> None:
+    """Both kernels on ``device`` within ``ulps`` units of ``dtype``'s last place of PyTorch's ops on the CPU:
+    the gate as the ops round it, the depthwise conv from its float32 sum rounded once."""
+    generator = torch.Generator().manual_seed(0)
+    unit = torch.finfo(dtype).eps
+
+    def close(got: torch.Tensor, want: torch.Tensor, what: object) -> None:
+        assert got.dtype == want.dtype and got.shape == want.shape, what
+        error = ((got.cpu().double() - want.double()).abs() / want.double().abs().clamp(min=1.0)).max().item()
+        assert error <= ulps * unit, (what, error)
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=generator).to(dtype)
+
+    for rows, size in GATE_CASES[-SMALL:] if small else GATE_CASES:
+        x = randn(rows, 2 * size) * 4
+        first, second = x.chunk(2, dim=-1)
+        close(fused.silu_gate(x.to(device), gate_first=True), F.silu(first) * second, ("gate first", size))
+        close(fused.silu_gate(x.to(device), gate_first=False), first * F.silu(second), ("gate second", size))
+    for batch, steps, channels, taps, with_bias in DEPTHWISE_CASES[-SMALL:] if small else DEPTHWISE_CASES:
+        joined, weight = randn(batch, steps + taps - 1, channels), randn(channels, taps)
+        bias = randn(channels) if with_bias else None
+        want = F.conv1d(joined.float().transpose(1, 2), weight.float()[:, None], None if bias is None else bias.float(),
+                        groups=channels).transpose(1, 2).to(dtype)  # fmt: skip
+        got = fused.causal_depthwise(joined.to(device), weight.to(device), None if bias is None else bias.to(device))
+        close(got, want, ("depthwise", channels, taps))
+
+
+def test_kernels_in_tritons_interpreter_equal_the_ops(in_triton_interpreter) -> None:
+    in_triton_interpreter(
+        "import torch; from tests.models.test_fused import check; check('cpu', torch.float32, 8, small=True)"
+    )
+
+
+def test_phi4mm_stream_with_the_kernels_equals_without(in_triton_interpreter) -> None:
+    """The tiny Phi-4MM's streaming steps with the kernels (the interpreter's, fuses forced) equal its PyTorch ops."""
+    in_triton_interpreter(
+        "import torch; from tests.models.test_fused import stream_with_and_without; stream_with_and_without()"
+    )
+
+
+def stream_with_and_without() -> None:
+    from audiomask.models import fused as kernels
+    from tests.conftest import make_tiny_phi4mm
+    from tests.models.test_convs import _stream
+
+    encoder = make_tiny_phi4mm()
+    features = torch.randn(2, 16 * 3, 80, generator=torch.Generator().manual_seed(6))
+    reference = _stream(encoder, features, 3)
+    kernels.fuses = lambda device: True
+    outputs = _stream(encoder, features, 3)
+    torch.testing.assert_close(outputs, reference, rtol=0, atol=1e-5 * reference.abs().max().item())
+
+
+def test_fuses_only_on_cuda() -> None:
+    assert not fused.fuses(torch.device("cpu"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("dtype", "ulps"), [(torch.float32, 8), (torch.bfloat16, 1)])
+def test_kernels_on_cuda_equal_the_ops(dtype: torch.dtype, ulps: float) -> None:
+    assert fused.fuses(torch.device("cuda"))
+    check("cuda", dtype, ulps)
