@@ -311,3 +311,11 @@ def in_triton_interpreter() -> Callable[[str], None]:
         assert result.returncode == 0, result.stderr[-3000:]
 
     return run
+
+
+def assert_within_ulps(got: torch.Tensor, want: torch.Tensor, ulps: float, what: object) -> None:
+    """``got`` (any device) has ``want``'s dtype and shape, and is within ``ulps`` units of that dtype's last place
+    of it (relative to ``max(|want|, 1)``)."""
+    assert got.dtype == want.dtype and got.shape == want.shape, what
+    error = ((got.cpu().double() - want.double()).abs() / want.double().abs().clamp(min=1.0)).max().item()
+    assert error <= ulps * torch.finfo(want.dtype).eps, (what, error)

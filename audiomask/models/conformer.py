@@ -24,7 +24,7 @@ from torch import nn
 from audiomask.models import convs, fused
 from audiomask.models.attention import attend, split_heads
 from audiomask.models.config import Phi4MMAudioConfig
-from audiomask.models.layers import activation, derived
+from audiomask.models.layers import activation, derived, joined_projections
 
 __all__ = ["SUBSAMPLING_SLICE", "ConformerBlock", "ConvSubsampling", "MeanVarianceNorm", "RelativeAttentionBias"]
 
@@ -239,13 +239,7 @@ class _Attention(nn.Module):
         int) and the queries attend to all ``S``: nothing else of the cache is
         moved, whatever its size.
         """
-        projections = (self.q_proj, self.k_proj, self.v_proj)
-        sources = tuple(t for proj in projections for t in (proj.weight, proj.bias))
-        weight, bias_qkv = derived(
-            self,
-            sources,
-            lambda: (torch.cat([p.weight for p in projections]), torch.cat([p.bias for p in projections])),
-        )
+        weight, bias_qkv = joined_projections(self, (self.q_proj, self.k_proj, self.v_proj))
         # One GEMM for queries, keys and values.
         query, key, value = (
             split_heads(part, self.num_heads) for part in F.linear(hidden, weight, bias_qkv).chunk(3, dim=-1)

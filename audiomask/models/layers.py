@@ -20,6 +20,7 @@ __all__ = [
     "config_from_dict",
     "derived",
     "host_lengths",
+    "joined_projections",
     "lengths_on",
     "model_input",
     "positive_fields",
@@ -69,6 +70,18 @@ def derived(owner: nn.Module, sources: tuple[torch.Tensor, ...], build: Callable
         cached = (key, build(), [t.detach() for t in sources])
         owner.__dict__["_derived_cache"] = cached
     return cached[1]
+
+
+def joined_projections(owner: nn.Module, projections: tuple[nn.Linear, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The weights and biases of ``projections`` (linear layers of one input) concatenated: ``F.linear`` with them
+    is all of them in one GEMM (queries, keys and values), outputs side by side. Cached on ``owner`` (:func:`derived`).
+    """
+    sources = tuple(t for projection in projections for t in (projection.weight, projection.bias))
+    return derived(
+        owner,
+        sources,
+        lambda: (torch.cat([p.weight for p in projections]), torch.cat([p.bias for p in projections])),
+    )
 
 
 def positive_fields(config: object, *names: str) -> None:

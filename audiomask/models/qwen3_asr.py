@@ -43,7 +43,14 @@ from torch import nn
 from audiomask.models import convs
 from audiomask.models.attention import attend, may_attend_to_additive_bias, split_heads
 from audiomask.models.config import Qwen3ASRConfig, conv_size
-from audiomask.models.layers import activation, batch_lengths, lengths_on, model_input, valid_positions
+from audiomask.models.layers import (
+    activation,
+    batch_lengths,
+    joined_projections,
+    lengths_on,
+    model_input,
+    valid_positions,
+)
 
 __all__ = ["Qwen3ASRConfig", "Qwen3ASREncoder"]
 
@@ -73,8 +80,10 @@ class _Attention(nn.Module):
 
     def forward(self, hidden: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """``hidden`` ``(N, W, D)`` (N windows), ``bias`` ``(N, 1, 1, W)`` or ``None`` (every key valid)."""
+        weight, bias_qkv = joined_projections(self, (self.q_proj, self.k_proj, self.v_proj))
+        # One GEMM for queries, keys and values.
         query, key, value = (
-            split_heads(proj(hidden), self.num_heads) for proj in (self.q_proj, self.k_proj, self.v_proj)
+            split_heads(part, self.num_heads) for part in F.linear(hidden, weight, bias_qkv).chunk(3, dim=-1)
         )
         return self.out_proj(attend(query, key, value, bias))
 

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from audiomask.llm import lm
 from audiomask.llm.pointwise import fuses, norm_rotate, rms_norm
 from audiomask.models.fused import silu_gate
+from tests.conftest import assert_within_ulps
 
 NORM_SIZES = (8, 1024, 3072)  # a tiny model's hidden size, the 0.6B's, Phi-4-mini's (a block of 4,096)
 # (heads, head_dim, rotary dims, normed): Qwen3's heads (query and key), a tiny model's, Phi-4-mini's partial rotary
@@ -27,12 +28,9 @@ def norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.T
 def check(device: str, dtype: torch.dtype, ulps: float) -> None:
     """Every kernel on ``device`` within ``ulps`` units of ``dtype``'s last place of the CPU's PyTorch ops."""
     generator = torch.Generator().manual_seed(0)
-    unit = torch.finfo(dtype).eps
 
     def close(got: torch.Tensor, want: torch.Tensor, what: object) -> None:
-        assert got.dtype == want.dtype and got.shape == want.shape, what
-        error = ((got.cpu().double() - want.double()).abs() / want.double().abs().clamp(min=1.0)).max().item()
-        assert error <= ulps * unit, (what, error)
+        assert_within_ulps(got, want, ulps, what)
 
     def randn(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=generator).to(dtype)

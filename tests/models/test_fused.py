@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from audiomask.models import fused
+from tests.conftest import assert_within_ulps
 
 # (rows, gated width): Phi-4MM's feed-forward (1,536) and conv module (1,024), a ragged block, a tiny one
 GATE_CASES = [(5, 1536), (3, 1024), (4, 1100), (2, 8)]
@@ -21,12 +22,9 @@ def check(device: str, dtype: torch.dtype, ulps: float, small: bool = False) -> 
     """Both kernels on ``device`` within ``ulps`` units of ``dtype``'s last place of PyTorch's ops on the CPU:
     the gate as the ops round it, the depthwise conv from its float32 sum rounded once."""
     generator = torch.Generator().manual_seed(0)
-    unit = torch.finfo(dtype).eps
 
     def close(got: torch.Tensor, want: torch.Tensor, what: object) -> None:
-        assert got.dtype == want.dtype and got.shape == want.shape, what
-        error = ((got.cpu().double() - want.double()).abs() / want.double().abs().clamp(min=1.0)).max().item()
-        assert error <= ulps * unit, (what, error)
+        assert_within_ulps(got, want, ulps, what)
 
     def randn(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=generator).to(dtype)
