@@ -100,15 +100,18 @@ def heard_over_realtime(samples: np.ndarray) -> np.ndarray:
     return np.concatenate((resampler.push(pcm), resampler.flush()))
 
 
-def _encode(samples: np.ndarray, protocol: str) -> bytes | str:
-    """The message of ``samples`` ``(n,)`` float32: float32 LE (sherpa), int16 LE PCM (wenet), or an append
-    event of base64 int16 LE PCM (realtime: samples already at 24 kHz)."""
-    if protocol == "sherpa":
-        return np.ascontiguousarray(samples, "<f4").tobytes()
-    levels = _pcm16(samples).tobytes()
+def _payload(samples: np.ndarray, protocol: str) -> np.ndarray:
+    """What the messages of ``protocol`` carry of ``samples`` ``(n,)`` float32: float32 LE (sherpa) or int16 LE PCM
+    (wenet, realtime: samples already at 24 kHz), converted once for the whole stream."""
+    return np.ascontiguousarray(samples, "<f4") if protocol == "sherpa" else _pcm16(samples)
+
+
+def _encode(piece: np.ndarray, protocol: str) -> bytes | str:
+    """The message of ``piece`` (a slice of :func:`_payload`): its bytes, or for realtime an append event of them in
+    base64 (whose characters JSON writes as they are)."""
     if protocol == "realtime":
-        return json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(levels).decode()})
-    return levels
+        return '{"type": "input_audio_buffer.append", "audio": "' + base64.b64encode(piece.tobytes()).decode() + '"}'
+    return piece.tobytes()
 
 
 class _Reader:
@@ -247,6 +250,7 @@ async def _exchange(
         await connection.send(json.dumps(REALTIME_SESSION))
         samples = _to_realtime(samples)
         step = message_samples * REALTIME_RATE // SAMPLE_RATE
+    payload = _payload(samples, protocol)
     reader = _Reader(protocol)
     receiver = asyncio.create_task(_receive(connection, reader, result))
     end = {"sherpa": SHERPA_DONE, "wenet": json.dumps(WENET_END), "realtime": json.dumps(REALTIME_COMMIT)}[protocol]
@@ -254,12 +258,12 @@ async def _exchange(
     async def send_all() -> None:
         """Send the samples and then the end message; stop early when the server has ended the exchange."""
         started = time.perf_counter()
-        for index, start in enumerate(range(0, len(samples), step)):
+        for index, start in enumerate(range(0, len(payload), step)):
             if receiver.done():  # the server sent an error or closed: stop sending
                 return
             if realtime:
                 await asyncio.sleep(max(0.0, started + index * message_samples / SAMPLE_RATE - time.perf_counter()))
-            await connection.send(_encode(samples[start : start + step], protocol))
+            await connection.send(_encode(payload[start : start + step], protocol))
             result.sent_at.append(time.perf_counter())
         reader.committed = True
         await connection.send(end)
