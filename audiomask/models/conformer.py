@@ -141,9 +141,9 @@ class ConvSubsampling(nn.Module):
                 stage = stride.bit_length() - 1
                 cache = None if caches is None else caches[stage]
                 if nhwc and module.in_channels == 1:
-                    fused = _FUSED_ACTIVATIONS.get(type(self.conv[index + 1]))
-                    out = convs.patch_conv(module, hidden, cache, fused)
-                    activated = fused is not None
+                    applied = _PATCH_ACTIVATIONS.get(type(self.conv[index + 1]))
+                    out = convs.patch_conv(module, hidden, cache, applied)
+                    activated = applied is not None
                 else:
                     weight = convs.conv_weight(module) if nhwc else module.weight
                     out = F.conv2d(hidden, weight, module.bias, stride=2, padding=1, groups=module.groups)
@@ -171,7 +171,7 @@ class ConvSubsampling(nn.Module):
 
 
 # The activations of layers.activation that convs.patch_conv applies itself (nn.GELU's default is the exact one).
-_FUSED_ACTIVATIONS: dict[type[nn.Module], str] = {nn.ReLU: "relu", nn.GELU: "gelu"}
+_PATCH_ACTIVATIONS: dict[type[nn.Module], str] = {nn.ReLU: "relu", nn.GELU: "gelu"}
 # The activations of layers.activation that have an in-place form (GELU has none).
 _IN_PLACE_ACTIVATIONS: dict[type[nn.Module], Callable[[torch.Tensor], torch.Tensor]] = {
     nn.ReLU: torch.relu_,
