@@ -78,9 +78,8 @@ def test_script_writes_its_report(tmp_path: Path) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("cuda_graph", [False, True])
-def test_profile_step_on_cuda_counts_kernels(cuda_graph: bool) -> None:
+def test_profile_step_on_cuda_counts_kernels() -> None:
     model = build_model("phi4mm_full", torch.device("cuda"), quick=True)
-    report = profile_step(model, 4, steps=4, chunk_size=2, left_chunk=1, cuda_graph=cuda_graph)
+    report = profile_step(model, 4, steps=4, chunk_size=2, left_chunk=1)
     _check(report, 4)
     assert report["measures"] == "kernels' device time"
