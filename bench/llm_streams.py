@@ -158,12 +158,13 @@ class Probe:
         model = streams.model
         self.cuda = model.device.type == "cuda"
         encoder = model.encoder
-        spans = [(encoder.conv2d1, encoder.conv_out), (encoder.layers[0], encoder.ln_post)]
-        spans.append((model.projector, model.projector))
+        spans = [(encoder.layers[0], encoder.ln_post), (model.projector, model.projector)]
         self.handles = [model.lm.register_forward_pre_hook(self._lm_start)]
         for first, last in spans:
             self.handles.append(first.register_forward_pre_hook(self._encoder_start))
             self.handles.append(last.register_forward_hook(self._encoder_end))
+        self._embed_chunks, self._embedding = encoder.embed_chunks, False
+        encoder.embed_chunks = self._timed_embed_chunks
         self._answer = streams._answer
         streams._answer = self._timed_answer
         self._step = streams._steps.step if streams._steps is not None else None
@@ -174,6 +175,7 @@ class Probe:
     def close(self) -> None:
         for handle in self.handles:
             handle.remove()
+        del self.streams.model.encoder.embed_chunks
         del self.streams._answer
         if self._step is not None:
             del self.streams._steps.step
@@ -190,10 +192,22 @@ class Probe:
         return event
 
     def _encoder_start(self, module: Any, args: tuple) -> None:
-        if module is self.streams.model.encoder.conv2d1:
-            chunks = args[0]  # (N, 1, mel bins, chunk frames)
-            self.counts["encoder_frames"] += int(chunks.shape[0] * chunks.shape[-1])
         self.encoder.append([self._mark(), None])
+
+    def _timed_embed_chunks(self, chunks: torch.Tensor) -> torch.Tensor:
+        """The conv stack over ``chunks`` ``(N, mel bins, chunk frames)``, timed and its frames counted (once: the
+        stack's own calls over parts of a large batch come back here)."""
+        if self._embedding:
+            return self._embed_chunks(chunks)
+        self.counts["encoder_frames"] += int(chunks.shape[0] * chunks.shape[-1])
+        self._encoder_start(None, ())
+        self._embedding = True
+        try:
+            tokens = self._embed_chunks(chunks)
+        finally:
+            self._embedding = False
+        self._encoder_end(None, (), tokens)
+        return tokens
 
     def _encoder_end(self, module: Any, args: tuple, output: Any) -> None:
         self.encoder[-1][1] = self._mark()

@@ -8,6 +8,7 @@ reduction, elementwise) and the largest kernels (``audiomask.bench.profile``).
 
     python scripts/bench_profile.py --model qwen3_asr_0.6b --streams 8192 --out bench/results/profile_qwen3_h200.json
     python scripts/bench_profile.py --model phi4mm_full --streams 4096 --out bench/results/profile_phi4mm_h200.json
+    python scripts/bench_profile.py --model shipped --streams 64 --steps 20 --device cpu --out bench/results/profile_shipped_cpu.json
 
 ``--cuda-graph`` replays Phi-4MM's steps from CUDA graphs, as the benchmark does
 (the profiler then sees the graphs' kernels, where CUPTI reports them);
@@ -32,14 +33,17 @@ from audiomask.bench.profile import profile_step
 def main(argv: Sequence[str] | None = None) -> int:
     """Profile the rows asked for (``argv`` without the program name); the exit status."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", choices=[name for name in MODEL_NAMES if name != "shipped"], required=True)
+    parser.add_argument("--model", choices=MODEL_NAMES, required=True)
     parser.add_argument("--streams", type=int, nargs="+", required=True, help="streams per step, one report each")
     parser.add_argument("--steps", type=int, default=8, help="profiled steps (Qwen3-ASR: a multiple of 8)")
     parser.add_argument("--cuda-graph", action="store_true", help="Phi-4MM: replay the steps from CUDA graphs")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     parser.add_argument("--quick", action="store_true", help="tiny stand-ins: a smoke run, not a measurement")
     parser.add_argument("--out", type=Path, required=True, help="the JSON report")
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     model = build_model(args.model, torch.device(args.device), quick=args.quick)
     chunking = dict(zip(("chunk_size", "left_chunk"), streaming_chunking(model))) if model.is_phi4mm else {}
     report: dict = {**capture_environment(sys.argv), "model": model.info(), "chunking": chunking, "rows": []}

@@ -20,7 +20,10 @@ bias), nor the Phi-4MM conv module's depthwise conv, which runs as multiply-adds
 of shifted views (``2 * kernel_size`` FLOP per channel and token: 0.02 % of a
 full-size block). ``torch.utils.flop_counter`` has no formula for the CPU's
 fused attention kernel: :data:`_CPU_ATTENTION` gives it the formula of the CUDA
-kernels, so that a count is the same on every device.
+kernels, and the steps run the encoders' reference ops
+(:func:`audiomask.models.fused.reference_ops`: convolutions, not the kernels
+or the patch products that compute them), so that a count is the model's, the
+same on every device.
 
 :func:`compute_limit`: the streams that :data:`COMPUTE_SHARE` of the device's
 dense bf16 peak (:func:`peak_tflops`, from :data:`DENSE_BF16_PEAK_TFLOPS` by
@@ -45,6 +48,7 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
 from audiomask.bench.models import BenchModel
 from audiomask.bench.timing import MS_PER_S
+from audiomask.models import fused
 from audiomask.streaming import chunk_plan, open_slots
 
 __all__ = [
@@ -123,7 +127,7 @@ def count_step_flops(
     for _ in range(plan.left_chunks or 0):  # the key/value ring filled: the steady state
         slots.step(chunk, valid)
     counted_steps = plan.tokens_per_chunk // plan.chunk_tokens  # the steps of one emission of the outputs
-    with FlopCounterMode(display=False, custom_mapping=_CPU_ATTENTION) as counter:
+    with fused.reference_ops(), FlopCounterMode(display=False, custom_mapping=_CPU_ATTENTION) as counter:
         for _ in range(counted_steps):
             slots.step(chunk, valid)
     return counter.get_total_flops(), counted_steps * plan.chunk_ms

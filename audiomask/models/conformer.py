@@ -92,7 +92,7 @@ class ConvSubsampling(nn.Module):
                 the caller knows on the host that no frame is padding).
         """
         hidden = features.unsqueeze(1)  # (B, 1, T, F): time on dim 2, mel bins on dim 3
-        if frame_valid is None and not exact:  # the stack as it is, in the device's layout (convs.channels_last)
+        if frame_valid is None and not exact:  # the stack as it is, channels-last (audiomask.models.convs)
             return self._tokens(self._exact(hidden, None, None))
         if len(hidden) <= SUBSAMPLING_SLICE:
             return self._tokens(self._exact(hidden, frame_valid, caches))
@@ -127,25 +127,24 @@ class ConvSubsampling(nn.Module):
         # slot in bf16 at 1.28 s chunks), and one copy of it alive instead of three is what lets
         # a CUDA-graph step hold thousands of slots.
         in_place = not torch.is_grad_enabled()
-        nhwc = convs.channels_last(hidden.device)  # cuDNN's tensor-core layout (audiomask.models.convs)
         if frame_valid is not None:
             hidden = hidden * frame_valid[:, None, :, None]
-        activated = False  # the stage's conv applied its activation (the first, channels-last, fuses it)
+        activated = False  # the stage's conv applied its activation (the first conv's patches take it)
         for index, module in enumerate(self.conv):
             if isinstance(module, nn.Conv2d) and module.stride[0] == 2:
                 # Output p reads inputs 2p - 1 .. 2p + 1: the one step before this even-aligned
                 # block is zero padding (a whole utterance) or comes from the cache. The conv runs
                 # on the block itself with zero padding, and the cached step's contribution to
                 # output 0 is added after (no concatenated copy of the stage input; the first
-                # stage's patches, channels-last, read the cached step as their top row).
+                # stage's patches read the cached step as their top row). Channels-last throughout.
                 stage = stride.bit_length() - 1
                 cache = None if caches is None else caches[stage]
-                if nhwc and module.in_channels == 1:
+                if module.in_channels == 1:
                     applied = _PATCH_ACTIVATIONS.get(type(self.conv[index + 1]))
                     out = convs.patch_conv(module, hidden, cache, applied)
                     activated = applied is not None
                 else:
-                    weight = convs.conv_weight(module) if nhwc else module.weight
+                    weight = convs.conv_weight(module)
                     out = F.conv2d(hidden, weight, module.bias, stride=2, padding=1, groups=module.groups)
                     if cache is not None:
                         top_tap = module.weight[:, :, :1]
@@ -158,7 +157,7 @@ class ConvSubsampling(nn.Module):
                 del out  # the stage input is freed as soon as `hidden` moves on
                 stride *= 2
             elif isinstance(module, nn.Conv2d):
-                hidden = F.conv2d(hidden, convs.conv_weight(module), module.bias) if nhwc else module(hidden)
+                hidden = F.conv2d(hidden, convs.conv_weight(module), module.bias)
             else:  # the activation ends a stage: zero its outputs beyond the utterance
                 activate_in_place = _IN_PLACE_ACTIVATIONS.get(type(module)) if in_place else None
                 if not activated:

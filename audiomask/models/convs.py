@@ -1,27 +1,31 @@
-"""The encoders' stride-2 conv stacks in the layout of a GPU's tensor cores: channels-last, the first conv from its patches.
+"""The encoders' stride-2 conv stacks channels-last, the first conv from its patches.
 
 Both subsampling front ends (Qwen3-ASR's three 3x3 stride-2 conv2d + GELU,
 Phi-4MM's NeMo ``dw_striding``) start from one input channel and fan out to
 hundreds (480, 1024) at half the frame rate: the first conv's output is the
-largest tensor of a step. In the default (NCHW) layout a GPU runs it poorly
-three ways: cuDNN's bfloat16 tensor-core convolutions work in NHWC, so every
-conv converts its input and output; a conv from one input channel gets a
-non-tensor-core algorithm; and a depthwise conv goes to PyTorch's own kernel.
-On CUDA (:func:`channels_last`) the stacks therefore run channels-last:
+largest tensor of a step. In the default (NCHW) layout they run poorly three
+ways: cuDNN's bfloat16 tensor-core convolutions work in NHWC, so every conv
+converts its input and output; a conv from one input channel gets a
+non-tensor-core algorithm; and a depthwise conv goes to PyTorch's own CUDA
+kernel. The stacks therefore run channels-last on every device (on the CPU,
+oneDNN's convolutions are faster so too; docs/benchmarks.md has the figures):
 
 - :func:`patch_conv`: the first conv, each output step from its 3x3 input
-  patch, written once in ``(N, H', W', C)`` order (the ``(N, C, H', W')``
-  output in channels-last memory) with its bias and activation (GELU, ReLU)
-  applied: one Triton kernel, bound by that write, on a GPU (the separate
-  passes of a conv, its bias and its activation read and write the largest
-  tensor five times). Without Triton: one matrix product of the patches,
+  patch, written in ``(N, H', W', C)`` order (the ``(N, C, H', W')`` output in
+  channels-last memory) with its bias and activation (GELU, ReLU) applied: one
+  Triton kernel, bound by that one write, where
+  :func:`~audiomask.models.fused.fuses` (the separate passes of a conv, its
+  bias and its activation read and write the largest tensor five times).
+  Elsewhere (the CPU, training): one matrix product of the patches,
   ``(steps, 16) @ (16, C)`` (9 taps, a column of ones that carries the bias,
-  zeros to 16: aligned rows), then the activation.
+  zeros to 16: aligned rows), then the activation. Under
+  :func:`~audiomask.models.fused.reference_ops`: the convolution itself.
 - :func:`conv_weight`: the other convs' weights in channels-last memory, made
-  once per weight (the input's layout then decides cuDNN's: NHWC in, NHWC out).
+  once per weight (the input's layout then decides the library's: NHWC in,
+  NHWC out).
 
-Same convolutions, different kernels: outputs agree with the NCHW path to the
-kernels' rounding (float32: 1e-6 relative), and a step's shapes, hence its
+Same convolutions, different kernels: outputs agree with the NCHW modules to
+the kernels' rounding (float32: 1e-6 relative), and a step's shapes, hence its
 kernels, do not depend on the other streams.
 """
 
@@ -31,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from audiomask.models import fused
 from audiomask.models.layers import derived
 
 try:
@@ -39,22 +44,12 @@ try:
 except ImportError:  # CPU-only torch wheels come without Triton
     triton = None
 
-__all__ = ["ACTIVATIONS", "PATCH_COLUMNS", "channels_last", "conv_weight", "fuses", "patch_conv"]
+__all__ = ["ACTIVATIONS", "PATCH_COLUMNS", "conv_weight", "patch_conv"]
 
 PATCH_COLUMNS = 16  # a patch row: 3 x 3 taps, the bias's 1, zeros to a 32-byte bfloat16 row
 # The activations patch_conv applies, by name: the kernel's code and the PyTorch op (exact GELU, erf's).
 ACTIVATIONS = {"gelu": (1, F.gelu), "relu": (2, torch.relu_)}
 BLOCK_STEPS, BLOCK_CHANNELS = 64, 128  # a kernel program's output tile: steps x channels
-
-
-def channels_last(device: torch.device) -> bool:
-    """Whether the conv stacks on ``device`` run channels-last (on CUDA: cuDNN's tensor-core layout)."""
-    return device.type == "cuda"
-
-
-def fuses(device: torch.device) -> bool:
-    """Whether :func:`patch_conv` runs its Triton kernel on ``device`` (a CUDA device with Triton importable)."""
-    return triton is not None and device.type == "cuda"
 
 
 def _check_patch_conv(conv: nn.Conv2d) -> None:
@@ -89,7 +84,7 @@ def patch_conv(
     the ``rows`` input steps above ``inputs`` (the previous chunk's last, for a streaming conv) take the
     place of the top padding (``rows`` = the conv's top padding). Any float dtype; products summed in float32
     for bfloat16 (the kernel: every dtype), rounded once to the dtype where the kernel runs
-    (:func:`fuses`), after the product and after the activation elsewhere.
+    (:func:`~audiomask.models.fused.fuses`), after the product and after the activation elsewhere.
 
     >>> conv = nn.Conv2d(1, 4, 3, stride=2, padding=1)
     >>> x = torch.randn(2, 1, 9, 6)
@@ -112,7 +107,11 @@ def patch_conv(
             raise ValueError(f"top must have shape {(count, 1, pad_h, inputs.shape[3])}, got {tuple(top.shape)}")
         plane = F.pad(torch.cat([top[:, 0].to(plane.dtype), plane], dim=1), (pad_w, pad_w, 0, pad_h))
     out_h, out_w = (plane.shape[1] - kh) // sh + 1, (plane.shape[2] - kw) // sw + 1
-    if fuses(plane.device):
+    if fused.reference():  # the convolution itself
+        out = F.conv2d(plane[:, None], conv.weight.to(plane.dtype), conv.bias.to(plane.dtype), conv.stride)
+        out = out if activation is None else ACTIVATIONS[activation][1](out)
+        return out.contiguous(memory_format=torch.channels_last)
+    if fused.fuses(plane.device):
         out = plane.new_empty(count, out_h, out_w, conv.out_channels)
         code = 0 if activation is None else ACTIVATIONS[activation][0]
         _launch(plane.contiguous(), weight.to(plane.dtype), out, (kh, kw), (sh, sw), code)
@@ -121,7 +120,7 @@ def patch_conv(
         patches = windows.new_zeros(count, out_h, out_w, PATCH_COLUMNS)
         patches[..., : kh * kw] = windows.reshape(count, out_h, out_w, kh * kw)
         patches[..., kh * kw] = 1.0
-        out = (patches.view(-1, PATCH_COLUMNS) @ weight.to(patches.dtype)).view(count, out_h, out_w, -1)
+        out = (patches.view(-1, PATCH_COLUMNS) @ weight.to(patches.dtype)).view(count, out_h, out_w, conv.out_channels)
         if activation is not None:
             out = ACTIVATIONS[activation][1](out)
     return out.permute(0, 3, 1, 2)
@@ -147,8 +146,8 @@ def _launch(
 
 
 def conv_weight(conv: nn.Conv2d) -> torch.Tensor:
-    """``conv.weight`` in channels-last memory (made once per weight): with a channels-last input, cuDNN's
-    NHWC kernels read it as it is, no conversion per call."""
+    """``conv.weight`` in channels-last memory (made once per weight): with a channels-last input, the NHWC
+    kernels (cuDNN's, oneDNN's) read it as it is, no conversion per call."""
     return derived(conv, (conv.weight,), lambda: conv.weight.contiguous(memory_format=torch.channels_last))
 
 

@@ -14,11 +14,15 @@ that reads its input once and writes its output once.
   once (the PyTorch ops round after each tap): within the dtype's rounding of
   them.
 
-They run where :func:`fuses` (a CUDA device with Triton importable); elsewhere
-the modules run their PyTorch ops (the CPU's reference path).
+They run where :func:`fuses` (a CUDA device with Triton importable, autograd off);
+elsewhere the modules run their PyTorch ops (the CPU's reference path, and training).
 """
 
 from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
 
 import torch
 
@@ -28,15 +32,38 @@ try:
 except ImportError:  # CPU-only torch wheels come without Triton
     triton = None
 
-__all__ = ["causal_depthwise", "fuses", "silu_gate"]
+__all__ = ["causal_depthwise", "fuses", "reference", "reference_ops", "silu_gate"]
 
 GATE_BLOCK = 1024  # gate columns per program
 DEPTHWISE_BLOCK_STEPS, DEPTHWISE_BLOCK_CHANNELS = 16, 128  # a depthwise program's output tile: steps x channels
 
 
+_STATE = threading.local()
+
+
+@contextlib.contextmanager
+def reference_ops() -> Iterator[None]:
+    """Within it (this thread), the encoders run their plain PyTorch ops on every device: no kernel of this module,
+    and the subsampling's first conv a convolution (:func:`audiomask.models.convs.patch_conv`). Their FLOPs are then
+    the model's, whatever the device (``audiomask.bench.limits`` counts them so), and their outputs the reference
+    that the kernels are held to."""
+    saved = reference()
+    _STATE.reference = True
+    try:
+        yield
+    finally:
+        _STATE.reference = saved
+
+
+def reference() -> bool:
+    """Whether :func:`reference_ops` is on in this thread."""
+    return getattr(_STATE, "reference", False)
+
+
 def fuses(device: torch.device) -> bool:
-    """Whether the kernels run on ``device`` (a CUDA device with Triton importable)."""
-    return triton is not None and device.type == "cuda"
+    """Whether the kernels run on ``device``: a CUDA device with Triton importable, autograd off (they have no
+    backward: training runs the PyTorch ops, whose gradients reach every weight) and :func:`reference_ops` off."""
+    return triton is not None and device.type == "cuda" and not torch.is_grad_enabled() and not reference()
 
 
 def silu_gate(x: torch.Tensor, *, gate_first: bool) -> torch.Tensor:

@@ -42,8 +42,9 @@ def phi4mm_step_flops(config: Phi4MMAudioConfig, chunk_size: int, left_chunk: in
     """FLOP of one Phi-4MM chunk step of one stream with a full left context, by hand from the config.
 
     Subsampling, per stride-2 stage: a 3 x 3 conv of one input channel per group (the first stage has one
-    input channel; the later ones are depthwise) to C channels, the cached input step's top kernel row into
-    output step 0, and after the first stage a pointwise C x C conv; then a linear layer to D per token.
+    input channel; the later ones are depthwise) to C channels; after the first stage the cached input step's
+    top kernel row into output step 0 (the first stage's conv reads it as its top row) and a pointwise C x C
+    conv; then a linear layer to D per token.
     Each block, per token: two feed-forwards (D -> 2 I, I -> D), the q/k/v projection (D -> 3 D), the two
     attention products against the (left_chunk + 1) * chunk_size cached keys (2 * keys * D each), the output
     projection, and the conv module's GLU (D -> 2 E), pointwise (D * m -> D) and output (D -> E) convs. Not
@@ -55,8 +56,8 @@ def phi4mm_step_flops(config: Phi4MMAudioConfig, chunk_size: int, left_chunk: in
     for stage in range(config.subsampling_stages):
         frames, bins = frames // 2, ceil_half(bins)
         flops += LINEAR * KERNEL_TAPS * channels * frames * bins
-        flops += LINEAR * TOP_TAP_ROW * channels * bins
         if stage:
+            flops += LINEAR * TOP_TAP_ROW * channels * bins
             flops += LINEAR * channels * channels * frames * bins
     hidden, inner = config.hidden_size, config.intermediate_size
     flops += chunk_size * LINEAR * channels * bins * hidden

@@ -1,22 +1,16 @@
-"""audiomask.models.convs: the conv stacks' channels-last path (CUDA's) equals the NCHW path, run here on the CPU;
-the first conv's Triton kernel equals the conv and its activation (Triton's interpreter on the CPU, compiled on a GPU).
-
-``convs.channels_last`` is set to answer True on the CPU, so both encoders' conv
-stacks take the path they take on a GPU: the first conv from its patches (here
-their matrix product), the others on channels-last weights. Float32: the same
-sums in another order, 1e-5.
+"""audiomask.models.convs: both encoders' channels-last conv stacks equal the NCHW modules (the first conv from its
+patches: here their matrix product); the first conv's Triton kernel equals the conv and its activation (Triton's
+interpreter on the CPU, compiled on a GPU). Float32: the same sums in another order, 1e-5.
 """
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from audiomask.models import convs
-from audiomask.streaming import Phi4MMSlots
 from tests.conftest import assert_within_ulps
 
 TOLERANCE = 1e-5  # float32, the same sums in another order
@@ -54,7 +48,7 @@ def check_kernel(device: str, dtype: torch.dtype, ulps: float, cases: list = SMA
 
 def test_patch_kernel_in_tritons_interpreter_equals_the_conv(in_triton_interpreter):
     in_triton_interpreter(
-        "import torch; from audiomask.models import convs; convs.fuses = lambda device: True; "
+        "import torch; from audiomask.models import fused; fused.fuses = lambda device: True; "
         "from tests.models.test_convs import check_kernel; check_kernel('cpu', torch.float32, 16)"
     )
 
@@ -113,45 +107,49 @@ def test_derived_weights_follow_the_parameters():
         torch.testing.assert_close(convs.conv_weight(conv), conv.weight, rtol=0, atol=0)
 
 
-def test_channels_last_is_the_gpu_layout():
-    assert convs.channels_last(torch.device("cuda", 0)) and not convs.channels_last(torch.device("cpu"))
-
-
-def test_qwen3_asr_conv_stack_channels_last_equals_nchw(tiny_qwen3_asr, randomize, monkeypatch):
+def test_qwen3_asr_embed_chunks_equal_the_nchw_stack(tiny_qwen3_asr, randomize):
     encoder = randomize(tiny_qwen3_asr())
-    features, lengths = torch.randn(2, 128, 730), [730, 415]
+    chunks = torch.randn(5, 128, 100, generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
-        reference, reference_lengths = encoder(features, lengths)
-        monkeypatch.setattr(convs, "channels_last", lambda device: True)
-        outputs, output_lengths = encoder(features, lengths)
-    assert output_lengths.tolist() == reference_lengths.tolist()
+        hidden = chunks.unsqueeze(1)
+        for conv in (encoder.conv2d1, encoder.conv2d2, encoder.conv2d3):
+            hidden = F.gelu(conv(hidden))  # NCHW modules
+        count, channels, bins, steps = hidden.shape
+        reference = encoder.conv_out(hidden.permute(0, 3, 1, 2).reshape(count, steps, channels * bins))
+        reference = reference + encoder.positional_embedding[:steps]
+        outputs = encoder.embed_chunks(chunks)
     torch.testing.assert_close(outputs, reference, rtol=0, atol=TOLERANCE * reference.abs().max().item())
 
 
-def _stream(encoder, features: torch.Tensor, chunks: int) -> torch.Tensor:
-    slots = Phi4MMSlots(encoder, batch_size=features.shape[0], chunk_size=2, left_chunk=1)
-    size = slots.chunk_frames
-    valid = np.full(features.shape[0], size)
+def test_phi4mm_subsampling_chunk_by_chunk_equals_the_nchw_stack_whole(tiny_phi4mm):
+    """Chunk by chunk with the per-stage caches (the first conv's patches read the cached step as their top row)
+    equals the NCHW modules over the whole utterance; the whole-utterance path equals them too."""
+    subsampling = tiny_phi4mm().embed
+    chunk, chunks = 16, 5
+    features = torch.randn(3, chunk * chunks, PHI_MEL, generator=torch.Generator().manual_seed(4))
+    caches = [
+        torch.zeros(3, conv.in_channels, 1, bins) for conv, bins in zip(subsampling.strided_convs(), (80, 40, 20))
+    ]
     with torch.no_grad():
-        return torch.cat([slots.step(features[:, i * size : (i + 1) * size], valid)[0] for i in range(chunks)], dim=1)
+        reference = subsampling._tokens(subsampling.conv(features.unsqueeze(1)))  # NCHW modules, zero padding
+        whole = subsampling(features)
+        streamed = torch.cat(
+            [subsampling(features[:, i * chunk : (i + 1) * chunk], caches=caches, exact=True) for i in range(chunks)],
+            dim=1,
+        )
+    scale = reference.abs().max().item()
+    torch.testing.assert_close(whole, reference, rtol=0, atol=TOLERANCE * scale)
+    torch.testing.assert_close(streamed, reference, rtol=0, atol=TOLERANCE * scale)
 
 
-def test_phi4mm_streaming_subsampling_channels_last_equals_nchw(tiny_phi4mm, monkeypatch):
-    """The streaming step's exact subsampling, its per-stage caches read by the patches' top row."""
-    encoder = tiny_phi4mm()
-    features = torch.randn(3, 16 * 5, PHI_MEL, generator=torch.Generator().manual_seed(4))
-    reference = _stream(encoder, features, 5)
-    monkeypatch.setattr(convs, "channels_last", lambda device: True)
-    outputs = _stream(encoder, features, 5)
-    torch.testing.assert_close(outputs, reference, rtol=0, atol=TOLERANCE * reference.abs().max().item())
-
-
-def test_phi4mm_offline_subsampling_channels_last_equals_nchw(tiny_phi4mm, monkeypatch):
-    """The whole-utterance forward (upstream's subsampling: padding takes part) on the same path."""
-    encoder = tiny_phi4mm()
-    features, lengths = torch.randn(2, 203, PHI_MEL, generator=torch.Generator().manual_seed(5)), [203, 120]
-    with torch.no_grad():
-        reference, _ = encoder(features, lengths)
-        monkeypatch.setattr(convs, "channels_last", lambda device: True)
-        outputs, _ = encoder(features, lengths)
-    torch.testing.assert_close(outputs, reference, rtol=0, atol=TOLERANCE * reference.abs().max().item())
+def test_phi4mm_subsampling_trains_as_the_nchw_stack(tiny_phi4mm):
+    """With autograd on (the recipe's training) the gradients reach every conv as through the NCHW modules."""
+    subsampling = tiny_phi4mm().embed
+    features = torch.randn(2, 48, PHI_MEL, generator=torch.Generator().manual_seed(7))
+    gradients = []
+    for run in (lambda: subsampling(features), lambda: subsampling._tokens(subsampling.conv(features.unsqueeze(1)))):
+        subsampling.zero_grad()
+        run().square().sum().backward()
+        gradients.append([conv.weight.grad.clone() for conv in subsampling.conv if isinstance(conv, nn.Conv2d)])
+    for ours, reference in zip(*gradients, strict=True):
+        torch.testing.assert_close(ours, reference, rtol=1e-4, atol=1e-5 * reference.abs().max().item())

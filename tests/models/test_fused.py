@@ -3,11 +3,13 @@ on the CPU, compiled on a GPU), and the Phi-4MM Conformer with them against itse
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
 from audiomask.models import fused
+from audiomask.streaming import Phi4MMSlots
 from tests.conftest import assert_within_ulps
 
 # (rows, gated width): Phi-4MM's feed-forward (1,536) and conv module (1,024), a ragged block, a tiny one
@@ -56,10 +58,19 @@ def test_phi4mm_stream_with_the_kernels_equals_without(in_triton_interpreter) ->
     )
 
 
+def _stream(encoder: torch.nn.Module, features: torch.Tensor, chunks: int) -> torch.Tensor:
+    """``chunks`` chunk steps of a Phi4MMSlots (2-token chunks, one left chunk) over ``features``: the outputs joined."""
+    slots = Phi4MMSlots(encoder, batch_size=features.shape[0], chunk_size=2, left_chunk=1)
+    size = slots.chunk_frames
+    valid = np.full(features.shape[0], size)
+    with torch.no_grad():
+        return torch.cat([slots.step(features[:, i * size : (i + 1) * size], valid)[0] for i in range(chunks)], dim=1)
+
+
 def stream_with_and_without() -> None:
+    """The kernels (the patch conv's too) forced in the interpreter against the PyTorch ops, 1e-5."""
     from audiomask.models import fused as kernels
     from tests.conftest import make_tiny_phi4mm
-    from tests.models.test_convs import _stream
 
     encoder = make_tiny_phi4mm()
     features = torch.randn(2, 16 * 3, 80, generator=torch.Generator().manual_seed(6))
@@ -69,8 +80,13 @@ def stream_with_and_without() -> None:
     torch.testing.assert_close(outputs, reference, rtol=0, atol=1e-5 * reference.abs().max().item())
 
 
-def test_fuses_only_on_cuda() -> None:
-    assert not fused.fuses(torch.device("cpu"))
+def test_kernels_run_on_cuda_without_autograd_only() -> None:
+    """They have no backward: with autograd on (training) the modules run their PyTorch ops."""
+    cuda = torch.device("cuda")
+    with torch.no_grad():
+        assert fused.fuses(cuda) == (fused.triton is not None)
+        assert not fused.fuses(torch.device("cpu"))
+    assert not fused.fuses(cuda)
 
 
 @pytest.mark.gpu

@@ -162,8 +162,12 @@ def test_conv_chunks_in_bounded_calls_equal_one_call(tiny_qwen3_asr, monkeypatch
         whole = encoder.embed_chunks(chunks)
         monkeypatch.setattr(module, "CONV_CHUNKS_PER_CALL", 3)
         calls = []
-        conv = encoder.conv2d1.forward
-        monkeypatch.setattr(encoder.conv2d1, "forward", lambda hidden: calls.append(len(hidden)) or conv(hidden))
+        first = module.convs.patch_conv  # the stack's first conv: each call's chunks counted
+        monkeypatch.setattr(
+            module.convs,
+            "patch_conv",
+            lambda conv, hidden, **options: calls.append(len(hidden)) or first(conv, hidden, **options),
+        )
         split = encoder.embed_chunks(chunks)
     assert calls == [3, 3, 1]
     # The kernels' rounding: the conv kernel a batch of 3 chunks gets may differ from one of 7 (on AMD CPUs it
