@@ -94,3 +94,17 @@ def test_kernels_run_on_cuda_without_autograd_only() -> None:
 def test_kernels_on_cuda_equal_the_ops(dtype: torch.dtype, ulps: float) -> None:
     assert fused.fuses(torch.device("cuda"))
     check("cuda", dtype, ulps)
+
+
+def test_reference_ops_run_the_plain_ops(tiny_qwen3_asr, randomize) -> None:
+    """Within reference_ops no kernel runs and the first conv is a convolution: the same tokens to 1e-5."""
+    encoder = randomize(tiny_qwen3_asr())
+    chunks = torch.randn(3, 128, 100, generator=torch.Generator().manual_seed(8))
+    with torch.no_grad():
+        default = encoder.embed_chunks(chunks)
+        with fused.reference_ops():
+            assert fused.reference() and not fused.fuses(torch.device("cuda"))
+            reference = encoder.embed_chunks(chunks)
+        assert not fused.reference()
+    assert reference.is_contiguous() and default.shape == reference.shape
+    torch.testing.assert_close(default, reference, rtol=0, atol=1e-5 * reference.abs().max().item())
