@@ -264,14 +264,19 @@ def _to_device_in_pieces(
     piece_bytes: int,
 ) -> torch.Tensor:
     """:func:`to_device` of a payload over ``piece_bytes``: rows of ``source``'s first axis, at most
-    ``piece_bytes`` a piece (one row at least), each staged in a slot of ``ring`` and copied into its rows of
-    ``out`` (contiguous; allocated on ``target`` when ``None``)."""
-    if out is None:
-        out = torch.empty(tuple(source.shape), dtype=dtype, device=target)
+    ``piece_bytes`` a piece (one row at least), each staged in a slot of ``ring``. Into ``out`` (contiguous),
+    each piece is copied into its rows, after the work queued on the stream that copies it. Without ``out`` (and
+    ``stream``) each piece crosses as :func:`to_device` copies a payload of its own (on the ring's copy stream
+    while the current stream is busy, so that the ring's slots come back without waiting for that queue),
+    and the pieces are joined on the device."""
     rows = len(source)
     per_piece = max(1, piece_bytes // (math.prod(source.shape[1:]) * dtype.itemsize))
-    for start in range(0, rows, per_piece):
-        stop = min(start + per_piece, rows)
+    bounds = [(start, min(start + per_piece, rows)) for start in range(0, rows, per_piece)]
+    if out is None and stream is None:
+        return torch.cat([to_device(source[start:stop], target, dtype=dtype, ring=ring) for start, stop in bounds])
+    if out is None:
+        out = torch.empty(tuple(source.shape), dtype=dtype, device=target)
+    for start, stop in bounds:
         to_device(source[start:stop], target, out=out[start:stop], stream=stream, ring=ring)
     return out
 
