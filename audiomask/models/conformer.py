@@ -129,8 +129,7 @@ class ConvSubsampling(nn.Module):
         in_place = not torch.is_grad_enabled()
         if frame_valid is not None:
             hidden = hidden * frame_valid[:, None, :, None]
-        activated = False  # the stage's conv applied its activation (the first conv's patches take it)
-        for index, module in enumerate(self.conv):
+        for module in self.conv:
             if isinstance(module, nn.Conv2d) and module.stride[0] == 2:
                 # Output p reads inputs 2p - 1 .. 2p + 1: the one step before this even-aligned
                 # block is zero padding (a whole utterance) or comes from the cache. The conv runs
@@ -140,9 +139,7 @@ class ConvSubsampling(nn.Module):
                 stage = stride.bit_length() - 1
                 cache = None if caches is None else caches[stage]
                 if module.in_channels == 1:
-                    applied = _PATCH_ACTIVATIONS.get(type(self.conv[index + 1]))
-                    out = convs.patch_conv(module, hidden, cache, applied)
-                    activated = applied is not None
+                    out = convs.patch_conv(module, hidden, cache)
                 else:
                     weight = convs.conv_weight(module)
                     out = F.conv2d(hidden, weight, module.bias, stride=2, padding=1, groups=module.groups)
@@ -160,17 +157,13 @@ class ConvSubsampling(nn.Module):
                 hidden = F.conv2d(hidden, convs.conv_weight(module), module.bias)
             else:  # the activation ends a stage: zero its outputs beyond the utterance
                 activate_in_place = _IN_PLACE_ACTIVATIONS.get(type(module)) if in_place else None
-                if not activated:
-                    hidden = activate_in_place(hidden) if activate_in_place else module(hidden)
-                activated = False
+                hidden = activate_in_place(hidden) if activate_in_place else module(hidden)
                 if frame_valid is not None:
                     mask = frame_valid[:, None, ::stride, None]
                     hidden = hidden.mul_(mask) if in_place else hidden * mask
         return hidden
 
 
-# The activations of layers.activation that convs.patch_conv applies itself (nn.GELU's default is the exact one).
-_PATCH_ACTIVATIONS: dict[type[nn.Module], str] = {nn.ReLU: "relu", nn.GELU: "gelu"}
 # The activations of layers.activation that have an in-place form (GELU has none).
 _IN_PLACE_ACTIVATIONS: dict[type[nn.Module], Callable[[torch.Tensor], torch.Tensor]] = {
     nn.ReLU: torch.relu_,

@@ -14,9 +14,8 @@ and the first conv is a matrix product:
 - :func:`patch_conv`: the first conv as one matrix product of each output
   step's 3x3 input patch, ``(steps, 16) @ (16, C)`` (9 taps, a column of ones
   that carries the bias, zeros to 16: aligned rows), its ``(N, H', W', C)``
-  result the ``(N, C, H', W')`` output in channels-last memory, bias included;
-  then the activation. Under :func:`~audiomask.models.fused.reference_ops`:
-  the convolution itself.
+  result the ``(N, C, H', W')`` output in channels-last memory, bias included.
+  Under :func:`~audiomask.models.fused.reference_ops`: the convolution itself.
 - :func:`conv_weight`: the other convs' weights in channels-last memory, made
   once per weight (the input's layout then decides the library's: NHWC in,
   NHWC out).
@@ -35,11 +34,9 @@ from torch import nn
 from audiomask.models import fused
 from audiomask.models.layers import derived
 
-__all__ = ["ACTIVATIONS", "PATCH_COLUMNS", "conv_weight", "patch_conv"]
+__all__ = ["PATCH_COLUMNS", "conv_weight", "patch_conv"]
 
 PATCH_COLUMNS = 16  # a patch row: 3 x 3 taps, the bias's 1, zeros to a 32-byte bfloat16 row
-# The activations patch_conv applies, by name (GELU the exact one, erf's).
-ACTIVATIONS = {"gelu": F.gelu, "relu": torch.relu_}
 
 
 def _check_patch_conv(conv: nn.Conv2d) -> None:
@@ -64,29 +61,23 @@ def _patch_weight(conv: nn.Conv2d) -> torch.Tensor:
     return derived(conv, (conv.weight, conv.bias), build)
 
 
-def patch_conv(
-    conv: nn.Conv2d, inputs: torch.Tensor, top: torch.Tensor | None = None, activation: str | None = None
-) -> torch.Tensor:
-    """``conv`` (one input channel) of ``inputs`` ``(N, 1, H, W)``, then ``activation`` (a name of
-    :data:`ACTIVATIONS`, or ``None``): ``(N, C, H', W')`` in channels-last memory.
+def patch_conv(conv: nn.Conv2d, inputs: torch.Tensor, top: torch.Tensor | None = None) -> torch.Tensor:
+    """``conv`` (one input channel) of ``inputs`` ``(N, 1, H, W)``: ``(N, C, H', W')`` in channels-last memory.
 
     The same values as ``conv(inputs)`` with its zero padding, except that with ``top`` ``(N, 1, rows, W)``
     the ``rows`` input steps above ``inputs`` (the previous chunk's last, for a streaming conv) take the
     place of the top padding (``rows`` = the conv's top padding). Any float dtype; products summed as the
-    dtype's matrix products sum them (float32 for bfloat16, the bias in the sum), rounded after the product
-    and after the activation.
+    dtype's matrix products sum them (float32 for bfloat16, the bias in the sum), rounded once.
 
     >>> conv = nn.Conv2d(1, 4, 3, stride=2, padding=1)
     >>> x = torch.randn(2, 1, 9, 6)
-    >>> out = patch_conv(conv, x, activation="relu")
+    >>> out = patch_conv(conv, x)
     >>> out.shape, out.is_contiguous(memory_format=torch.channels_last)
     (torch.Size([2, 4, 5, 3]), True)
-    >>> bool(torch.allclose(out, torch.relu(conv(x)), atol=1e-6))
+    >>> bool(torch.allclose(out, conv(x), atol=1e-6))
     True
     """
     weight = _patch_weight(conv)
-    if activation is not None and activation not in ACTIVATIONS:
-        raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)} or None, got {activation!r}")
     (pad_h, pad_w), (kh, kw), (sh, sw) = conv.padding, conv.kernel_size, conv.stride
     count = inputs.shape[0]
     plane = inputs[:, 0]  # (N, H, W)
@@ -99,15 +90,12 @@ def patch_conv(
     out_h, out_w = (plane.shape[1] - kh) // sh + 1, (plane.shape[2] - kw) // sw + 1
     if fused.reference():  # the convolution itself
         out = F.conv2d(plane[:, None], conv.weight.to(plane.dtype), conv.bias.to(plane.dtype), conv.stride)
-        out = out if activation is None else ACTIVATIONS[activation](out)
         return out.contiguous(memory_format=torch.channels_last)
     windows = plane.unfold(1, kh, sh).unfold(2, kw, sw)  # (N, H', W', kh, kw): a view
     patches = windows.new_zeros(count, out_h, out_w, PATCH_COLUMNS)
     patches[..., : kh * kw] = windows.reshape(count, out_h, out_w, kh * kw)
     patches[..., kh * kw] = 1.0
     out = (patches.view(-1, PATCH_COLUMNS) @ weight.to(patches.dtype)).view(count, out_h, out_w, conv.out_channels)
-    if activation is not None:
-        out = ACTIVATIONS[activation](out)
     return out.permute(0, 3, 1, 2)
 
 

@@ -160,7 +160,7 @@ class Qwen3ASREncoder(nn.Module):
         if len(chunks) > CONV_CHUNKS_PER_CALL:
             return torch.cat([self.embed_chunks(part) for part in chunks.split(CONV_CHUNKS_PER_CALL)])
         hidden = chunks.unsqueeze(1)  # (N, 1, mel bins, time)
-        hidden = convs.patch_conv(self.conv2d1, hidden, activation="gelu")  # channels-last (audiomask.models.convs)
+        hidden = F.gelu(convs.patch_conv(self.conv2d1, hidden))  # channels-last (audiomask.models.convs)
         for conv in (self.conv2d2, self.conv2d3):
             hidden = F.gelu(F.conv2d(hidden, convs.conv_weight(conv), conv.bias, conv.stride, conv.padding))
         count, channels, bins, steps = hidden.shape
