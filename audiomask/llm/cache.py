@@ -77,11 +77,27 @@ class KVCache:
     def store(self, layer: int, where: CacheIndex, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Store the packed real inputs ``keys``/``values`` ``(N, kv_heads, head_dim)`` of layer ``layer``.
 
-        Input ``j`` goes to slot ``where.slots[j]`` at ``where.positions[j]``. Nothing waits for the device.
+        Input ``j``'s heads go to the rows ``where.cache_rows[j * kv_heads : (j + 1) * kv_heads]``
+        (:meth:`rows` of its slot and position). Nothing waits for the device.
         """
-        # Advanced indices split by a slice put the indexed dimension first: (N, kv_heads, head_dim).
-        self.keys[layer][where.slots, :, where.positions] = keys
-        self.values[layer][where.slots, :, where.positions] = values
+        # One row copy per (input, head) into the layer seen as (slots * kv_heads * capacity, head_dim) rows: a
+        # plain copy kernel, where indexing the 4-D tensor by slot and position takes a general scatter.
+        head_dim = keys.shape[-1]
+        self.keys[layer].view(-1, head_dim).index_copy_(0, where.cache_rows, keys.reshape(-1, head_dim))
+        self.values[layer].view(-1, head_dim).index_copy_(0, where.cache_rows, values.reshape(-1, head_dim))
+
+    def rows(self, slots: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """``(N * kv_heads,)`` int64: the rows of a layer seen as ``(slots * kv_heads * capacity, head_dim)`` that
+        input ``j`` at slot ``slots[j]``, position ``positions[j]`` fills, head after head (``(N,)`` each, on the
+        cache's device; no host sync).
+
+        >>> cache = KVCache(layers=1, slots=2, kv_heads=2, capacity=8, head_dim=4)
+        >>> cache.rows(torch.tensor([1]), torch.tensor([3])).tolist()  # slot 1's heads start at rows 16 and 24
+        [19, 27]
+        """
+        kv_heads = self.keys[0].shape[1]
+        heads = torch.arange(kv_heads, device=slots.device)
+        return ((slots[:, None] * kv_heads + heads) * self.capacity + positions[:, None]).reshape(-1)
 
     def read(self, layer: int, where: CacheIndex) -> tuple[torch.Tensor, torch.Tensor]:
         """The keys and values ``(B, kv_heads, where.span, head_dim)`` of layer ``layer`` in the rows' slots: a
@@ -97,16 +113,16 @@ class KVCache:
 class CacheIndex:
     """Where one forward's inputs go in a :class:`KVCache`, and which slots it reads; long tensors on its device.
 
-    ``rows``, ``inputs``, ``slots``, ``positions`` ``(N,)``: the real inputs (row, index in the row) and their
-    slot and position; ``read_slots``, ``first``, ``count``, ``starts`` ``(B,)``: each row's slot, first
-    input's position, real inputs and where they start among the packed inputs; ``span``: positions read (``0 .. span - 1``); ``leading``: the rows are slots
-    ``0 .. B - 1`` in order (read without a copy).
+    ``rows``, ``inputs`` ``(N,)``: the real inputs (row, index in the row); ``cache_rows`` ``(N * kv_heads,)``:
+    where they go (:meth:`KVCache.rows` of their slots and positions); ``read_slots``, ``first``, ``count``,
+    ``starts`` ``(B,)``: each row's slot, first input's position, real inputs and where they start among the
+    packed inputs; ``span``: positions read (``0 .. span - 1``); ``leading``: the rows are slots ``0 .. B - 1`` in
+    order (read without a copy).
     """
 
     rows: torch.Tensor
     inputs: torch.Tensor
-    slots: torch.Tensor
-    positions: torch.Tensor
+    cache_rows: torch.Tensor
     read_slots: torch.Tensor
     first: torch.Tensor
     count: torch.Tensor

@@ -343,7 +343,8 @@ class CausalLM(nn.Module):
         rows_at, inputs_at, slots_at, positions_at = packed[: 4 * total].view(4, total)
         read_slots, first, count = packed[4 * total :].view(3, batch)
         starts = torch.cumsum(count, 0) - count  # row b's inputs are x[starts[b] : starts[b] + count[b]]
-        where = CacheIndex(rows_at, inputs_at, slots_at, positions_at, read_slots, first, count, starts, span, leading)
+        cache_rows = cache.rows(slots_at, positions_at)
+        where = CacheIndex(rows_at, inputs_at, cache_rows, read_slots, first, count, starts, span, leading)
         device = self.device
         mask = None
         if not reads_in_place(device):
