@@ -80,6 +80,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--reserve-gib", type=float, default=16.0, help="CUDA memory left beside the cache")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--eager-decode", action="store_true", help="decode steps eagerly, not from CUDA graphs")
+    parser.add_argument(
+        "--frontend-workers",
+        type=int,
+        default=0,
+        help="push the streams' audio through the front end in N processes (default 0: threads)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-plot", action="store_true")
     args = parser.parse_args(argv)
@@ -219,9 +225,10 @@ def streams_section(model: object, cls: type, chunks: list[float], args: argpars
         log(f"{cls.__name__}, {chunk_s:g} s chunks ({policy.fixed_tokens} tokens an update)")
         first = first_partials(cls(model, 1, policy=policy, cuda_graphs=args.cuda_graphs), args.first_repeats)
         slots, cap, per_slot, capacity = slots_for(model, policy, args)
-        streams = cls(model, slots, policy=policy, cuda_graphs=args.cuda_graphs)
+        streams = cls(model, slots, policy=policy, cuda_graphs=args.cuda_graphs, frontend_workers=args.frontend_workers)
         driver = Driver(streams, args.seconds, seed=args.seed)
         found = search(driver, min(args.start_streams, slots), slots, args.warm_s, args.measure_s, budget, cap=cap)
+        streams.close()  # the front end's threads or processes
         del driver, streams
         release(args.device)
         log(f"  most streams: {found['max_streams']} ({found['limit']}); first partial {first['p50']:.0f} ms")

@@ -125,7 +125,7 @@ def add_parser(commands: argparse._SubParsersAction, device_help: str, model_hel
         type=int,
         metavar="N",
         help="compute the features in N processes of their own (0: a thread of the server; default: a thread "
-        "on the CPU, one process per four cores on CUDA)",
+        "on the CPU, one process per four cores on CUDA; for an LLM checkpoint, threads)",
     )
     parser.add_argument(
         "--ws-workers",
@@ -201,7 +201,6 @@ def _check_model_options(args: argparse.Namespace) -> bool:
         name
         for name, given in (
             ("--left-chunks", args.left_chunks is not None),
-            ("--frontend-workers", args.frontend_workers is not None),
             ("--dtype", args.dtype != DEFAULT_DTYPE),
         )
         if given

@@ -198,6 +198,8 @@ class LLMServingRecognizer:
         context, language: the prompt's context text and forced language (``None``: detected).
         max_wait_ms: how long a due stream waits for the others' chunks; ``None``:
             :data:`DEFAULT_LLM_MAX_WAIT_MS`, or the chunk if shorter.
+        frontend_workers: processes that push the streams' audio through the front end (0: the recognizer's
+            thread and its front-end threads; :class:`~audiomask.llm.streaming.LLMStreams`).
 
     :attr:`on_results`: ``None`` or a callable without arguments, called on the recognizer's thread each time
     partials or finals have been handed to the streams (the server's ticker wakes on it to send them, rather
@@ -217,11 +219,12 @@ class LLMServingRecognizer:
         context: str = "",
         language: str | None = None,
         max_wait_ms: int | None = None,
+        frontend_workers: int = 0,
     ) -> None:
         self.model = model
         self.max_streams = check_int("max_streams", max_streams, minimum=1)
         self._streams: LLMStreams | None = streams_for(
-            model, max_streams, policy=policy, context=context, language=language
+            model, max_streams, policy=policy, context=context, language=language, frontend_workers=frontend_workers
         )
         self.policy = self._streams.policy
         self._streams.warm_graphs()  # a server's first loaded updates would otherwise each capture a graph
@@ -554,9 +557,10 @@ def build_llm_recognizer(settings: ServeSettings) -> LLMServingRecognizer:
     """The recogniser of the LLM checkpoint directory ``settings.model``, for the server.
 
     bfloat16 on CUDA, float32 on the CPU; ``settings.chunk_ms``: the policy's chunk (default 2 s);
-    ``max_connections`` slots; ``context``, ``language``, ``fixed_tokens`` and ``max_wait_ms`` as given. The CTC
-    options do not apply: ``left_chunks`` is refused, ``frontend_workers`` unused (the update's thread
-    computes the features), and ``dtype`` follows the device. Raises ``ValueError`` naming the option.
+    ``max_connections`` slots; ``context``, ``language``, ``fixed_tokens`` and ``max_wait_ms`` as given;
+    ``frontend_workers``: processes that push the streams' audio through the front end (default none: the
+    update's thread and its front-end threads). ``left_chunks`` is refused and ``dtype`` follows the device.
+    Raises ``ValueError`` naming the option.
     """
     if settings.left_chunks is not None:
         raise ValueError(f"--left-chunks is for CTC models; {settings.model!r} is an LLM recogniser")
@@ -576,6 +580,7 @@ def build_llm_recognizer(settings: ServeSettings) -> LLMServingRecognizer:
             context=settings.context,
             language=settings.language,
             max_wait_ms=settings.max_wait_ms,
+            frontend_workers=settings.frontend_workers or 0,
         )
     except ValueError as error:
         raise ValueError(f"--model {settings.model}: {error}") from None

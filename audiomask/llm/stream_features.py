@@ -8,6 +8,15 @@ the threads take what the other streams have buffered of their next chunks
 (:meth:`StreamFeatures.push_ahead`), so that their updates push only what came
 since. A stream's frames do not depend on how its samples are split between
 pushes, nor on which streams share a call: each frame is computed alone.
+
+Threads share the interpreter lock with the thread that drives the device:
+every torch call of the front end hands it over and takes it back, so while
+that thread runs Python a push costs many times its time alone.
+:class:`ProcessStreamFeatures` computes the pushes in processes of their own
+instead (:class:`~audiomask.features.process.FeatureProcess`, the encoder
+driver's front-end stage, each process owning a share of the slots): the
+update's push is the due streams' chunks written into shared rings, one cycle
+submitted, their rows read back.
 """
 
 from __future__ import annotations
@@ -21,8 +30,10 @@ import numpy as np
 
 from audiomask.checks import check_int
 from audiomask.features.frontend import FeatureStreams, Frontend
+from audiomask.features.process import FeatureProcess
+from audiomask.features.slots import SlotCycle, SlotSamples
 
-__all__ = ["DEFAULT_FRONTEND_THREADS", "FRONTEND_SHARE", "StreamFeatures"]
+__all__ = ["DEFAULT_FRONTEND_THREADS", "FRONTEND_SHARE", "ProcessStreamFeatures", "StreamFeatures"]
 
 # Front-end threads: one per four cores, at most 4; on a host of under 8 cores, one (the calling thread). More
 # threads make a push slower on the 16-core H200 host: their Python takes turns on the interpreter lock.
@@ -56,6 +67,11 @@ class StreamFeatures:
         """Start slot ``slot``'s stream over (a new signal), anything taken ahead dropped."""
         self.streams.reset(slot)
         self._ahead[slot], self._early[slot] = 0, []
+
+    @property
+    def takes_ahead(self) -> bool:
+        """Whether :meth:`push_ahead` takes anything (it needs threads)."""
+        return self._pool is not None
 
     def ahead(self, slot: int) -> int:
         """Samples of slot ``slot``'s next chunk already taken (their frames come with its :meth:`push`)."""
@@ -150,3 +166,59 @@ class StreamFeatures:
             self.wait()
             self._pool.shutdown()
             self._pool = None
+
+
+class ProcessStreamFeatures(StreamFeatures):
+    """:class:`StreamFeatures` whose :meth:`push` runs in ``workers`` processes, a share of the slots each.
+
+    Each slot's frames are those of the front end's stream of its samples (each frame computed alone, as on the
+    threads); ``chunk_samples``: the most samples one push gives a slot (a ring's size). Nothing is taken
+    ahead (:attr:`takes_ahead` is false: the push runs beside nothing of this process's Python). ``threads``:
+    threads for :meth:`batch` (the offline front end of whole utterances), as :class:`StreamFeatures`'.
+    Starting the processes takes seconds (an interpreter and torch's import each); :meth:`close` stops them.
+    """
+
+    def __init__(self, frontend: Frontend, slots: int, threads: int, workers: int, chunk_samples: int) -> None:
+        super().__init__(frontend, slots, threads)
+        workers = check_int("frontend_workers", workers, minimum=1, maximum=slots)
+        self.chunk_samples = check_int("chunk_samples", chunk_samples, minimum=1)
+        hop = frontend.framing.hop
+        # A push of n samples completes at most ceil(n / hop) frames: the framer holds under a frame's samples.
+        self._process = FeatureProcess(frontend, slots, -(-chunk_samples // hop), chunk_samples, workers=workers)
+        self._rings = SlotSamples(self._process.samples)
+        self._joining = np.ones(slots, bool)  # the slot's next push starts its stream afresh
+
+    @property
+    def takes_ahead(self) -> bool:
+        return False
+
+    def reset(self, slot: int) -> None:
+        """Start slot ``slot``'s stream over (a new signal) at its next push."""
+        self._joining[slot] = True
+
+    def push_ahead(self, pieces: Sequence[np.ndarray], slots: Sequence[int]) -> None:
+        """Nothing: the processes take a stream's samples with its :meth:`push`."""
+
+    def _push_after_ahead(self, chunks: Sequence[np.ndarray], slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        lengths = np.array([len(chunk) for chunk in chunks], np.int64)
+        if len(lengths) and lengths.max() > self.chunk_samples:
+            raise ValueError(f"a chunk holds {int(lengths.max())} samples, over chunk_samples={self.chunk_samples}")
+        # One cycle at a time, its result taken before the next: each chunk is written at the start of its ring.
+        for slot, chunk in zip(slots.tolist(), chunks, strict=True):
+            self._rings.write(slot, 0, chunk)
+        size = len(self._joining)
+        cycle = SlotCycle(*(np.zeros(size, bool) for _ in range(3)), np.zeros(size, np.int64), np.zeros(size, np.int64))
+        cycle.active[slots], cycle.join[slots], cycle.length[slots] = True, self._joining[slots], lengths
+        self._joining[slots] = False
+        self._process.submit(cycle)
+        result = self._process.result()
+        counts = result.counts[slots]
+        width = max(1, int(counts.max(initial=0)))
+        if self._time_major:  # (B, chunk_frames, bins)
+            return np.ascontiguousarray(result.features[slots, :width].transpose(0, 2, 1)), counts
+        return result.features[slots, :, :width], counts  # a copy (the rows picked): (S, bins, T)
+
+    def close(self) -> None:
+        """Stop the processes and the threads. Idempotent."""
+        self._process.close()
+        super().close()

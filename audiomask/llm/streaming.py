@@ -61,7 +61,7 @@ from audiomask.llm.lm import ATTENTION_BACKENDS
 from audiomask.llm.model import AudioLM, LLMTranscript
 from audiomask.llm.policy import StreamPolicy
 from audiomask.llm.prompt import encode_texts
-from audiomask.llm.stream_features import DEFAULT_FRONTEND_THREADS, StreamFeatures
+from audiomask.llm.stream_features import DEFAULT_FRONTEND_THREADS, ProcessStreamFeatures, StreamFeatures
 from audiomask.models import Qwen3ASREncoder
 from audiomask.ragged import ragged_index
 from audiomask.samples import as_samples
@@ -118,7 +118,9 @@ class LLMStreams:
     on a CPU they run eagerly). ``frontend_threads``: threads that push the due streams' audio
     through the front end, a share each, and the other streams' buffered audio
     while an update runs on the device (the features do not depend on how the
-    streams or their samples are shared out: each frame is computed alone).
+    streams or their samples are shared out: each frame is computed alone);
+    ``frontend_workers`` > 0: the pushes run in that many processes instead
+    (:class:`~audiomask.llm.stream_features.ProcessStreamFeatures`: not under this thread's interpreter lock).
     """
 
     def __init__(
@@ -131,6 +133,7 @@ class LLMStreams:
         language: str | None = None,
         cuda_graphs: bool | None = None,
         frontend_threads: int = DEFAULT_FRONTEND_THREADS,
+        frontend_workers: int = 0,
         pass_slots: int = DEFAULT_PASS_SLOTS,
     ) -> None:
         self.model = model
@@ -161,7 +164,11 @@ class LLMStreams:
         # Every decoding of these slots: updates, final passes, and the ended streams' finals riding along.
         stop = self.policy.fixed_tokens is None
         self._decoder = Decoder(model.lm, self.cache, model.stop_ids, stop=stop, steps=self._steps)
-        self.features = StreamFeatures(model.frontend, slots, frontend_threads)
+        if check_int("frontend_workers", frontend_workers, minimum=0):
+            chunk = policy.chunk_samples
+            self.features = ProcessStreamFeatures(model.frontend, slots, frontend_threads, frontend_workers, chunk)
+        else:
+            self.features = StreamFeatures(model.frontend, slots, frontend_threads)
         self._free = list(range(slots))[::-1]
         self._spare = list(range(slots, slots + spare))[::-1]  # slots for segment passes
         self._passes: dict[str, tuple[_Stream, int, int]] = {}  # stream -> (it, committed index, slot): in flight
@@ -414,8 +421,8 @@ class LLMStreams:
     def _push_ahead(self, busy: np.ndarray) -> None:
         """Start the front end on what the open streams but those of slots ``busy`` have buffered of their next
         chunks, on the front-end threads while this update runs on the device (:meth:`update` waits for it).
-        Without front-end threads nothing runs beside the update: no stream is looked at."""
-        if self.features.threads < 2:
+        Where the front end takes nothing ahead (no threads, or processes), no stream is looked at."""
+        if not self.features.takes_ahead:
             return
         size, pieces, slots, busy = self.policy.chunk_samples, [], [], set(busy.tolist())
         for stream in self._streams.values():

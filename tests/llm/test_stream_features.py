@@ -1,4 +1,4 @@
-"""StreamFeatures.batch: the offline front end over threads equals one call, whatever the split."""
+"""StreamFeatures: the offline front end over threads equals one call; pushes in processes equal pushes on threads."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 
 from audiomask.features.phi4mm import Phi4MMFrontend
 from audiomask.features.whisper import WhisperFrontend
-from audiomask.llm.stream_features import StreamFeatures
+from audiomask.llm.stream_features import ProcessStreamFeatures, StreamFeatures
 
 
 @pytest.mark.parametrize("frontend", [WhisperFrontend.qwen3_asr(), Phi4MMFrontend()], ids=["whisper", "phi4mm"])
@@ -25,3 +25,35 @@ def test_offline_batch_over_threads_equals_one_call(frontend, threads: int) -> N
     assert threaded.dtype == expected.dtype and threaded.shape == expected.shape
     np.testing.assert_array_equal(threaded, expected)
     np.testing.assert_array_equal(lengths, expected_lengths)
+
+
+@pytest.mark.parametrize(
+    "frontend", [WhisperFrontend.qwen3_asr(floor="running"), Phi4MMFrontend()], ids=["whisper", "phi4mm"]
+)
+def test_pushes_in_processes_equal_pushes_on_threads(frontend) -> None:
+    """Any subset of slots pushing chunks of any length up to a chunk (empty, odd, whole), a slot started over
+    mid-stream: the processes give each slot the frames the threads give it, bit for bit."""
+    rng = np.random.default_rng(7)
+    slots_count, chunk = 6, 16000
+    threads = StreamFeatures(frontend, slots_count, threads=2)
+    processes = ProcessStreamFeatures(frontend, slots_count, threads=1, workers=2, chunk_samples=chunk)
+    try:
+        assert not processes.takes_ahead
+        for step in range(6):
+            slots = np.sort(rng.choice(slots_count, size=int(rng.integers(1, slots_count + 1)), replace=False))
+            lengths = rng.choice([chunk, chunk - 1, 7000, 0, 400], size=len(slots))
+            chunks = [(rng.standard_normal(int(n)) * 0.1).astype(np.float32) for n in lengths]
+            if step == 3:  # a new signal in the first pushed slot
+                threads.reset(int(slots[0]))
+                processes.reset(int(slots[0]))
+            expected, expected_counts = threads.push(chunks, slots)
+            frames, counts = processes.push(chunks, slots)
+            np.testing.assert_array_equal(counts, expected_counts)
+            assert frames.shape[:2] == expected.shape[:2]
+            width = int(counts.max(initial=0))
+            np.testing.assert_array_equal(frames[:, :, :width], expected[:, :, :width])
+        with pytest.raises(ValueError, match="chunk_samples=16000"):
+            processes.push([np.zeros(chunk + 1, np.float32)], np.array([0]))
+    finally:
+        threads.close()
+        processes.close()

@@ -137,9 +137,10 @@ def test_a_stream_beside_others_equals_itself_alone(qwen3_asr, speech: Callable)
         assert together[name] == run([name])[name]
 
 
-def test_long_streams_go_on_in_segments_within_the_slot(qwen3_asr, speech: Callable) -> None:
+@pytest.mark.parametrize("workers", [0, 1], ids=["threads", "processes"])
+def test_long_streams_go_on_in_segments_within_the_slot(qwen3_asr, speech: Callable, workers: int) -> None:
     policy = StreamPolicy(chunk_s=2.0, update_tokens=8, segment_windows=1, final_tokens=40)
-    streams = LLMStreams(qwen3_asr, slots=1, policy=policy)
+    streams = LLMStreams(qwen3_asr, slots=1, policy=policy, frontend_workers=workers)
     signal = speech(21.0, seed=3)
     streams.open("long")
     streams.feed("long", signal)
@@ -148,6 +149,7 @@ def test_long_streams_go_on_in_segments_within_the_slot(qwen3_asr, speech: Calla
         partials += streams.update()
         assert streams.cache.lengths.max() <= streams.capacity
     (final,) = streams.finish(["long"])
+    streams.close()
     first = qwen3_asr.transcribe([signal[:128000]], max_new_tokens=policy.final_tokens)[0]
     assert final.text.startswith(first.text)
     # a partial a chunk: the audio past a segment's cut starts the next one's open window, with no update of its own
@@ -206,21 +208,25 @@ def test_decode_steps_through_graphed_buffers_give_the_same_partials(qwen3_asr, 
     assert seen[0] == seen[1]
 
 
-def test_front_end_threads_change_no_frame_and_no_token(qwen3_asr, speech: Callable) -> None:
-    """Due streams shared over front-end threads: the same open-window frames and partials as one thread."""
+def test_front_end_threads_or_processes_change_no_frame_and_no_token(qwen3_asr, speech: Callable) -> None:
+    """Due streams shared over front-end threads, or pushed in front-end processes: the same open-window frames
+    and partials as one thread."""
     policy = StreamPolicy(chunk_s=1.0, update_tokens=4, final_tokens=4)
     names = [f"s{index}" for index in range(2 * FRONTEND_SHARE + 3)]  # two shares of different sizes at first
     runs = []
-    for threads in (1, 3):
-        streams = LLMStreams(qwen3_asr, slots=len(names), policy=policy, frontend_threads=threads)
+    for threads, workers in ((1, 0), (3, 0), (1, 2)):
+        streams = LLMStreams(
+            qwen3_asr, slots=len(names), policy=policy, frontend_threads=threads, frontend_workers=workers
+        )
         signals = {name: speech(1.0 + (seed % 4) * 0.7, seed) for seed, name in enumerate(names)}
         windows: list[torch.Tensor] = []
         partials = stream_tokens(streams, signals, lambda: windows.append(streams._window.clone()))  # noqa: B023
         streams.close()
         runs.append((partials, windows))
-    (partials, windows), (threaded_partials, threaded_windows) = runs
-    assert threaded_partials == partials
-    assert all(torch.equal(a, b) for a, b in zip(windows, threaded_windows, strict=True))
+    (partials, windows), *others = runs
+    for other_partials, other_windows in others:
+        assert other_partials == partials
+        assert all(torch.equal(a, b) for a, b in zip(windows, other_windows, strict=True))
 
 
 def test_audio_buffered_between_updates_is_pushed_ahead_with_the_same_frames_and_tokens(

@@ -66,8 +66,10 @@ def _health(url: str) -> dict:
         return json.loads(response.read())
 
 
-@pytest.mark.parametrize("ws_workers", [0, 1])
-def test_two_clients_at_once_get_partials_and_the_offline_answer(start_server, qwen3_dir, speech, ws_workers):
+@pytest.mark.parametrize(("ws_workers", "frontend_workers"), [(0, 0), (1, 0), (0, 2)])
+def test_two_clients_at_once_get_partials_and_the_offline_answer(
+    start_server, qwen3_dir, speech, ws_workers, frontend_workers
+):
     served = start_server(
         "--model",
         str(qwen3_dir),
@@ -77,6 +79,8 @@ def test_two_clients_at_once_get_partials_and_the_offline_answer(start_server, q
         str(CHUNK_MS),
         "--ws-workers",
         str(ws_workers),
+        "--frontend-workers",
+        str(frontend_workers),
         *NO_ENDPOINTS,
     )
     health = _health(served.url)
@@ -150,7 +154,7 @@ def _serve_usage(*args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize(
     "options",
-    [("--left-chunks", "2"), ("--frontend-workers", "1"), ("--dtype", "bfloat16")],
+    [("--left-chunks", "2"), ("--dtype", "bfloat16")],
 )
 def test_a_ctc_option_with_an_llm_checkpoint_is_one_line(qwen3_dir, options):
     result = _serve_usage("--model", str(qwen3_dir), *options)
