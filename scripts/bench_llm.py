@@ -398,16 +398,17 @@ def main(argv: list[str]) -> int:
     log(f"{report['model']['parameters'] / 1e6:.0f}M parameters")
     warmup = policy_for(args.cost_chunk)
     one_stream(BenchStreams(model, 1, policy=warmup), WARMUP_CHUNKS * warmup.chunk_s, seed=args.seed)
-    if "capacity" in args.sections:
-        report["capacity"] = streams_section(model, BenchStreams, args.chunks, args)
-    if "anchor" in args.sections:
-        report["anchor"] = streams_section(model, ReFeedStreams, args.anchor_chunks, args)
-    if "cost" in args.sections:
-        report["cost"] = cost_section(model, args)
-    if "transformers" in args.sections:
-        report["transformers"] = transformers_section(args, str(device), dtype)
-    report["summary"] = summarize(report)
-    write_result(args.out, report)
+    sections = {
+        "capacity": lambda: streams_section(model, BenchStreams, args.chunks, args),
+        "anchor": lambda: streams_section(model, ReFeedStreams, args.anchor_chunks, args),
+        "cost": lambda: cost_section(model, args),
+        "transformers": lambda: transformers_section(args, str(device), dtype),
+    }
+    for name, run in sections.items():
+        if name in args.sections:
+            report[name] = run()
+            report["summary"] = summarize(report)
+            write_result(args.out, report)  # after each section: a run cut short keeps those done
     if not args.no_plot:
         written = plot(report, args.out.with_suffix(".png"))
         log(f"wrote {written}" if written else "no plot: matplotlib is not installed")
