@@ -439,7 +439,8 @@ def _measure(args, audio, message_samples, references: References, argv) -> int:
             "model": getattr(args, "model_name", args.model),
             "fixed_tokens": args.fixed_tokens,
             "reference": "single-stream texts" if references.finals else "none: a final is correct when not empty",
-            "dtype": args.dtype,
+            # An LLM checkpoint's server picks its own: bfloat16 on CUDA, float32 on the CPU.
+            "dtype": ("bfloat16" if args.device.startswith("cuda") else "float32") if args.llm else args.dtype,
             "reference_on_device": args.reference_on_device,
             "frontend_workers": args.frontend_workers,
             "ws_workers": args.ws_workers,
