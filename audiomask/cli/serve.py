@@ -125,7 +125,7 @@ def add_parser(commands: argparse._SubParsersAction, device_help: str, model_hel
         type=int,
         metavar="N",
         help="compute the features in N processes of their own (0: a thread of the server; default: a thread "
-        "on the CPU, one process per four cores on CUDA; for an LLM checkpoint, threads)",
+        "on the CPU, one process per four cores on CUDA)",
     )
     parser.add_argument(
         "--ws-workers",

@@ -70,6 +70,7 @@ from audiomask.constants import SAMPLE_RATE
 from audiomask.llm.checkpoint import load
 from audiomask.llm.model import AudioLM
 from audiomask.llm.refeed import streams_for
+from audiomask.llm.stream_features import default_frontend_workers
 from audiomask.llm.streaming import LLMStreams, Partial, StreamPolicy
 from audiomask.samples import as_samples
 
@@ -558,8 +559,10 @@ def build_llm_recognizer(settings: ServeSettings) -> LLMServingRecognizer:
 
     bfloat16 on CUDA, float32 on the CPU; ``settings.chunk_ms``: the policy's chunk (default 2 s);
     ``max_connections`` slots; ``context``, ``language``, ``fixed_tokens`` and ``max_wait_ms`` as given;
-    ``frontend_workers``: processes that push the streams' audio through the front end (default none: the
-    update's thread and its front-end threads). ``left_chunks`` is refused and ``dtype`` follows the device.
+    ``frontend_workers``: processes that push the streams' audio through the front end (``0``: the update's
+    thread and its front-end threads; default: those on the CPU, on CUDA one process per four cores, since
+    there the threads share the interpreter lock with the thread that drives the GPU and the engine's).
+    ``left_chunks`` is refused and ``dtype`` follows the device.
     Raises ``ValueError`` naming the option.
     """
     if settings.left_chunks is not None:
@@ -580,7 +583,11 @@ def build_llm_recognizer(settings: ServeSettings) -> LLMServingRecognizer:
             context=settings.context,
             language=settings.language,
             max_wait_ms=settings.max_wait_ms,
-            frontend_workers=settings.frontend_workers or 0,
+            frontend_workers=(
+                default_frontend_workers(device, settings.max_connections)
+                if settings.frontend_workers is None
+                else settings.frontend_workers
+            ),
         )
     except ValueError as error:
         raise ValueError(f"--model {settings.model}: {error}") from None

@@ -30,15 +30,32 @@ import numpy as np
 
 from audiomask.checks import check_int
 from audiomask.features.frontend import FeatureStreams, Frontend
-from audiomask.features.process import FeatureProcess
+from audiomask.features.process import FeatureProcess, default_workers
 from audiomask.features.slots import SlotCycle, SlotSamples
 
-__all__ = ["DEFAULT_FRONTEND_THREADS", "FRONTEND_SHARE", "ProcessStreamFeatures", "StreamFeatures"]
+__all__ = [
+    "DEFAULT_FRONTEND_THREADS",
+    "FRONTEND_SHARE",
+    "ProcessStreamFeatures",
+    "StreamFeatures",
+    "default_frontend_workers",
+]
 
 # Front-end threads: one per four cores, at most 4; on a host of under 8 cores, one (the calling thread). More
 # threads make a push slower on the 16-core H200 host: their Python takes turns on the interpreter lock.
 DEFAULT_FRONTEND_THREADS = max(1, min(4, (os.cpu_count() or 1) // 4))
 FRONTEND_SHARE = 16  # fewest streams a front-end thread is given
+
+
+def default_frontend_workers(device: str, slots: int) -> int:
+    """Front-end processes for ``slots`` streams of an LLM recogniser on ``device`` when none are asked for: none
+    on the CPU (threads), on CUDA :func:`~audiomask.features.process.default_workers` (one per four cores):
+    there threads share the interpreter lock with the thread that drives the GPU, and a server's threads.
+
+    >>> default_frontend_workers("cpu", 64), default_frontend_workers("cuda:0", 2) <= 2
+    (0, True)
+    """
+    return default_workers(slots) if device.startswith("cuda") else 0
 
 
 class StreamFeatures:
