@@ -115,10 +115,10 @@ class ServeSettings:
             one second of them); one over closes it with 1008 (each message costs the event loop that
             the other connections share).
         frontend_workers: processes that compute the streams' features (each owns a share of the
-            slots, at most ``max_connections``); ``0``: a thread of the server process; ``None``: a thread
-            on the CPU, on CUDA the recognizer's default count of processes (one per four cores), since
-            there a thread shares the interpreter lock with the connections (an LLM checkpoint's too; on
-            its CPU, its updates' thread and front-end threads).
+            slots, at most ``max_connections``); ``0``: a thread of the server process (an LLM
+            checkpoint's: its updates' thread and front-end threads); ``None``: that on the CPU, on CUDA
+            one process per four cores, since there a thread shares the interpreter lock with the
+            connections and the thread that drives the GPU.
         ws_workers: processes that serve the WebSocket connections, handing their samples to the
             recognizer in the main process; ``0``: the main process serves them itself; ``None``: ``0`` on
             the CPU, one per four cores on CUDA (:func:`~audiomask.serve.workers.resolve_ws_workers`).
