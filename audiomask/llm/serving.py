@@ -34,13 +34,14 @@ This module gives the same calls over :class:`~audiomask.llm.streaming.LLMStream
 - a due stream's update waits up to :attr:`max_wait_s` for the other streams'
   chunks, so that streams out of step share updates; it runs at once when
   every open stream is due;
-- a stream ending starts its final pass after the next update, or at once when none is due (:meth:`LLMStreams.end`:
-  its whole prompt through the offline front end and encoder, prefilled with
-  the update after, then decoded riding along the updates' steps, or in steps
-  of its own while no update is due), those of at most :data:`FINAL_AUDIO_S_PER_UPDATE`
-  seconds of audio between two updates, so that a burst of ends holds no update back for long; its last
-  chunks go to the final, its slot is held until the final is in; a cancelled
-  one frees its slot without a final.
+- a stream ending hands its slot back after the next update, or at once when none is due
+  (:meth:`LLMStreams.end`), so that the next stream (a connection's next
+  segment) opens without waiting for the final; its last chunks go to the
+  final pass, which runs in one of the :attr:`pass_slots` spare slots: its whole prompt through the offline
+  front end and encoder, prefilled with an update, then decoded riding along
+  the updates' steps, or in steps of its own while no update is due; those
+  of at most :data:`~audiomask.llm.streaming.FINAL_AUDIO_S_PER_RUN` seconds of audio start a run, so that a
+  burst of ends holds no update back for long. A cancelled one frees its slot without a final.
 
 Usage (with a checkpoint directory on disk)::
 
@@ -71,7 +72,7 @@ from audiomask.llm.checkpoint import load
 from audiomask.llm.model import AudioLM
 from audiomask.llm.refeed import streams_for
 from audiomask.llm.stream_features import default_frontend_workers
-from audiomask.llm.streaming import LLMStreams, Partial, StreamPolicy
+from audiomask.llm.streaming import DEFAULT_PASS_SLOTS, LLMStreams, Partial, StreamPolicy
 from audiomask.samples import as_samples
 
 if TYPE_CHECKING:
@@ -79,6 +80,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_LLM_MAX_WAIT_MS",
+    "PASS_SLOTS_PER_SLOT",
     "LLMServingRecognizer",
     "LLMServingStream",
     "build_llm_recognizer",
@@ -92,11 +94,10 @@ DEFAULT_LLM_MAX_WAIT_MS = 40
 # Steps the ended streams' finals take between two looks at the queue when no update is due (a few milliseconds
 # each on a GPU): their own steps use the time the updates leave; beside updates they ride along theirs.
 ADVANCE_STEPS = 8
-# Audio whose final passes start between two updates (more while none is due; one stream's at least): a start
-# runs the offline front end and encoder over the whole utterance (~15 ms for 27 s of audio on an H200), so a
-# burst of ends delays the next update by one such group, not by all of them. A bound in audio, not in streams:
-# short segments (ends at every pause) start many a group, long ones few.
-FINAL_AUDIO_S_PER_UPDATE = 480.0
+# Spare slots per slot of the streams, for finals (and long segments' passes) riding along: a connection's
+# segment ends at a pause or after --max-segment-s, and its final decodes (~90 steps, ~7 updates at 2 s chunks)
+# while its next segment streams in a slot of its own; segments that end together wait only for these.
+PASS_SLOTS_PER_SLOT = 0.25
 _WORDS = re.compile(r"\S+\s*|\s+")
 
 
@@ -201,6 +202,8 @@ class LLMServingRecognizer:
             :data:`DEFAULT_LLM_MAX_WAIT_MS`, or the chunk if shorter.
         frontend_workers: processes that push the streams' audio through the front end (0: the recognizer's
             thread and its front-end threads; :class:`~audiomask.llm.streaming.LLMStreams`).
+        pass_slots: spare cache slots for the ended streams' finals; ``None``: :data:`PASS_SLOTS_PER_SLOT` of
+            ``max_streams`` (at least :data:`~audiomask.llm.streaming.DEFAULT_PASS_SLOTS`).
 
     :attr:`on_results`: ``None`` or a callable without arguments, called on the recognizer's thread each time
     partials or finals have been handed to the streams (the server's ticker wakes on it to send them, rather
@@ -221,11 +224,21 @@ class LLMServingRecognizer:
         language: str | None = None,
         max_wait_ms: int | None = None,
         frontend_workers: int = 0,
+        pass_slots: int | None = None,
     ) -> None:
         self.model = model
         self.max_streams = check_int("max_streams", max_streams, minimum=1)
+        if pass_slots is None:
+            pass_slots = max(DEFAULT_PASS_SLOTS, round(PASS_SLOTS_PER_SLOT * max_streams))
+        self.pass_slots = check_int("pass_slots", pass_slots, minimum=1)
         self._streams: LLMStreams | None = streams_for(
-            model, max_streams, policy=policy, context=context, language=language, frontend_workers=frontend_workers
+            model,
+            max_streams,
+            policy=policy,
+            context=context,
+            language=language,
+            frontend_workers=frontend_workers,
+            pass_slots=pass_slots,
         )
         self.policy = self._streams.policy
         self._streams.warm_graphs()  # a server's first loaded updates would otherwise each capture a graph
@@ -242,7 +255,7 @@ class LLMServingRecognizer:
         self._epoch = 0  # counts changes to the queue: the thread runs again when it moved
         self._live: dict[str, LLMServingStream] = {}  # by key: opened and not done
         self._due_since: dict[str, float] = {}  # by key: when its oldest due chunk came due
-        self._ending: list[LLMServingStream] = []  # ended, their final passes not started (the thread's own)
+        self._ending: list[LLMServingStream] = []  # ended, not yet handed to LLMStreams.end (the thread's own)
         self._serial = itertools.count()
         self._error: BaseException | None = None
         self._closed = False
@@ -389,8 +402,9 @@ class LLMServingRecognizer:
                 self._changed.notify_all()
             return False, None
 
-    def _take(self) -> tuple[list[str], list[str], list[tuple[str, np.ndarray]], list[LLMServingStream]]:
-        """Under the queue's lock: keys to drop (cancelled), keys to open, samples to hand over, streams ending."""
+    def _take(self, free: int) -> tuple[list[str], list[str], list[tuple[str, np.ndarray]], list[LLMServingStream]]:
+        """Under the queue's lock, with ``free`` slots: keys to drop (cancelled), keys to open, samples to hand
+        over, streams ending."""
         drop, opening, samples, ending = [], [], [], []
         for key, stream in list(self._live.items()):
             if stream._cancelled:
@@ -398,7 +412,7 @@ class LLMServingRecognizer:
                 stream._done = True
                 if stream._open:
                     drop.append(key)
-        free = self.max_streams - sum(stream._open for stream in self._live.values())
+                    free += not stream._finishing  # an ended one's slot is free already, or its final's spare
         for key, stream in self._live.items():
             if not stream._open:
                 if not free:
@@ -422,7 +436,7 @@ class LLMServingRecognizer:
         over, or ``None`` when none is due; at once once the recognizer is closed."""
         while not self._closed:
             with self._lock:
-                drop, opening, samples, ending = self._take()
+                drop, opening, samples, ending = self._take(streams.free)
             for key in drop:
                 streams.drop(key)
             for key in opening:
@@ -461,14 +475,11 @@ class LLMServingRecognizer:
         return [], self.max_wait_s - waited
 
     def _finish(self, streams: LLMStreams) -> None:
-        """Start the final passes of the first ended streams, up to :data:`FINAL_AUDIO_S_PER_UPDATE` seconds of
-        their audio (one stream at least; :meth:`LLMStreams.end`: they ride along the updates, and come back with
-        them or with advances); a stream that got no samples ends at once, with no text; a cancelled one was
-        dropped already."""
-        samples = np.cumsum([stream._fed for stream in self._ending])
-        count = max(1, int(np.searchsorted(samples, FINAL_AUDIO_S_PER_UPDATE * SAMPLE_RATE, side="right")))
-        ending = [stream for stream in self._ending[:count] if not stream._cancelled]
-        del self._ending[:count]
+        """End the ended streams in LLMStreams (:meth:`LLMStreams.end`: their slots free, their finals ride along
+        the updates, and come back with them or with advances); a stream that got no samples ends at once, with
+        no text; a cancelled one was dropped already."""
+        ending = [stream for stream in self._ending if not stream._cancelled]
+        self._ending = []
         if not ending:
             return
         heard = [stream for stream in ending if stream._fed]

@@ -30,8 +30,11 @@ the rows' inputs, one prefill, one batched greedy loop over slots of different l
 (:func:`~audiomask.llm.generate.greedy`), so a stream's partials do not
 depend on the others. When a stream ends, its final text is the model's
 offline answer for the whole utterance (:meth:`AudioLM.transcribe`'s, a second
-pass as in two-pass decoding, decoded in the stream's own slot with every
-stream ending then), so partials are fast and finals are the model's best.
+pass as in two-pass decoding), so partials are fast and finals are the model's
+best. A stream ended by :meth:`LLMStreams.end` frees its slot at once (for the
+next stream: a server's next segment of the same connection); its final pass
+decodes in a spare slot riding along the updates, those of at most
+:data:`FINAL_AUDIO_S_PER_RUN` seconds of audio starting per update.
 
 Long streams: a segment holds ``segment_windows`` closed windows at most (32 s
 by default); once it has them, the segment ends at that window's last sample,
@@ -54,7 +57,7 @@ import torch.nn.functional as F
 from torch.nn.attention import sdpa_kernel
 
 from audiomask.checks import check_int
-from audiomask.constants import HOP_LENGTH
+from audiomask.constants import HOP_LENGTH, SAMPLE_RATE
 from audiomask.llm.generate import Decoder
 from audiomask.llm.graphs import GraphedDecode
 from audiomask.llm.lm import ATTENTION_BACKENDS
@@ -70,8 +73,14 @@ from audiomask.transfer import to_device
 __all__ = ["LLMStreams", "Partial", "StreamPolicy"]
 
 FINAL_ROWS = 64  # most segments one encoder call of final passes takes (the prefill and decoding take all)
-# Spare cache slots for segment passes riding along (~125 steps, ~10 updates each; 92.7 MB a slot, 0.6B, 2 s).
+# Spare cache slots for segment passes and ended streams' finals riding along (~125 steps, ~10 updates each;
+# 92.7 MB a slot, 0.6B, 2 s).
 DEFAULT_PASS_SLOTS = 16
+# Audio whose final passes start in one run of the decoder (an update's, or an advance's; one stream's at least): a
+# start runs the offline front end and encoder over the whole segment (~15 ms for 27 s of audio on an H200), so a
+# burst of ends delays the next update by one such group, not by all of them. A bound in audio, not in streams:
+# short segments (ends at every pause) start many a group, long ones few.
+FINAL_AUDIO_S_PER_RUN = 480.0
 
 
 @dataclass(frozen=True)
@@ -99,6 +108,7 @@ class _Stream:
     tokens: tuple[int, ...] = ()
     committed: list[str] = field(default_factory=list)  # earlier segments' final texts
     language: str = ""
+    heard: np.ndarray | None = None  # ended, its final pass not started: its segment's samples
     answer: LLMTranscript | None = None  # its final, once decoded (ended streams)
 
 
@@ -113,7 +123,7 @@ class LLMStreams:
     windows' frame buffer on the model's device: ``slots x mel bins x
     (window + a chunk's frames)`` float32 (512 MB for 1,024 slots at 2 s
     chunks); the cache has ``pass_slots`` more slots, for long streams'
-    segment passes. ``cuda_graphs`` (default: on a CUDA device): decode steps
+    segment passes and ended streams' finals. ``cuda_graphs`` (default: on a CUDA device): decode steps
     replayed from CUDA graphs (:class:`~audiomask.llm.graphs.GraphedDecode`;
     on a CPU they run eagerly). ``frontend_threads``: threads that push the due streams' audio
     through the front end, a share each, and the other streams' buffered audio
@@ -156,7 +166,7 @@ class LLMStreams:
             + len(self.parts.tail)
             + max(chunks * (policy.fixed_tokens or policy.update_tokens), policy.final_budget(windows * window_samples))
         )
-        spare = check_int("pass_slots", pass_slots, minimum=0)
+        spare = self._pass_slots = check_int("pass_slots", pass_slots, minimum=0)
         self.cache = model.lm.new_cache(slots + spare, self.capacity)
         if cuda_graphs is None:
             cuda_graphs = model.device.type == "cuda"
@@ -173,7 +183,8 @@ class LLMStreams:
         self._spare = list(range(slots, slots + spare))[::-1]  # slots for segment passes
         self._passes: dict[str, tuple[_Stream, int, int]] = {}  # stream -> (it, committed index, slot): in flight
         self._streams: dict[str, _Stream] = {}
-        self._ending: dict[str, _Stream] = {}  # ended (:meth:`end`), their finals in flight in their slots
+        self._ending: dict[str, _Stream] = {}  # ended (:meth:`end`), their finals waiting or in flight
+        self._waiting: list[_Stream] = []  # ended, their final passes not started: first ended first
         self._ended: list[Partial] = []  # their finals done, for the next update() or advance()
         self._head = model.lm.embed(torch.tensor(self.parts.head, dtype=torch.long))
 
@@ -495,17 +506,47 @@ class LLMStreams:
 
     @torch.inference_mode()
     def end(self, names: Sequence[str]) -> None:
-        """End streams ``names`` without waiting for their finals: each one's final pass is prefilled with the
-        next :meth:`update` (or :meth:`advance`) and decoded beside the updates of the others, in its own slot,
-        riding along their steps rather than taking steps of its own; its final comes back, ``final=True``,
-        from the call in which it is done, and frees its slot. The same text as :meth:`finish` gives."""
+        """End streams ``names`` without waiting for their finals. With spare slots (``pass_slots``), each one's
+        slot is free at once (:attr:`free`) and its final pass starts in a spare slot, first ended first, at the
+        next :meth:`update` (or :meth:`advance`) that has one free (:data:`FINAL_AUDIO_S_PER_RUN` seconds of
+        audio a run at most); without, it starts in its own slot at the next. It is prefilled there and decoded
+        beside the updates of the others, riding along their steps rather than taking steps of its own; its
+        final comes back, ``final=True``, from the call in which it is done, and frees the slot. The same text
+        as :meth:`finish` gives."""
         streams = [self._stream(name) for name in names]
-        signals = [self._heard(stream) for stream in streams]
-        slots = [stream.slot for stream in streams]
-        for stream, row, signal in zip(streams, self._final_inputs(signals, slots), signals, strict=True):
+        for stream in streams:
+            stream.heard = self._heard(stream)
+            self._ending[stream.name] = self._streams.pop(stream.name)
+            if self._pass_slots:
+                self._release(stream)
+                stream.slot = -1  # none until its final starts
+        self._waiting += streams
+
+    @property
+    def free(self) -> int:
+        """Slots free for streams to open (:meth:`open`)."""
+        return len(self._free)
+
+    @torch.inference_mode()
+    def _start_finals(self) -> None:
+        """Start the final passes of ended streams, first ended first, in their own slots or spare ones while
+        one is free, at most :data:`FINAL_AUDIO_S_PER_RUN` seconds of their audio (one stream's at least)."""
+        budget, starting = FINAL_AUDIO_S_PER_RUN * SAMPLE_RATE, []
+        while self._waiting and (self._waiting[0].slot >= 0 or self._spare):
+            if starting and len(self._waiting[0].heard) > budget:
+                break
+            stream = self._waiting.pop(0)
+            budget -= len(stream.heard)
+            stream.slot = stream.slot if stream.slot >= 0 else self._spare.pop()
+            starting.append(stream)
+        if not starting:
+            return
+        signals = [stream.heard for stream in starting]
+        rows = self._final_inputs(signals, [stream.slot for stream in starting])
+        for stream, row, signal in zip(starting, rows, signals, strict=True):
             budget = self.policy.final_budget(len(signal))
             self._decoder.add(("final", stream.name), stream.slot, row, budget, finish=False)
-            self._ending[stream.name] = self._streams.pop(stream.name)
+            stream.heard = None
 
     @property
     def ending(self) -> int:
@@ -522,6 +563,7 @@ class LLMStreams:
     def _run(self, extra_steps: int = 0) -> dict:
         """Run the decoder; the segment passes it completes are committed, their spare slots freed; the ended
         streams' finals, once their segment passes are in too, go to :attr:`_ended`, their slots freed."""
+        self._start_finals()
         done = self._decoder.run(extra_steps)
         for (kind, name), tokens in done.items():
             if kind == "segment":
@@ -561,6 +603,7 @@ class LLMStreams:
         if name in self._ending:
             stream = self._ending.pop(name)
             self._decoder.discard(("final", name))
+            self._waiting = [waiting for waiting in self._waiting if waiting is not stream]
         else:
             stream = self._streams.pop(self._stream(name).name)
         if name in self._passes:
@@ -571,9 +614,10 @@ class LLMStreams:
         self._release(stream)
 
     def _release(self, stream: _Stream) -> None:
-        """``stream``'s slot emptied and free."""
-        self.cache.reset(stream.slot)
-        self._free.append(stream.slot)
+        """``stream``'s slot (a stream's or a spare one; none while its final waits to start) emptied and free."""
+        if stream.slot >= 0:
+            self.cache.reset(stream.slot)
+            (self._free if stream.slot < self.slots else self._spare).append(stream.slot)
 
     def _finals(self, streams: list[_Stream], signals: list[np.ndarray]) -> list[LLMTranscript]:
         """The offline answers for whole segments, ``signals[b]`` the samples of ``streams[b]``'s segment (the

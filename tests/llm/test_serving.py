@@ -9,9 +9,10 @@ import weakref
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from audiomask.llm import checkpoint, serving
+from audiomask.llm import checkpoint, streaming
 from audiomask.llm.serving import LLMServingRecognizer
 from audiomask.llm.streaming import LLMStreams, StreamPolicy
 
@@ -180,20 +181,24 @@ def test_streams_that_end_cancel_and_join_at_any_time_get_the_offline_finals(qwe
 def test_a_burst_of_ends_starts_its_finals_a_group_between_updates(
     qwen3_asr, speech: Callable, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """More audio ends at once than :data:`FINAL_AUDIO_S_PER_UPDATE` (here 4.5 chunks): the final passes start in
-    groups of at most that much audio (one stream at least), a group between two of another stream's updates, not
-    all before the next one; each gets its offline answer and no partial (its whole chunk still buffered goes to
+    """More audio ends at once than :data:`FINAL_AUDIO_S_PER_RUN` (here 4.5 chunks): the final passes start in
+    groups of at most that much audio (one stream at least), a group with each of another stream's updates, not
+    all with the next one; each gets its offline answer and no partial (its whole chunk still buffered goes to
     its final)."""
     calls: list[tuple[str, int]] = []
-    for name in ("update", "end"):
-        original = getattr(LLMStreams, name)
+    update, final_inputs = LLMStreams.update, LLMStreams._final_inputs
 
-        def spy(streams: LLMStreams, names: list[str], _original: Callable = original, _name: str = name) -> object:
-            calls.append((_name, len(names)))
-            return _original(streams, names)
+    def spy_update(streams: LLMStreams, names: list[str]) -> object:
+        calls.append(("update", len(names)))
+        return update(streams, names)
 
-        monkeypatch.setattr(LLMStreams, name, spy)
-    monkeypatch.setattr(serving, "FINAL_AUDIO_S_PER_UPDATE", 4.5 * CHUNK_SAMPLES / 16000)
+    def spy_final_inputs(streams: LLMStreams, signals: list, slots: list) -> object:
+        calls.append(("finals", len(signals)))
+        return final_inputs(streams, signals, slots)
+
+    monkeypatch.setattr(LLMStreams, "update", spy_update)
+    monkeypatch.setattr(LLMStreams, "_final_inputs", spy_final_inputs)
+    monkeypatch.setattr(streaming, "FINAL_AUDIO_S_PER_RUN", 4.5 * CHUNK_SAMPLES / 16000)
     chunks = [1.5, 1.5, 1.5, 1.5, 6.0, 1.0]  # groups: three of 1.5 chunks, one, the longer one alone, the last
     signals = [speech(length * CHUNK_SAMPLES / 16000, seed) for seed, length in enumerate(chunks)]
     count = len(signals)
@@ -206,5 +211,49 @@ def test_a_burst_of_ends_starts_its_finals_a_group_between_updates(
         wait_for(lambda: all(stream.done for stream in ending) and talker.token_count == 5)
     assert [stream.partial() for stream in ending] == [qwen3_asr.transcribe([signal])[0].text for signal in signals]
     assert [stream.token_count for stream in ending] == [1] * count
-    ends = [("end", 3), ("end", 1), ("end", 1), ("end", 1)]
-    assert calls[:8] == [item for end in ends for item in (("update", 1), end)]
+    groups = [("finals", 3), ("finals", 1), ("finals", 1), ("finals", 1)]
+    assert calls[:9] == [("update", 1), *(item for group in groups for item in (("update", 1), group))]
+
+
+def test_an_ended_stream_frees_its_slot_for_the_next_before_its_final_is_in(qwen3_asr, speech: Callable) -> None:
+    """One slot: a stream that ended hands it back at once (its final decodes in a spare slot), so the next
+    stream (a connection's next segment) opens and streams meanwhile; its final is still the offline answer,
+    and the next stream's partials are its own alone. Without spare slots the slot stays held until the final."""
+    policy = StreamPolicy(chunk_s=CHUNK_SAMPLES / 16000, update_tokens=2, final_tokens=24)
+    first, second = speech(3 * CHUNK_SAMPLES / 16000, 40), speech(2 * CHUNK_SAMPLES / 16000, 41)
+
+    def alone(signal: np.ndarray) -> list[str]:
+        streams = LLMStreams(qwen3_asr, slots=1, policy=policy)
+        streams.open("alone")
+        streams.feed("alone", signal)
+        texts = [partial.text for partial in streams.update()] + [partial.text for partial in streams.update()]
+        streams.close()
+        return texts
+
+    streams = LLMStreams(qwen3_asr, slots=1, policy=policy, pass_slots=1)
+    streams.open("first")
+    streams.feed("first", first)
+    streams.update()
+    streams.end(["first"])
+    assert streams.free == 1 and streams.ending == 1
+    streams.open("second")
+    streams.feed("second", second)
+    partials = streams.update() + streams.update()
+    while streams.ending:
+        partials += streams.advance(4)
+    streams.close()
+    finals = [partial for partial in partials if partial.final]
+    assert [partial.stream for partial in finals] == ["first"]
+    assert finals[0].text == qwen3_asr.transcribe([first], max_new_tokens=policy.final_tokens)[0].text
+    assert [partial.text for partial in partials if not partial.final] == alone(second)
+    assert streams._spare == [1]  # the final's spare slot came back; "second" holds the stream slot
+
+    held = LLMStreams(qwen3_asr, slots=1, policy=policy, pass_slots=0)
+    held.open("first")
+    held.feed("first", first)
+    held.end(["first"])
+    assert held.free == 0
+    while held.ending:
+        held.advance(4)
+    assert held.free == 1
+    held.close()
