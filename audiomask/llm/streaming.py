@@ -53,18 +53,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-import torch.nn.functional as F
-from torch.nn.attention import sdpa_kernel
 
 from audiomask.checks import check_int
 from audiomask.constants import HOP_LENGTH, SAMPLE_RATE
 from audiomask.llm.generate import Decoder
 from audiomask.llm.graphs import GraphedDecode
-from audiomask.llm.lm import ATTENTION_BACKENDS
 from audiomask.llm.model import AudioLM, LLMTranscript
 from audiomask.llm.policy import StreamPolicy
 from audiomask.llm.prompt import encode_texts
 from audiomask.llm.stream_features import DEFAULT_FRONTEND_THREADS, ProcessStreamFeatures, StreamFeatures
+from audiomask.llm.windows import encode_open_windows, shift_open_windows
 from audiomask.models import Qwen3ASREncoder
 from audiomask.ragged import ragged_index
 from audiomask.samples import as_samples
@@ -358,11 +356,14 @@ class LLMStreams:
         lengths = self._push_window_frames(chunks, slots)
         self._push_ahead(slots)
         counts = self.model.encoder.output_lengths(lengths)  # on the host, as the lengths: no wait for the device
-        audio = self._encode(slots, lengths, counts)
+        audio = encode_open_windows(
+            self.model, self._window, self._chunk_tokens, self._chunks_done, slots, lengths, counts
+        )
         closing = lengths // self.window_frames
         for stream, count in zip(streams, closing.tolist(), strict=True):
             stream.closed_windows += count
-        self._shift_open_windows(slots[closing > 0], (closing * self.window_frames)[closing > 0], lengths[closing > 0])
+        shifting = closing > 0
+        shift_open_windows(self._window, slots[shifting], (closing * self.window_frames)[shifting], lengths[shifting])
         self._window_filled[slots] = lengths - closing * self.window_frames
         return audio, counts, closing * self.window_tokens
 
@@ -375,54 +376,6 @@ class LLMStreams:
         where = to_device(np.stack((rows, frames, slots[rows], filled[rows] + frames)), self._window.device)
         self._window[where[2], :, where[3]] = to_device(new, self._window.device)[where[0], :, where[1]]
         return filled + added
-
-    def _encode(self, slots: np.ndarray, lengths: np.ndarray, counts: np.ndarray) -> torch.Tensor:
-        """The projected audio tokens ``(B, n, hidden)`` of each slot's first ``lengths[b]`` window frames
-        (``counts[b]`` tokens).
-
-        Convolutions run only over the chunks not yet convolved: each chunk is convolved on its own, so a
-        completed chunk's conv tokens are final and kept (:attr:`_chunk_tokens`); the open window's
-        attention runs again. Rows whose frames close a window (more than one window's frames) attend
-        apart from the others: padded to the longest in one batch, every row would attend two windows.
-        """
-        encoder, config = self.model.encoder, self.model.encoder.config
-        device, dtype = self._window.device, self._chunk_tokens.dtype
-        size, per_chunk, per_window = config.chunk_frames, config.chunk_tokens, config.chunks_per_window
-        done = self._chunks_done[slots]
-        chunks = -(-lengths // size)  # chunks holding frames, the last possibly short
-        fresh = chunks - done
-        rows, index = ragged_index(fresh)
-        index += done[rows]
-        where = to_device(np.stack((rows, index, slots[rows])), device)
-        frames = self._window.view(*self._window.shape[:2], -1, size)[where[2], :, where[1]]  # (N, bins, size)
-        convolved = encoder.embed_chunks(frames.to(dtype))  # (N, chunk_tokens, d_model)
-        tokens = self._chunk_tokens[to_device(slots, device)]  # (B, window_tokens, d_model): kept chunks first
-        tokens = F.pad(tokens, (0, 0, 0, max(0, int(chunks.max()) * per_chunk - tokens.shape[1])))
-        tokens.view(len(slots), -1, per_chunk, tokens.shape[2])[where[0], where[1]] = convolved
-        # The open window's completed chunks after this update, at their places in the next window.
-        closing = lengths // self.window_frames
-        complete = lengths // size
-        keep = np.flatnonzero((index >= per_window * closing[rows]) & (index < complete[rows]))
-        if keep.size:
-            kept = to_device(np.stack((slots[rows[keep]], index[keep] - per_window * closing[rows[keep]])), device)
-            places = self._chunk_tokens.view(len(self._chunks_done), per_window, per_chunk, -1)
-            places[kept[0], kept[1]] = convolved[to_device(keep, device)]
-        self._chunks_done[slots] = complete - per_window * closing
-        closes = lengths > self.window_frames
-        groups = [rows for rows in (np.flatnonzero(~closes), np.flatnonzero(closes)) if len(rows)]
-        pieces = []
-        for group in groups:
-            longest = int(counts[group].max())
-            width = -(-max(1, longest) // per_chunk) * per_chunk
-            with sdpa_kernel(ATTENTION_BACKENDS):  # the open windows' lengths change every update: no cuDNN plans
-                outputs = encoder.attend_windows(tokens[to_device(group, device), :width], counts[group], longest)
-            pieces.append(self.model.projector(outputs))
-        if len(pieces) == 1:
-            return pieces[0]
-        audio = pieces[0].new_zeros(len(slots), max(piece.shape[1] for piece in pieces), pieces[0].shape[2])
-        for group, piece in zip(groups, pieces, strict=True):
-            audio[to_device(group, device), : piece.shape[1]] = piece
-        return audio
 
     def _push_frames(self, chunks: list[np.ndarray], slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The front end's frames of ``chunks``, the due chunks of the streams of ``slots``: ``(B, bins, T)`` and
@@ -442,20 +395,6 @@ class LLMStreams:
                 pieces.append(stream.pending[start:stop])
                 slots.append(stream.slot)
         self.features.push_ahead(pieces, slots)
-
-    def _shift_open_windows(self, slots: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> None:
-        """Move frames ``starts[r] .. lengths[r]`` of slot ``slots[r]`` to the front (the frames of windows closed
-        before them are done with); the rest of each row becomes zeros. One gather, one scatter."""
-        if not len(slots):
-            return
-        width = self._window.shape[2]
-        offsets = np.arange(width)
-        source = np.minimum(starts[:, None] + offsets, width - 1)
-        keep = offsets < (lengths - starts)[:, None]
-        device = self._window.device
-        slots_at = to_device(slots, device)
-        moved = self._window[slots_at[:, None], :, to_device(source, device)]  # (rows, width, bins)
-        self._window[slots_at] = (moved * to_device(keep, device)[:, :, None]).transpose(1, 2)
 
     def _inputs(
         self, heads: np.ndarray, audio: torch.Tensor, counts: np.ndarray, tails: list[list[int]]
