@@ -81,7 +81,8 @@ def add_parser(commands: argparse._SubParsersAction, device_help: str, model_hel
     parser.add_argument(
         "--max-connections",
         type=int,
-        help="connections served at once, one encoder slot each; more get HTTP 503 (default "
+        help="connections served at once, one encoder slot each (an LLM checkpoint: a cache slot each, and a "
+        "quarter more for finals); more get HTTP 503 (default "
         f"{DEFAULT_MAX_CONNECTIONS}; an LLM checkpoint's: {DEFAULT_LLM_CONNECTIONS_CPU} on the CPU)",
     )
     parser.add_argument(
