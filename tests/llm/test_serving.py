@@ -257,3 +257,19 @@ def test_an_ended_stream_frees_its_slot_for_the_next_before_its_final_is_in(qwen
         held.advance(4)
     assert held.free == 1
     held.close()
+
+
+def test_a_recogniser_of_one_slot_serves_a_connections_segments_one_after_another(qwen3_asr, speech: Callable) -> None:
+    """One slot, the server's way: a segment ends and the next opens at once (as at an endpoint); the next one
+    takes the slot the first handed back and streams, and each gets its own offline final."""
+    policy = StreamPolicy(chunk_s=CHUNK_SAMPLES / 16000, update_tokens=2, final_tokens=24)
+    first, second = speech(2.5 * CHUNK_SAMPLES / 16000, 42), speech(2 * CHUNK_SAMPLES / 16000, 43)
+    with LLMServingRecognizer(qwen3_asr, max_streams=1, policy=policy, max_wait_ms=0) as recognizer:
+        assert recognizer.pass_slots >= 1
+        segments = [recognizer.open_stream("segment-0")]
+        recognizer.accept_many([(segments[0], first)], finished=segments)
+        segments.append(recognizer.open_stream("segment-1"))
+        recognizer.accept_many([(segments[1], second)], finished=segments[1:])
+        wait_for(lambda: all(segment.done for segment in segments))
+    offline = [qwen3_asr.transcribe([signal], max_new_tokens=policy.final_tokens)[0].text for signal in (first, second)]
+    assert [segment.partial() for segment in segments] == offline
