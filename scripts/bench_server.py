@@ -136,6 +136,12 @@ def _arguments(argv: list[str]) -> argparse.Namespace:
         help="the started server's --endpoint-silence-s (0: one segment per connection, as the references are)",
     )
     parser.add_argument(
+        "--max-segment-s",
+        type=float,
+        help="the started server's --max-segment-s (its longest segment: with an LLM, each cut is a final pass; "
+        "longer than the streams, no cut)",
+    )
+    parser.add_argument(
         "--repeat", type=int, default=1, help="each client streams its file this many times over (default 1)"
     )
     parser.add_argument("--token", help="the server's token")
@@ -168,6 +174,7 @@ def _server(args: argparse.Namespace) -> Iterator[tuple[str, subprocess.Popen | 
         "--fixed-tokens": args.fixed_tokens,
         "--max-wait-ms": args.max_wait_ms,
         "--endpoint-silence-s": args.endpoint_silence_s,
+        "--max-segment-s": args.max_segment_s,
         "--token": args.token,
     }
     with running_server(options) as served:
@@ -454,6 +461,7 @@ def _measure(args, audio, message_samples, references: References, argv) -> int:
             "repeat": args.repeat,
             "max_wait_ms": args.max_wait_ms,
             "endpoint_silence_s": args.endpoint_silence_s,
+            "max_segment_s": args.max_segment_s,
             "most_clients_at_once": _most_at_once(outcomes),
             "chunk_ms": references.chunk_ms,
             "samples": {name: round(len(samples) / SAMPLE_RATE, 3) for name, samples in audio.items()},

@@ -107,10 +107,11 @@ def test_bench_server_streams_an_llm_checkpoint_with_fixed_tokens(tmp_path):
     model = save_random_qwen3_asr(tmp_path / "llm", "tiny")
     out = tmp_path / "server.json"
     command = [sys.executable, str(SCRIPT), "--clients", "2", "--model", str(model), "--fixed-tokens", "6"]
-    command += ["--chunk-ms", "1000", "--realtime", "--out", str(out)]
+    command += ["--chunk-ms", "1000", "--realtime", "--max-segment-s", "2", "--out", str(out)]
     finished = subprocess.run(command, check=False, capture_output=True, text=True, timeout=300)
     assert finished.returncode == 0, finished.stdout + finished.stderr
     report = json.loads(out.read_text())
     assert (report["chunk_ms"], report["fixed_tokens"], report["correct"], report["lost"]) == (1000, 6, 2, 0)
+    assert report["max_segment_s"] == 2.0  # the server cut each 3-4 s stream at 2 s: segments of their own
     assert report["reference"].startswith("none") and 0 < report["partials"] <= report["updates"]
     assert report["partial_latency_ms"]["p50"] < 1000
