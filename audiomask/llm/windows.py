@@ -36,8 +36,9 @@ def encode_open_windows(
     Convolutions run only over the chunks not yet convolved: each chunk is convolved on its own, so a
     completed chunk's conv tokens are final and kept (slot s's first ``chunks_done[s]`` in
     ``chunk_tokens[s]``, ``(slots, window tokens, d_model)``; both updated here, the chunks a closing
-    window leaves moved to the next window's places); the open window's attention runs again. Rows whose frames close a window (more than one window's frames) attend
-    apart from the others: padded to the longest in one batch, every row would attend two windows.
+    window leaves moved to the next window's places); the open window's attention runs again. Rows whose
+    frames close a window (more than one window's frames) attend apart from the others: padded to the
+    longest in one batch, every row would attend two windows.
     """
     encoder, config = model.encoder, model.encoder.config
     device, dtype = windows.device, chunk_tokens.dtype
