@@ -205,6 +205,7 @@ def _run_clients(audio: dict[str, np.ndarray], jobs: list[dict]) -> list[dict]:
             "text": result.text,
             "partials": result.partials,
             "partial_token_s": result.partial_token_s,
+            "partial_segments": result.partial_segments,
             "sent_at": result.sent_at,
             "final_at": result.final_at,
             "latency_final_s": result.final_at - result.done_at,
@@ -235,25 +236,34 @@ def _partial_latencies(
     account, whatever the reference's tokens (random weights' near ties can move a token by a chunk).
     Without (WeNet) it is the first message after which the single-stream reference shows the partial's
     text. Without a reference (an LLM recogniser: a partial every update, its text changed or not, in order)
-    the k-th partial is timed from chunk k's last sample: exact unless two updates of a stream come between
-    two of the server's sweeps (one message for both: later ones are then timed from earlier chunks, longer
-    than the truth). A CTC partial whose text is the previous one's (a segment's end) is not timed. One timed from the
-    client's last message is its stream's last chunk's (or the one before, when it ends in that message):
-    the last, padded chunk can only follow the step of the chunk before, so it may wait for two steps.
+    the k-th partial of a segment is timed from the last sample of the segment's chunk k (from the segment's
+    start, which the server reports; its final text, an endpoint's, is not a partial and is not timed): exact
+    unless two updates of a stream come between two of the server's sweeps (one message for both: later ones
+    are then timed from earlier chunks, longer than the truth). A CTC partial whose text is the previous one's
+    (a segment's end) is not timed. One timed from the client's last message is its stream's last chunk's (or
+    the one before, when it ends in that message): the last, padded chunk can only follow the step of the chunk
+    before, so it may wait for two steps.
     """
     first_message: dict[str, int] = {}
     for index, text in enumerate(references.partials[name] if references.partials is not None else ()):
         first_message.setdefault(text, index)
     sent_at = outcome["sent_at"]
-    latencies, untimed, unmatched, previous, updates = [], 0, 0, "", 0
-    for (arrived, text), token_s in zip(outcome["partials"], outcome["partial_token_s"]):
+    latencies, untimed, unmatched, previous = [], 0, 0, ""
+    updates: dict[int, int] = {}  # an LLM's partials so far, per segment
+    places = outcome.get("partial_segments") or [None] * len(outcome["partials"])
+    for (arrived, text), token_s, place in zip(outcome["partials"], outcome["partial_token_s"], places):
         if text == previous and references.partials is not None:
             untimed += 1
             continue
         previous = text
         if references.partials is None:
-            last_sample = references.first_block + updates * references.block - 1
-            index, updates = min(last_sample // message_samples, len(sent_at) - 1), updates + 1
+            segment, start_s, ends = place if place is not None else (0, 0.0, False)
+            if ends:
+                untimed += 1
+                continue
+            chunk = updates[segment] = updates.get(segment, -1) + 1
+            last_sample = round((start_s or 0.0) * SAMPLE_RATE) + references.first_block + chunk * references.block - 1
+            index = min(last_sample // message_samples, len(sent_at) - 1)
         elif token_s is not None:
             chunk = round(token_s * MS_PER_S) // references.chunk_ms
             last_sample = references.first_block + chunk * references.block - 1

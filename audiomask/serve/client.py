@@ -50,6 +50,7 @@ REALTIME_SESSION = {
     "session": {"type": "transcription", "audio": {"input": {"turn_detection": {"type": "server_vad"}}}},
 }
 REALTIME_COMMIT = {"type": "input_audio_buffer.commit"}
+MS_PER_S = 1000
 
 
 class ServerError(Exception):
@@ -67,6 +68,11 @@ class StreamResult:
         partial_token_s: for each partial, where its newest token starts in the stream, seconds (the
             segment's ``start_time`` plus its last ``timestamps``): the chunk that produced it; ``None``
             without token times (the WeNet route) or tokens.
+        partial_segments: for each partial, ``(segment, start s, ends it)``: which of the stream's segments it
+            reports (sherpa-onnx's ``segment``; over realtime, its item's place in order of first result), where
+            that segment starts in the stream, seconds (sherpa-onnx's ``start_time``; realtime's
+            ``audio_start_ms`` of its item's ``speech_started``; ``None`` where the server says nothing of it),
+            and whether it is that segment's final text (an endpoint's); ``None`` on the WeNet route.
         segments: the text of each segment that ended before the final result (sherpa-onnx's endpoints).
         sent_at: the time each binary message had been handed to the socket.
         done_at: when the end message was sent; ``final_at``: when the final result arrived.
@@ -75,6 +81,7 @@ class StreamResult:
     text: str = ""
     partials: list[tuple[float, str]] = field(default_factory=list)
     partial_token_s: list[float | None] = field(default_factory=list)
+    partial_segments: list[tuple[int, float | None, bool] | None] = field(default_factory=list)
     segments: list[str] = field(default_factory=list)
     sent_at: list[float] = field(default_factory=list)
     done_at: float = 0.0
@@ -114,62 +121,79 @@ def _encode(piece: np.ndarray, protocol: str) -> bytes | str:
     return piece.tobytes()
 
 
+# What _Reader.parse makes of a message: kind, text, newest token's start s, (segment, its start s).
+Parsed = tuple[str, str | None, float | None, tuple[int, float | None] | None]
+
+
 class _Reader:
-    """``(kind, text, newest token's start s)`` of each server message: kind ``partial``, ``segment`` (a segment
-    ended), ``final``, ``end`` or ``other``; the token time where the message carries token times. A realtime
-    reader keeps each item's text (its deltas joined) and knows the last item once the client has committed."""
+    """``(kind, text, newest token's start s, (segment, its start s))`` of each server message: kind ``partial``,
+    ``segment`` (a segment ended), ``final``, ``end`` or ``other``; the token time where the message carries token
+    times; the segment it reports where the protocol says (:attr:`StreamResult.partial_segments`). A realtime
+    reader keeps each item's text (its deltas joined), its place and start, and knows the last item once the
+    client has committed."""
 
     def __init__(self, protocol: str) -> None:
         self.protocol = protocol
         self.committed = False  # realtime: the client has committed its audio
         self._item_texts: dict[str, str] = {}
+        self._item_starts: dict[str, tuple[int, float | None]] = {}  # realtime: each item's place and start s
         self._last_item: str | None = None  # realtime: the first item committed after the client's commit
 
-    def parse(self, message: str | bytes) -> tuple[str, str | None, float | None]:
+    def parse(self, message: str | bytes) -> Parsed:
         if self.protocol == "realtime":
             return self._realtime(json.loads(message))
         if self.protocol == "sherpa":
             if message == SHERPA_DONE_REPLY:
-                return "end", None, None
+                return "end", None, None, None
             result = json.loads(message)
             if "error" in result:
                 raise ServerError(result["error"])
             kind = "final" if result["is_eof"] else "segment" if result["is_final"] else "partial"
             times = result.get("timestamps")
             newest = result.get("start_time", 0.0) + times[-1] if times else None
-            return kind, result["text"], newest
+            return kind, result["text"], newest, (result.get("segment", 0), result.get("start_time"))
         result = json.loads(message)
         if result.get("status") == "failed":
             raise ServerError(result["message"])
         kind = {"partial_result": "partial", "final_result": "final", "speech_end": "end"}.get(result["type"], "other")
         text = json.loads(result["nbest"])[0]["sentence"] if "nbest" in result else None
-        return kind, text, None
+        return kind, text, None, None
 
-    def _realtime(self, event: dict) -> tuple[str, str | None, float | None]:
+    def _realtime(self, event: dict) -> Parsed:
         kind = event.get("type")
         if kind == "error":
             raise ServerError(event["error"]["message"])
-        if kind == "conversation.item.input_audio_transcription.delta":
+        if kind == "input_audio_buffer.speech_started":
+            self._item(event["item_id"], event["audio_start_ms"] / MS_PER_S)
+        elif kind == "conversation.item.input_audio_transcription.delta":
             text = self._item_texts[event["item_id"]] = self._item_texts.get(event["item_id"], "") + event["delta"]
-            return "partial", text, None
-        if kind == "input_audio_buffer.committed" and self.committed and self._last_item is None:
+            return "partial", text, None, self._item(event["item_id"])
+        elif kind == "input_audio_buffer.committed" and self.committed and self._last_item is None:
             self._last_item = event["item_id"]
         elif kind == "conversation.item.input_audio_transcription.completed":
+            place = self._item(event["item_id"])
             if event["item_id"] == self._last_item:  # the last (a later one could only be empty)
-                return "final", event["transcript"], None
-            return "segment", event["transcript"], None
-        return "other", None, None
+                return "final", event["transcript"], None, place
+            return "segment", event["transcript"], None, place
+        return "other", None, None, None
+
+    def _item(self, item_id: str, start_s: float | None = None) -> tuple[int, float | None]:
+        """Item ``item_id``'s place (in order of first mention) and start, seconds (once ``speech_started`` said)."""
+        place, known = self._item_starts.get(item_id, (len(self._item_starts), None))
+        self._item_starts[item_id] = place, known if start_s is None else start_s
+        return self._item_starts[item_id]
 
 
 async def _receive(connection: ClientConnection, reader: _Reader, result: StreamResult) -> None:
     """Collect partials and the final result until the protocol's last message."""
     try:
         async for message in connection:
-            kind, text, newest_s = reader.parse(message)
+            kind, text, newest_s, segment = reader.parse(message)
             before = "".join(result.segments)
             if kind in ("partial", "segment"):
                 result.partials.append((time.perf_counter(), before + text))
                 result.partial_token_s.append(newest_s)
+                result.partial_segments.append(None if segment is None else (*segment, kind == "segment"))
             if kind == "segment":
                 result.segments.append(text)
             elif kind == "final":

@@ -100,6 +100,25 @@ def test_an_llm_recognisers_kth_partial_is_timed_from_its_kth_chunk(bench_server
     assert (untimed, unmatched) == (0, 0)
 
 
+def test_an_llm_recognisers_partials_are_timed_from_their_own_segments_chunks(bench_server):
+    clock = bench_server._update_clock(500)  # 8,000 samples a chunk: 5 messages each
+    sent_at = [10.0 + 0.1 * index for index in range(40)]
+    # Segment 0 (from 0 s) has one partial, ends at 0.7 s (an endpoint: its final text, late), segment 1 starts
+    # at 1.2 s (after a pause that belongs to no segment): its chunk k ends at sample 19,200 + 8,000 (k + 1) - 1.
+    partials = [(10.45, "a"), (11.8, "ab"), (12.5, "abc"), (13.4, "ab"), (13.9, "abcd")]
+    places = [(0, 0.0, False), (1, 1.2, False), (1, 1.2, False), (0, 0.0, True), (1, 1.2, False)]
+    outcome = {"partials": partials, "partial_token_s": [None] * 5, "partial_segments": places, "sent_at": sent_at}
+    latencies, untimed, unmatched = bench_server._partial_latencies(outcome, clock, "clip", MESSAGE_SAMPLES)
+    # segment 1's chunks end at samples 27,199 / 35,199 / 43,199: messages 16 / 21 / 26, sent at 11.6 / 12.1 / 12.6
+    assert latencies == [
+        (10.45, pytest.approx(0.05), False),
+        (11.8, pytest.approx(0.2), False),
+        (12.5, pytest.approx(0.4), False),
+        (13.9, pytest.approx(1.3), False),
+    ]
+    assert (untimed, unmatched) == (1, 0)  # the endpoint's final text
+
+
 def test_bench_server_streams_an_llm_checkpoint_with_fixed_tokens(tmp_path):
     pytest.importorskip("transformers")
     from bench.llm_checkpoints import save_random_qwen3_asr

@@ -130,7 +130,13 @@ def test_a_pause_ends_a_segment_on_the_sherpa_route_and_the_segments_make_up_the
     assert (last["text"], last["timestamps"]) == (alone.text, [pytest.approx(t, abs=0.002) for t in alone.times_s])
     for r in results:  # each segment's partials grow, and start afresh
         assert r["text"] == "".join(r["tokens"])
+    streamed = asyncio.run(stream_audio(served.ws_url + "/", samples, token=served.token))
+    assert streamed.text == whole.text
+    # The package's client tells which segment each partial reports, where it starts, and which ended it.
+    assert [place for place in streamed.partial_segments if place[2]] == [(0, ended[0]["start_time"], True)]
+    assert {place[:2] for place in streamed.partial_segments} == {(0, ended[0]["start_time"]), (1, last["start_time"])}
     wenet = asyncio.run(
         stream_audio(served.ws_url + "/wenet", samples, protocol="wenet", token=served.token)
     )  # WeNet's route: no endpoints, one utterance
+    assert wenet.partial_segments == [None] * len(wenet.partials)
     assert wenet.text == whole.text

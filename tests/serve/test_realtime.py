@@ -140,6 +140,10 @@ def test_the_package_client_streams_over_the_realtime_route(served, sample_audio
         name: files_24k[name][1] for name in sample_audio
     }
     assert all(result.partials and result.final_at >= result.done_at for result in results.values())
+    # One item each (no pause in a sample file): every partial is item 0's, from where its speech started.
+    places = {place for result in results.values() for place in result.partial_segments}
+    assert {(item, ends) for item, _, ends in places} == {(0, False)}
+    assert all(start is not None and 0 <= start < 1 for _, start, _ in places)
 
 
 async def _vllm_example(url: str, pcm: bytes, model: str = "audiomask") -> tuple[str, str]:
