@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from audiomask.asr.capacity import free_bytes
 from audiomask.checks import check_int
 from audiomask.llm.attention import reads_in_place, slot_attention
 from audiomask.llm.cache import CacheIndex, KVCache
@@ -290,6 +291,22 @@ class CausalLM(nn.Module):
             )
         config = self.config
         return KVCache(config.layers, slots, config.kv_heads, capacity, config.head_dim, self.device, self.dtype)
+
+    def check_cache_fits(self, slots: int, capacity: int, reserve_bytes: int = 0, reserve_per_slot: int = 0) -> None:
+        """Raise ``ValueError`` unless :meth:`new_cache` of ``slots`` and ``capacity`` fits in the memory free on
+        this model's device with ``reserve_bytes`` plus ``reserve_per_slot`` a slot left beside it (what the
+        cache's users allocate as they run); the message says how many slots fit."""
+        config = self.config
+        per_slot = 2 * config.layers * config.kv_heads * capacity * config.head_dim * self.dtype.itemsize
+        free = free_bytes(self.device)
+        if slots * (per_slot + reserve_per_slot) + reserve_bytes <= free:
+            return
+        raise ValueError(
+            f"{slots} cache slots of {capacity} positions ({per_slot / 2**20:.1f} MiB each, "
+            f"{slots * per_slot / 2**30:.1f} GiB) and the {(reserve_bytes + slots * reserve_per_slot) / 2**30:.1f} "
+            f"GiB their updates need are more than the {free / 2**30:.1f} GiB free on {self.device}: about "
+            f"{max(0, free - reserve_bytes) // (per_slot + reserve_per_slot)} such slots fit"
+        )
 
     def embed(self, ids: torch.Tensor | np.ndarray | list[int]) -> torch.Tensor:
         """Token embeddings ``(..., hidden_size)`` of token ids ``ids`` (int64, any shape; on the host or the device)."""

@@ -50,9 +50,11 @@ class ReFeedStreams(LLMStreams):
     features) on the streaming front end's frames.
     """
 
-    def _init_windows(self, slots: int) -> None:
+    def _size_windows(self) -> None:
         self.window_frames = SEGMENT_SPAN_FRAMES
         self.window_tokens = _audio_tokens(self.model, SEGMENT_SPAN_FRAMES)
+
+    def _init_windows(self, slots: int) -> None:
         self._frames: list[list[np.ndarray]] = [[] for _ in range(slots)]  # slot s's segment's frames (bins, T)
         self._window_filled = np.zeros(slots, np.int64)  # no open-window buffer: its lengths stay 0
 

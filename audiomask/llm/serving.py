@@ -601,4 +601,6 @@ def build_llm_recognizer(settings: ServeSettings) -> LLMServingRecognizer:
             ),
         )
     except ValueError as error:
-        raise ValueError(f"--model {settings.model}: {error}") from None
+        raise ValueError(
+            f"--model {settings.model} with --max-connections {settings.max_connections}: {error}"
+        ) from None

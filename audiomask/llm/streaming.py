@@ -79,6 +79,12 @@ DEFAULT_PASS_SLOTS = 16
 # burst of ends delays the next update by one such group, not by all of them. A bound in audio, not in streams:
 # short segments (ends at every pause) start many a group, long ones few.
 FINAL_AUDIO_S_PER_RUN = 480.0
+# What an update needs on a GPU beside the cache, allocated as it runs: the decode graphs' pool, the logits and the
+# prefill's activations, all growing with the slots. A slot count that leaves less is refused when the streams are
+# made, not by an out-of-memory error that stops every stream under load (1,250 slots of the 0.6B at 1 s chunks
+# needed over 17.5 GiB).
+UPDATE_RESERVE_BYTES = 4 * 2**30
+UPDATE_RESERVE_BYTES_PER_SLOT = 12 * 2**20
 
 
 @dataclass(frozen=True)
@@ -149,7 +155,7 @@ class LLMStreams:
         self.context, self.language = context, language
         self.parts = model.prompt(context, language)
         self.slots = check_int("slots", slots, minimum=1)
-        self._init_windows(slots)
+        self._size_windows()
         policy = self.policy
         # The slot's longest content: head, the windows of a segment's audio, tail, then the longer of the
         # answer so far (at most one update's answer per chunk of the segment: a prefix re-encoded from text
@@ -165,6 +171,12 @@ class LLMStreams:
             + max(chunks * (policy.fixed_tokens or policy.update_tokens), policy.final_budget(windows * window_samples))
         )
         spare = self._pass_slots = check_int("pass_slots", pass_slots, minimum=0)
+        reserve = (UPDATE_RESERVE_BYTES, UPDATE_RESERVE_BYTES_PER_SLOT) if model.device.type == "cuda" else (0, 0)
+        try:
+            model.lm.check_cache_fits(slots + spare, self.capacity, *reserve)
+        except ValueError as error:
+            raise ValueError(f"slots={slots} and pass_slots={spare}: {error}") from None
+        self._init_windows(slots)
         self.cache = model.lm.new_cache(slots + spare, self.capacity)
         if cuda_graphs is None:
             cuda_graphs = model.device.type == "cuda"
@@ -186,15 +198,19 @@ class LLMStreams:
         self._ended: list[Partial] = []  # their finals done, for the next update() or advance()
         self._head = model.lm.embed(torch.tensor(self.parts.head, dtype=torch.long))
 
-    def _init_windows(self, slots: int) -> None:
-        """The encoder's windows (8 s for Qwen3-ASR: :attr:`window_frames` frames, :attr:`window_tokens` tokens),
-        and the open windows' buffers on the model's device."""
+    def _size_windows(self) -> None:
+        """The encoder's windows: 8 s for Qwen3-ASR, :attr:`window_frames` frames, :attr:`window_tokens` tokens."""
         model = self.model
         if not isinstance(model.encoder, Qwen3ASREncoder):
             raise ValueError(f"model must be a Qwen3-ASR recogniser for streaming, got family {model.family!r}")
         config = model.encoder.config
         self.window_frames = config.window_tokens * config.chunk_frames // config.chunk_tokens  # 800 frames: 8 s
         self.window_tokens = config.window_tokens
+
+    def _init_windows(self, slots: int) -> None:
+        """The open windows' buffers on the model's device."""
+        model = self.model
+        config = model.encoder.config
         # Slot s's open-window frames are _window[s, :, :_window_filled[s]], zeros after (so one gather pads a batch).
         framing = model.frontend.framing
         pushed = (self.policy.chunk_samples + framing.win + framing.pad) // framing.hop + 2  # most a push makes

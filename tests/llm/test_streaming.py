@@ -354,3 +354,14 @@ def test_an_ended_streams_final_rides_along_the_others_updates_and_is_the_offlin
     streams.end(["gone"])
     streams.drop("gone")
     assert streams.ending == 0 and streams.advance(4) == [] and len(streams._free) == 2
+
+
+def test_slots_whose_cache_the_memory_cannot_hold_are_refused_with_how_many_fit(qwen3_asr, monkeypatch) -> None:
+    """The cache is checked against the memory free on the model's device before anything is allocated; a count
+    that fits is made, one that does not is refused naming the slots and how many fit."""
+    fitting = LLMStreams(qwen3_asr, slots=3, policy=StreamPolicy(), pass_slots=1)
+    slot_bytes = fitting.cache.nbytes // 4
+    monkeypatch.setattr("audiomask.llm.lm.free_bytes", lambda device: 6 * slot_bytes + slot_bytes // 2)
+    assert LLMStreams(qwen3_asr, slots=5, policy=StreamPolicy(), pass_slots=1).cache.slots == 6
+    with pytest.raises(ValueError, match=r"slots=6 and pass_slots=1: 7 cache slots .* about 6 such slots fit"):
+        LLMStreams(qwen3_asr, slots=6, policy=StreamPolicy(), pass_slots=1)

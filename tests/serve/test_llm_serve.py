@@ -237,3 +237,10 @@ def test_server_vad_ends_each_items_stream_and_its_final_is_the_offline_answer_o
     assert len(starts) == len(ends) == 2
     spans = [heard[start * SAMPLE_RATE // 1000 : end * SAMPLE_RATE // 1000] for start, end in zip(starts, ends)]
     assert finals == _offline(qwen3_dir, spans)
+
+
+def test_more_connections_than_the_memory_holds_is_one_line_naming_the_option(qwen3_dir):
+    result = _serve_usage("--model", str(qwen3_dir), "--device", "cpu", "--max-connections", "4000000000")
+    assert result.returncode != 0
+    (line,) = result.stderr.splitlines()
+    assert "--max-connections 4000000000" in line and "slots fit" in line
