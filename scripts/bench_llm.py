@@ -44,7 +44,12 @@ import torch
 from audiomask.bench.environment import capture_environment, write_result
 from audiomask.bench.timing import MS_PER_S, Budget, log, percentiles
 from audiomask.constants import HOP_LENGTH, SAMPLE_RATE
-from audiomask.llm.streaming import StreamPolicy
+from audiomask.llm.streaming import (
+    DEFAULT_PASS_SLOTS,
+    UPDATE_RESERVE_BYTES,
+    UPDATE_RESERVE_BYTES_PER_SLOT,
+    StreamPolicy,
+)
 from bench.llm_streams import SIZES, BenchStreams, Driver, ReFeedStreams, build_model, fixed_tokens, one_stream
 
 SECTIONS = ("capacity", "anchor", "cost", "transformers")
@@ -77,7 +82,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--max-seconds", type=float, help="wall-time budget of each section")
     parser.add_argument("--cost-seconds", type=float, help="the cost section's utterance seconds")
     parser.add_argument("--first-repeats", type=int, help="timed first partials at one stream")
-    parser.add_argument("--reserve-gib", type=float, default=16.0, help="CUDA memory left beside the cache")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--eager-decode", action="store_true", help="decode steps eagerly, not from CUDA graphs")
     parser.add_argument(
@@ -147,8 +151,8 @@ def slots_for(model: object, policy: StreamPolicy, args: argparse.Namespace) -> 
     del probe
     release(args.device)
     if torch.device(args.device).type == "cuda":
-        free, _ = torch.cuda.mem_get_info()
-        fits = int((free - args.reserve_gib * 2**30) // per_slot)
+        free, _ = torch.cuda.mem_get_info()  # LLMStreams' own check: what its updates need beside the cache
+        fits = int((free - UPDATE_RESERVE_BYTES) // (per_slot + UPDATE_RESERVE_BYTES_PER_SLOT)) - DEFAULT_PASS_SLOTS
         if fits < args.max_streams:
             return max(1, fits), "memory", per_slot, capacity
     return args.max_streams, "max_streams", per_slot, capacity
