@@ -81,8 +81,7 @@ DEFAULT_PASS_SLOTS = 16
 FINAL_AUDIO_S_PER_RUN = 480.0
 # What an update needs on a GPU beside the cache, allocated as it runs: the decode graphs' pool, the logits and the
 # prefill's activations, all growing with the slots. A slot count that leaves less is refused when the streams are
-# made, not by an out-of-memory error that stops every stream under load (1,250 slots of the 0.6B at 1 s chunks
-# needed over 17.5 GiB).
+# made, not by an out-of-memory error that stops every stream under load (figures: docs/defaults.md).
 UPDATE_RESERVE_BYTES = 4 * 2**30
 UPDATE_RESERVE_BYTES_PER_SLOT = 12 * 2**20
 
