@@ -298,7 +298,14 @@ def _health_samples(url: str) -> Iterator[list[dict]]:
     def sample() -> None:
         while not stop.wait(HEALTH_SAMPLE_S):
             body = server_health(url.replace("ws", "http", 1))[1]
-            keys = ("replica", "connections", "streams", "cycles", "recent_cycles")  # the replica that answered
+            keys = (
+                "replica",
+                "connections",
+                "streams",
+                "cycles",
+                "chunks",
+                "recent_cycles",
+            )  # the replica that answered
             samples.append({"t_s": round(time.perf_counter() - started, 2)} | {k: body.get(k) for k in keys})
 
     thread = threading.Thread(target=sample, daemon=True)

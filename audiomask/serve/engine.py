@@ -339,6 +339,7 @@ class Engine:
                 "device": str(recognizer.device),
                 "chunk_ms": recognizer.chunk_ms,
                 "cycles": recognizer.stats.count,
+                "chunks": recognizer.stats.chunks,
                 "max_wait_ms": round(recognizer.max_wait_s * MS_PER_S),
                 "recent_cycles": recognizer.stats.recent(HEALTH_CYCLES, since=self._served_from),
             }

@@ -50,6 +50,7 @@ def test_health_times_the_served_steps_not_the_warm_up(start_server, sample_audi
     assert result.text == expected_texts["numbers.wav"]
     served = server.health()[1]
     assert served["recent_cycles"]["cycles"] == served["cycles"] - ready["cycles"] > 0, served
+    assert served["chunks"] - ready["chunks"] >= served["cycles"] - ready["cycles"], served  # a stream or more a step
 
 
 def test_sigterm_finishes_the_streams_in_flight_and_exits_0(start_server, sample_audio):
