@@ -1,47 +1,38 @@
 """An LLM recogniser behind ``audiomask serve``: :class:`LLMServingRecognizer`, what the server's engine calls.
 
-The server's :class:`~audiomask.serve.engine.Engine` drives a
-:class:`~audiomask.asr.recognizer.StreamingRecognizer` through a few calls:
-``open_stream``, ``accept_many`` (samples, and the streams that end),
-``poll``, and per stream ``transcript()``, ``token_count``, ``done``,
-``cancel()`` and ``finish(timeout)``; ``stats``, ``max_wait_s``,
-``chunk_ms``, the block sizes, ``max_streams``, ``device`` and ``close``.
-This module gives the same calls over :class:`~audiomask.llm.streaming.LLMStreams`
-(an adapter: the engine, its feeds, the sessions and the protocols run unchanged):
+The server's :class:`~audiomask.serve.engine.Engine` drives a :class:`~audiomask.asr.recognizer.StreamingRecognizer`
+through a few calls: ``open_stream``, ``accept_many`` (samples, and the streams that end), ``poll``, and per stream
+``transcript()``, ``token_count``, ``done``, ``cancel()`` and ``finish(timeout)``; ``stats``, ``max_wait_s``,
+``chunk_ms``, the block sizes, ``max_streams``, ``device`` and ``close``. This module gives the same calls over
+:class:`~audiomask.llm.streaming.LLMStreams` (an adapter: the engine, its feeds, the sessions and the protocols run
+unchanged):
 
-- a *chunk* is the streaming policy's (2 s by default); a stream's blocks are
-  chunks, and an update (:meth:`LLMStreams.update`, all due streams in one
-  batch) is a *cycle* of :attr:`stats` (its front end: the due streams'; its
-  step: the rest);
-- a stream's ``transcript()`` is its latest partial, then its final: the
-  model's offline answer for the whole utterance. Its ``tokens`` are the
-  text's words (with their trailing spaces: joined, they are the text) and
-  it has no token times (an LLM gives none). A partial may rewrite its last
-  words (the recipe's roll-back); a segment the server cuts (a voice-activity
-  endpoint, a commit) is a stream of its own, its final the offline answer
-  for that audio. ``token_count`` counts its
-  partials, one a chunk whether its text changed or not, and its final: the
-  engine reads ``transcript()`` and sends a result when it moves, so a client
-  hears from every update (a heartbeat every chunk);
-- threads: one thread of the recognizer's own runs :class:`LLMStreams`
-  (opens, samples, cancels, finals, updates). The engine's calls (from two
-  feeder threads and a ticker) only queue, under a short lock, and wake it, so
-  a feeder never waits for an update (an update takes hundreds of
-  milliseconds): it goes on taking the other connections' samples while the
-  GPU works. The thread holds the recognizer weakly: one dropped without
-  :meth:`~LLMServingRecognizer.close` is still freed, its thread ending with
-  it. ``transcript()`` and ``token_count`` take no lock;
-- a due stream's update waits up to :attr:`max_wait_s` for the other streams'
-  chunks, so that streams out of step share updates; it runs at once when
-  every open stream is due;
-- a stream ending hands its slot back after the next update, or at once when none is due
-  (:meth:`LLMStreams.end`), so that the next stream (a connection's next
-  segment) opens without waiting for the final; its last chunks go to the
-  final pass, which runs in one of the :attr:`pass_slots` spare slots: its whole prompt through the offline
-  front end and encoder, prefilled with an update, then decoded riding along
-  the updates' steps, or in steps of its own while no update is due; those
-  of at most :data:`~audiomask.llm.streaming.FINAL_AUDIO_S_PER_RUN` seconds of audio start a run, so that a
-  burst of ends holds no update back for long. A cancelled one frees its slot without a final.
+- a *chunk* is the streaming policy's (2 s by default); a stream's blocks are chunks, and an update
+  (:meth:`LLMStreams.update`, all due streams in one batch) is a *cycle* of :attr:`stats` (its front end: the due
+  streams'; its step: the rest);
+- a stream's ``transcript()`` is its latest partial, then its final: the model's offline answer for the whole
+  utterance. Its ``tokens`` are the text's words (with their trailing spaces: joined, they are the text) and it has
+  no token times (an LLM gives none). A partial may rewrite its last words (the recipe's roll-back); a segment the
+  server cuts (a voice-activity endpoint, a commit) is a stream of its own, its final the offline answer for that
+  audio. ``token_count`` counts its partials, one a chunk whether its text changed or not, and its final: the engine
+  reads ``transcript()`` and sends a result when it moves, so a client hears from every update (a heartbeat every
+  chunk);
+- threads: one thread of the recognizer's own runs :class:`LLMStreams` (opens, samples, cancels, finals, updates).
+  The engine's calls (from two feeder threads and a ticker) only queue, under a short lock, and wake it, so a feeder
+  never waits for an update (an update takes hundreds of milliseconds): it goes on taking the other connections'
+  samples while the GPU works. The thread holds the recognizer weakly: one dropped without
+  :meth:`~LLMServingRecognizer.close` is still freed, its thread ending with it. ``transcript()`` and
+  ``token_count`` take no lock;
+- a due stream's update waits up to :attr:`max_wait_s` for the other streams' chunks, so that streams out of step
+  share updates; it runs at once when every open stream is due;
+- a stream ending hands its slot back after the next update, or at once when none is due (:meth:`LLMStreams.end`),
+  so that the next stream (a connection's next segment) opens without waiting for the final; its last chunks go to
+  the final pass, in one of the :attr:`pass_slots` spare slots: its whole prompt through the offline front end and
+  encoder, prefilled with an update, then decoded riding along the updates' steps (as many as the update's answers),
+  in steps of its own while no update is due, and after each update while other finals wait for a spare slot
+  (:attr:`LLMStreams.short_of_slots`: only steps free those slots); those of at most
+  :data:`~audiomask.llm.streaming.FINAL_AUDIO_S_PER_RUN` seconds of audio start a run, so that a burst of ends holds
+  no update back for long. A cancelled one frees its slot without a final.
 
 Usage (with a checkpoint directory on disk)::
 
@@ -452,6 +443,8 @@ class LLMServingRecognizer:
                 self._record(len(due), seconds, streams.features.push_s - frontend, cpu)
                 self._publish(partials)
                 self._finish(streams)
+                if streams.short_of_slots:  # finals in flight step on their own, so that the waiting ones start
+                    self._publish(streams.advance(ADVANCE_STEPS))
             elif self._ending or streams.ending:  # no update due: finals start, and take steps of their own
                 self._finish(streams)
                 if streams.ending:

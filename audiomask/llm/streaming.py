@@ -1,49 +1,38 @@
 """Streaming transcription with an LLM recogniser, incrementally, many streams decoded in one batch.
 
-The policy is the official ``qwen-asr`` streaming recipe's (:class:`StreamPolicy`):
-every ``chunk_s`` of audio, a partial: the model answers the audio so far,
-its answer starting from the previous answer less its last
-``unfixed_tokens`` tokens (no such prefix for the first ``unfixed_chunks``
-chunks). The recipe re-feeds all audio through the encoder and re-decodes the
-whole prompt every chunk, so its cost grows with the utterance. Here the work
+The policy is the official ``qwen-asr`` streaming recipe's (:class:`StreamPolicy`): every ``chunk_s`` of audio, a
+partial: the model answers the audio so far, its answer starting from the previous answer less its last
+``unfixed_tokens`` tokens (no such prefix for the first ``unfixed_chunks`` chunks). The recipe re-feeds all audio
+through the encoder and re-decodes the whole prompt every chunk, so its cost grows with the utterance. Here the work
 done once is kept:
 
-- **encoder**: Qwen3-ASR attends inside fixed 8 s windows, so a closed
-  window's outputs are final; each update attends only the open window again,
-  and convolves only its chunks not yet convolved (each 1 s conv chunk is
-  convolved on its own, so a completed chunk's conv tokens are kept); features
-  come from a streaming front end, each frame computed once.
-- **language model**: the KV cache of the prompt head (system turn, context,
-  user turn) and of the closed windows' audio tokens is kept in the stream's
-  slot; an update crops the slot back to it and runs only the newly closed
-  windows, the open window, the prompt tail and the rolled-back prefix, then
-  decodes.
+- **encoder**: Qwen3-ASR attends inside fixed 8 s windows, so a closed window's outputs are final; each update
+  attends only the open window again, and convolves only its chunks not yet convolved (each 1 s conv chunk is
+  convolved on its own, so a completed chunk's conv tokens are kept); features come from a streaming front end, each
+  frame computed once.
+- **language model**: the KV cache of the prompt head (system turn, context, user turn) and of the closed windows'
+  audio tokens is kept in the stream's slot; an update crops the slot back to it and runs only the newly closed
+  windows, the open window, the prompt tail and the rolled-back prefix, then decodes.
 
 All streams that have a chunk due update together: one front-end call
-(:class:`~audiomask.llm.stream_features.StreamFeatures`, a stream per slot, the
-due ones pushed; what the others have buffered is pushed on the front-end
-threads while the update runs on the device), one gather of their new conv
-chunks' frames (kept per slot in one preallocated buffer on the device), one
-convolution call, one attention call (two when some rows close a window), one
-embedding call for every row's prompt tail and prefix, one gather assembling
-the rows' inputs, one prefill, one batched greedy loop over slots of different lengths
-(:func:`~audiomask.llm.generate.greedy`), so a stream's partials do not
-depend on the others. When a stream ends, its final text is the model's
-offline answer for the whole utterance (:meth:`AudioLM.transcribe`'s, a second
-pass as in two-pass decoding), so partials are fast and finals are the model's
-best. A stream ended by :meth:`LLMStreams.end` frees its slot at once (for the
-next stream: a server's next segment of the same connection); its final pass
-decodes in a spare slot riding along the updates, those of at most
-:data:`FINAL_AUDIO_S_PER_RUN` seconds of audio starting per update.
+(:class:`~audiomask.llm.stream_features.StreamFeatures`, a stream per slot, the due ones pushed; what the others
+have buffered is pushed on the front-end threads while the update runs on the device), one gather of their new conv
+chunks' frames (kept per slot in one preallocated buffer on the device), one convolution call, one attention call
+(two when some rows close a window), one embedding call for every row's prompt tail and prefix, one gather
+assembling the rows' inputs, one prefill, one batched greedy loop over slots of different lengths
+(:func:`~audiomask.llm.generate.greedy`), so a stream's partials do not depend on the others. When a stream ends,
+its final text is the model's offline answer for the whole utterance (:meth:`AudioLM.transcribe`'s, a second pass as
+in two-pass decoding), so partials are fast and finals are the model's best. A stream ended by
+:meth:`LLMStreams.end` frees its slot at once (for the next stream: a server's next segment of the same connection);
+its final pass decodes in a spare slot riding along the updates, those of at most :data:`FINAL_AUDIO_S_PER_RUN`
+seconds of audio starting per update.
 
-Long streams: a segment holds ``segment_windows`` closed windows at most (32 s
-by default); once it has them, the segment ends at that window's last sample,
-its offline answer is committed to the stream's text, and the stream goes on
-as a new utterance from there. The segment's offline pass rides along later
-steps in a spare slot (``pass_slots``; none free: it runs in the update), its
-last partial standing in until it lands. Memory per stream is so bounded: one
-cache slot (:attr:`LLMStreams.capacity` positions), the open window's frames
-and the current segment's samples.
+Long streams: a segment holds ``segment_windows`` closed windows at most (32 s by default); once it has them, the
+segment ends at that window's last sample, its offline answer is committed to the stream's text, and the stream goes
+on as a new utterance from there. The segment's offline pass rides along later steps in a spare slot
+(``pass_slots``; none free: it runs in the update), its last partial standing in until it lands. Memory per stream
+is so bounded: one cache slot (:attr:`LLMStreams.capacity` positions), the open window's frames and the current
+segment's samples.
 """
 
 from __future__ import annotations
@@ -501,6 +490,13 @@ class LLMStreams:
             budget = self.policy.final_budget(len(signal))
             self._decoder.add(("final", stream.name), stream.slot, row, budget, finish=False)
             stream.heard = None
+
+    @property
+    def short_of_slots(self) -> int:
+        """Ended streams whose finals wait for a spare slot while none is free: until finals in flight are done,
+        none of them starts (:meth:`advance` steps those, freeing slots sooner than the updates' steps do)."""
+        starved = self._waiting and self._waiting[0].slot < 0 and not self._spare
+        return len(self._waiting) if starved else 0
 
     @property
     def ending(self) -> int:

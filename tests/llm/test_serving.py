@@ -273,3 +273,44 @@ def test_a_recogniser_of_one_slot_serves_a_connections_segments_one_after_anothe
         wait_for(lambda: all(segment.done for segment in segments))
     offline = [qwen3_asr.transcribe([signal], max_new_tokens=policy.final_tokens)[0].text for signal in (first, second)]
     assert [segment.partial() for segment in segments] == offline
+
+
+def test_finals_short_of_spare_slots_take_steps_of_their_own_between_updates(
+    qwen3_asr, speech: Callable, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One spare slot and three streams ending at once while another talks on, its chunks always due: after an
+    update that leaves finals waiting for the slot, the one in flight takes steps of its own (an advance) before
+    the next update, rather than only the two an update's answer takes; every final is still the offline answer
+    and the talker's partials are those it has alone."""
+    policy = StreamPolicy(chunk_s=CHUNK_SAMPLES / 16000, update_tokens=2, final_tokens=24)
+    signals = [speech(1.5 * CHUNK_SAMPLES / 16000, seed) for seed in range(3)]
+    talk = speech(8 * CHUNK_SAMPLES / 16000, 3)
+    alone = LLMStreams(qwen3_asr, slots=1, policy=policy)
+    alone.open("talker")
+    alone.feed("talker", talk)
+    talked_alone = [alone.update()[0].text for _ in range(8)][-1]
+    calls: list[str] = []
+    update, advance = LLMStreams.update, LLMStreams.advance
+
+    def spy_update(streams: LLMStreams, names: list[str]) -> object:
+        calls.append("update")
+        return update(streams, names)
+
+    def spy_advance(streams: LLMStreams, steps: int) -> object:
+        calls.append("advance" if streams.short_of_slots else "advance (slots free)")
+        return advance(streams, steps)
+
+    monkeypatch.setattr(LLMStreams, "update", spy_update)
+    monkeypatch.setattr(LLMStreams, "advance", spy_advance)
+    with LLMServingRecognizer(qwen3_asr, max_streams=4, policy=policy, max_wait_ms=0, pass_slots=1) as recognizer:
+        talker = recognizer.open_stream("talker")
+        ending = [recognizer.open_stream(f"ends-{index}") for index in range(3)]
+        recognizer.accept_many([(talker, talk), *zip(ending, signals)], finished=ending)
+        wait_for(lambda: all(stream.done for stream in ending) and talker.token_count == 8)
+        talked = talker.partial()
+    offline = qwen3_asr.transcribe(signals, max_new_tokens=policy.final_tokens)
+    assert [stream.partial() for stream in ending] == [answer.text for answer in offline]
+    assert talked == talked_alone
+    talking = calls[: len(calls) - calls[::-1].index("update")]  # up to the talker's last update
+    assert "advance" in talking and calls[0] == "update"
+    assert all(call != "advance" or before == "update" for before, call in zip(talking, talking[1:]))
