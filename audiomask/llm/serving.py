@@ -82,8 +82,8 @@ MS_PER_S = 1000
 # A due stream's update waits at most this long for the other streams' chunks (or a chunk, if shorter): a
 # partial comes every 2 s, so 40 ms is little latency, and streams that started apart still share updates.
 DEFAULT_LLM_MAX_WAIT_MS = 40
-# Steps the ended streams' finals take between two looks at the queue when no update is due (a few milliseconds
-# each on a GPU): their own steps use the time the updates leave; beside updates they ride along theirs.
+# Steps the ended streams' finals take between two looks at the queue when no update is due, or after an update
+# while others wait for a spare slot (a few milliseconds each on a GPU); beside updates they ride along theirs.
 ADVANCE_STEPS = 8
 # Spare slots per slot of the streams, for finals (and long segments' passes) riding along: a connection's
 # segment ends at a pause or after --max-segment-s, and its final decodes (~90 steps, ~7 updates at 2 s chunks)
