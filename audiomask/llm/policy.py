@@ -24,7 +24,9 @@ __all__ = [
     "DEFAULT_UNFIXED_TOKENS",
     "DEFAULT_UPDATE_TOKENS",
     "REPLACEMENT_CHARACTER",
+    "WINDOW_S",
     "StreamPolicy",
+    "segment_windows_within",
 ]
 
 DEFAULT_CHUNK_S = 2.0  # the recipe's chunk: a partial every 2 s of audio
@@ -32,6 +34,7 @@ DEFAULT_UNFIXED_CHUNKS = 2  # the recipe's first chunks decoded without a prefix
 DEFAULT_UNFIXED_TOKENS = 5  # the recipe's roll-back: the previous answer's last tokens are decoded again
 DEFAULT_UPDATE_TOKENS = 32  # the longest answer one update adds beyond its prefix (~8 s of speech at ~4 tokens/s)
 DEFAULT_SEGMENT_WINDOWS = 4  # closed 8 s windows a segment holds: 32 s
+WINDOW_S = 8.0  # what segment_windows counts: Qwen3-ASR's attention window (and the re-feed's span)
 REPLACEMENT_CHARACTER = "\ufffd"  # a cut through a multi-byte character decodes to this
 
 
@@ -112,3 +115,16 @@ class StreamPolicy:
             else:
                 prefixes[row] = ""
         return prefixes
+
+
+def segment_windows_within(longest_s: float | None) -> int:
+    """``segment_windows`` for streams whose caller ends every segment within ``longest_s`` seconds (a server's
+    ``--max-segment-s``; ``None``: never): enough closed windows that no segment ends before that, at most
+    :data:`DEFAULT_SEGMENT_WINDOWS`. Fewer windows make a slot hold fewer positions (its cache is sized by them).
+
+    >>> segment_windows_within(20.0), segment_windows_within(16.0), segment_windows_within(None)
+    (3, 3, 4)
+    """
+    if longest_s is None:
+        return DEFAULT_SEGMENT_WINDOWS
+    return min(DEFAULT_SEGMENT_WINDOWS, int(longest_s // WINDOW_S) + 1)

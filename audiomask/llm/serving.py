@@ -61,6 +61,7 @@ from audiomask.checks import check_int, pick_device
 from audiomask.constants import SAMPLE_RATE
 from audiomask.llm.checkpoint import load
 from audiomask.llm.model import AudioLM
+from audiomask.llm.policy import segment_windows_within
 from audiomask.llm.refeed import streams_for
 from audiomask.llm.stream_features import default_frontend_workers
 from audiomask.llm.streaming import DEFAULT_PASS_SLOTS, LLMStreams, Partial, StreamPolicy
@@ -562,19 +563,19 @@ def build_llm_recognizer(settings: ServeSettings) -> LLMServingRecognizer:
     """The recogniser of the LLM checkpoint directory ``settings.model``, for the server.
 
     bfloat16 on CUDA, float32 on the CPU; ``settings.chunk_ms``: the policy's chunk (default 2 s);
-    ``max_connections`` slots; ``context``, ``language``, ``fixed_tokens`` and ``max_wait_ms`` as given;
-    ``frontend_workers``: processes that push the streams' audio through the front end (``0``: the update's
-    thread and its front-end threads; default: those on the CPU, on CUDA one process per four cores, since
-    there the threads share the interpreter lock with the thread that drives the GPU and the engine's).
-    ``left_chunks`` is refused and ``dtype`` follows the device.
-    Raises ``ValueError`` naming the option.
+    ``max_connections`` slots, each holding a segment of ``max_segment_s``; ``context``, ``language``,
+    ``fixed_tokens`` and ``max_wait_ms`` as given; ``frontend_workers``: processes that push the streams' audio
+    through the front end (``0``: the update's thread and its front-end threads; default: those on the CPU, on CUDA
+    one process per four cores, since there the threads share the interpreter lock with the thread that drives the
+    GPU and the engine's). ``left_chunks`` is refused; ``dtype`` follows the device. ``ValueError`` names the option.
     """
     if settings.left_chunks is not None:
         raise ValueError(f"--left-chunks is for CTC models; {settings.model!r} is an LLM recogniser")
     device = pick_device(settings.device, "--device")
     chunk = {} if settings.chunk_ms is None else {"chunk_s": settings.chunk_ms / MS_PER_S}
+    windows = segment_windows_within(settings.max_segment_s)  # every segment ends within it: no slot holds more
     try:
-        policy = StreamPolicy(**chunk, fixed_tokens=settings.fixed_tokens)
+        policy = StreamPolicy(**chunk, fixed_tokens=settings.fixed_tokens, segment_windows=windows)
     except ValueError as error:
         raise ValueError(f"--chunk-ms: {error}") from None
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32

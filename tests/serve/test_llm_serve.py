@@ -188,14 +188,28 @@ def test_an_llm_option_with_a_ctc_model_is_one_line(options):
     assert f"{options[0]}: need an LLM checkpoint directory" in line
 
 
-def test_fixed_tokens_reach_the_servers_policy(qwen3_dir):
+def test_fixed_tokens_and_the_longest_segment_reach_the_servers_policy(qwen3_dir):
+    """The server ends every segment within --max-segment-s (default 20 s): its streams' segments hold the 8 s
+    windows that takes (two closed, a third open), so a slot holds fewer positions than streams never cut."""
     from audiomask.llm.serving import build_llm_recognizer
     from audiomask.llm.streaming import StreamPolicy
     from audiomask.serve.settings import ServeSettings
 
-    settings = ServeSettings(model=str(qwen3_dir), device="cpu", chunk_ms=CHUNK_MS, max_connections=1, fixed_tokens=3)
-    with build_llm_recognizer(settings) as recognizer:
-        assert recognizer.policy == StreamPolicy(chunk_s=CHUNK_MS / 1000, fixed_tokens=3)
+    made = {}
+    for longest_s in (20.0, 16.0, 100.0):
+        settings = ServeSettings(
+            model=str(qwen3_dir),
+            device="cpu",
+            chunk_ms=CHUNK_MS,
+            max_connections=1,
+            fixed_tokens=3,
+            max_segment_s=longest_s,
+        )
+        with build_llm_recognizer(settings) as recognizer:
+            made[longest_s] = recognizer.policy, recognizer._streams.capacity
+    assert made[20.0][0] == StreamPolicy(chunk_s=CHUNK_MS / 1000, fixed_tokens=3, segment_windows=3) == made[16.0][0]
+    assert made[100.0][0] == StreamPolicy(chunk_s=CHUNK_MS / 1000, fixed_tokens=3)  # four windows: never cut sooner
+    assert made[20.0][1] < made[100.0][1]
     with pytest.raises(ValueError, match="--fixed-tokens"):
         ServeSettings(model=str(qwen3_dir), fixed_tokens=0)
 
