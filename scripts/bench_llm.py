@@ -41,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository r
 import numpy as np
 import torch
 
+from audiomask.asr.capacity import free_bytes
 from audiomask.bench.environment import capture_environment, write_result
 from audiomask.bench.timing import MS_PER_S, Budget, log, percentiles
 from audiomask.constants import HOP_LENGTH, SAMPLE_RATE
@@ -151,7 +152,7 @@ def slots_for(model: object, policy: StreamPolicy, args: argparse.Namespace) -> 
     del probe
     release(args.device)
     if torch.device(args.device).type == "cuda":
-        free, _ = torch.cuda.mem_get_info()  # LLMStreams' own check: what its updates need beside the cache
+        free = free_bytes(torch.device(args.device))  # LLMStreams' own check: what its updates need beside the cache
         fits = int((free - UPDATE_RESERVE_BYTES) // (per_slot + UPDATE_RESERVE_BYTES_PER_SLOT)) - DEFAULT_PASS_SLOTS
         if fits < args.max_streams:
             return max(1, fits), "memory", per_slot, capacity

@@ -37,6 +37,7 @@ segment's samples.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -182,7 +183,7 @@ class LLMStreams:
         self._passes: dict[str, tuple[_Stream, int, int]] = {}  # stream -> (it, committed index, slot): in flight
         self._streams: dict[str, _Stream] = {}
         self._ending: dict[str, _Stream] = {}  # ended (:meth:`end`), their finals waiting or in flight
-        self._waiting: list[_Stream] = []  # ended, their final passes not started: first ended first
+        self._waiting: deque[_Stream] = deque()  # ended, their final passes not started: first ended first
         self._ended: list[Partial] = []  # their finals done, for the next update() or advance()
         self._head = model.lm.embed(torch.tensor(self.parts.head, dtype=torch.long))
 
@@ -478,7 +479,7 @@ class LLMStreams:
         while self._waiting and (self._waiting[0].slot >= 0 or self._spare):
             if starting and len(self._waiting[0].heard) > budget:
                 break
-            stream = self._waiting.pop(0)
+            stream = self._waiting.popleft()
             budget -= len(stream.heard)
             stream.slot = stream.slot if stream.slot >= 0 else self._spare.pop()
             starting.append(stream)
@@ -553,7 +554,7 @@ class LLMStreams:
         if name in self._ending:
             stream = self._ending.pop(name)
             self._decoder.discard(("final", name))
-            self._waiting = [waiting for waiting in self._waiting if waiting is not stream]
+            self._waiting = deque(waiting for waiting in self._waiting if waiting is not stream)
         else:
             stream = self._streams.pop(self._stream(name).name)
         if name in self._passes:
