@@ -183,20 +183,26 @@ def _server(args: argparse.Namespace) -> Iterator[tuple[str, subprocess.Popen | 
 
 def _run_clients(audio: dict[str, np.ndarray], jobs: list[dict]) -> list[dict]:
     """Run ``jobs`` (one client each, streaming ``audio[job["name"]]``) as asyncio tasks in this process; their
-    outcomes, JSON-ready. Each client process gets the clips once, not once per client."""
-    from audiomask.serve.client import stream_audio
+    outcomes, JSON-ready. Each client process gets the clips once, not once per client, and converts them once
+    for the realtime route (at 24 kHz)."""
+    from audiomask.constants import SAMPLE_RATE
+    from audiomask.serve.client import REALTIME_RATE, stream_audio, to_realtime_rate
+
+    over_realtime = any(job["protocol"] == "realtime" for job in jobs)
+    at_24khz = {name: to_realtime_rate(samples) for name, samples in audio.items()} if over_realtime else {}
 
     async def client(job: dict) -> dict:
         await asyncio.sleep(max(0.0, job["start_at"] - time.time()))
         try:
             result = await stream_audio(
                 job["url"],
-                audio[job["name"]],
+                at_24khz[job["name"]] if job["protocol"] == "realtime" else audio[job["name"]],
                 protocol=job["protocol"],
                 message_samples=job["message_samples"],
                 realtime=job["realtime"],
                 token=job["token"],
                 timeout_s=job["timeout_s"],
+                sample_rate=REALTIME_RATE if job["protocol"] == "realtime" else SAMPLE_RATE,
             )
         except Exception as error:  # noqa: BLE001 - a lost client is counted and reported, not fatal
             return {"index": job["index"], "error": f"{type(error).__name__}: {error}"}

@@ -35,7 +35,16 @@ from audiomask.checks import check_int
 from audiomask.constants import SAMPLE_RATE
 from audiomask.resample import Resampler
 
-__all__ = ["DEFAULT_MESSAGE_SAMPLES", "PROTOCOLS", "ServerError", "StreamResult", "heard_over_realtime", "stream_audio"]
+__all__ = [
+    "DEFAULT_MESSAGE_SAMPLES",
+    "PROTOCOLS",
+    "REALTIME_RATE",
+    "ServerError",
+    "StreamResult",
+    "heard_over_realtime",
+    "stream_audio",
+    "to_realtime_rate",
+]
 
 PROTOCOLS = ("sherpa", "wenet", "realtime")
 DEFAULT_MESSAGE_SAMPLES = SAMPLE_RATE // 10  # 100 ms a message, as sherpa-onnx's file client sends
@@ -88,8 +97,11 @@ class StreamResult:
     final_at: float = 0.0
 
 
-def _to_realtime(samples: np.ndarray) -> np.ndarray:
-    """``samples`` ``(n,)`` float32 at 16 kHz as this client sends them over realtime: at 24 kHz."""
+def to_realtime_rate(samples: np.ndarray) -> np.ndarray:
+    """``samples`` ``(n,)`` float32 at 16 kHz as this client sends them over realtime: ``(ceil(1.5 n),)`` float32
+    at 24 kHz. A client of many connections converts each clip once and passes ``sample_rate=REALTIME_RATE`` to
+    :func:`stream_audio`: a conversion is one float64 matrix product over the clip, which numpy's BLAS threads
+    share out over every core and then spin on."""
     resampler = Resampler(SAMPLE_RATE, REALTIME_RATE)
     return np.concatenate((resampler.push(samples), resampler.flush()))
 
@@ -102,7 +114,7 @@ def _pcm16(samples: np.ndarray) -> np.ndarray:
 def heard_over_realtime(samples: np.ndarray) -> np.ndarray:
     """What a server hears of ``samples`` ``(n,)`` float32 at 16 kHz streamed over realtime by this client:
     resampled to 24 kHz, rounded to int16 PCM, resampled to 16 kHz (as the server does, to float32 rounding)."""
-    pcm = _pcm16(_to_realtime(samples)).astype(np.float32) / np.float32(INT16_FULL_SCALE)
+    pcm = _pcm16(to_realtime_rate(samples)).astype(np.float32) / np.float32(INT16_FULL_SCALE)
     resampler = Resampler(REALTIME_RATE, SAMPLE_RATE)
     return np.concatenate((resampler.push(pcm), resampler.flush()))
 
@@ -220,8 +232,9 @@ async def stream_audio(
     token: str | None = None,
     ssl_context: ssl.SSLContext | None = None,
     timeout_s: float = 60.0,
+    sample_rate: int = SAMPLE_RATE,
 ) -> StreamResult:
-    """Stream ``samples`` ``(n,)`` float32 at 16 kHz to ``url`` over ``protocol``; the server's results.
+    """Stream ``samples`` ``(n,)`` float32 at ``sample_rate`` Hz to ``url`` over ``protocol``; the server's results.
 
     Args:
         url: ``ws://HOST:PORT/`` (sherpa), ``ws://HOST:PORT/wenet`` or ``ws://HOST:PORT/v1/realtime``;
@@ -235,6 +248,8 @@ async def stream_audio(
         token: sent as ``Authorization: Bearer TOKEN``.
         ssl_context: for ``wss://`` (for example one that trusts a self-signed certificate).
         timeout_s: bound on the whole exchange (``TimeoutError`` past it).
+        sample_rate: of ``samples``: 16000, or over realtime also :data:`REALTIME_RATE` (24000: sent as they
+            are, converted before by :func:`to_realtime_rate`).
 
     Raises:
         ServerError: the server sent an error, or closed before its last message.
@@ -244,10 +259,13 @@ async def stream_audio(
     message_samples = check_int("message_samples", message_samples, minimum=1)
     if protocol == "realtime" and message_samples % 2:
         raise ValueError(f"message_samples must be even over realtime (1.5 times at 24 kHz), got {message_samples}")
+    rates = (SAMPLE_RATE, REALTIME_RATE) if protocol == "realtime" else (SAMPLE_RATE,)
+    if sample_rate not in rates:
+        raise ValueError(f"sample_rate must be one of {rates} over {protocol}, got {sample_rate}")
     headers = {} if token is None else {"Authorization": f"Bearer {token}"}
     result = StreamResult()
     async with connect(url, additional_headers=headers, ssl=ssl_context, proxy=None, max_size=None) as connection:
-        exchange = _exchange(connection, samples, protocol, message_samples, realtime, result)
+        exchange = _exchange(connection, samples, sample_rate, protocol, message_samples, realtime, result)
         await asyncio.wait_for(exchange, timeout_s)
     return result
 
@@ -255,6 +273,7 @@ async def stream_audio(
 async def _exchange(
     connection: ClientConnection,
     samples: np.ndarray,
+    sample_rate: int,
     protocol: str,
     message_samples: int,
     realtime: bool,
@@ -272,7 +291,8 @@ async def _exchange(
         if greeting.get("type") != "session.created":
             raise ServerError(f"expected session.created, got {greeting}")
         await connection.send(json.dumps(REALTIME_SESSION))
-        samples = _to_realtime(samples)
+        if sample_rate == SAMPLE_RATE:
+            samples = to_realtime_rate(samples)
         step = message_samples * REALTIME_RATE // SAMPLE_RATE
     payload = _payload(samples, protocol)
     reader = _Reader(protocol)

@@ -19,7 +19,7 @@ from websockets.asyncio.client import connect
 
 from audiomask.constants import SAMPLE_RATE
 from audiomask.resample import Resampler
-from audiomask.serve.client import stream_audio
+from audiomask.serve.client import REALTIME_RATE, stream_audio, to_realtime_rate
 from audiomask.serve.realtime import OPENAI_RATE, REALTIME_ROUTE
 from tests.serve.conftest import transcribe_texts
 
@@ -144,6 +144,19 @@ def test_the_package_client_streams_over_the_realtime_route(served, sample_audio
     places = {place for result in results.values() for place in result.partial_segments}
     assert {(item, ends) for item, _, ends in places} == {(0, False)}
     assert all(start is not None and 0 <= start < 1 for _, start, _ in places)
+
+
+def test_the_package_client_sends_clips_converted_once_to_24khz_as_they_are(served, sample_audio, files_24k):
+    url = served.ws_url + REALTIME_ROUTE
+    samples = sample_audio["weather.wav"]
+    converted = to_realtime_rate(samples)
+    assert len(converted) == -(-len(samples) * REALTIME_RATE // SAMPLE_RATE)
+    result = asyncio.run(
+        stream_audio(url, converted, protocol="realtime", token=served.token, sample_rate=REALTIME_RATE)
+    )
+    assert result.text == files_24k["weather.wav"][1]
+    with pytest.raises(ValueError, match="sample_rate must be one of \\(16000,\\) over sherpa, got 24000"):
+        asyncio.run(stream_audio(served.ws_url + "/", converted, sample_rate=REALTIME_RATE))
 
 
 async def _vllm_example(url: str, pcm: bytes, model: str = "audiomask") -> tuple[str, str]:
