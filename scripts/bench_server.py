@@ -13,7 +13,11 @@ as the server takes them), starting one after another over ``--ramp-s``; the
 clients run as asyncio tasks in ``--processes`` processes. Without ``--url``
 the script starts the server (``python -m audiomask serve``, the shipped model
 or ``--model``, ``--max-connections`` = the clients) on a free loopback port
-and stops it.
+and stops it. Several counts (``--clients 1500 1750 2000``, ascending) run
+one after another against the same server, each once the previous one's
+connections have closed, up to the first that does not *hold*: every final
+right and the partials' p99 under one chunk (each count's ``holds``; the
+report's ``levels`` and ``most_clients_holding``).
 
 What it checks and measures:
 
@@ -49,7 +53,7 @@ What it checks and measures:
 The report (``--out``) records the command, date, versions and machine
 (:func:`audiomask.bench.environment.capture_environment`), the settings, the
 counts, and p50/p90/p99/max of both latencies in milliseconds. Exit status:
-0 when every client got its correct text, 1 otherwise.
+0 when every client of every count run got its correct text, 1 otherwise.
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import multiprocessing
 import os
 import resource
@@ -88,6 +93,21 @@ MS_PER_S = 1000
 PERCENTILES = (50, 90, 99, 100)
 ROUTES = {"sherpa": "/", "wenet": "/wenet", "realtime": "/v1/realtime"}
 HEALTH_SAMPLE_S = 1.0  # seconds between the server's /health samples while the clients run
+# Between counts of clients: the server is idle once IDLE_SAMPLES answers in a row, IDLE_POLL_S apart (a replica
+# each, with several), report no connection; IDLE_TIMEOUT_S bounds the wait.
+IDLE_SAMPLES, IDLE_POLL_S, IDLE_TIMEOUT_S = 8, 0.25, 120.0
+SUMMARY = (
+    "clients",
+    "most_clients_at_once",
+    "correct",
+    "lost",
+    "wrong",
+    "server_cpu_per_audio_s",
+    "server_processes_cpu_per_audio_s",
+    "partial_latency_ms",
+    "final_latency_ms",
+    "holds",
+)  # what the script prints of each count's run
 CLIENT_START_S = 3.0  # seconds the client processes get to start before the first client connects
 # --model's random models: the latency benchmark's two full-size ones, and shipped_tiny, the shipped model's
 # architecture at tiny widths, whose steps cost next to nothing: a run with it measures the server's own work.
@@ -98,7 +118,14 @@ def _arguments(argv: list[str]) -> argparse.Namespace:
     from bench.llm_checkpoints import RANDOM_LLMS  # imports torch: not in the client processes
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--clients", type=int, default=64, help="concurrent clients (default 64)")
+    parser.add_argument(
+        "--clients",
+        type=int,
+        nargs="+",
+        default=[64],
+        help="concurrent clients (default 64); several, ascending: one run of each against the same server, "
+        "up to the first that does not hold",
+    )
     parser.add_argument("--realtime", action="store_true", help="send at real time (default: as fast as taken)")
     parser.add_argument("--url", help="a running server (ws://HOST:PORT); default: start one on loopback")
     parser.add_argument("--route", choices=[*ROUTES, "both"], default="sherpa", help="protocol (default sherpa)")
@@ -148,9 +175,11 @@ def _arguments(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--timeout-s", type=float, default=300.0, help="bound on one client's exchange")
     parser.add_argument("--out", type=Path, help="write the JSON report here")
     args = parser.parse_args(argv)
-    for name in ("clients", "processes", "message_ms", "repeat"):
+    for name in ("processes", "message_ms", "repeat"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if min(args.clients) < 1 or sorted(set(args.clients)) != args.clients:
+        parser.error(f"--clients must be ascending counts >= 1, got {args.clients}")
     return args
 
 
@@ -162,7 +191,7 @@ def _server(args: argparse.Namespace) -> Iterator[tuple[str, subprocess.Popen | 
         return
     options = {
         "--device": args.device,
-        "--max-connections": args.clients,
+        "--max-connections": max(args.clients),
         "--idle-timeout-s": args.timeout_s,
         "--model": args.model,
         "--chunk-ms": args.chunk_ms,
@@ -354,7 +383,7 @@ def main(argv: list[str]) -> int:
 
             references = _update_clock(args.chunk_ms or round(DEFAULT_CHUNK_S * MS_PER_S))
         else:
-            on_device = {"device": args.device, "dtype": args.dtype, "max_streams": args.clients}
+            on_device = {"device": args.device, "dtype": args.dtype, "max_streams": max(args.clients)}
             # Over realtime the server hears the audio resampled to 24 kHz, as int16, and back.
             heard = {name: heard_over_realtime(a) for name, a in audio.items()} if args.route == "realtime" else audio
             references = single_stream_references(
@@ -392,43 +421,77 @@ def _save_random_model(name: str, dtype: str, stack: contextlib.ExitStack) -> st
 
 
 def _measure(args, audio, message_samples, references: References, argv) -> int:
-    """Run the clients against the server and write the report; the exit status."""
+    """Run each count of clients against one server, up to the first that does not hold, and write the report
+    (one count: its report; several: each one's under ``levels``); the exit status."""
     from audiomask.bench.environment import capture_environment, write_result
 
+    levels: list[dict] = []
+    with _server(args) as (url, server):
+        for clients in args.clients:
+            if levels:
+                _wait_idle(url)
+            levels.append(_level(args, clients, url, server, audio, message_samples, references))
+            print(json.dumps({key: levels[-1][key] for key in SUMMARY}))
+            if not levels[-1]["holds"]:
+                break
+    report = capture_environment([Path(sys.argv[0]).as_posix(), *argv])
+    if len(args.clients) == 1:
+        report |= levels[0]
+    else:
+        holding = [level["clients"] for level in levels if level["holds"]]
+        report |= {"levels": levels, "most_clients_holding": max(holding, default=None)}
+    if args.out:
+        write_result(args.out, report)
+    return 0 if all(level["correct"] == level["clients"] for level in levels) else 1
+
+
+def _wait_idle(url: str) -> None:
+    """Wait until the server reports no connection in :data:`IDLE_SAMPLES` answers in a row (each replica's,
+    with several), at most :data:`IDLE_TIMEOUT_S`; ``RuntimeError`` past it."""
+    deadline, quiet = time.monotonic() + IDLE_TIMEOUT_S, 0
+    while quiet < IDLE_SAMPLES:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the server still had connections {IDLE_TIMEOUT_S:g} s after the clients ended")
+        quiet = quiet + 1 if server_health(url.replace("ws", "http", 1))[1].get("connections") == 0 else 0
+        time.sleep(IDLE_POLL_S)
+
+
+def _level(args, clients: int, url: str, server, audio, message_samples, references: References) -> dict:
+    """``clients`` clients against the server at ``url``: the report of their run (settings, counts, latencies,
+    the server's CPU and health), ``holds`` when every text is right and the partials' p99 is under a chunk."""
     names = sorted(audio)
     load_average_1m = os.getloadavg()[0]
-    with _server(args) as (url, server):
-        protocols = ["sherpa", "wenet"] if args.route == "both" else [args.route]
-        begin = time.time() + CLIENT_START_S  # the client processes start first
-        jobs = [
-            {
-                "index": index,
-                "name": names[index % len(names)],
-                "protocol": protocols[index % len(protocols)],
-                "url": url + ROUTES[protocols[index % len(protocols)]],
-                "message_samples": message_samples,
-                "realtime": args.realtime,
-                "token": args.token,
-                "timeout_s": args.timeout_s,
-                "start_at": begin + index * args.ramp_s / args.clients,
-            }
-            for index in range(args.clients)
-        ]
-        started = time.perf_counter()
-        cpu_before_s = None if server is None else cpu_seconds(server.pid)
-        tree_before_s = None if server is None else tree_cpu_seconds(server.pid)
-        spawn = multiprocessing.get_context("spawn")
-        clients_before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        with ProcessPoolExecutor(args.processes, mp_context=spawn) as pool, _health_samples(url) as samples:
-            shares = [jobs[worker :: args.processes] for worker in range(args.processes)]
-            done = pool.map(_run_clients, [audio] * len(shares), shares)
-            outcomes = [outcome for share in done for outcome in share]
-        clients_after = resource.getrusage(resource.RUSAGE_CHILDREN)  # the pool's processes have been reaped
-        clients_cpu_s = sum(getattr(clients_after, f) - getattr(clients_before, f) for f in ("ru_utime", "ru_stime"))
-        wall_s = time.perf_counter() - started
-        health = server_health(url.replace("ws", "http", 1))[1]
-        server_cpu_s = None if server is None else cpu_seconds(server.pid) - cpu_before_s
-        tree_cpu_s = None if server is None else tree_cpu_seconds(server.pid) - tree_before_s
+    protocols = ["sherpa", "wenet"] if args.route == "both" else [args.route]
+    begin = time.time() + CLIENT_START_S  # the client processes start first
+    jobs = [
+        {
+            "index": index,
+            "name": names[index % len(names)],
+            "protocol": protocols[index % len(protocols)],
+            "url": url + ROUTES[protocols[index % len(protocols)]],
+            "message_samples": message_samples,
+            "realtime": args.realtime,
+            "token": args.token,
+            "timeout_s": args.timeout_s,
+            "start_at": begin + index * args.ramp_s / clients,
+        }
+        for index in range(clients)
+    ]
+    started = time.perf_counter()
+    cpu_before_s = None if server is None else cpu_seconds(server.pid)
+    tree_before_s = None if server is None else tree_cpu_seconds(server.pid)
+    spawn = multiprocessing.get_context("spawn")
+    clients_before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    with ProcessPoolExecutor(args.processes, mp_context=spawn) as pool, _health_samples(url) as samples:
+        shares = [jobs[worker :: args.processes] for worker in range(args.processes)]
+        done = pool.map(_run_clients, [audio] * len(shares), shares)
+        outcomes = [outcome for share in done for outcome in share]
+    clients_after = resource.getrusage(resource.RUSAGE_CHILDREN)  # the pool's processes have been reaped
+    clients_cpu_s = sum(getattr(clients_after, f) - getattr(clients_before, f) for f in ("ru_utime", "ru_stime"))
+    wall_s = time.perf_counter() - started
+    health = server_health(url.replace("ws", "http", 1))[1]
+    server_cpu_s = None if server is None else cpu_seconds(server.pid) - cpu_before_s
+    tree_cpu_s = None if server is None else tree_cpu_seconds(server.pid) - tree_before_s
 
     lost = [outcome for outcome in outcomes if "error" in outcome]
     audio_s = sum(len(audio[job["name"]]) for job in jobs) / SAMPLE_RATE
@@ -449,90 +512,77 @@ def _measure(args, audio, message_samples, references: References, argv) -> int:
         timed_partials += latencies
         untimed, unmatched = untimed + not_timed, unmatched + missing
         partial_count += len(outcome["partials"])
-    report = (
-        capture_environment([Path(sys.argv[0]).as_posix(), *argv])
-        | {
-            "url": args.url,
-            "server_health": health,
-            # The started server's CPU seconds while the clients ran (its start-up left out), and per second
-            # of audio the clients sent: what one real-time stream costs the server's host. With --replicas the
-            # started process only watches its replicas: their CPU is in server_processes_cpu_s.
-            "server_cpu_s": None if server_cpu_s is None else round(server_cpu_s, 2),
-            "audio_s": round(audio_s, 2),
-            "server_cpu_per_audio_s": None if server_cpu_s is None else round(server_cpu_s / audio_s, 5),
-            # The same with every process of the server: WebSocket workers and front-end processes.
-            "server_processes_cpu_s": None if tree_cpu_s is None else round(tree_cpu_s, 2),
-            "server_processes_cpu_per_audio_s": None if tree_cpu_s is None else round(tree_cpu_s / audio_s, 5),
-            "load_average_1m": load_average_1m,
-            # The client processes' CPU seconds (on the same host: what they take, the server cannot use).
-            "clients_cpu_s": round(clients_cpu_s, 2),  # the machine's load before the run (other work shares the cores)
-            "model": getattr(args, "model_name", args.model),
-            "fixed_tokens": args.fixed_tokens,
-            "reference": "single-stream texts" if references.finals else "none: a final is correct when not empty",
-            # An LLM checkpoint's server picks its own: bfloat16 on CUDA, float32 on the CPU.
-            "dtype": ("bfloat16" if args.device.startswith("cuda") else "float32") if args.llm else args.dtype,
-            "reference_on_device": args.reference_on_device,
-            "frontend_workers": args.frontend_workers,
-            "ws_workers": args.ws_workers,
-            "replicas": args.replicas,
-            "clients": args.clients,
-            "processes": args.processes,
-            "route": args.route,
-            "realtime": args.realtime,
-            "message_ms": args.message_ms,
-            "ramp_s": args.ramp_s,
-            "repeat": args.repeat,
-            "max_wait_ms": args.max_wait_ms,
-            "endpoint_silence_s": args.endpoint_silence_s,
-            "max_segment_s": args.max_segment_s,
-            "most_clients_at_once": _most_at_once(outcomes),
-            "chunk_ms": references.chunk_ms,
-            "samples": {name: round(len(samples) / SAMPLE_RATE, 3) for name, samples in audio.items()},
-            "wall_s": round(wall_s, 2),
-            "correct": args.clients - len(lost) - len(wrong),
-            "lost": len(lost),
-            "wrong": len(wrong),
-            "errors": sorted({outcome["error"] for outcome in lost})[:10],
-            "wrong_texts": [
-                {"file": jobs[o["index"]]["name"], "text": o["text"], "expected": expected[jobs[o["index"]]["name"]]}
-                for o in wrong
-            ][:10],
-            "partials": partial_count,
-            # An LLM recogniser's updates (one a whole chunk): a partial each, unless its text did not change or
-            # the stream's end came first (its final replaces it); fewer partials than updates time later ones
-            # from earlier chunks (see _partial_latencies).
-            "updates": None
-            if references.finals
-            else sum(len(audio[jobs[o["index"]]["name"]]) // references.block for o in outcomes if "error" not in o),
-            "partials_untimed": untimed,  # a segment's end (the text unchanged), or unmatched
-            "partials_unmatched": unmatched,  # timed by the reference's texts (no token times), which never show it
-            "partial_latency_ms": _percentiles([latency for _, latency, _ in timed_partials]),
-            # Split by where a partial's chunk ends: before the client's last message, or in it (an utterance's
-            # last chunks: the last, padded one may wait for the step of the one before).
-            "partials_last_message": sum(last for _, _, last in timed_partials),
-            "partial_latency_ms_mid_stream": _percentiles([lat for _, lat, last in timed_partials if not last]),
-            "partial_latency_ms_last_message": _percentiles([lat for _, lat, last in timed_partials if last]),
-            "partial_latency_ms_by_second": _latency_by_second(timed_partials, outcomes),
-            # /health every HEALTH_SAMPLE_S while the clients ran: connections, streams, steps run, and the
-            # recent steps' timings (how the server's steps evolve under the load).
-            "health_samples": samples,
-            "final_latency_ms": _percentiles([o["latency_final_s"] for o in outcomes if "error" not in o]),
-        }
-    )
-    summary = (
-        "most_clients_at_once",
-        "correct",
-        "lost",
-        "wrong",
-        "server_cpu_per_audio_s",
-        "server_processes_cpu_per_audio_s",
-        "partial_latency_ms",
-        "final_latency_ms",
-    )
-    print(json.dumps({key: report[key] for key in summary}))
-    if args.out:
-        write_result(args.out, report)
-    return 0 if report["correct"] == args.clients else 1
+    partial_latency_ms = _percentiles([latency for _, latency, _ in timed_partials])
+    correct = clients - len(lost) - len(wrong)
+    return {
+        "url": args.url,
+        "server_health": health,
+        # The started server's CPU seconds while the clients ran (its start-up left out), and per second
+        # of audio the clients sent: what one real-time stream costs the server's host. With --replicas the
+        # started process only watches its replicas: their CPU is in server_processes_cpu_s.
+        "server_cpu_s": None if server_cpu_s is None else round(server_cpu_s, 2),
+        "audio_s": round(audio_s, 2),
+        "server_cpu_per_audio_s": None if server_cpu_s is None else round(server_cpu_s / audio_s, 5),
+        # The same with every process of the server: WebSocket workers and front-end processes.
+        "server_processes_cpu_s": None if tree_cpu_s is None else round(tree_cpu_s, 2),
+        "server_processes_cpu_per_audio_s": None if tree_cpu_s is None else round(tree_cpu_s / audio_s, 5),
+        "load_average_1m": load_average_1m,  # the machine's load before the run (other work shares the cores)
+        # The client processes' CPU seconds (on the same host: what they take, the server cannot use).
+        "clients_cpu_s": round(clients_cpu_s, 2),
+        "model": getattr(args, "model_name", args.model),
+        "fixed_tokens": args.fixed_tokens,
+        "reference": "single-stream texts" if references.finals else "none: a final is correct when not empty",
+        # An LLM checkpoint's server picks its own: bfloat16 on CUDA, float32 on the CPU.
+        "dtype": ("bfloat16" if args.device.startswith("cuda") else "float32") if args.llm else args.dtype,
+        "reference_on_device": args.reference_on_device,
+        "frontend_workers": args.frontend_workers,
+        "ws_workers": args.ws_workers,
+        "replicas": args.replicas,
+        "clients": clients,
+        "processes": args.processes,
+        "route": args.route,
+        "realtime": args.realtime,
+        "message_ms": args.message_ms,
+        "ramp_s": args.ramp_s,
+        "repeat": args.repeat,
+        "max_wait_ms": args.max_wait_ms,
+        "endpoint_silence_s": args.endpoint_silence_s,
+        "max_segment_s": args.max_segment_s,
+        "most_clients_at_once": _most_at_once(outcomes),
+        "chunk_ms": references.chunk_ms,
+        "samples": {name: round(len(samples) / SAMPLE_RATE, 3) for name, samples in audio.items()},
+        "wall_s": round(wall_s, 2),
+        "correct": correct,
+        "lost": len(lost),
+        "wrong": len(wrong),
+        "errors": sorted({outcome["error"] for outcome in lost})[:10],
+        "wrong_texts": [
+            {"file": jobs[o["index"]]["name"], "text": o["text"], "expected": expected[jobs[o["index"]]["name"]]}
+            for o in wrong
+        ][:10],
+        "partials": partial_count,
+        # An LLM recogniser's updates (one a whole chunk): a partial each, unless its text did not change or
+        # the stream's end came first (its final replaces it); fewer partials than updates time later ones
+        # from earlier chunks (see _partial_latencies).
+        "updates": None
+        if references.finals
+        else sum(len(audio[jobs[o["index"]]["name"]]) // references.block for o in outcomes if "error" not in o),
+        "partials_untimed": untimed,  # a segment's end (the text unchanged), or unmatched
+        "partials_unmatched": unmatched,  # timed by the reference's texts (no token times), which never show it
+        "partial_latency_ms": partial_latency_ms,
+        # Split by where a partial's chunk ends: before the client's last message, or in it (an utterance's
+        # last chunks: the last, padded one may wait for the step of the one before).
+        "partials_last_message": sum(last for _, _, last in timed_partials),
+        "partial_latency_ms_mid_stream": _percentiles([lat for _, lat, last in timed_partials if not last]),
+        "partial_latency_ms_last_message": _percentiles([lat for _, lat, last in timed_partials if last]),
+        "partial_latency_ms_by_second": _latency_by_second(timed_partials, outcomes),
+        # /health every HEALTH_SAMPLE_S while the clients ran: connections, streams, steps run, and the
+        # recent steps' timings (how the server's steps evolve under the load).
+        "health_samples": samples,
+        "final_latency_ms": _percentiles([o["latency_final_s"] for o in outcomes if "error" not in o]),
+        # Every text right and the partials' p99 under one chunk.
+        "holds": correct == clients and (partial_latency_ms["p99"] or math.inf) < references.chunk_ms,
+    }
 
 
 if __name__ == "__main__":

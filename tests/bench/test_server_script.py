@@ -37,6 +37,24 @@ def test_bench_server_checks_every_text_and_times_the_partials(tmp_path):
     assert max(mid["max"], last["max"] or 0.0) == latencies["max"]  # None: no partial timed from a last message
 
 
+def test_bench_server_runs_each_count_of_clients_against_one_server(tmp_path):
+    out = tmp_path / "levels.json"
+    command = [sys.executable, str(SCRIPT), "--clients", "1", "3", "--model", "shipped_tiny", "--realtime"]
+    finished = subprocess.run([*command, "--out", str(out)], check=False, capture_output=True, text=True, timeout=300)
+    assert finished.returncode == 0, finished.stdout + finished.stderr
+    report = json.loads(out.read_text())
+    levels = report["levels"]
+    assert [level["clients"] for level in levels] == [1, 3]  # one and three real-time clients of the tiny model hold
+    for level in levels:
+        assert (level["correct"], level["lost"], level["wrong"]) == (level["clients"], 0, 0)
+        assert level["holds"] == (level["partial_latency_ms"]["p99"] < level["chunk_ms"])
+    assert report["most_clients_holding"] == max((lvl["clients"] for lvl in levels if lvl["holds"]), default=None)
+    # One server for both: its steps count on from the first run's.
+    assert 0 < levels[0]["server_health"]["cycles"] < levels[1]["server_health"]["cycles"]
+    summaries = [json.loads(line) for line in finished.stdout.splitlines() if line.startswith("{")]
+    assert [summary["clients"] for summary in summaries] == [1, 3]  # a summary line a count
+
+
 @pytest.fixture(scope="module")
 def bench_server():
     """The script as a module (its functions, without running it)."""
@@ -134,3 +152,10 @@ def test_bench_server_streams_an_llm_checkpoint_with_fixed_tokens(tmp_path):
     assert report["max_segment_s"] == 2.0  # the server cut each 3-4 s stream at 2 s: segments of their own
     assert report["reference"].startswith("none") and 0 < report["partials"] <= report["updates"]
     assert report["partial_latency_ms"]["p50"] < 1000
+
+
+@pytest.mark.parametrize("counts", [["3", "2"], ["2", "2"], ["0", "4"]])
+def test_the_counts_of_clients_ascend_from_one(bench_server, counts, capsys):
+    with pytest.raises(SystemExit):
+        bench_server._arguments(["--clients", *counts])
+    assert "--clients must be ascending counts >= 1" in capsys.readouterr().err
