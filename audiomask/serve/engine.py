@@ -9,7 +9,8 @@ a client's audio costs the event loop no thread hop:
   connection's :class:`~audiomask.serve.feeds.Feed`;
 - a *ticker* thread wakes when a feed completes a block of its stream's audio
   (and at least :data:`TICKS_PER_CHUNK` times a chunk): it hands every due
-  feed, in one pass, to a *feeder* thread, which opens the streams of new
+  feed, in one pass (passes start at most every :data:`PASS_GAP_S`), to a
+  *feeder* thread, which opens the streams of new
   connections and ``accept``\\ s each feed's samples (one call per feed and
   pass; the encoder steps that become due run inside), or calls ``poll()``
   when nothing was due (the steps whose wait for stragglers is over). There
@@ -66,6 +67,7 @@ from audiomask.vad.detector import VoiceActivity
 __all__ = [
     "DRAIN_TIMEOUT_S",
     "FEEDERS",
+    "PASS_GAP_S",
     "SWEEP_PAUSE_FACTOR",
     "TICKS_PER_CHUNK",
     "Engine",
@@ -80,6 +82,11 @@ TICKS_PER_CHUNK = 8  # ticker wake-ups per chunk of audio when nothing wakes it:
 # Threads that feed the recognizer, one pass over the due feeds each: an accept (or poll) may find steps due
 # and run them, for as long as more come due, and meanwhile the other feeds the connections.
 FEEDERS = 2
+# Passes start at least this many seconds apart: a pass's voice-activity call and recognizer call cost the
+# interpreter lock (and on CUDA a wait for the device) whatever the feeds they take, so that under load a pass
+# takes every feed that came due since the last, not the one or two of the moment; a feed waits this much at
+# most (figures: docs/defaults.md).
+PASS_GAP_S = 0.01
 # After a sweep of every stream's transcript that took T seconds, the next waits SWEEP_PAUSE_FACTOR * T:
 # with thousands of streams the sweeps take at most 1 / (1 + SWEEP_PAUSE_FACTOR) of the ticker's time.
 SWEEP_PAUSE_FACTOR = 3
@@ -405,7 +412,8 @@ class Engine:
         logger.error("the recognizer cannot serve: %s", self.error)
 
     def _tick(self) -> None:
-        """Start a pass over the due feeds when a feeder is free; sweep the texts after steps ran (ticker thread).
+        """Start a pass over the due feeds when a feeder is free and the last pass started :data:`PASS_GAP_S`
+        ago; sweep the texts after steps ran (ticker thread).
 
         The ticker itself never calls into the recognizer but for ``partial()`` (which takes no lock), so
         its sweeps go on while encoder steps run.
@@ -414,17 +422,20 @@ class Engine:
         assert inbox is not None
         tick_s = recognizer.chunk_ms / MS_PER_S / TICKS_PER_CHUNK
         cycles_swept = recognizer.stats.count
-        sweep_at = poll_at = 0.0  # time.monotonic() before which no sweep starts, and no pass only polls
+        # time.monotonic() before which no sweep starts, no pass only polls, and no pass starts
+        sweep_at = poll_at = pass_at = 0.0
         timeout_s = tick_s
         while not self._stopping.is_set():
             self._wake.wait(timeout_s)
             self._wake.clear()
             timeout_s = tick_s
             now = time.monotonic()
-            if self._feeders.acquire(blocking=False):
+            if now < pass_at:
+                timeout_s = pass_at - now
+            elif self._feeders.acquire(blocking=False):
                 taken = inbox.take(recognizer.stats.count)
                 if taken or now >= poll_at:  # a pass without samples polls: at most once a tick
-                    poll_at = now + tick_s
+                    poll_at, pass_at = now + tick_s, now + PASS_GAP_S
                     self._feed_pool.submit(self._pass, recognizer, inbox, taken)
                 else:
                     self._feeders.release()
@@ -436,7 +447,7 @@ class Engine:
                 changed = self._sweep()
                 sweep_at = now + SWEEP_PAUSE_FACTOR * (time.monotonic() - now)
             elif cycles != cycles_swept:
-                timeout_s = min(tick_s, sweep_at - now)
+                timeout_s = min(timeout_s, sweep_at - now)
             else:  # no step ran: a segment cut earlier may have got its final text all the same
                 changed = self._sweep_finishing()
             if changed or done:

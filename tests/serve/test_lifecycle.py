@@ -8,10 +8,12 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from importlib.resources import files
 
+import numpy as np
 import pytest
 
 from audiomask.serve.client import DEFAULT_MESSAGE_SAMPLES, stream_audio
@@ -240,3 +242,62 @@ def test_the_engine_freezes_what_it_loaded_and_lowers_the_switch_interval_on_the
             assert asyncio.run(switch_interval_once_started(recognizer)) == pytest.approx(SWITCH_INTERVAL_S / 2)
     finally:
         sys.setswitchinterval(before)
+
+
+class _Quiet:
+    """A connection's listener that keeps nothing (the test reads the feeds)."""
+
+    def results(self, segments: list) -> None:
+        pass
+
+    def failed(self, error: BaseException) -> None:
+        raise AssertionError(f"a feed failed: {error}")
+
+    def stop(self) -> None:
+        pass
+
+    def endpoint_due(self, sample: int | None) -> None:
+        pass
+
+
+def test_passes_start_a_pass_gap_apart_and_take_every_feed_that_came_due_meanwhile():
+    from audiomask.asr.checkpoint import load_model
+    from audiomask.asr.recognizer import StreamingRecognizer
+    from audiomask.serve.engine import PASS_GAP_S, Engine
+    from audiomask.serve.settings import ServeSettings
+
+    feeds_count = 12
+    starts: list[float] = []
+    taken_counts: list[int] = []
+
+    async def feed_one_after_another(recognizer: StreamingRecognizer) -> list:
+        engine = Engine(ServeSettings(max_connections=feeds_count), recognizer)
+        own_pass = engine._pass
+
+        def spied_pass(recognizer, inbox, taken):
+            starts.append(time.monotonic())
+            taken_counts.append(len(taken))
+            own_pass(recognizer, inbox, taken)
+
+        engine._pass = spied_pass
+        await engine.start()
+        try:
+            while engine.feed_limits is None:
+                await asyncio.sleep(0.01)
+            first_block = engine.feed_limits[0]
+            feeds = [engine.attach(_Quiet(), f"caller-{index}") for index in range(feeds_count)]
+            starts.clear(), taken_counts.clear()
+            for feed in feeds:  # each feed comes due on its own, a millisecond after the one before
+                await feed.put(np.zeros(first_block, np.float32))
+                await asyncio.sleep(0.001)
+            return [await engine.finish(feed) for feed in feeds]
+        finally:
+            await engine.stop()
+
+    with StreamingRecognizer(load_model(), "cpu", max_streams=feeds_count) as recognizer:
+        finals = asyncio.run(feed_one_after_another(recognizer))
+    assert len(finals) == feeds_count  # every feed was fed and finished
+    # Timed where the feeder thread starts each pass, a hand-over after the ticker's decision: give it slack.
+    gaps = np.diff(starts)
+    assert len(gaps) and gaps.min() >= PASS_GAP_S / 2 and np.median(gaps) >= PASS_GAP_S * 0.99, gaps
+    assert sum(taken_counts) >= feeds_count and max(taken_counts) > 1  # a pass took the feeds due meanwhile
