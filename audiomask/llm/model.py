@@ -50,7 +50,7 @@ class AudioLM:
     """An LLM recogniser: ``encoder`` -> ``projector`` -> ``lm``, with its tokenizer and prompt rules.
 
     ``family``: ``"qwen3_asr"`` or ``"phi4mm"``; ``prompt(context, language)``: the ids around the audio;
-    ``parse(answer, language)``: ``(language, text)`` of a decoded answer; ``stop_ids``: the end tokens.
+    ``parse(answers, language)``: ``(language, text)`` of each decoded answer; ``stop_ids``: the end tokens.
     """
 
     family: str
@@ -60,7 +60,7 @@ class AudioLM:
     tokenizer: Any
     frontend: Frontend
     prompt: Callable[[str, str | None], PromptParts]
-    parse: Callable[[str, str | None], tuple[str, str]]
+    parse: Callable[[Sequence[str], str | None], list[tuple[str, str]]]
     stop_ids: frozenset[int]
     path: str = ""
     description: dict[str, Any] = field(default_factory=dict)
@@ -86,7 +86,7 @@ class AudioLM:
     def answer(self, tokens: Sequence[int], language: str | None) -> LLMTranscript:
         """The transcript of an answer's token ids."""
         raw = self.tokenizer.decode(list(tokens), skip_special_tokens=True)
-        said, text = self.parse(raw, language)
+        [(said, text)] = self.parse([raw], language)
         return LLMTranscript(text=text, language=said, tokens=tuple(tokens), raw=raw)
 
     def prompts(self, signals: Sequence[object], parts: PromptParts) -> list[torch.Tensor]:

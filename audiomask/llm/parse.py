@@ -40,6 +40,7 @@ qwen-asr's ``normalize_language_name`` does. Standard library only: no torch.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -52,8 +53,10 @@ __all__ = [
     "NO_SPEECH",
     "REPETITION_THRESHOLD",
     "fix_repetitions",
+    "fix_repetitions_many",
     "language_name",
     "parse_output",
+    "parse_outputs",
 ]
 
 ASR_TEXT_TAG = "<asr_text>"  # ends the model's metadata; the transcription follows
@@ -126,26 +129,51 @@ _LONG_RUN = re.compile(rf"(.)\1{{{REPETITION_THRESHOLD},}}", re.DOTALL)
 # Pattern lengths the fix looks for, and how many characters each pattern's repetitions span past its first copy.
 _PATTERN_LENGTHS = np.arange(1, MAX_PATTERN_LENGTH + 1)
 _COPIES_SPAN = (REPETITION_THRESHOLD - 1) * _PATTERN_LENGTHS
-# Code points past a text's end: distinct, negative, so that no character equals one, nor one another.
-_PAST_END = -np.arange(1, MAX_PATTERN_LENGTH + 1)
+# Characters of texts searched together: one search's arrays take a few hundred bytes a character, and larger
+# groups outgrow the processor's cache (figures: docs/defaults.md).
+SEARCH_ROWS = 16384
 
 
-def _repetitions(text: str) -> tuple[np.ndarray, np.ndarray]:
-    """Every position of ``text`` where a pattern of 1 to :data:`MAX_PATTERN_LENGTH` characters is followed by
-    ``REPETITION_THRESHOLD - 1`` copies of itself, ascending, and the shortest such pattern's length there.
+def _repetitions(texts: list[str]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """:func:`_repetitions_together` of the texts, in consecutive groups of about :data:`SEARCH_ROWS` characters
+    (a group's arrays stay in the processor's cache)."""
+    found: list[tuple[np.ndarray, np.ndarray]] = []
+    group: list[str] = []
+    rows = 0
+    for text in texts:
+        if group and rows + len(text) > SEARCH_ROWS:
+            found += _repetitions_together(group)
+            group, rows = [], 0
+        group.append(text)
+        rows += len(text) + MAX_PATTERN_LENGTH
+    return found + _repetitions_together(group)
+
+
+def _repetitions_together(texts: list[str]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """For each text, every position where a pattern of 1 to :data:`MAX_PATTERN_LENGTH` characters is followed
+    by ``REPETITION_THRESHOLD - 1`` copies of itself, ascending, and the shortest such pattern's length there.
 
     Upstream tries each position and at each the lengths from 1 up, in Python; a regular expression of the
     same search (``(.{1,20}?)\\1{19}``) costs ~20 tries a character, ~0.2 ms on a 240-character answer. Here:
     ``L`` characters repeat ``R`` times from ``i`` exactly when ``text[j] == text[j + L]`` for every ``j`` in
     ``i .. i + (R - 1) L - 1``, so one comparison of the text with itself shifted by each length, and the
-    length of the run of equal pairs from each position, decide every position at once.
+    length of the run of equal pairs from each position, decide every position at once; the texts go in one
+    search (a streaming update parses hundreds), each followed by :data:`MAX_PATTERN_LENGTH` code points that
+    equal nothing (distinct negatives), so that no comparison reaches past a text's end.
     """
-    size = len(text)
-    if size < REPETITION_THRESHOLD:  # too short for any pattern's copies
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    codes = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), "<u4").astype(np.int64)
-    shifted = np.lib.stride_tricks.sliding_window_view(np.concatenate((codes, _PAST_END)), MAX_PATTERN_LENGTH + 1)
-    equal = shifted[:size, 1:] == shifted[:size, :1]  # equal[j, L - 1]: text[j] == text[j + L]
+    none = np.zeros(0, np.int64)
+    sizes = np.array([len(text) for text in texts], np.int64)
+    if not len(texts) or sizes.max() < REPETITION_THRESHOLD:  # too short for any pattern's copies
+        return [(none, none) for _ in texts]
+    begins = np.concatenate(([0], np.cumsum(sizes + MAX_PATTERN_LENGTH)[:-1]))  # each text's first row
+    total = int(begins[-1] + sizes[-1] + MAX_PATTERN_LENGTH)
+    codes = -np.arange(1, total + MAX_PATTERN_LENGTH + 1, dtype=np.int64)  # past every text: equal to nothing
+    joined = "".join(texts).encode("utf-32-le", "surrogatepass")
+    codes[np.arange(int(sizes.sum())) + np.repeat(begins - np.cumsum(sizes) + sizes, sizes)] = np.frombuffer(
+        joined, "<u4"
+    )
+    shifted = np.lib.stride_tricks.sliding_window_view(codes, MAX_PATTERN_LENGTH + 1)
+    equal = shifted[:total, 1:] == shifted[:total, :1]  # equal[j, L - 1]: codes[j] == codes[j + L]
     # A repetition needs a run of at least REPETITION_THRESHOLD - 1 equal pairs (pattern length 1): most texts
     # have none, found by halving the run in a few ands.
     runs, width = equal, 1
@@ -153,12 +181,14 @@ def _repetitions(text: str) -> tuple[np.ndarray, np.ndarray]:
         step = min(width, REPETITION_THRESHOLD - 1 - width)
         runs, width = runs[:-step] & runs[step:], width + step
     if not runs.any():
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    positions = np.arange(size)[:, None]
-    unequal_from = np.minimum.accumulate(np.where(equal, size, positions)[::-1], axis=0)[::-1]
-    repeats = unequal_from - positions >= _COPIES_SPAN  # (size, lengths)
+        return [(none, none) for _ in texts]
+    positions = np.arange(total)[:, None]
+    unequal_from = np.minimum.accumulate(np.where(equal, total, positions)[::-1], axis=0)[::-1]
+    repeats = unequal_from - positions >= _COPIES_SPAN  # (total, lengths)
     starts = np.flatnonzero(repeats.any(axis=1))
-    return starts, _PATTERN_LENGTHS[repeats[starts].argmax(axis=1)]
+    lengths = _PATTERN_LENGTHS[repeats[starts].argmax(axis=1)]
+    cuts = np.searchsorted(starts, np.append(begins, total)).tolist()  # text t's starts: cuts[t] .. cuts[t + 1]
+    return [(starts[cuts[t] : cuts[t + 1]] - begins[t], lengths[cuts[t] : cuts[t + 1]]) for t in range(len(texts))]
 
 
 def _fix_pattern_repeats(text: str, starts: np.ndarray, lengths: np.ndarray) -> str:
@@ -181,7 +211,8 @@ def _fix_pattern_repeats(text: str, starts: np.ndarray, lengths: np.ndarray) -> 
 
 
 def fix_repetitions(text: str) -> str:
-    """``text`` with runaway repetitions collapsed, as upstream does before parsing.
+    """``text`` with runaway repetitions collapsed, as upstream does before parsing (one text of
+    :func:`fix_repetitions_many`).
 
     First a character repeated more than :data:`REPETITION_THRESHOLD` times in a
     row becomes one; then, left to right, the first pattern of up to
@@ -198,11 +229,20 @@ def fix_repetitions(text: str) -> str:
     >>> fix_repetitions("no no no")
     'no no no'
     """
-    collapsed = _LONG_RUN.sub(r"\1", text)
-    starts, lengths = _repetitions(collapsed)
-    if not len(starts):  # no pattern repeated the threshold's times: nothing to fix
-        return collapsed
-    return _fix_pattern_repeats(collapsed, starts, lengths)
+    return fix_repetitions_many([text])[0]
+
+
+def fix_repetitions_many(texts: Sequence[str]) -> list[str]:
+    """:func:`fix_repetitions` of each text, the patterns of all of them searched at once.
+
+    >>> fix_repetitions_many(["ha" * 30 + "!", "no no no"])
+    ['ha!', 'no no no']
+    """
+    collapsed = [_LONG_RUN.sub(r"\1", text) for text in texts]
+    return [
+        _fix_pattern_repeats(text, starts, lengths) if len(starts) else text  # no pattern repeated: nothing to fix
+        for text, (starts, lengths) in zip(collapsed, _repetitions(collapsed), strict=True)
+    ]
 
 
 def parse_output(raw: str, language: str | None = None) -> tuple[str, str]:
@@ -231,10 +271,23 @@ def parse_output(raw: str, language: str | None = None) -> tuple[str, str]:
     >>> parse_output("Ja" + ", ja" * 25, language="German")
     ('German', 'Ja, ja')
     """
-    s = raw.strip()
-    if not s:
-        return "", ""
-    s = fix_repetitions(s)
+    return parse_outputs([raw], language)[0]
+
+
+def parse_outputs(raws: Sequence[str], language: str | None = None) -> list[tuple[str, str]]:
+    """:func:`parse_output` of each raw output, their repetitions fixed in one search
+    (:func:`fix_repetitions_many`).
+
+    >>> parse_outputs(["language English<asr_text>Hi.", "language None<asr_text>"])
+    [('English', 'Hi.'), ('', '')]
+    """
+    stripped = [raw.strip() for raw in raws]
+    fixed = iter(fix_repetitions_many([s for s in stripped if s]))
+    return [_language_and_text(next(fixed), language) if s else ("", "") for s in stripped]
+
+
+def _language_and_text(s: str, language: str | None) -> tuple[str, str]:
+    """:func:`parse_output` of the stripped, repetition-fixed, non-empty output ``s``."""
     if language:
         return language, s
     if ASR_TEXT_TAG not in s:

@@ -37,6 +37,7 @@ stripped; its language is not said ("").
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -60,7 +61,7 @@ __all__ = [
     "Phi4MMProjector",
     "build",
     "phi4mm_prompt",
-    "phi4mm_text",
+    "phi4mm_texts",
 ]
 
 DEFAULT_INSTRUCTION = "Transcribe the audio clip into text."  # the model card's speech recognition prompt
@@ -141,9 +142,10 @@ def phi4mm_prompt(tokenizer: Any, audio_token: str, context: str, language: str 
     return split_at_audio(tokenizer, text, audio_token)
 
 
-def phi4mm_text(answer: str, language: str | None) -> tuple[str, str]:
-    """``("", text)`` of the model's decoded answer: the text stripped (Phi-4-multimodal does not say its language)."""
-    return "", answer.strip()
+def phi4mm_texts(answers: Sequence[str], language: str | None) -> list[tuple[str, str]]:
+    """``("", text)`` of each of the model's decoded answers: the text stripped (Phi-4-multimodal does not say its
+    language)."""
+    return [("", answer.strip()) for answer in answers]
 
 
 def _tokenizer(files: CheckpointFiles) -> Any:
@@ -224,7 +226,7 @@ def build(files: CheckpointFiles, device: torch.device | str, dtype: torch.dtype
         tokenizer=tokenizer,
         frontend=default_frontend(encoder),
         prompt=lambda context, language: phi4mm_prompt(tokenizer, audio_token, context, language),
-        parse=phi4mm_text,
+        parse=phi4mm_texts,
         stop_ids=files.stop_ids(),
         path=str(files.directory),
     )

@@ -7,11 +7,12 @@ their words), a user turn holding the audio between ``<|audio_start|>`` and
 ``<|audio_end|>``, one ``<|audio_pad|>`` placeholder per encoder token, and
 the assistant's turn; a forced language appends ``language X<asr_text>``, so
 the model writes only the text. Its answer otherwise reads
-``language X<asr_text>text`` (:func:`audiomask.llm.parse.parse_output`).
+``language X<asr_text>text`` (:func:`audiomask.llm.parse.parse_outputs`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -20,13 +21,13 @@ from torch import nn
 from audiomask.llm.files import CheckpointFiles, fill
 from audiomask.llm.lm import CausalLM, LMConfig, fuse_projections
 from audiomask.llm.model import AudioLM
-from audiomask.llm.parse import ASR_TEXT_TAG, language_name, parse_output
+from audiomask.llm.parse import ASR_TEXT_TAG, language_name, parse_outputs
 from audiomask.llm.prompt import PromptParts, split_at_audio
 from audiomask.models.config import Qwen3ASRConfig
 from audiomask.models.qwen3_asr import Qwen3ASREncoder
 from audiomask.streaming import default_frontend
 
-__all__ = ["AUDIO_PLACEHOLDER", "Qwen3ASRProjector", "assemble", "build", "qwen3_asr_prompt", "qwen3_asr_text"]
+__all__ = ["AUDIO_PLACEHOLDER", "Qwen3ASRProjector", "assemble", "build", "qwen3_asr_prompt", "qwen3_asr_texts"]
 
 AUDIO_PLACEHOLDER = "<|audio_pad|>"  # the chat template's one placeholder; the prompt repeats it per audio token
 
@@ -62,9 +63,10 @@ def qwen3_asr_prompt(tokenizer: Any, context: str, language: str | None) -> Prom
     return split_at_audio(tokenizer, text, AUDIO_PLACEHOLDER)
 
 
-def qwen3_asr_text(answer: str, language: str | None) -> tuple[str, str]:
-    """``(language, text)`` of the model's decoded answer (the forced language's name when one was forced)."""
-    return parse_output(answer, None if language is None else language_name(language))
+def qwen3_asr_texts(answers: Sequence[str], language: str | None) -> list[tuple[str, str]]:
+    """``(language, text)`` of each of the model's decoded answers (the forced language's name when one was
+    forced), parsed together."""
+    return parse_outputs(answers, None if language is None else language_name(language))
 
 
 def build(files: CheckpointFiles, device: torch.device | str, dtype: torch.dtype) -> AudioLM:
@@ -106,7 +108,7 @@ def assemble(
         tokenizer=tokenizer,
         frontend=default_frontend(encoder),
         prompt=lambda context, language: qwen3_asr_prompt(tokenizer, context, language),
-        parse=qwen3_asr_text,
+        parse=qwen3_asr_texts,
         stop_ids=stop_ids,
         **fields,
     )

@@ -301,7 +301,7 @@ class LLMStreams:
         for (stream, slot, signal), row in zip(riding, rows, strict=True):
             self._decoder.add(("segment", stream.name), slot, row, self.policy.final_budget(len(signal)), finish=False)
             self._passes[stream.name] = (stream, len(stream.committed), slot)
-            stream.committed.append(self.model.parse(stream.raw, self.language)[1])
+            stream.committed.append(self.model.parse([stream.raw], self.language)[0][1])
         waiting = [stream for stream, r in zip(streams, ride, strict=True) if not r]
         signals = [samples[:cut] for samples, r in zip(heard, ride, strict=True) if not r]
         for stream, transcript in zip(waiting, self._finals(waiting, signals) if waiting else [], strict=True):
@@ -337,13 +337,13 @@ class LLMStreams:
         for stream, row in zip(streams, inputs, strict=True):
             self._decoder.add(("update", stream.name), stream.slot, row, budget)
         done = self._run()
-        partials = []
         for stream in streams:
             answer = done[("update", stream.name)]
             stream.raw += model.tokenizer.decode(answer, skip_special_tokens=True)
             stream.tokens = tuple(answer)
             stream.chunks += 1
-            language, text = model.parse(stream.raw, self.language)
+        partials = []
+        for stream, (language, text) in zip(streams, model.parse([s.raw for s in streams], self.language), strict=True):
             stream.language = language or stream.language
             partials.append(Partial(stream.name, self._joined(stream, text), stream.language, stream.tokens, False))
         return partials

@@ -21,8 +21,10 @@ from audiomask.llm.parse import (
     MAX_PATTERN_LENGTH,
     REPETITION_THRESHOLD,
     fix_repetitions,
+    fix_repetitions_many,
     language_name,
     parse_output,
+    parse_outputs,
 )
 
 # What the model writes, what a decoder stuck in a loop writes, and what breaks parsers.
@@ -79,6 +81,17 @@ def model_shaped(draw, case=lambda draw, name: name) -> tuple[str, str]:
 @given(raw_output)
 def test_fix_repetitions_matches_upstream(text):
     assert fix_repetitions(text) == upstream._detect_and_fix_repetitions(text)
+
+
+@given(st.lists(raw_output, max_size=8))
+def test_texts_searched_together_are_fixed_as_each_alone_upstream(texts):
+    """The texts of one search never reach into each other: each is fixed as upstream fixes it alone."""
+    assert fix_repetitions_many(texts) == [upstream._detect_and_fix_repetitions(text) for text in texts]
+
+
+@given(st.lists(raw_output | model_shaped().map(lambda pair: pair[0]), max_size=8), st.sampled_from([None, "German"]))
+def test_outputs_parsed_together_are_parsed_as_each_alone(raws, language):
+    assert parse_outputs(raws, language) == [parse_output(raw, language) for raw in raws]
 
 
 @given(raw_output)
@@ -194,3 +207,22 @@ def test_language_name_error_names_the_argument_the_value_and_some_names(value):
     message = str(error.value)
     assert message.startswith(f"language={value!r} ")
     assert "'English' or 'en'" in message and "LANGUAGES" in message
+
+
+def test_texts_searched_in_groups_are_fixed_as_each_alone(monkeypatch):
+    import audiomask.llm.parse as parse_module
+
+    texts = [
+        "ha" * 30 + "!",
+        "",
+        "So" + "o" * 25 + " good.",
+        "x" * 45 + "ab" * 10,
+        "ab" * 10 + "y" * 45,
+        "no no no",
+        "la " * 40 + "end",
+        "short",
+    ]
+    expected = [upstream._detect_and_fix_repetitions(text) for text in texts]
+    for rows in (1, 50, 120, 10_000):  # a text a group, a few, all in one
+        monkeypatch.setattr(parse_module, "SEARCH_ROWS", rows)
+        assert fix_repetitions_many(texts) == expected
