@@ -59,6 +59,7 @@ __all__ = [
     "achieved_tflops",
     "compute_limit",
     "count_step_flops",
+    "device_memory_bytes",
     "device_peak_tflops",
     "flop_per_audio_second",
     "memory_limit",
@@ -152,6 +153,11 @@ def compute_limit(flop_per_audio_s: float, peak: float | None, share: float = CO
     return math.floor(share * peak * TERA / flop_per_audio_s)
 
 
+def device_memory_bytes(device: torch.device) -> int | None:
+    """The device's total memory in bytes; ``None`` on the CPU."""
+    return torch.cuda.mem_get_info(device)[1] if device.type == "cuda" else None
+
+
 def memory_limit(device_bytes: int | None, state_bytes_per_stream: int, fixed_bytes: int = 0) -> int | None:
     """Streams whose state fits in the device: ``(device_bytes - fixed_bytes) / state_bytes_per_stream``, floored.
 
@@ -216,6 +222,23 @@ class EncoderLimits:
             peak_tflops=device_peak_tflops(model.device),
         )
 
+    def limits(self, device_bytes: int | None, lanes: int = 1) -> dict[str, int | None]:
+        """``{"compute": streams, "memory": streams}`` on a device of ``device_bytes`` (``None``: the CPU) with
+        ``lanes`` batches of slots: :func:`compute_limit` and :func:`memory_limit` (less the weights and each
+        lane's shared state); ``None`` where not known."""
+        return {
+            "compute": compute_limit(self.flop_per_audio_s, self.peak_tflops),
+            "memory": memory_limit(
+                device_bytes, self.state_bytes_per_stream, self.weight_bytes + lanes * self.shared_bytes
+            ),
+        }
+
+    def nearer_limit(self, device_bytes: int | None, lanes: int = 1) -> int | None:
+        """The smaller of :meth:`limits` (``None`` when neither is known)."""
+        return min(
+            (streams for streams in self.limits(device_bytes, lanes).values() if streams is not None), default=None
+        )
+
     def row_fields(self, row: dict) -> dict:
         """The fields a throughput row (:func:`audiomask.bench.search.search`'s) gains, JSON-ready.
 
@@ -235,11 +258,7 @@ class EncoderLimits:
             achieved = achieved_tflops(
                 costs["streams"], self.flop_per_audio_s, row["chunk_ms"], costs["gpu_ms_per_cycle"]
             )
-        fixed_bytes = self.weight_bytes + row.get("lanes", 1) * self.shared_bytes
-        limits = {
-            "compute": compute_limit(self.flop_per_audio_s, self.peak_tflops),
-            "memory": memory_limit(row.get("device_bytes"), self.state_bytes_per_stream, fixed_bytes),
-        }
+        limits = self.limits(row.get("device_bytes"), row.get("lanes", 1))
         known = {name: streams for name, streams in limits.items() if streams is not None}
         nearer = min(known, key=known.get) if known else None  # type: ignore[arg-type]
         return {

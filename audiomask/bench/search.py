@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
+from audiomask.bench.limits import device_memory_bytes
 from audiomask.bench.throughput import ProbeTimes
 from audiomask.bench.timing import MS_PER_S, Budget, log, percentiles
 from audiomask.features.process import available_cores
@@ -224,7 +225,7 @@ def search(
     duration_ms = float(settings["chunk_ms"])
     probes: list[dict] = []
     passed, failed = 0, None  # the largest passing N, the smallest failing N
-    device_bytes = torch.cuda.mem_get_info(device)[1] if device.type == "cuda" else None
+    device_bytes = device_memory_bytes(device)
     memory_bound = MEMORY_FRACTION * device_bytes if device_bytes is not None else None
 
     def run(streams: int) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -147,7 +148,11 @@ def test_quick_prints_tables_and_verdicts(quick_report: tuple[dict, str]) -> Non
     for heading in ("transfer (ms;", "pipeline (", "latency ", "throughput ", "limiting resource"):
         assert heading in stdout
     assert "throughput reported for both full-size configs: yes" in stdout
-    assert "Qwen3-ASR-0.6B through the driver >= 10,000 concurrent real-time streams: no" in stdout
+    assert (
+        "Qwen3-ASR-0.6B through the driver >= 10,000 concurrent real-time streams and >= 80% of its encoder step's "
+        "capacity: no" in stdout
+    )
+    assert "Qwen3-ASR-0.6B encoder step >= 90% of the nearer of its compute and memory limits: n/a" in stdout
     row = next(line for line in stdout.splitlines() if line.startswith("qwen3_asr_0.6b") and " driver " in line)
     assert row.endswith((*RESOURCES, TIME_BUDGET))
 
@@ -407,33 +412,47 @@ def throughput_row(model: str, path: str, streams: int) -> dict:
 
 
 @pytest.mark.parametrize(
-    "driver, step, qwen3, expected",
+    "driver, step, qwen3, qwen3_step, expected",
     [
-        (12_000, 14_000, 10_500, (True, True)),
-        (12_000, 16_000, 9_000, (False, False)),  # the driver reaches 75 % of its step's capacity
-        (9_000, 10_000, 10_000, (False, True)),
+        (12_000, 14_000, 10_500, 4_992, (True, True)),
+        (12_000, 16_000, 9_000, 4_992, (False, False)),  # the driver reaches 75 % of its step's capacity
+        (9_000, 10_000, 10_000, 4_992, (False, True)),
+        (12_000, 14_000, 17_408, 40_960, (True, False)),  # 42 % of its step's
     ],
 )
-def test_throughput_verdicts_state_the_driver_aims(driver: int, step: int, qwen3: int, expected: tuple) -> None:
+def test_throughput_verdicts_state_the_driver_aims(
+    driver: int, step: int, qwen3: int, qwen3_step: int, expected: tuple
+) -> None:
     from audiomask.bench import latency
 
     rows = [
         throughput_row("phi4mm_full", "encoder_step", step),
         throughput_row("phi4mm_full", "driver", driver),
-        throughput_row("qwen3_asr_0.6b", "encoder_step", 4_992),
+        throughput_row("qwen3_asr_0.6b", "encoder_step", qwen3_step),
         throughput_row("qwen3_asr_0.6b", "driver", qwen3),
     ]
     found = latency.verdicts({"transfer": [], "pipeline": {}, "throughput": rows, "settings": {}})
-    phi4mm = found[
-        "full-size Phi-4MM through the driver >= 10,000 concurrent real-time streams and >= 80% of its encoder "
-        "step's capacity"
-    ]
-    assert (phi4mm["ok"], found["Qwen3-ASR-0.6B through the driver >= 10,000 concurrent real-time streams"]["ok"]) == (
-        expected
-    )
+    claim = " through the driver >= 10,000 concurrent real-time streams and >= 80% of its encoder step's capacity"
+    phi4mm, qwen3_driver = found["full-size Phi-4MM" + claim], found["Qwen3-ASR-0.6B" + claim]
+    assert (phi4mm["ok"], qwen3_driver["ok"]) == expected
     assert phi4mm["of_encoder_step"] == pytest.approx(driver / step)
+    assert qwen3_driver["of_encoder_step"] == pytest.approx(qwen3 / qwen3_step)
     unmeasured = latency.verdicts({"transfer": [], "pipeline": {}, "throughput": rows[:1], "settings": {}})
-    assert unmeasured["Qwen3-ASR-0.6B through the driver >= 10,000 concurrent real-time streams"]["ok"] is None
+    assert unmeasured["Qwen3-ASR-0.6B" + claim]["ok"] is None
+
+
+@pytest.mark.parametrize("fraction, expected", [(0.93, True), (0.85, False), (None, None)])
+def test_throughput_verdicts_hold_each_step_to_its_nearer_limit(fraction: float | None, expected: bool | None) -> None:
+    from audiomask.bench import latency
+
+    step = throughput_row("qwen3_asr_0.6b", "encoder_step", 40_960) | {
+        "fraction_of_nearer_limit": fraction,
+        "nearer_limit": "compute",
+    }
+    found = latency.verdicts({"transfer": [], "pipeline": {}, "throughput": [step], "settings": {}})
+    verdict = found["Qwen3-ASR-0.6B encoder step >= 90% of the nearer of its compute and memory limits"]
+    assert (verdict["ok"], verdict["of_nearer_limit"], verdict["max_streams"]) == (expected, fraction, 40_960)
+    assert found["full-size Phi-4MM encoder step >= 90% of the nearer of its compute and memory limits"]["ok"] is None
 
 
 # --------------------------------------------------------------------------- CUDA (the H200)
@@ -516,3 +535,23 @@ def test_pipeline_calibration_warms_up_untimed_and_stops_at_a_balanced_loaded_ba
     final = calls[1 + len(report["calibration"]) :]
     assert final == [(chosen, False, False), (chosen, True, False), (chosen, True, True)] * report["repeats"]
     assert report["serial_wall_s_spread"] == report["pipelined_wall_s_spread"] == 0.0  # the fake's runs agree
+
+
+def test_the_short_form_probes_each_full_size_step_at_its_aim_of_the_nearer_limit() -> None:
+    from audiomask.bench import latency
+    from audiomask.bench.limits import EncoderLimits, compute_limit
+
+    known = EncoderLimits(
+        flop_per_audio_s=8.98e9, state_bytes_per_stream=1, shared_bytes=0, weight_bytes=0, peak_tflops=989.0
+    )
+    cpu = SimpleNamespace(device=torch.device("cpu"))  # no memory limit there: the compute limit is the nearer
+    nearer = compute_limit(8.98e9, 989.0)
+    step = latency._short_counts("qwen3_asr_0.6b", "encoder_step", known, cpu)
+    driver = latency._short_counts("qwen3_asr_0.6b", "driver", known, cpu)
+    assert step == {*latency.SHORT_COUNTS["qwen3_asr_0.6b", "encoder_step"], math.ceil(0.9 * nearer)}
+    assert driver == {*latency.SHORT_COUNTS["qwen3_asr_0.6b", "driver"], math.ceil(0.8 * 0.9 * nearer)}
+    unknown = EncoderLimits(
+        flop_per_audio_s=1e9, state_bytes_per_stream=1, shared_bytes=0, weight_bytes=0, peak_tflops=None
+    )
+    assert latency._short_counts("phi4mm_full", "encoder_step", unknown, cpu) == {12_288}
+    assert latency._short_counts("shipped", "driver", known, cpu) == set(latency.SHORT_COUNTS["shipped", "driver"])
