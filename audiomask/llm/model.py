@@ -26,7 +26,7 @@ from torch.nn.attention import sdpa_kernel
 from audiomask.features.frontend import Frontend
 from audiomask.llm.generate import greedy
 from audiomask.llm.lm import ATTENTION_BACKENDS, CausalLM
-from audiomask.llm.prompt import PromptParts
+from audiomask.llm.prompt import PromptParts, decode_texts
 from audiomask.models import Phi4MMEncoder, Qwen3ASREncoder
 from audiomask.samples import as_samples
 
@@ -83,11 +83,17 @@ class AudioLM:
         tail = embed(torch.tensor(parts.tail, dtype=torch.long))
         return torch.cat((head, audio.to(head.dtype), tail))
 
+    def answers(self, answers: Sequence[Sequence[int]], language: str | None) -> list[LLMTranscript]:
+        """The transcript of each answer's token ids, decoded and parsed together."""
+        raws = decode_texts(self.tokenizer, answers)
+        return [
+            LLMTranscript(text=text, language=said, tokens=tuple(tokens), raw=raw)
+            for tokens, raw, (said, text) in zip(answers, raws, self.parse(raws, language), strict=True)
+        ]
+
     def answer(self, tokens: Sequence[int], language: str | None) -> LLMTranscript:
         """The transcript of an answer's token ids."""
-        raw = self.tokenizer.decode(list(tokens), skip_special_tokens=True)
-        [(said, text)] = self.parse([raw], language)
-        return LLMTranscript(text=text, language=said, tokens=tuple(tokens), raw=raw)
+        return self.answers([tokens], language)[0]
 
     def prompts(self, signals: Sequence[object], parts: PromptParts) -> list[torch.Tensor]:
         """Each utterance's whole prompt ``(len(head) + n_b + len(tail), hidden_size)`` on the model's device: its
@@ -125,4 +131,4 @@ class AudioLM:
         inputs = self.prompts(signals, self.prompt(context, language))
         cache = self.lm.new_cache(len(inputs), max(len(row) for row in inputs) + max_new_tokens)
         answers = greedy(self.lm, cache, range(len(inputs)), inputs, max_new_tokens, self.stop_ids, stop=stop)
-        return [self.answer(tokens, language) for tokens in answers]
+        return self.answers(answers, language)

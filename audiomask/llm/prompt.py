@@ -1,4 +1,5 @@
-"""A recogniser's prompt as token ids before and after the audio: :class:`PromptParts`; texts to ids in batches."""
+"""A recogniser's prompt as token ids before and after the audio: :class:`PromptParts`; texts to ids and back in
+batches."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["PromptParts", "encode_texts", "split_at_audio"]
+__all__ = ["PromptParts", "decode_texts", "encode_texts", "split_at_audio"]
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,23 @@ def encode_texts(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:
     if callable(tokenizer):
         return [list(ids) for ids in tokenizer(list(texts), add_special_tokens=False)["input_ids"]]
     return [tokenizer.encode(text, add_special_tokens=False) for text in texts]
+
+
+def decode_texts(tokenizer: Any, id_lists: Sequence[Sequence[int]]) -> list[str]:
+    """Each id list's text, special tokens skipped: ``tokenizer.decode(ids, skip_special_tokens=True)`` for each.
+
+    A streaming update decodes an answer a stream, hundreds at a time: a fast tokenizer's Rust backend decodes them
+    in one call (over every core, the interpreter lock let go) where the tokenizer adds nothing to it (no clean-up
+    of spaces); else one call a list.
+    """
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if (
+        backend is not None
+        and hasattr(backend, "decode_batch")
+        and not getattr(tokenizer, "clean_up_tokenization_spaces", True)
+    ):
+        return backend.decode_batch([list(ids) for ids in id_lists], skip_special_tokens=True)
+    return [tokenizer.decode(list(ids), skip_special_tokens=True) for ids in id_lists]
 
 
 def _plain(tokenizer: Any, backend: Any) -> bool:

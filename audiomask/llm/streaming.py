@@ -50,7 +50,7 @@ from audiomask.llm.generate import Decoder
 from audiomask.llm.graphs import GraphedDecode
 from audiomask.llm.model import AudioLM, LLMTranscript
 from audiomask.llm.policy import StreamPolicy
-from audiomask.llm.prompt import encode_texts
+from audiomask.llm.prompt import decode_texts, encode_texts
 from audiomask.llm.stream_features import DEFAULT_FRONTEND_THREADS, ProcessStreamFeatures, StreamFeatures
 from audiomask.llm.windows import encode_open_windows, shift_open_windows
 from audiomask.models import Qwen3ASREncoder
@@ -337,9 +337,9 @@ class LLMStreams:
         for stream, row in zip(streams, inputs, strict=True):
             self._decoder.add(("update", stream.name), stream.slot, row, budget)
         done = self._run()
-        for stream in streams:
-            answer = done[("update", stream.name)]
-            stream.raw += model.tokenizer.decode(answer, skip_special_tokens=True)
+        answers = [done[("update", stream.name)] for stream in streams]
+        for stream, answer, text in zip(streams, answers, decode_texts(model.tokenizer, answers), strict=True):
+            stream.raw += text
             stream.tokens = tuple(answer)
             stream.chunks += 1
         partials = []
@@ -579,7 +579,7 @@ class LLMStreams:
         for stream, row, signal in zip(streams, self._final_inputs(signals, slots), signals, strict=True):
             self._decoder.add(("pass", stream.name), stream.slot, row, self.policy.final_budget(len(signal)))
         done = self._run()
-        return [self.model.answer(done[("pass", stream.name)], self.language) for stream in streams]
+        return self.model.answers([done[("pass", stream.name)] for stream in streams], self.language)
 
     def _final_inputs(self, signals: list[np.ndarray], slots: list[int]) -> list[torch.Tensor]:
         """Each segment's whole prompt from the offline front end (on the front-end threads) and the encoder

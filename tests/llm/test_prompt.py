@@ -1,10 +1,10 @@
-"""audiomask.llm.prompt.encode_texts: one batched call, the same ids as ``tokenizer.encode`` text by text."""
+"""audiomask.llm.prompt: encode_texts and decode_texts, one batched call each, the same as the tokenizer text by text."""
 
 from __future__ import annotations
 
 import pytest
 
-from audiomask.llm.prompt import encode_texts
+from audiomask.llm.prompt import decode_texts, encode_texts
 from bench.llm_checkpoints import QWEN3_ASR_SPECIALS, qwen3_asr_tokenizer
 
 pytest.importorskip("transformers")
@@ -57,3 +57,34 @@ class _TextByText:
 
 def test_encode_texts_of_a_tokenizer_without_a_batch_call():
     assert encode_texts(_TextByText(), ["ab", ""]) == [[97, 98], []]
+
+
+def _decoded_each(tokenizer, id_lists):
+    return [tokenizer.decode(ids, skip_special_tokens=True) for ids in id_lists]
+
+
+def test_decode_texts_equals_decode_list_by_list(tokenizer):
+    id_lists = _each(tokenizer, TEXTS) + [[*tokenizer.encode("hi", add_special_tokens=False), 2047], []]
+    assert decode_texts(tokenizer, id_lists) == _decoded_each(tokenizer, id_lists)
+    assert decode_texts(tokenizer, id_lists)[4] == "ab"  # the special token between them skipped
+    assert decode_texts(tokenizer, []) == []
+
+
+def test_decode_texts_follows_the_tokenizer_where_it_cleans_up_spaces(tokenizer):
+    id_lists = _each(tokenizer, ["a , b .", "don 't"])
+    tokenizer.clean_up_tokenization_spaces = True
+    try:
+        assert decode_texts(tokenizer, id_lists) == _decoded_each(tokenizer, id_lists)
+    finally:
+        tokenizer.clean_up_tokenization_spaces = False
+
+
+class _ListByList:
+    """A tokenizer with ``decode`` alone (no backend)."""
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return "".join(chr(i) for i in ids)
+
+
+def test_decode_texts_of_a_tokenizer_without_a_backend():
+    assert decode_texts(_ListByList(), [[97, 98], []]) == ["ab", ""]
