@@ -41,7 +41,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository r
 import numpy as np
 import torch
 
-from audiomask.asr.capacity import free_bytes
 from audiomask.bench.environment import capture_environment, write_result
 from audiomask.bench.timing import MS_PER_S, Budget, log, percentiles
 from audiomask.constants import HOP_LENGTH, SAMPLE_RATE
@@ -133,11 +132,6 @@ def one_update(streams: BenchStreams, name: str, samples: np.ndarray) -> float:
     return (time.perf_counter() - start) * MS_PER_S
 
 
-def kv_bytes_per_slot(streams: BenchStreams) -> int:
-    config = streams.model.lm.config
-    return 2 * config.layers * config.kv_heads * streams.capacity * config.head_dim * streams.model.lm.dtype.itemsize
-
-
 def release(device: str) -> None:
     """Give back the device memory of streams no longer referenced."""
     gc.collect()
@@ -148,12 +142,13 @@ def release(device: str) -> None:
 def slots_for(model: object, policy: StreamPolicy, args: argparse.Namespace) -> tuple[int, str, int, int]:
     """``(slots, why so many, kv bytes per slot, slot positions)``: ``--max-streams``, or what CUDA memory holds."""
     probe = BenchStreams(model, 1, policy=policy)
-    per_slot, capacity = kv_bytes_per_slot(probe), probe.capacity
+    capacity = probe.capacity
+    per_slot = model.lm.cache_slot_bytes(capacity)
     del probe
     release(args.device)
-    if torch.device(args.device).type == "cuda":
-        free = free_bytes(torch.device(args.device))  # LLMStreams' own check: what its updates need beside the cache
-        fits = int((free - UPDATE_RESERVE_BYTES) // (per_slot + UPDATE_RESERVE_BYTES_PER_SLOT)) - DEFAULT_PASS_SLOTS
+    if torch.device(args.device).type == "cuda":  # LLMStreams' own check: what its updates need beside the cache
+        fits = model.lm.cache_slots_fitting(capacity, UPDATE_RESERVE_BYTES, UPDATE_RESERVE_BYTES_PER_SLOT)
+        fits -= DEFAULT_PASS_SLOTS
         if fits < args.max_streams:
             return max(1, fits), "memory", per_slot, capacity
     return args.max_streams, "max_streams", per_slot, capacity

@@ -292,20 +292,30 @@ class CausalLM(nn.Module):
         config = self.config
         return KVCache(config.layers, slots, config.kv_heads, capacity, config.head_dim, self.device, self.dtype)
 
-    def check_cache_fits(self, slots: int, capacity: int, reserve_bytes: int = 0, reserve_per_slot: int = 0) -> None:
-        """Raise ``ValueError`` unless :meth:`new_cache` of ``slots`` and ``capacity`` fits in the memory free on
-        this model's device with ``reserve_bytes`` plus ``reserve_per_slot`` a slot left beside it (what the
-        cache's users allocate as they run); the message says how many slots fit."""
+    def cache_slot_bytes(self, capacity: int) -> int:
+        """Bytes one slot of :meth:`new_cache` with ``capacity`` positions holds (keys and values, every layer)."""
         config = self.config
-        per_slot = 2 * config.layers * config.kv_heads * capacity * config.head_dim * self.dtype.itemsize
+        return 2 * config.layers * config.kv_heads * capacity * config.head_dim * self.dtype.itemsize
+
+    def cache_slots_fitting(self, capacity: int, reserve_bytes: int = 0, reserve_per_slot: int = 0) -> int:
+        """How many slots of ``capacity`` positions fit in the memory free on this model's device with
+        ``reserve_bytes`` plus ``reserve_per_slot`` a slot left beside them (what the cache's users allocate as
+        they run)."""
         free = free_bytes(self.device)
-        if slots * (per_slot + reserve_per_slot) + reserve_bytes <= free:
+        return max(0, free - reserve_bytes) // (self.cache_slot_bytes(capacity) + reserve_per_slot)
+
+    def check_cache_fits(self, slots: int, capacity: int, reserve_bytes: int = 0, reserve_per_slot: int = 0) -> None:
+        """Raise ``ValueError`` unless ``slots`` slots fit (:meth:`cache_slots_fitting`); the message says how many
+        do."""
+        fitting = self.cache_slots_fitting(capacity, reserve_bytes, reserve_per_slot)
+        if slots <= fitting:
             return
+        per_slot = self.cache_slot_bytes(capacity)
         raise ValueError(
             f"{slots} cache slots of {capacity} positions ({per_slot / 2**20:.1f} MiB each, "
             f"{slots * per_slot / 2**30:.1f} GiB) and the {(reserve_bytes + slots * reserve_per_slot) / 2**30:.1f} "
-            f"GiB their updates need are more than the {free / 2**30:.1f} GiB free on {self.device}: about "
-            f"{max(0, free - reserve_bytes) // (per_slot + reserve_per_slot)} such slots fit"
+            f"GiB their updates need are more than the {free_bytes(self.device) / 2**30:.1f} GiB free on "
+            f"{self.device}: about {fitting} such slots fit"
         )
 
     def embed(self, ids: torch.Tensor | np.ndarray | list[int]) -> torch.Tensor:
