@@ -127,6 +127,11 @@ class Decoder:
         at most ``budget`` tokens; ``finish``: the next run ends only once it is done."""
         self._added.append((_Row(key, int(slot), int(budget), finish), inputs))
 
+    @property
+    def busy(self) -> bool:
+        """Whether rows were added since the last :meth:`run`, or are in flight."""
+        return bool(self._added or self._rows)
+
     def discard(self, key: Hashable) -> None:
         """Forget row ``key`` (added or in flight; its slot keeps what was written): its tokens never come."""
         self._added = [(row, inputs) for row, inputs in self._added if row.key != key]

@@ -39,6 +39,7 @@ __all__ = [
     "ProcessStreamFeatures",
     "StreamFeatures",
     "default_frontend_workers",
+    "joined",
 ]
 
 # Front-end threads: one per four cores, at most 4; on a host of under 8 cores, one (the calling thread). More
@@ -56,6 +57,19 @@ def default_frontend_workers(device: str, slots: int) -> int:
     (0, True)
     """
     return default_workers(slots) if device.startswith("cuda") else 0
+
+
+def joined(batches: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """Offline front-end batches ``(features, lengths)`` as one, rows in order, zero-padded to the longest: what
+    one :meth:`~audiomask.features.frontend.Frontend.batch` call over all their signals gives (each row is
+    computed alone)."""
+    shape = np.max([features.shape for features, _ in batches], axis=0)
+    features = np.zeros((sum(len(part) for part, _ in batches), *shape[1:]), np.float32)
+    start = 0
+    for part, _ in batches:
+        features[start : start + len(part), : part.shape[1], : part.shape[2]] = part
+        start += len(part)
+    return features, np.concatenate([lengths for _, lengths in batches])
 
 
 class StreamFeatures:
@@ -148,12 +162,17 @@ class StreamFeatures:
         cuts = np.searchsorted(ends, ends[-1] * np.arange(1, parts) / parts, side="right")
         bounds = [0, *sorted(set(cuts.tolist()) - {0, len(signals)}), len(signals)]
         futures = [self._pool.submit(self.frontend.batch, signals[a:b]) for a, b in zip(bounds, bounds[1:])]
-        batches = [future.result() for future in futures]
-        shape = np.max([features.shape for features, _ in batches], axis=0)
-        features = np.zeros((len(signals), *shape[1:]), np.float32)
-        for start, (part, _) in zip(bounds, batches):
-            features[start : start + len(part), : part.shape[1], : part.shape[2]] = part
-        return features, np.concatenate([lengths for _, lengths in batches])
+        return joined([future.result() for future in futures])
+
+    def batch_later(self, signals: Sequence[np.ndarray]) -> Future:
+        """The front end's offline ``batch(signals)`` started on a front-end thread now, beside whatever the
+        caller does next (without threads: computed now); its future. Several such batches join into the one
+        batch of all their signals (:func:`joined`)."""
+        if self._pool is None:
+            future: Future = Future()
+            future.set_result(self.frontend.batch(signals))
+            return future
+        return self._pool.submit(self.frontend.batch, signals)
 
     def push_ahead(self, pieces: Sequence[np.ndarray], slots: Sequence[int]) -> None:
         """Start taking ``pieces[r]``, the samples of slot ``slots[r]``'s next chunk after its :meth:`ahead`

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -51,7 +52,7 @@ from audiomask.llm.graphs import GraphedDecode
 from audiomask.llm.model import AudioLM, LLMTranscript
 from audiomask.llm.policy import StreamPolicy
 from audiomask.llm.prompt import decode_texts, encode_texts
-from audiomask.llm.stream_features import DEFAULT_FRONTEND_THREADS, ProcessStreamFeatures, StreamFeatures
+from audiomask.llm.stream_features import DEFAULT_FRONTEND_THREADS, ProcessStreamFeatures, StreamFeatures, joined
 from audiomask.llm.windows import encode_open_windows, shift_open_windows
 from audiomask.models import Qwen3ASREncoder
 from audiomask.ragged import ragged_index
@@ -101,30 +102,26 @@ class _Stream:
     tokens: tuple[int, ...] = ()
     committed: list[str] = field(default_factory=list)  # earlier segments' final texts
     language: str = ""
-    heard: np.ndarray | None = None  # ended, its final pass not started: its segment's samples
+    heard: int = 0  # ended: its segment's samples
+    prompt_features: Future | None = None  # ended, its final not started: its segment's offline front end
     answer: LLMTranscript | None = None  # its final, once decoded (ended streams)
 
 
 class LLMStreams:
     """Up to ``slots`` concurrent streams of one :class:`~audiomask.llm.model.AudioLM`, decoded in batches.
 
-    ``open(name)`` starts a stream, ``feed(name, samples)`` buffers its
-    audio, ``update()`` runs one chunk of every stream that has one due and
-    returns their partials, ``finish(names)`` ends streams with their final
-    text. One thread drives it; the cache is allocated once:
-    ``slots x capacity`` positions (:attr:`capacity`), and so is the open
-    windows' frame buffer on the model's device: ``slots x mel bins x
-    (window + a chunk's frames)`` float32 (512 MB for 1,024 slots at 2 s
-    chunks); the cache has ``pass_slots`` more slots, for long streams'
-    segment passes and ended streams' finals. ``cuda_graphs`` (default: on a CUDA device): decode steps
-    replayed from CUDA graphs (:class:`~audiomask.llm.graphs.GraphedDecode`;
-    on a CPU they run eagerly). ``frontend_threads``: threads that push the due streams' audio
-    through the front end, a share each, and the other streams' buffered audio
-    while an update runs on the device (the features do not depend on how the
-    streams or their samples are shared out: each frame is computed alone);
-    ``frontend_workers`` > 0: the pushes run in that many processes instead
-    (:class:`~audiomask.llm.stream_features.ProcessStreamFeatures`: not under this thread's interpreter lock).
-    """
+    ``open(name)`` starts a stream, ``feed(name, samples)`` buffers its audio, ``update()`` runs one chunk of every
+    stream that has one due and returns their partials, ``finish(names)`` ends streams with their final text. One
+    thread drives it; the cache is allocated once: ``slots x capacity`` positions (:attr:`capacity`), and
+    ``pass_slots`` more, for long streams' segment passes and ended streams' finals; so is the open windows' frame
+    buffer on the model's device: ``slots x mel bins x (window + a chunk's frames)`` float32 (512 MB for 1,024
+    slots at 2 s chunks). ``cuda_graphs`` (default: on a CUDA device): decode steps replayed from CUDA graphs
+    (:class:`~audiomask.llm.graphs.GraphedDecode`; on a CPU they run eagerly). ``frontend_threads``: threads that
+    push the due streams' audio through the front end, a share each, the other streams' buffered audio while an
+    update runs on the device, and the ended streams' offline front end (the features do not depend on how the
+    streams or their samples are shared out: each frame is computed alone); ``frontend_workers`` > 0: the pushes
+    run in that many processes (:class:`~audiomask.llm.stream_features.ProcessStreamFeatures`: not under this
+    thread's interpreter lock)."""
 
     def __init__(
         self,
@@ -297,7 +294,7 @@ class LLMStreams:
         for stream in streams:
             ride.append(stream.name not in self._passes and sum(ride) < free)
         riding = [(stream, self._spare.pop(), samples[:cut]) for stream, samples, r in zip(streams, heard, ride) if r]
-        rows = self._final_inputs([signal for *_, signal in riding], [slot for _, slot, _ in riding])
+        rows = self._final_inputs(self._later([signal for *_, signal in riding]), [slot for _, slot, _ in riding])
         for (stream, slot, signal), row in zip(riding, rows, strict=True):
             self._decoder.add(("segment", stream.name), slot, row, self.policy.final_budget(len(signal)), finish=False)
             self._passes[stream.name] = (stream, len(stream.committed), slot)
@@ -456,10 +453,12 @@ class LLMStreams:
         audio a run at most); without, it starts in its own slot at the next. It is prefilled there and decoded
         beside the updates of the others, riding along their steps rather than taking steps of its own; its
         final comes back, ``final=True``, from the call in which it is done, and frees the slot. The same text
-        as :meth:`finish` gives."""
+        as :meth:`finish` gives. Its offline front end starts now, on the front-end threads, so that the final's
+        start (a decoder run's) waits for it only when nothing else is running."""
         streams = [self._stream(name) for name in names]
         for stream in streams:
-            stream.heard = self._heard(stream)
+            heard = self._heard(stream)
+            stream.heard, (stream.prompt_features,) = len(heard), self._later([heard])
             self._ending[stream.name] = self._streams.pop(stream.name)
             if self._pass_slots:
                 self._release(stream)
@@ -474,23 +473,25 @@ class LLMStreams:
     @torch.inference_mode()
     def _start_finals(self) -> None:
         """Start the final passes of ended streams, first ended first, in their own slots or spare ones while
-        one is free, at most :data:`FINAL_AUDIO_S_PER_RUN` seconds of their audio (one stream's at least)."""
+        one is free, at most :data:`FINAL_AUDIO_S_PER_RUN` seconds of their audio (one stream's at least), and
+        only those whose front end is done, unless nothing else would run: then the first one waits for it."""
         budget, starting = FINAL_AUDIO_S_PER_RUN * SAMPLE_RATE, []
         while self._waiting and (self._waiting[0].slot >= 0 or self._spare):
-            if starting and len(self._waiting[0].heard) > budget:
+            head = self._waiting[0]
+            waits = not head.prompt_features.done() and (starting or self._decoder.busy)  # others run meanwhile
+            if waits or (starting and head.heard > budget):
                 break
             stream = self._waiting.popleft()
-            budget -= len(stream.heard)
+            budget -= stream.heard
             stream.slot = stream.slot if stream.slot >= 0 else self._spare.pop()
             starting.append(stream)
         if not starting:
             return
-        signals = [stream.heard for stream in starting]
-        rows = self._final_inputs(signals, [stream.slot for stream in starting])
-        for stream, row, signal in zip(starting, rows, signals, strict=True):
-            budget = self.policy.final_budget(len(signal))
+        rows = self._final_inputs([stream.prompt_features for stream in starting], [stream.slot for stream in starting])
+        for stream, row in zip(starting, rows, strict=True):
+            budget = self.policy.final_budget(stream.heard)
             self._decoder.add(("final", stream.name), stream.slot, row, budget, finish=False)
-            stream.heard = None
+            stream.prompt_features = None
 
     @property
     def short_of_slots(self) -> int:
@@ -553,6 +554,8 @@ class LLMStreams:
         is free at once."""
         if name in self._ending:
             stream = self._ending.pop(name)
+            if stream.prompt_features is not None:
+                stream.prompt_features.cancel()  # its front end unstarted, it never runs
             self._decoder.discard(("final", name))
             self._waiting = deque(waiting for waiting in self._waiting if waiting is not stream)
         else:
@@ -576,18 +579,22 @@ class LLMStreams:
         through the decode graphs. The slots end holding the answers: the caller empties them (the stream's
         next segment, or its end). With ``fixed_tokens``, a segment's :meth:`StreamPolicy.final_budget`."""
         slots = [stream.slot for stream in streams]
-        for stream, row, signal in zip(streams, self._final_inputs(signals, slots), signals, strict=True):
+        for stream, row, signal in zip(streams, self._final_inputs(self._later(signals), slots), signals, strict=True):
             self._decoder.add(("pass", stream.name), stream.slot, row, self.policy.final_budget(len(signal)))
         done = self._run()
         return self.model.answers([done[("pass", stream.name)] for stream in streams], self.language)
 
-    def _final_inputs(self, signals: list[np.ndarray], slots: list[int]) -> list[torch.Tensor]:
-        """Each segment's whole prompt from the offline front end (on the front-end threads) and the encoder
+    def _later(self, signals: list[np.ndarray]) -> list[Future]:
+        """Each segment's offline front end, started now on the front-end threads (``StreamFeatures.batch_later``)."""
+        return [self.features.batch_later([signal]) for signal in signals]
+
+    def _final_inputs(self, features: list[Future], slots: list[int]) -> list[torch.Tensor]:
+        """Each segment's whole prompt from its offline front end (``features``: :meth:`_later`'s) and the encoder
         (:meth:`AudioLM.feature_prompts`, at most :data:`FINAL_ROWS` segments a call), the slot it is decoded in
         emptied for it."""
         inputs: list[torch.Tensor] = []
-        for start in range(0, len(signals), FINAL_ROWS):
-            features, lengths = self.features.batch(signals[start : start + FINAL_ROWS])
-            inputs += self.model.feature_prompts(features, lengths, self.parts)
+        for start in range(0, len(features), FINAL_ROWS):
+            batch = joined([future.result() for future in features[start : start + FINAL_ROWS]])
+            inputs += self.model.feature_prompts(*batch, self.parts)
         self.cache.reset(slots)
         return inputs

@@ -7,24 +7,46 @@ import pytest
 
 from audiomask.features.phi4mm import Phi4MMFrontend
 from audiomask.features.whisper import WhisperFrontend
-from audiomask.llm.stream_features import ProcessStreamFeatures, StreamFeatures
+from audiomask.llm.stream_features import ProcessStreamFeatures, StreamFeatures, joined
+
+
+def noise(seed: int, seconds: list[float]) -> list[np.ndarray]:
+    """Signals of white noise ``seconds`` long each (16 kHz float32)."""
+    rng = np.random.default_rng(seed)
+    return [(rng.standard_normal(round(s * 16000)) * 0.1).astype(np.float32) for s in seconds]
+
+
+def assert_one_call(frontend, signals: list[np.ndarray], batch: tuple[np.ndarray, np.ndarray]) -> None:
+    """``batch`` is ``frontend.batch(signals)``, bit for bit."""
+    expected, expected_lengths = frontend.batch(signals)
+    assert batch[0].dtype == expected.dtype and batch[0].shape == expected.shape
+    np.testing.assert_array_equal(batch[0], expected)
+    np.testing.assert_array_equal(batch[1], expected_lengths)
 
 
 @pytest.mark.parametrize("frontend", [WhisperFrontend.qwen3_asr(), Phi4MMFrontend()], ids=["whisper", "phi4mm"])
 @pytest.mark.parametrize("threads", [1, 2, 3, 8])
 def test_offline_batch_over_threads_equals_one_call(frontend, threads: int) -> None:
-    rng = np.random.default_rng(threads)
-    seconds = [0.3, 7.9, 0.0, 2.5, 16.2, 1.0, 4.4]  # runs of unequal length, one signal empty
-    signals = [(rng.standard_normal(round(s * 16000)) * 0.1).astype(np.float32) for s in seconds]
+    signals = noise(threads, [0.3, 7.9, 0.0, 2.5, 16.2, 1.0, 4.4])  # runs of unequal length, one signal empty
     features = StreamFeatures(frontend, slots=1, threads=threads)
     try:
-        threaded, lengths = features.batch(signals)
+        assert_one_call(frontend, signals, features.batch(signals))
     finally:
         features.close()
-    expected, expected_lengths = frontend.batch(signals)
-    assert threaded.dtype == expected.dtype and threaded.shape == expected.shape
-    np.testing.assert_array_equal(threaded, expected)
-    np.testing.assert_array_equal(lengths, expected_lengths)
+
+
+@pytest.mark.parametrize("frontend", [WhisperFrontend.qwen3_asr(), Phi4MMFrontend()], ids=["whisper", "phi4mm"])
+@pytest.mark.parametrize("threads", [1, 3])
+def test_batches_started_later_join_into_one_call(frontend, threads: int) -> None:
+    """Signals' offline front end started a few at a time (``batch_later``), the batches joined in order: the
+    features and lengths of one call over all of them."""
+    signals = noise(threads, [4.4, 0.3, 0.0, 16.2, 2.5, 7.9, 1.0])
+    features = StreamFeatures(frontend, slots=1, threads=threads)
+    try:
+        futures = [features.batch_later(signals[start : start + 2]) for start in range(0, len(signals), 2)]
+        assert_one_call(frontend, signals, joined([future.result() for future in futures]))
+    finally:
+        features.close()
 
 
 @pytest.mark.parametrize(

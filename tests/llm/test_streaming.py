@@ -8,6 +8,7 @@ incremental path keeps: encoder windows and the language model's cache.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -354,6 +355,44 @@ def test_an_ended_streams_final_rides_along_the_others_updates_and_is_the_offlin
     streams.end(["gone"])
     streams.drop("gone")
     assert streams.ending == 0 and streams.advance(4) == [] and len(streams._free) == 2
+
+
+def test_an_ended_streams_front_end_runs_on_a_front_end_thread_from_its_end(
+    qwen3_asr, speech: Callable, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``end`` starts the final's offline front end on a front-end thread at once (not on the caller's thread at
+    the next update); the next update starts the final from those features without computing them again, and
+    the final is the offline answer."""
+    calls: list[tuple[str, list[int]]] = []
+    frontend_type = type(qwen3_asr.frontend)
+    batch = frontend_type.batch
+
+    def spy(frontend: object, signals: list) -> object:
+        calls.append((threading.current_thread().name, [len(signal) for signal in signals]))
+        return batch(frontend, signals)
+
+    monkeypatch.setattr(frontend_type, "batch", spy)
+    policy = StreamPolicy(chunk_s=1.0, update_tokens=3, final_tokens=32)
+    signals = {"ending": speech(2.5, 21), "talking": speech(5.0, 22)}
+    streams = LLMStreams(qwen3_asr, slots=2, policy=policy, frontend_threads=2, pass_slots=1)
+    for name, signal in signals.items():
+        streams.open(name)
+        streams.feed(name, signal)
+    streams.update()
+    streams.end(["ending"])
+    streams._ending["ending"].prompt_features.result(timeout=60)
+    assert [(thread.startswith("audiomask-frontend"), lengths) for thread, lengths in calls] == [
+        (True, [len(signals["ending"])])
+    ]
+    finals = []
+    while streams.due() or streams.ending:
+        partials = streams.update() if streams.due() else streams.advance(4)
+        finals += [partial for partial in partials if partial.final]
+    assert len(calls) == 1  # the final started from the features computed from its end
+    (final,) = finals
+    offline = qwen3_asr.transcribe([signals["ending"]], max_new_tokens=policy.final_tokens)[0]
+    assert (final.stream, final.text, final.tokens) == ("ending", offline.text, offline.tokens)
+    streams.close()
 
 
 def test_slots_whose_cache_the_memory_cannot_hold_are_refused_with_how_many_fit(qwen3_asr, monkeypatch) -> None:
