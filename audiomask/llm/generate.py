@@ -18,7 +18,7 @@ import torch
 from audiomask.llm.cache import KVCache
 from audiomask.llm.graphs import GraphedDecode
 from audiomask.llm.lm import CausalLM
-from audiomask.transfer import to_device
+from audiomask.transfer import to_device, to_host
 
 __all__ = ["PREFILL_TOKENS", "Decoder", "greedy", "prefill"]
 
@@ -141,7 +141,13 @@ class Decoder:
 
     def run(self, extra_steps: int = 0) -> dict[Hashable, list[int]]:
         """Prefill the rows added, then step every row in flight until those added with ``finish=True`` are
-        done, then at most ``extra_steps`` more steps; the rows done (``key -> token ids``), in flight no more."""
+        done, then at most ``extra_steps`` more steps; the rows done (``key -> token ids``), in flight no more.
+
+        Each step is launched before the tokens of the step before it are read (their copy to the host runs
+        ahead of it), so the device does not wait for the host's bookkeeping between steps; a row whose token
+        was a stop token has been stepped once more by then: that step's token is dropped and its slot cropped
+        back to what it holds without it.
+        """
         done: dict[Hashable, list[int]] = {}
         added = []
         for row, inputs in self._added:
@@ -150,48 +156,68 @@ class Decoder:
             else:
                 added.append((row, inputs))
         self._added = []
-        fresh = 0  # rows at the end of _rows whose chosen token is not yet recorded
+        unread = 0  # rows at the end of _rows whose chosen token is not yet recorded
         if added:
             logits = prefill(self.lm, self.cache, [row.slot for row, _ in added], [inputs for _, inputs in added])
             chosen = logits.argmax(dim=-1)
             self._chosen = chosen if self._chosen is None or not self._rows else torch.cat((self._chosen, chosen))
             self._rows += [row for row, _ in added]
-            fresh = len(added)
+            unread = len(added)
         extra = extra_steps
         while self._rows:
-            if fresh:
-                self._record(len(self._rows) - fresh, done)
-            if not self._rows:
-                break
-            if not any(row.finish for row in self._rows):
-                if extra <= 0:
-                    break
+            rows, first = self._rows, len(self._rows) - unread
+            host, copied = to_host(self._chosen[first:]) if unread else (torch.zeros(0, dtype=torch.long), None)
+            # A row steps again unless the token being read is its budget's last.
+            stepping = [index for index, row in enumerate(rows) if len(row.tokens) + (index >= first) < row.budget]
+            finishing = any(rows[index].finish for index in stepping)
+            stepped = bool(stepping) and (finishing or extra > 0)
+            if stepped and not finishing:
                 extra -= 1
-            slots = np.array([row.slot for row in self._rows], np.int64)
-            if self.steps is not None:
-                logits = self.steps.step(self._chosen, slots)
-            else:
-                logits = self.lm(self.lm.embed(self._chosen)[:, None], slots, np.ones(len(slots), np.int64), self.cache)
-            self._chosen = logits.argmax(dim=-1)
-            fresh = len(self._rows)
+            chosen = self._step(stepping) if stepped else None
+            if copied is not None:
+                copied.synchronize()
+            ended = self._record(first, host.numpy(), done)
+            if not stepped:
+                if ended:
+                    self._keep([index for index in range(len(rows)) if index not in ended])
+                break
+            going = [position for position, index in enumerate(stepping) if index not in ended]
+            for index in stepping:
+                if index in ended:  # stopped: the step just launched wrote its stop token
+                    self.cache.crop(rows[index].slot, int(self.cache.lengths[rows[index].slot]) - 1)
+            self._rows = [rows[stepping[position]] for position in going]
+            self._chosen = chosen if len(going) == len(chosen) else self._pick(chosen, going)
+            unread = len(self._rows)
         return done
 
-    def _record(self, first: int, done: dict[Hashable, list[int]]) -> None:
-        """Record the chosen tokens of rows ``first ..``; move the rows that end to ``done``."""
-        chosen = self._chosen[first:].cpu().numpy()
-        ended = np.isin(chosen, self._stops) if self.stop else np.zeros(len(chosen), bool)
-        keep = list(range(first))
-        for offset, (token, stops) in enumerate(zip(chosen.tolist(), ended.tolist(), strict=True)):
+    def _step(self, stepping: list[int]) -> torch.Tensor:
+        """Launch one step of rows ``stepping`` (indices into ``_rows``) from their chosen tokens; its tokens."""
+        chosen = self._chosen if len(stepping) == len(self._rows) else self._pick(self._chosen, stepping)
+        slots = np.array([self._rows[index].slot for index in stepping], np.int64)
+        if self.steps is not None:
+            logits = self.steps.step(chosen, slots)
+        else:
+            logits = self.lm(self.lm.embed(chosen)[:, None], slots, np.ones(len(slots), np.int64), self.cache)
+        return logits.argmax(dim=-1)
+
+    def _record(self, first: int, chosen: np.ndarray, done: dict[Hashable, list[int]]) -> set[int]:
+        """Record ``chosen``, the tokens of rows ``first ..``; the rows that end (a stop token, or their budget's
+        last) go to ``done``; their indices."""
+        stops = np.isin(chosen, self._stops) if self.stop else np.zeros(len(chosen), bool)
+        ended = set()
+        for offset, (token, stop) in enumerate(zip(chosen.tolist(), stops.tolist(), strict=True)):
             row = self._rows[first + offset]
-            if not stops:
+            if not stop:
                 row.tokens.append(token)
-            if stops or len(row.tokens) >= row.budget:
+            if stop or len(row.tokens) >= row.budget:
                 done[row.key] = row.tokens
-            else:
-                keep.append(first + offset)
-        if len(keep) < len(self._rows):
-            self._keep(keep)
+                ended.add(first + offset)
+        return ended
+
+    def _pick(self, tokens: torch.Tensor, rows: list[int]) -> torch.Tensor | None:
+        """``tokens[rows]`` (``None`` for no rows), indexed on the device."""
+        return tokens[to_device(np.array(rows, np.int64), self.lm.device)] if rows else None
 
     def _keep(self, keep: list[int]) -> None:
         self._rows = [self._rows[index] for index in keep]
-        self._chosen = self._chosen[to_device(np.array(keep, np.int64), self.lm.device)] if keep else None
+        self._chosen = self._pick(self._chosen, keep)
