@@ -20,8 +20,13 @@ from audiomask.llm.graphs import GraphedDecode
 from audiomask.llm.lm import CausalLM
 from audiomask.transfer import to_device, to_host
 
-__all__ = ["PREFILL_TOKENS", "Decoder", "greedy", "prefill"]
+__all__ = ["AHEAD_STEPS", "PREFILL_TOKENS", "Decoder", "greedy", "prefill"]
 
+# Steps a run launches for the rows still riding along after it, without waiting for them: the device decodes
+# those rows while the host does what follows the run (parsing its answers, the next update's front end and
+# inputs), time in which it would otherwise idle. Few enough that they are done by the next run
+# (docs/defaults.md).
+AHEAD_STEPS = 8
 # Most inputs one forward of a prefill takes: its activations grow with them (~2.6 GB of MLP activations for
 # the 0.6B's 65,536 bf16 inputs). Rows beyond it go in the next forward; a row longer than it goes alone.
 PREFILL_TOKENS = 65536
@@ -104,7 +109,8 @@ class Decoder:
     together until the rows added with ``finish=True`` are done. A row added with ``finish=False`` goes on
     in later runs, riding along their steps: an utterance's final pass decoded beside the updates of the
     streams still talking, rather than in steps of its own. A row's tokens do not depend on when or beside
-    which rows it is stepped (up to the kernels' rounding).
+    which rows it is stepped (up to the kernels' rounding). ``ahead_steps``: steps each run launches for the
+    rows still in flight at its end, their tokens read by the next run (:meth:`run`).
     """
 
     def __init__(
@@ -115,12 +121,17 @@ class Decoder:
         *,
         stop: bool = True,
         steps: GraphedDecode | None = None,
+        ahead_steps: int = AHEAD_STEPS,
     ) -> None:
         self.lm, self.cache, self.stop, self.steps = lm, cache, stop, steps
+        self.ahead_steps = ahead_steps
         self._stops = np.array(sorted(stop_ids), np.int64)
         self._added: list[tuple[_Row, torch.Tensor]] = []
         self._rows: list[_Row] = []  # in flight, each with its last chosen token not yet in its slot ...
         self._chosen: torch.Tensor | None = None  # ... those tokens, (len(_rows),) long on the device
+        # Steps launched after the last run, their tokens not yet read: (their rows, tokens on the host, copied).
+        self._ahead: list[tuple[list[_Row], torch.Tensor, torch.cuda.Event | None]] = []
+        self._finished: dict[Hashable, list[int]] = {}  # rows found done outside a run, for the next one
 
     def add(self, key: Hashable, slot: int, inputs: torch.Tensor, budget: int, *, finish: bool = True) -> None:
         """A row ``key`` (distinct): ``inputs`` ``(n, hidden_size)`` (``n >= 1``) to append to slot ``slot``, then
@@ -130,10 +141,12 @@ class Decoder:
     @property
     def busy(self) -> bool:
         """Whether rows were added since the last :meth:`run`, or are in flight."""
-        return bool(self._added or self._rows)
+        return bool(self._added or self._rows or self._ahead)
 
     def discard(self, key: Hashable) -> None:
         """Forget row ``key`` (added or in flight; its slot keeps what was written): its tokens never come."""
+        self._settle()
+        self._finished.pop(key, None)
         self._added = [(row, inputs) for row, inputs in self._added if row.key != key]
         keep = [index for index, row in enumerate(self._rows) if row.key != key]
         if len(keep) < len(self._rows):
@@ -142,13 +155,16 @@ class Decoder:
     def run(self, extra_steps: int = 0) -> dict[Hashable, list[int]]:
         """Prefill the rows added, then step every row in flight until those added with ``finish=True`` are
         done, then at most ``extra_steps`` more steps; the rows done (``key -> token ids``), in flight no more.
+        Then it launches :attr:`ahead_steps` steps of the rows still in flight and returns without waiting for
+        them: the next run reads their tokens first.
 
         Each step is launched before the tokens of the step before it are read (their copy to the host runs
         ahead of it), so the device does not wait for the host's bookkeeping between steps; a row whose token
         was a stop token has been stepped once more by then: that step's token is dropped and its slot cropped
         back to what it holds without it.
         """
-        done: dict[Hashable, list[int]] = {}
+        self._settle()
+        done, self._finished = self._finished, {}
         added = []
         for row, inputs in self._added:
             if row.budget < 1:
@@ -176,7 +192,7 @@ class Decoder:
             chosen = self._step(stepping) if stepped else None
             if copied is not None:
                 copied.synchronize()
-            ended = self._record(first, host.numpy(), done)
+            ended = {first + offset for offset in self._record(rows[first:], host.numpy(), done)}
             if not stepped:
                 if ended:
                     self._keep([index for index in range(len(rows)) if index not in ended])
@@ -188,7 +204,45 @@ class Decoder:
             self._rows = [rows[stepping[position]] for position in going]
             self._chosen = chosen if len(going) == len(chosen) else self._pick(chosen, going)
             unread = len(self._rows)
+        self._launch_ahead()
         return done
+
+    def _launch_ahead(self) -> None:
+        """Launch up to :attr:`ahead_steps` steps of the rows in flight (their tokens all read), each row's
+        last under its budget, each step's tokens copied to the host behind it (:meth:`_settle` reads them)."""
+        for steps in range(self.ahead_steps):
+            # A row's tokens once the steps launched are read: len(tokens) + steps (every row took each).
+            stepping = [index for index, row in enumerate(self._rows) if len(row.tokens) + steps < row.budget]
+            if len(stepping) < len(self._rows):  # the rest end at their budget with the last step's tokens
+                self._keep(stepping)
+            if not self._rows:
+                break
+            self._chosen = self._step(list(range(len(self._rows))))
+            self._ahead.append((list(self._rows), *to_host(self._chosen)))
+
+    def _settle(self) -> None:
+        """Read the steps :meth:`_launch_ahead` launched: their tokens recorded, the rows that ended to
+        :attr:`_finished` (and out of flight); a row that said a stop token is cropped back by the steps that
+        ran past it (each wrote a position)."""
+        if not self._ahead:
+            return
+        ahead, self._ahead = self._ahead, []
+        copied = ahead[-1][2]
+        if copied is not None:
+            copied.synchronize()  # the copies complete in order: the last one's event covers all
+        ended: dict[int, list] = {}  # id(row) -> [the row, positions written past its end]
+        for rows, tokens, _ in ahead:
+            live = [index for index, row in enumerate(rows) if id(row) not in ended]
+            for row in rows:
+                if id(row) in ended:  # stopped earlier: this step wrote a position past its end
+                    ended[id(row)][1] += 1
+            closing = self._record([rows[index] for index in live], tokens.numpy()[live], self._finished)
+            ended.update((id(rows[live[offset]]), [rows[live[offset]], 0]) for offset in closing)
+        for row, past in ended.values():
+            if past:
+                self.cache.crop(row.slot, int(self.cache.lengths[row.slot]) - past)
+        if ended:
+            self._keep([index for index, row in enumerate(self._rows) if id(row) not in ended])
 
     def _step(self, stepping: list[int]) -> torch.Tensor:
         """Launch one step of rows ``stepping`` (indices into ``_rows``) from their chosen tokens; its tokens."""
@@ -200,18 +254,17 @@ class Decoder:
             logits = self.lm(self.lm.embed(chosen)[:, None], slots, np.ones(len(slots), np.int64), self.cache)
         return logits.argmax(dim=-1)
 
-    def _record(self, first: int, chosen: np.ndarray, done: dict[Hashable, list[int]]) -> set[int]:
-        """Record ``chosen``, the tokens of rows ``first ..``; the rows that end (a stop token, or their budget's
-        last) go to ``done``; their indices."""
+    def _record(self, rows: list[_Row], chosen: np.ndarray, done: dict[Hashable, list[int]]) -> list[int]:
+        """Record ``chosen[r]``, the token of ``rows[r]``; the rows that end (a stop token, or their budget's
+        last) go to ``done``; their indices in ``rows``."""
         stops = np.isin(chosen, self._stops) if self.stop else np.zeros(len(chosen), bool)
-        ended = set()
-        for offset, (token, stop) in enumerate(zip(chosen.tolist(), stops.tolist(), strict=True)):
-            row = self._rows[first + offset]
+        ended = []
+        for index, (row, token, stop) in enumerate(zip(rows, chosen.tolist(), stops.tolist(), strict=True)):
             if not stop:
                 row.tokens.append(token)
             if stop or len(row.tokens) >= row.budget:
                 done[row.key] = row.tokens
-                ended.add(first + offset)
+                ended.append(index)
         return ended
 
     def _pick(self, tokens: torch.Tensor, rows: list[int]) -> torch.Tensor | None:
