@@ -102,7 +102,7 @@ class _Stream:
     tokens: tuple[int, ...] = ()
     committed: list[str] = field(default_factory=list)  # earlier segments' final texts
     language: str = ""
-    heard: int = 0  # ended: its segment's samples
+    heard: int = 0  # ended: how many samples its segment holds
     prompt_features: Future | None = None  # ended, its final not started: its segment's offline front end
     answer: LLMTranscript | None = None  # its final, once decoded (ended streams)
 
