@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import warnings
 from pathlib import Path
 
@@ -100,6 +101,58 @@ def test_score_refuses_a_stream_twice_and_scores_nothing_of_a_closed_one() -> No
     activity.close(key)  # its connection has gone while a pass held its samples: they score nothing
     scores = activity.score([(key, np.zeros(4096, np.float32)), (other, np.zeros(4096, np.float32))])
     assert [len(s) for s in scores] == [0, 8]
+
+
+class _HeldVAD(SileroVAD):
+    """Silero's network whose calls, once started, wait for :attr:`release`: a call in flight for as long as a
+    test likes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.started, self.release = threading.Event(), threading.Event()
+
+    def forward(self, *args: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.started.set()
+        if not self.release.wait(60):
+            raise TimeoutError("the test never released the call")
+        return super().forward(*args)
+
+
+def _returns(call: object) -> bool:
+    """Whether ``call()`` returns on another thread while the test holds a call in flight (it would otherwise
+    wait until that call is released, after this answers)."""
+    thread = threading.Thread(target=call)
+    thread.start()
+    thread.join(30)
+    return not thread.is_alive()
+
+
+def test_open_and_close_do_not_wait_for_a_call_in_flight_nor_touch_its_rows() -> None:
+    samples = _sentence("numbers.wav")[:16000]
+    alone = VoiceActivity()
+    reference = alone.score([(alone.open(), samples)])[0]
+    model = _HeldVAD.from_package()
+    model.release.set()
+    activity = VoiceActivity(model)
+    talking, leaving = activity.open(), activity.open()
+    first = activity.score([(talking, samples[:8000])])[0]
+    model.release.clear()
+    model.started.clear()
+    results = {}
+    call = threading.Thread(
+        target=lambda: results.update(scores=activity.score([(talking, samples[8000:]), (leaving, samples)]))
+    )
+    call.start()
+    assert model.started.wait(30)
+    opened = []
+    assert _returns(lambda: activity.close(leaving))  # its row is the call's: not handed out before it is over
+    assert _returns(lambda: opened.append(activity.open()))
+    model.release.set()
+    call.join(30)
+    np.testing.assert_allclose(np.concatenate([first, results["scores"][0]]), reference, atol=SCORE_TOLERANCE)
+    later = activity.open()  # may take the closed stream's row, free now
+    for scores in activity.score([(opened[0], samples), (later, samples)]):
+        np.testing.assert_allclose(scores, reference, atol=SCORE_TOLERANCE)
 
 
 def _speech_extent(samples: np.ndarray) -> tuple[int, int]:
