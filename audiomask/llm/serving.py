@@ -434,7 +434,7 @@ class LLMServingRecognizer:
             for key in opening:
                 streams.open(key)
             for key, array in samples:
-                streams.feed(key, array)
+                streams.feed(key, array, checked=True)  # by accept_many
             self._ending += ending
             due, wait_s = self._due(streams)
             if due:

@@ -246,10 +246,10 @@ class LLMStreams:
         self.cache.reset(stream.slot)
         stream.fixed = 0  # the head is prefilled with the first update
 
-    def feed(self, name: str, samples: object) -> None:
-        """Buffer ``samples`` (1-D float32, 16 kHz, any length) for stream ``name``."""
+    def feed(self, name: str, samples: object, *, checked: bool = False) -> None:
+        """Buffer ``samples`` (1-D float32, 16 kHz, any length) for ``name`` (``checked``: by :func:`as_samples`)."""
         stream = self._stream(name)
-        samples = as_samples("samples", samples)
+        samples = samples if checked else as_samples("samples", samples)
         stream.pending = np.concatenate((stream.pending, samples))
 
     def _stream(self, name: str) -> _Stream:
