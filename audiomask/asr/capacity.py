@@ -107,10 +107,13 @@ def _check_fits(place: torch.device, max_streams: int, slot_bytes: int, shared_b
 
 
 def free_bytes(place: torch.device) -> int:
-    """Bytes free for new allocations: on a CUDA device (its own and its allocator's cache), or the host's."""
+    """Bytes free for new allocations: on a CUDA device (its own and its allocator's cache, within this
+    process's share of the device, :func:`torch.cuda.set_per_process_memory_fraction`), or the host's."""
     if place.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(place)
-        return free + torch.cuda.memory_reserved(place) - torch.cuda.memory_allocated(place)
+        free, total = torch.cuda.mem_get_info(place)
+        allocated = torch.cuda.memory_allocated(place)
+        share = int(torch.cuda.get_per_process_memory_fraction(place) * total) - allocated
+        return max(0, min(free + torch.cuda.memory_reserved(place) - allocated, share))
     try:
         with open("/proc/meminfo") as meminfo:
             for line in meminfo:

@@ -47,7 +47,7 @@ from audiomask.serve.server import run
 from audiomask.serve.settings import SERVE_THREADS, ServeSettings
 from audiomask.serve.workers import CORES_PER_WS_WORKER, listen_socket, resolve_ws_workers, run_with_workers
 
-__all__ = ["REPLICA_HEADROOM", "replica_settings", "serve", "serve_replicas", "stop_with_parent"]
+__all__ = ["REPLICA_HEADROOM", "memory_shares", "replica_settings", "serve", "serve_replicas", "stop_with_parent"]
 
 # Each replica's connections (and encoder slots) over an even split of --max-connections: 2,000 connections
 # hashed over 2 replicas put more than 1,100 on one about once in 150,000 times (4.5 standard deviations).
@@ -132,6 +132,16 @@ def replica_settings(settings: ServeSettings, replicas: int, devices: list[str],
     return made
 
 
+def memory_shares(devices: list[str]) -> list[float]:
+    """The share of its device's memory each replica may take: equal shares of a GPU that several replicas
+    use (each sizes its slots against its own, so that none takes what another needs), all of any other.
+
+    >>> memory_shares(["cuda:0", "cuda:1", "cuda:0", "cpu", "cpu"])
+    [0.5, 1.0, 0.5, 1.0, 1.0]
+    """
+    return [1 / devices.count(device) if device.startswith("cuda") else 1.0 for device in devices]
+
+
 def _replica_devices(device: str, replicas: int) -> list[str]:
     """The device of each of ``replicas``: ``cuda``/``auto`` with GPUs spread round-robin, any other as given."""
     resolved = pick_device(device, "--device")
@@ -159,8 +169,10 @@ def serve_replicas(settings: ServeSettings, replicas: int) -> int:
     context = multiprocessing.get_context("spawn")
     supervisor = _Supervisor(
         [
-            context.Process(target=_replica_main, args=(replica, os.getpid()), name=f"audiomask-serve-replica-{index}")
-            for index, replica in enumerate(each)
+            context.Process(
+                target=_replica_main, args=(replica, share, os.getpid()), name=f"audiomask-serve-replica-{index}"
+            )
+            for index, (replica, share) in enumerate(zip(each, memory_shares(devices), strict=True))
         ]
     )
     with reservation:
@@ -213,13 +225,18 @@ def stop_with_parent(parent: int) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
-def _replica_main(settings: ServeSettings, supervisor: int) -> None:
-    """A replica: the whole server of ``settings`` on a socket of its own at their address (spawned process).
+def _replica_main(settings: ServeSettings, memory_share: float, supervisor: int) -> None:
+    """A replica: the whole server of ``settings`` on a socket of its own at their address (spawned process),
+    taking at most ``memory_share`` of its CUDA device's memory (:func:`memory_shares`).
 
     It binds first and listens once its model is loaded; until its first step has run it refuses connections
     with HTTP 503 (``loading``), as a single server does, while the replicas that are ready serve."""
     os.setpgrp()  # Ctrl-C at a terminal reaches the supervisor alone, which passes one SIGTERM on
     stop_with_parent(supervisor)
+    if memory_share < 1:
+        import torch
+
+        torch.cuda.set_per_process_memory_fraction(memory_share, settings.device)
     try:
         status = serve(settings, reuse_port=True)
     except ValueError as error:

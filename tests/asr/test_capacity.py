@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from audiomask.asr.recognizer import StreamingRecognizer
@@ -46,3 +49,26 @@ def test_the_recognizers_sizes_are_its_plans(tiny_asr_model, family):
         )
         assert recognizer.block_samples == plan.chunk_ms * SAMPLE_RATE // MS_PER_S  # one chunk of 16 kHz samples
     assert "samples" in StreamingRecognizer.block_samples.__doc__  # a documented property, with its unit
+
+
+SHARE_PROBE = """
+import sys, torch
+from audiomask.asr.capacity import free_bytes
+device = torch.device("cuda")
+whole = free_bytes(device)
+torch.cuda.set_per_process_memory_fraction(float(sys.argv[1]), device)
+print(whole, free_bytes(device), torch.cuda.mem_get_info(device)[1])
+"""
+
+
+@pytest.mark.gpu
+def test_free_bytes_on_cuda_keep_within_the_processs_share_of_the_device():
+    """A replica given half a GPU (``audiomask serve --replicas`` sharing one) sizes its slots against its half."""
+    share = 0.5
+    # The fraction is the process's for its lifetime: set it in a process of its own.
+    command = [sys.executable, "-c", SHARE_PROBE, str(share)]
+    result = subprocess.run(command, check=False, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    whole, shared, total = map(int, result.stdout.split())
+    assert shared <= share * total < whole
+    assert shared > 0.9 * share * total  # little of its half is taken before any slot
