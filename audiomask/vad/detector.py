@@ -60,9 +60,9 @@ class VoiceActivity:
     at a time; :meth:`open` and :meth:`close` never wait for one (a server's event loop calls them): they hand
     out and take back keys and rows under a lock of their own, held for a few lines: a new stream's row is
     zeroed (the table grown) by the next call, a closed stream's row read by the call in flight is free once
-    it is over. On a GPU every call runs on a CUDA stream of the detector's own, of high
-    priority: a call waits for its own few kernels, not for the work other threads have queued on the device
-    (a recognizer's step), and its kernels go first.
+    it is over. On a GPU every call runs on a CUDA stream of the detector's own, of high priority: a call
+    waits for its own few kernels, not for the work other threads have queued on the device (a recognizer's
+    step), and its kernels go first.
     """
 
     def __init__(self, model: SileroVAD | None = None, device: torch.device | str = "cpu") -> None:
