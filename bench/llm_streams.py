@@ -133,7 +133,7 @@ class BenchStreams(LLMStreams):
         """Start stream ``name``'s next utterance in its slot, its audio dropped (finals are not measured)."""
         stream = self._stream(name)
         self._start_segment(stream)
-        stream.pending = np.zeros(0, np.float32)
+        stream.pending.take(len(stream.pending))
 
 
 class ReFeedStreams(refeed.ReFeedStreams, BenchStreams):

@@ -50,6 +50,7 @@ from audiomask.constants import HOP_LENGTH, SAMPLE_RATE
 from audiomask.llm.generate import Decoder
 from audiomask.llm.graphs import GraphedDecode
 from audiomask.llm.model import AudioLM, LLMTranscript
+from audiomask.llm.pending import PendingSamples
 from audiomask.llm.policy import StreamPolicy
 from audiomask.llm.prompt import decode_texts, encode_texts
 from audiomask.llm.stream_features import DEFAULT_FRONTEND_THREADS, ProcessStreamFeatures, StreamFeatures, joined
@@ -94,7 +95,7 @@ class _Stream:
     name: str
     slot: int
     samples: list[np.ndarray] = field(default_factory=list)  # the current segment's samples, for its final pass
-    pending: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))  # samples of the next chunk
+    pending: PendingSamples = field(default_factory=PendingSamples)  # samples of the next chunk
     chunks: int = 0  # updates made in this segment
     fixed: int = 0  # cache positions kept: the prompt head and the closed windows' audio tokens
     closed_windows: int = 0
@@ -247,10 +248,10 @@ class LLMStreams:
         stream.fixed = 0  # the head is prefilled with the first update
 
     def feed(self, name: str, samples: object, *, checked: bool = False) -> None:
-        """Buffer ``samples`` (1-D float32, 16 kHz, any length) for ``name`` (``checked``: by :func:`as_samples`)."""
+        """Buffer ``samples`` (1-D float32, 16 kHz, any length) for ``name`` (``checked``: by :func:`as_samples`,
+        and left unchanged by the caller: kept without a copy)."""
         stream = self._stream(name)
-        samples = samples if checked else as_samples("samples", samples)
-        stream.pending = np.concatenate((stream.pending, samples))
+        stream.pending.append(samples if checked else as_samples("samples", samples).copy())
 
     def _stream(self, name: str) -> _Stream:
         if name not in self._streams:
@@ -273,8 +274,7 @@ class LLMStreams:
                 raise ValueError(f"stream {stream.name!r} has {len(stream.pending)} samples buffered, under a chunk")
         chunks = []
         for stream in streams:
-            chunks.append(stream.pending[:size])
-            stream.pending = stream.pending[size:]
+            chunks.append(stream.pending.take(size))
         try:
             partials = self._decode(streams, chunks)
         finally:
@@ -394,7 +394,7 @@ class LLMStreams:
         for stream in self._streams.values():
             start, stop = self.features.ahead(stream.slot), min(len(stream.pending), size)
             if stop > start and stream.slot not in busy:
-                pieces.append(stream.pending[start:stop])
+                pieces.append(stream.pending.joined()[start:stop])
                 slots.append(stream.slot)
         self.features.push_ahead(pieces, slots)
 
@@ -537,8 +537,7 @@ class LLMStreams:
 
     def _heard(self, stream: _Stream) -> np.ndarray:
         """The samples of the stream's current segment, its pending ones included (taken from it)."""
-        stream.samples.append(stream.pending)
-        stream.pending = np.zeros(0, np.float32)
+        stream.samples.append(stream.pending.take(len(stream.pending)))
         return np.concatenate(stream.samples)
 
     def _final(self, stream: _Stream, transcript: LLMTranscript) -> Partial:

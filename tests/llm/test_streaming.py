@@ -230,6 +230,29 @@ def test_front_end_threads_or_processes_change_no_frame_and_no_token(qwen3_asr, 
         assert all(torch.equal(a, b) for a, b in zip(windows, other_windows, strict=True))
 
 
+def test_samples_fed_from_a_buffer_the_caller_reuses_are_kept_as_they_were(qwen3_asr, speech: Callable) -> None:
+    """A caller that reads audio into one array and feeds it again and again (as a capture loop does) gets the
+    partials and final of fresh arrays: what was fed is kept as it was, pieces joined only when read."""
+    policy = StreamPolicy(chunk_s=1.0, update_tokens=4, final_tokens=4)
+    signal = speech(3.7, 0)
+    piece = policy.chunk_samples // 3 + 7  # pieces straddle the chunks
+    runs = []
+    for reuse in (False, True):
+        streams = LLMStreams(qwen3_asr, slots=1, policy=policy)
+        streams.open("s")
+        buffer, tokens = np.zeros(piece, np.float32), []
+        for start in range(0, len(signal), piece):
+            part = signal[start : start + piece]
+            if reuse:
+                buffer[: len(part)] = part
+                part = buffer[: len(part)]
+            streams.feed("s", part)
+            if streams.due():
+                tokens += [partial.tokens for partial in streams.update()]
+        runs.append((tokens, [partial.text for partial in streams.finish(["s"])]))
+    assert runs[0] == runs[1] and len(runs[0][0]) == 3
+
+
 def test_audio_buffered_between_updates_is_pushed_ahead_with_the_same_frames_and_tokens(
     qwen3_asr, speech: Callable
 ) -> None:
