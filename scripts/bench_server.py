@@ -79,6 +79,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: bench/ is not installed
 
 from audiomask.constants import SAMPLE_RATE
+from bench.gpu_busy import gpu_busy, per_second
 from bench.server_process import (
     References,
     cpu_seconds,
@@ -482,7 +483,13 @@ def _level(args, clients: int, url: str, server, audio, message_samples, referen
     tree_before_s = None if server is None else tree_cpu_seconds(server.pid)
     spawn = multiprocessing.get_context("spawn")
     clients_before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    with ProcessPoolExecutor(args.processes, mp_context=spawn) as pool, _health_samples(url) as samples:
+    # The started server's GPU (its first with several replicas), sampled while the clients run.
+    gpu = None if server is None or not args.device.startswith("cuda") else int(args.device.partition(":")[2] or 0)
+    with (
+        ProcessPoolExecutor(args.processes, mp_context=spawn) as pool,
+        _health_samples(url) as samples,
+        gpu_busy(gpu) as busy,
+    ):
         shares = [jobs[worker :: args.processes] for worker in range(args.processes)]
         done = pool.map(_run_clients, [audio] * len(shares), shares)
         outcomes = [outcome for share in done for outcome in share]
@@ -579,6 +586,8 @@ def _level(args, clients: int, url: str, server, audio, message_samples, referen
         # /health every HEALTH_SAMPLE_S while the clients ran: connections, streams, steps run, and the
         # recent steps' timings (how the server's steps evolve under the load).
         "health_samples": samples,
+        # nvidia-smi's utilisation of the server's GPU while the clients ran, the mean of each 10 s.
+        "gpu_busy_percent": per_second(busy) if gpu is not None else None,
         "final_latency_ms": _percentiles([o["latency_final_s"] for o in outcomes if "error" not in o]),
         # Every text right and the partials' p99 under one chunk.
         "holds": correct == clients and (partial_latency_ms["p99"] or math.inf) < references.chunk_ms,
