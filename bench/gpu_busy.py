@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Iterator
 
-__all__ = ["SAMPLE_MS", "gpu_busy", "per_second"]
+__all__ = ["SAMPLE_MS", "gpu_busy", "means_per_span"]
 
 SAMPLE_MS = 500  # nvidia-smi's period: two samples a second
 STOP_TIMEOUT_S = 5.0
@@ -48,10 +48,10 @@ def gpu_busy(device: int | None) -> Iterator[list[tuple[float, float]]]:
         reader.join(STOP_TIMEOUT_S)
 
 
-def per_second(samples: list[tuple[float, float]], seconds: int = 10) -> list[dict]:
+def means_per_span(samples: list[tuple[float, float]], seconds: int = 10) -> list[dict]:
     """The mean utilisation over each ``seconds`` of the run: ``{"t_s": start, "percent": mean, "samples": n}``.
 
-    >>> per_second([(0.5, 10.0), (1.0, 30.0), (10.5, 50.0)])
+    >>> means_per_span([(0.5, 10.0), (1.0, 30.0), (10.5, 50.0)])
     [{'t_s': 0, 'percent': 20.0, 'samples': 2}, {'t_s': 10, 'percent': 50.0, 'samples': 1}]
     """
     spans: dict[int, list[float]] = {}

@@ -79,7 +79,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: bench/ is not installed
 
 from audiomask.constants import SAMPLE_RATE
-from bench.gpu_busy import gpu_busy, per_second
+from bench.gpu_busy import gpu_busy, means_per_span
 from bench.server_process import (
     References,
     cpu_seconds,
@@ -587,7 +587,7 @@ def _level(args, clients: int, url: str, server, audio, message_samples, referen
         # recent steps' timings (how the server's steps evolve under the load).
         "health_samples": samples,
         # nvidia-smi's utilisation of the server's GPU while the clients ran, the mean of each 10 s.
-        "gpu_busy_percent": per_second(busy) if gpu is not None else None,
+        "gpu_busy_percent": means_per_span(busy) if gpu is not None else None,
         "final_latency_ms": _percentiles([o["latency_final_s"] for o in outcomes if "error" not in o]),
         # Every text right and the partials' p99 under one chunk.
         "holds": correct == clients and (partial_latency_ms["p99"] or math.inf) < references.chunk_ms,
