@@ -93,10 +93,10 @@ SWEEP_PAUSE_FACTOR = 3
 # On CUDA a ready chunk waits at most this long for the others by default, whatever the chunk: a step computes
 # every slot (static shapes), so a longer wait makes no step cheaper, only later (figures: docs/defaults.md).
 GPU_MAX_WAIT_MS = 40
-# Every torch call releases the interpreter lock, and while another thread runs Python (the event loop, the
-# feeders, the front end) the calling thread then waits up to one switch interval to take it back: per call.
-# A step of hundreds of eager calls (a CPU step, a language model's update) would wait that many times, so
-# the engine lowers the interval to this on every device (figures: docs/defaults.md).
+# Every torch call of an encoder step releases the interpreter lock, and while the event loop and the ticker
+# run Python the step's thread then waits up to one switch interval to take it back. On the CPU the engine
+# lowers the interval to this; on CUDA it keeps Python's 5 ms, which a shorter one did not beat (figures:
+# docs/defaults.md).
 SWITCH_INTERVAL_S = 0.0005
 WARMUP_CHUNKS = 2  # chunks of silence the first step runs on before the server says it is ready
 WARMUP_TIMEOUT_S = 600.0  # a first CUDA step compiles kernels and captures graphs: minutes on a cold machine
@@ -184,8 +184,8 @@ class Engine:
 
     :meth:`start` and :meth:`stop` run on the event loop (an app's startup and
     shutdown); so do :meth:`admit`, :meth:`attach`, :meth:`detach` and :meth:`drain`.
-    The engine lowers the process's thread switch interval (:func:`sys.setswitchinterval`) to
-    :data:`SWITCH_INTERVAL_S` where it is longer.
+    With a recognizer on the CPU, the engine lowers the process's thread switch interval
+    (:func:`sys.setswitchinterval`) to :data:`SWITCH_INTERVAL_S` where it is longer.
     """
 
     def __init__(self, settings: ServeSettings, recognizer: StreamingRecognizer | None = None) -> None:
@@ -370,7 +370,8 @@ class Engine:
             recognizer = self._recognizer
             if hasattr(recognizer, "on_results"):  # it steps on a thread of its own: the ticker wakes on its results
                 recognizer.on_results = self._wake.set
-            sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))
+            if recognizer.device.type == "cpu":
+                sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))
             stream = recognizer.open_stream("warm-up")
             silence = np.zeros(WARMUP_CHUNKS * recognizer.chunk_ms * SAMPLE_RATE // MS_PER_S, np.float32)
             stream.accept(silence)

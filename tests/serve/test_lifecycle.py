@@ -216,7 +216,7 @@ def test_an_address_it_cannot_listen_on_is_one_line_and_exit_2_before_any_banner
     assert words in result.stderr and "cannot listen" in result.stderr, result.stderr
 
 
-def test_the_engine_freezes_what_it_loaded_and_lowers_the_switch_interval_never_raising_it():
+def test_the_engine_freezes_what_it_loaded_and_lowers_the_switch_interval_on_the_cpu_never_raising_it():
     from audiomask.asr.checkpoint import load_model
     from audiomask.asr.recognizer import StreamingRecognizer
     from audiomask.serve.engine import SWITCH_INTERVAL_S, Engine
