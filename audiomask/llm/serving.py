@@ -414,9 +414,8 @@ class LLMServingRecognizer:
                 opening.append(key)
             if stream._intake:
                 pieces, stream._intake = stream._intake, []
-                array = np.concatenate(pieces) if len(pieces) > 1 else pieces[0]
-                samples.append((key, array))
-                stream._fed += len(array)
+                samples += [(key, piece) for piece in pieces]  # joined once, when LLMStreams reads them
+                stream._fed += sum(len(piece) for piece in pieces)
             if stream._ended and not stream._finishing:
                 stream._finishing = True  # its final pass starts once
                 ending.append(stream)
