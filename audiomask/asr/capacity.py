@@ -110,6 +110,7 @@ def free_bytes(place: torch.device) -> int:
     """Bytes free for new allocations: on a CUDA device (its own and its allocator's cache, within this
     process's share of the device, :func:`torch.cuda.set_per_process_memory_fraction`), or the host's."""
     if place.type == "cuda":
+        place = torch.device("cuda", torch.cuda.current_device() if place.index is None else place.index)
         free, total = torch.cuda.mem_get_info(place)
         allocated = torch.cuda.memory_allocated(place)
         share = int(torch.cuda.get_per_process_memory_fraction(place) * total) - allocated

@@ -56,7 +56,7 @@ import sys, torch
 from audiomask.asr.capacity import free_bytes
 device = torch.device("cuda")
 whole = free_bytes(device)
-torch.cuda.set_per_process_memory_fraction(float(sys.argv[1]), device)
+torch.cuda.set_per_process_memory_fraction(float(sys.argv[1]), torch.cuda.current_device())
 print(whole, free_bytes(device), torch.cuda.mem_get_info(device)[1])
 """
 
