@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import os
 import resource
@@ -238,6 +239,41 @@ def randomize_fixture() -> Callable[..., torch.nn.Module]:
 @pytest.fixture(scope="session", name="max_valid_diff")
 def max_valid_diff_fixture() -> Callable[..., float]:
     return max_valid_diff
+
+
+# torch.cuda.set_sync_debug_mode("error") raises on the calls that synchronise (.item(), D2H copies,
+# nonzero, ...), but not on everything (a pageable non_blocking copy, a full launch queue): so the call also
+# runs behind ~100 ms of GPU work queued first (torch.cuda._sleep) and must return while that still runs.
+GATE_MS = 100.0
+
+
+@functools.cache
+def _queue_filler() -> object:
+    from audiomask.bench.harness import QueueFiller
+
+    return QueueFiller("cuda")  # calibrated once
+
+
+def _never_waits(call: Callable[[], object]) -> object:
+    torch.cuda.synchronize()
+    previous = torch.cuda.get_sync_debug_mode()
+    _queue_filler().fill(GATE_MS)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        result = call()  # a synchronising call raises here
+        still_running = not torch.cuda.current_stream().query()
+    finally:
+        torch.cuda.set_sync_debug_mode(previous)
+        torch.cuda.synchronize()
+    assert still_running, "the call waited for the GPU: the work queued before it had completed when it returned"
+    return result
+
+
+@pytest.fixture(scope="session")
+def never_waits() -> Callable[[Callable[[], object]], object]:
+    """``never_waits(call)``: ``call()``'s result, run behind :data:`GATE_MS` of GPU work queued first; the test
+    fails when the call synchronised with the device or returned after that work was done (CUDA only)."""
+    return _never_waits
 
 
 @contextlib.contextmanager

@@ -70,10 +70,13 @@ class AudioLM:
         return self.lm.device
 
     def audio_inputs(self, features: torch.Tensor, lengths: np.ndarray) -> list[torch.Tensor]:
-        """Language-model inputs of a padded feature batch ``(B, bins, T)``: per utterance ``(n_b, hidden_size)``."""
+        """Language-model inputs of a padded feature batch ``(B, bins, T)`` and its ``(B,)`` int64 host ``lengths``:
+        per utterance ``(n_b, hidden_size)`` on the model's device. The token counts come from the host lengths:
+        nothing waits for the device."""
         with sdpa_kernel(ATTENTION_BACKENDS):  # shapes change with every utterance: no cuDNN plan per shape
-            outputs, counts = self.encoder(features, lengths)
+            outputs, _ = self.encoder(features, lengths)
         projected = self.projector(outputs)
+        counts = self.encoder.output_lengths(np.asarray(lengths, np.int64))
         return [projected[row, :count] for row, count in enumerate(counts.tolist())]
 
     def prompt_inputs(self, parts: PromptParts, audio: torch.Tensor) -> torch.Tensor:

@@ -101,12 +101,13 @@ class _Phi4MMAudioLM(AudioLM):
     """
 
     def audio_inputs(self, features: torch.Tensor, lengths: np.ndarray) -> list[torch.Tensor]:
-        """Language-model inputs of a padded feature batch ``(B, T, 80)``: per utterance ``(n_b, hidden_size)``."""
+        """Language-model inputs of a padded feature batch ``(B, T, 80)`` and its ``(B,)`` host ``lengths``: per
+        utterance ``(n_b, hidden_size)``, its token count from the host length (nothing waits for the device)."""
         inputs = []
         for row, length in enumerate(np.asarray(lengths).tolist()):
             mask = _unpadded_mask(self.encoder, length)
-            outputs, counts = self.encoder(features[row : row + 1, :length], [length], mask_mode=MASK_MODE, mask=mask)
-            inputs.append(self.projector(outputs[0, : int(counts[0])]))
+            outputs, _ = self.encoder(features[row : row + 1, :length], [length], mask_mode=MASK_MODE, mask=mask)
+            inputs.append(self.projector(outputs[0, : self.encoder.output_lengths(length)]))
         return inputs
 
 

@@ -82,6 +82,18 @@ class Phi4MMEncoder(nn.Module):
         """``D``, the width of the output tokens (``hidden_size``)."""
         return self.config.hidden_size
 
+    def output_lengths(self, feature_lengths: np.ndarray | torch.Tensor) -> np.ndarray | torch.Tensor:
+        """Tokens per utterance of ``feature_lengths`` frames ``(B,)`` (int64, on the host or a device):
+        ``ceil(feature_lengths / time_reduction)``, computed where the lengths are.
+
+        >>> Phi4MMEncoder(Phi4MMAudioConfig(hidden_size=8, intermediate_size=8, num_blocks=1, num_attention_heads=2,
+        ...     ext_pw_out_channel=8, depthwise_separable_out_channel=8, nemo_conv_channels=2)
+        ... ).output_lengths(np.array([40, 17, 0]))
+        array([5, 3, 0])
+        """
+        reduction = self.config.time_reduction
+        return (feature_lengths + (reduction - 1)) // reduction
+
     def chunking(self, chunk_size: int | None, left_chunk: int | None) -> tuple[int, int]:
         """``(chunk_size, left_chunk)`` checked, the config's where ``None``: tokens per chunk, chunks of left context."""
         chunk_size = self.config.chunk_size if chunk_size is None else check_int("chunk_size", chunk_size)
@@ -139,9 +151,8 @@ class Phi4MMEncoder(nn.Module):
         batch, frames, _ = features.shape
         device = next(self.parameters()).device
         lengths = batch_lengths("feature_lengths", feature_lengths, batch, frames, "T (features.shape[1])", device)
+        token_lengths = self.output_lengths(lengths)
         reduction = self.config.time_reduction
-        # ceil(frames / reduction), on the host or on the device, wherever the lengths are.
-        token_lengths = (lengths + (reduction - 1)) // reduction
         tokens = -(-frames // reduction)
         hidden = self.encoder_embedding(model_input(features, self))
         if tokens == 0:

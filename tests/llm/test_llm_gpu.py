@@ -107,3 +107,19 @@ def test_an_ended_streams_final_riding_along_through_cuda_graphs_is_the_offline_
     (final,) = finals
     offline = model.transcribe([ending], max_new_tokens=policy.final_tokens)[0]
     assert final.tokens == offline.tokens
+
+
+@pytest.mark.parametrize("directory", ["tiny_qwen3_asr_dir", "tiny_phi4mm_dir"])
+def test_prompts_of_host_features_never_wait_for_the_gpu(
+    directory: str, request: pytest.FixtureRequest, speech: Callable, never_waits: Callable
+) -> None:
+    """A final pass's start (its front end's features through the encoder into its prompt) queues its work and
+    returns: it runs on the thread that launches every stream's decode steps."""
+    model = checkpoint.load(request.getfixturevalue(directory), device="cuda")
+    features, lengths = model.frontend.batch([speech(3.0, 0), speech(17.0, 1)])
+    parts = model.prompt("", None)
+    with torch.inference_mode():
+        model.feature_prompts(features, lengths, parts)  # first use: allocations, library handles
+        prompts = never_waits(lambda: model.feature_prompts(features, lengths, parts))
+    audio = model.encoder.output_lengths(lengths).tolist()
+    assert [len(prompt) for prompt in prompts] == [len(parts.head) + count + len(parts.tail) for count in audio]

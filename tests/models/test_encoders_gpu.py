@@ -141,44 +141,15 @@ def test_qwen3_asr_bf16_within_tolerance(no_tf32, tiny_qwen3_asr):
     assert_bf16_close(valid_rows(low, output_lengths), valid_rows(reference, output_lengths))
 
 
-# --- No host-device synchronisation in the steady state -------------------------------------------
-#
-# torch.cuda.set_sync_debug_mode("error") raises on the calls that synchronise (.item(), D2H copies,
-# nonzero, ...), but not on everything (a pageable non_blocking copy, a full launch queue); so each
-# test also queues ~100 ms of GPU work first (torch.cuda._sleep) and checks that the call returns
-# while it is still running. The tiny models launch a few hundred kernels per call, well below the
-# ~1000 pending launches after which the host blocks in any launch (the full-size 24-block encoder
-# launches ~800-900 per chunk step: scripts/bench_encoders.py counts them).
-
-GATE_MS = 100.0
-
-
-@pytest.fixture(scope="module")
-def filler():
-    from audiomask.bench.harness import QueueFiller
-
-    return QueueFiller("cuda")
-
-
-def assert_never_waits(filler, call):
-    """``call()`` behind ``GATE_MS`` of queued GPU work: no synchronising CUDA call, returns before the gate ends."""
-    torch.cuda.synchronize()
-    previous = torch.cuda.get_sync_debug_mode()
-    filler.fill(GATE_MS)
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        result = call()  # a synchronising call raises here
-        still_running = not torch.cuda.current_stream().query()
-    finally:
-        torch.cuda.set_sync_debug_mode(previous)
-        torch.cuda.synchronize()
-    assert still_running, "the call waited for the GPU: the gate had completed when it returned"
-    return result
+# --- No host-device synchronisation in the steady state (``never_waits``: tests/conftest.py) ----------
+# The tiny models launch a few hundred kernels per call, well below the ~1000 pending launches after which
+# the host blocks in any launch (the full-size 24-block encoder launches ~800-900 per chunk step:
+# scripts/bench_encoders.py counts them).
 
 
 @pytest.mark.parametrize("lengths", [None, [50, 45, 41]], ids=["lock-step", "ragged"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_phi4mm_stream_push_and_flush_never_wait_for_the_gpu(filler, tiny_phi4mm, lengths, dtype):
+def test_phi4mm_stream_push_and_flush_never_wait_for_the_gpu(never_waits, tiny_phi4mm, lengths, dtype):
     encoder = tiny_phi4mm().to("cuda", dtype)
     slots = Phi4MMSlots(encoder, batch_size=3, chunk_size=2, left_chunk=2)
     features = torch.randn(3, 50, 80)  # host features, as the front end makes them: 3 chunks of 16 frames
@@ -188,38 +159,38 @@ def test_phi4mm_stream_push_and_flush_never_wait_for_the_gpu(filler, tiny_phi4mm
                 slots.push(features, lengths)
             slots.flush()
         for _ in range(4):  # the cache fills (left_chunk = 2) and the steady state follows
-            outputs = assert_never_waits(filler, lambda: slots.push(features, lengths))
+            outputs = never_waits(lambda: slots.push(features, lengths))
             assert outputs.shape[1] % 2 == 0 and outputs.shape[1] > 0
-        outputs = assert_never_waits(filler, lambda: torch.cat([slots.push(features, lengths), slots.flush()], 1))
+        outputs = never_waits(lambda: torch.cat([slots.push(features, lengths), slots.flush()], 1))
     assert torch.isfinite(outputs).all()
 
 
 @pytest.mark.parametrize("mask_mode", ["hard", "phi4mm_compat"])
-def test_phi4mm_forward_never_waits_for_the_gpu(filler, tiny_phi4mm, mask_mode):
+def test_phi4mm_forward_never_waits_for_the_gpu(never_waits, tiny_phi4mm, mask_mode):
     encoder = tiny_phi4mm().to("cuda")
     features = torch.randn(3, 97, 80)
     with torch.no_grad():
         encoder(features, [97, 50, 3], chunk_size=3, left_chunk=1, mask_mode=mask_mode)  # warm up
-        outputs, _ = assert_never_waits(
-            filler, lambda: encoder(features, [97, 50, 3], chunk_size=3, left_chunk=1, mask_mode=mask_mode)
+        outputs, _ = never_waits(
+            lambda: encoder(features, [97, 50, 3], chunk_size=3, left_chunk=1, mask_mode=mask_mode)
         )
     assert torch.isfinite(outputs).all()
 
 
-def test_qwen3_asr_forward_and_stream_never_wait_for_the_gpu(filler, tiny_qwen3_asr):
+def test_qwen3_asr_forward_and_stream_never_wait_for_the_gpu(never_waits, tiny_qwen3_asr):
     encoder = tiny_qwen3_asr().to("cuda")
     features = torch.randn(2, 128, 900)
     with torch.no_grad():
         encoder(features, [900, 450])  # warm up
-        assert_never_waits(filler, lambda: encoder(features, [900, 450]))
+        never_waits(lambda: encoder(features, [900, 450]))
         slots = Qwen3ASRSlots(encoder, batch_size=2)
         for _ in range(2):
-            assert_never_waits(filler, lambda: slots.push(features[:, :, :450], [450, 300]))
-        assert_never_waits(filler, lambda: (slots.partial(), slots.flush()))
+            never_waits(lambda: slots.push(features[:, :, :450], [450, 300]))
+        never_waits(lambda: (slots.partial(), slots.flush()))
 
 
 @pytest.mark.parametrize("mask_mode", ["hard", "phi4mm_compat"])
-def test_phi4mm_lengths_on_the_gpu_equal_host_lengths_and_never_wait(filler, tiny_phi4mm, mask_mode):
+def test_phi4mm_lengths_on_the_gpu_equal_host_lengths_and_never_wait(never_waits, tiny_phi4mm, mask_mode):
     """Lengths already on the GPU: the masks are built there, nothing is read back, the outputs are the same."""
     encoder = tiny_phi4mm().to("cuda")
     features = torch.randn(3, 97, 80)
@@ -229,18 +200,18 @@ def test_phi4mm_lengths_on_the_gpu_equal_host_lengths_and_never_wait(filler, tin
     with torch.no_grad():
         reference, reference_lengths = encoder(features, lengths, **settings)
         encoder(features, on_device, **settings)  # warm up
-        outputs, output_lengths = assert_never_waits(filler, lambda: encoder(features, on_device, **settings))
+        outputs, output_lengths = never_waits(lambda: encoder(features, on_device, **settings))
     torch.testing.assert_close(outputs, reference, rtol=0, atol=TOLERANCE)  # the same masks, built on the GPU
     assert output_lengths.device.type == "cuda" and output_lengths.tolist() == reference_lengths.tolist()
 
 
-def test_qwen3_asr_lengths_on_the_gpu_equal_host_lengths_and_never_wait(filler, tiny_qwen3_asr):
+def test_qwen3_asr_lengths_on_the_gpu_equal_host_lengths_and_never_wait(never_waits, tiny_qwen3_asr):
     encoder = tiny_qwen3_asr().to("cuda")
     features = torch.randn(2, 128, 900)
     on_device = torch.tensor([900, 450], device="cuda")
     with torch.no_grad():
         reference, _ = encoder(features, [900, 450])
         encoder(features, on_device)  # warm up
-        outputs, output_lengths = assert_never_waits(filler, lambda: encoder(features, on_device))
+        outputs, output_lengths = never_waits(lambda: encoder(features, on_device))
     torch.testing.assert_close(outputs[:, : reference.shape[1]], reference, rtol=0, atol=TOLERANCE)
     assert output_lengths.tolist() == [117, 59]
