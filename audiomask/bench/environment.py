@@ -2,8 +2,8 @@
 
 ``capture_environment(argv)`` returns the command, the date, the git commit
 and the machine: Python, numpy, torch and torchaudio versions, torch's thread
-count, the CPU and its core count, and the GPU and driver where CUDA is
-available. ``write_result(path, payload)`` writes a report as indented JSON,
+count, the CPU, its core count and how fast one of its cores runs Python
+(:func:`python_speed`), and the GPU and driver where CUDA is available. ``write_result(path, payload)`` writes a report as indented JSON,
 creating its folder.
 """
 
@@ -16,15 +16,26 @@ import platform
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
-__all__ = ["capture_environment", "command_output", "cpu_model", "driver_version", "git_commit", "write_result"]
+__all__ = [
+    "capture_environment",
+    "command_output",
+    "cpu_model",
+    "driver_version",
+    "git_commit",
+    "python_speed",
+    "write_result",
+]
 
 _REPOSITORY = Path(__file__).resolve().parents[2]  # the checkout this module was imported from
 _COMMAND_TIMEOUT_S = 30  # nvidia-smi / git: never hang a benchmark on them
+SPEED_LOOPS = 200_000  # one round of python_speed's loop: ~10-20 ms on a server core
+SPEED_ROUNDS = 7  # python_speed keeps the fastest: a slower round met other work on its core
 
 
 def cpu_model() -> str:
@@ -36,6 +47,30 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def python_speed(loops: int = SPEED_LOOPS, rounds: int = SPEED_ROUNDS) -> float:
+    """How fast one core runs this interpreter: millions of iterations a second of a fixed pure-Python loop
+    (a call, an attribute, a dict and a list operation each), the fastest of ``rounds`` rounds of ``loops``.
+
+    Machines sold as one kind (the same CPU model name) differ in it, and a server bound by its host scales
+    with it: two results of a host-bound benchmark compare only with it beside them.
+
+    >>> python_speed(loops=1000, rounds=1) > 0
+    True
+    """
+    table: dict[int, int] = {}
+    items: list[int] = []
+    best = float("inf")
+    for _ in range(rounds):
+        table.clear()
+        items.clear()
+        started = time.perf_counter()
+        for index in range(loops):
+            table[index & 1023] = len(items)
+            items.append(index)
+        best = min(best, time.perf_counter() - started)
+    return round(loops / best / 1e6, 2)
 
 
 def command_output(command: Sequence[str], cwd: Path | None = None) -> str | None:
@@ -87,6 +122,7 @@ def capture_environment(argv: Sequence[str]) -> dict:
         "machine": platform.machine(),
         "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count(),
+        "python_speed_mloops_s": python_speed(),
         "numpy_version": np.__version__,
         "torch_version": None,
         "torchaudio_version": None,

@@ -57,7 +57,17 @@ def test_quick_report_has_every_section(quick_report: tuple[dict, str]) -> None:
         report
     )
     environment = report["environment"]
-    for key in ("command", "date", "git_commit", "torch_version", "torchaudio_version", "gpu", "driver", "cpu_count"):
+    for key in (
+        "command",
+        "date",
+        "git_commit",
+        "torch_version",
+        "torchaudio_version",
+        "gpu",
+        "driver",
+        "cpu_count",
+        "python_speed_mloops_s",
+    ):
         assert key in environment, key
     assert environment["command"].endswith("--out " + environment["argv"][-1])
     assert report["settings"]["quick"] is True
