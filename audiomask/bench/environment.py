@@ -3,8 +3,9 @@
 ``capture_environment(argv)`` returns the command, the date, the git commit
 and the machine: Python, numpy, torch and torchaudio versions, torch's thread
 count, the CPU, its core count and how fast one of its cores runs Python
-(:func:`python_speed`), and the GPU and driver where CUDA is available. ``write_result(path, payload)`` writes a report as indented JSON,
-creating its folder.
+(:func:`python_speed`), and the GPU and driver where CUDA is available.
+``write_result(path, payload)`` writes a report as indented JSON, creating
+its folder.
 """
 
 from __future__ import annotations
@@ -53,8 +54,8 @@ def python_speed(loops: int = SPEED_LOOPS, rounds: int = SPEED_ROUNDS) -> float:
     """How fast one core runs this interpreter: millions of iterations a second of a fixed pure-Python loop
     (a call, an attribute, a dict and a list operation each), the fastest of ``rounds`` rounds of ``loops``.
 
-    Machines sold as one kind (the same CPU model name) differ in it, and a server bound by its host scales
-    with it: two results of a host-bound benchmark compare only with it beside them.
+    Machines of one kind (the same CPU model name) may differ in it, and a server bound by its host runs
+    slower on a slower core: two results of a host-bound benchmark compare only with it beside them.
 
     >>> python_speed(loops=1000, rounds=1) > 0
     True
