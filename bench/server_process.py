@@ -136,9 +136,13 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
 
-def tree_cpu_seconds(pid: int) -> float:
-    """CPU seconds of process ``pid`` and of every process below it (front-end and WebSocket workers)."""
-    return cpu_seconds(pid) + sum(tree_cpu_seconds(child) for child in _children(pid))
+def tree_cpu_seconds(pid: int) -> dict[int, float]:
+    """CPU seconds of process ``pid`` and of every process below it (replicas, front-end and WebSocket
+    workers), by process id."""
+    seconds = {pid: cpu_seconds(pid)}
+    for child in _children(pid):
+        seconds |= tree_cpu_seconds(child)
+    return seconds
 
 
 def _children(pid: int) -> list[int]:

@@ -45,7 +45,8 @@ What it checks and measures:
 - the started server's CPU seconds (user + system, all its threads) while the
   clients ran, and per second of audio they sent: what a real-time stream
   costs the server's host, the encoder steps included; the same for all the
-  server's processes (its WebSocket workers and front-end processes too);
+  server's processes (its WebSocket workers and front-end processes too), and
+  the busiest one's cores (near 1: one event loop or interpreter lock bounds it);
 - the server's ``/health`` once a second while the clients run (connections,
   streams, steps run, the recent steps' timings): how its steps evolve; and
   the partials' latency per second of the run, by arrival.
@@ -80,13 +81,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository r
 
 from audiomask.constants import SAMPLE_RATE
 from bench.gpu_busy import gpu_busy, means_per_span
-from bench.server_process import (
-    References,
-    cpu_seconds,
-    running_server,
-    single_stream_references,
-    tree_cpu_seconds,
-)
+from bench.server_process import References, cpu_seconds, running_server, single_stream_references, tree_cpu_seconds
 from bench.server_process import health as server_health
 
 REPOSITORY = Path(__file__).resolve().parents[1]
@@ -480,7 +475,7 @@ def _level(args, clients: int, url: str, server, audio, message_samples, referen
     ]
     started = time.perf_counter()
     cpu_before_s = None if server is None else cpu_seconds(server.pid)
-    tree_before_s = None if server is None else tree_cpu_seconds(server.pid)
+    tree_before = None if server is None else tree_cpu_seconds(server.pid)
     spawn = multiprocessing.get_context("spawn")
     clients_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     # The started server's GPU (its first with several replicas), sampled while the clients run.
@@ -498,7 +493,9 @@ def _level(args, clients: int, url: str, server, audio, message_samples, referen
     wall_s = time.perf_counter() - started
     health = server_health(url.replace("ws", "http", 1))[1]
     server_cpu_s = None if server is None else cpu_seconds(server.pid) - cpu_before_s
-    tree_cpu_s = None if server is None else tree_cpu_seconds(server.pid) - tree_before_s
+    after = None if server is None else tree_cpu_seconds(server.pid)
+    used = None if after is None else {pid: cpu_s - tree_before.get(pid, 0.0) for pid, cpu_s in after.items()}
+    tree_cpu_s = None if used is None else sum(used.values())
 
     lost = [outcome for outcome in outcomes if "error" in outcome]
     audio_s = sum(len(audio[job["name"]]) for job in jobs) / SAMPLE_RATE
@@ -533,6 +530,8 @@ def _level(args, clients: int, url: str, server, audio, message_samples, referen
         # The same with every process of the server: WebSocket workers and front-end processes.
         "server_processes_cpu_s": None if tree_cpu_s is None else round(tree_cpu_s, 2),
         "server_processes_cpu_per_audio_s": None if tree_cpu_s is None else round(tree_cpu_s / audio_s, 5),
+        # The most one of those processes used, in cores: near 1, its event loop or interpreter lock is the wall.
+        "server_busiest_process_cores": None if used is None else round(max(used.values()) / wall_s, 2),
         "load_average_1m": load_average_1m,  # the machine's load before the run (other work shares the cores)
         # The client processes' CPU seconds (on the same host: what they take, the server cannot use).
         "clients_cpu_s": round(clients_cpu_s, 2),

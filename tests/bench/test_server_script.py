@@ -26,6 +26,8 @@ def test_bench_server_checks_every_text_and_times_the_partials(tmp_path):
     assert (report["model"], report["chunk_ms"], report["clients"]) == ("shipped_tiny", 320, CLIENTS)
     assert (report["correct"], report["lost"], report["wrong"]) == (CLIENTS, 0, 0)
     assert report["partials"] > 0 and report["server_health"]["status"] == "ready"
+    busiest_cpu_s = report["server_busiest_process_cores"] * report["wall_s"]  # one process's share of them all
+    assert 0 < busiest_cpu_s <= report["server_processes_cpu_s"] + 0.01 * report["wall_s"]
     latencies = report["partial_latency_ms"]
     assert 0 < latencies["p50"] <= latencies["p99"] <= latencies["max"]
     by_second = report["partial_latency_ms_by_second"]
