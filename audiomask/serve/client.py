@@ -21,13 +21,13 @@ VAD (each item a segment), committed at the end.
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import ssl
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
+import pybase64
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
@@ -129,7 +129,7 @@ def _encode(piece: np.ndarray, protocol: str) -> bytes | str:
     """The message of ``piece`` (a slice of :func:`_payload`): its bytes, or for realtime an append event of them in
     base64 (whose characters JSON writes as they are)."""
     if protocol == "realtime":
-        return '{"type": "input_audio_buffer.append", "audio": "' + base64.b64encode(piece.tobytes()).decode() + '"}'
+        return '{"type": "input_audio_buffer.append", "audio": "' + pybase64.b64encode(piece.tobytes()).decode() + '"}'
     return piece.tobytes()
 
 

@@ -37,7 +37,6 @@ connection goes on.
 
 from __future__ import annotations
 
-import base64
 import binascii
 import json
 import secrets
@@ -45,6 +44,7 @@ import time
 from collections.abc import Mapping
 
 import numpy as np
+import pybase64
 
 from audiomask.resample import Resampler
 from audiomask.serve.segments import Segment
@@ -316,7 +316,7 @@ class RealtimeProtocol(ClientProtocol):
             raise _EventError(_NOT_VALIDATED, "model_not_validated")
         audio = event.get("audio")
         try:
-            data = base64.b64decode(audio, validate=True) if isinstance(audio, str) else None
+            data = pybase64.b64decode(audio, validate=True) if isinstance(audio, str) else None
         except (binascii.Error, ValueError):
             data = None
         if not data or len(data) % 2:
