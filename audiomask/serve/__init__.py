@@ -17,7 +17,8 @@ processes has its own recognizer, and its connections share its steps).
 - :mod:`~audiomask.serve.client`: a client of both protocols (tests, benchmarks).
 
 The app, server and client need the ``serve`` extra (``pip install -e ".[serve]"``: fastapi,
-uvicorn, websockets); ``create_app`` is imported on first use, so the CLI loads without it.
+uvicorn, websockets, silero-vad, pybase64); ``create_app`` is imported on first use, so the CLI loads
+without it.
 """
 
 from __future__ import annotations
