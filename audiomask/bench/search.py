@@ -25,6 +25,7 @@ from audiomask.bench.timing import MS_PER_S, Budget, log, percentiles
 from audiomask.features.process import available_cores
 
 __all__ = [
+    "HOST_STAGES",
     "RESOURCES",
     "TIME_BUDGET",
     "TOLERANCE",
@@ -41,6 +42,9 @@ GPU_COMPUTE, GPU_MEMORY, HOST_FRONTEND, HOST_LOOP = "gpu compute", "gpu memory",
 RESOURCES = (GPU_COMPUTE, GPU_MEMORY, HOST_FRONTEND, HOST_LOOP)
 TIME_BUDGET = "time budget"  # the search stopped for time before a probe settled the row
 COST_FIELDS = ("gpu_ms_per_cycle", "frontend_ms_per_cycle", "host_ms_per_cycle")  # a probe's mean costs per cycle
+_WALL_COSTS = ("gpu_s", "frontend_s", "waited_s")  # the ChunkCost fields behind COST_FIELDS
+# The driver's main thread by stage (ChunkCost's *_cpu_s): its CPU ms per cycle, where host_ms_per_cycle goes.
+HOST_STAGES = ("feed", "enqueue", "loop")
 
 
 def _release_memory(device: torch.device) -> None:
@@ -52,19 +56,26 @@ def _release_memory(device: torch.device) -> None:
 
 
 def _cost_fields(times: ProbeTimes) -> dict:
-    """Mean milliseconds per cycle (one chunk of every stream) of the device, the front end and host work."""
+    """Mean milliseconds per cycle (one chunk of every stream) of the device, the front end and host work; for a
+    driver, ``host_cpu_ms_per_cycle``: the main thread's CPU ms per cycle by stage (:data:`HOST_STAGES`)."""
     if not times.costs:
         return {}
     seconds = np.array(times.seconds)
-    gpu, frontend, waited = np.array(times.costs).T  # (chunks,) each
+    gpu, frontend, waited = (np.array([getattr(cost, name) for cost in times.costs]) for name in _WALL_COSTS)
     host = np.maximum(seconds - waited, 0.0)
     means = [float(values.mean() * MS_PER_S) for values in (gpu, frontend, host)]
-    return {
+    fields = {
         **dict(zip(COST_FIELDS, means)),
         "gpu_busy": float(gpu.sum() / seconds.sum()),  # of the cycles' wall time
         "frontend_processes": times.frontend_processes,
         "torch_threads": times.torch_threads,
     }
+    if all(cost.feed_cpu_s is not None for cost in times.costs):
+        fields["host_cpu_ms_per_cycle"] = {
+            stage: float(np.mean([getattr(cost, f"{stage}_cpu_s") for cost in times.costs]) * MS_PER_S)
+            for stage in HOST_STAGES
+        }
+    return fields
 
 
 def _run_probe(probe: Callable[[int], ProbeTimes], streams: int, duration_ms: float, device: torch.device) -> dict:
@@ -127,7 +138,7 @@ def judged_costs(probes: Sequence[dict]) -> dict | None:
         return None
     deciding = _deciding_probe(probes)
     judged = deciding if "gpu_ms_per_cycle" in deciding else max(costed, key=lambda row: row["streams"])
-    return {key: judged[key] for key in ("streams", *COST_FIELDS, "gpu_busy")}
+    return {key: judged[key] for key in ("streams", *COST_FIELDS, "gpu_busy", "host_cpu_ms_per_cycle") if key in judged}
 
 
 def limiting_resource(probes: Sequence[dict], limited_by: str, device_bytes: int | None) -> str | None:

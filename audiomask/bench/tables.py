@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from audiomask.bench import transfer as transfer_bench
+from audiomask.bench.search import HOST_STAGES
 from audiomask.transfer import MiB
 
 __all__ = ["print_tables"]
@@ -20,7 +21,7 @@ def _print_throughput(rows: Sequence[dict]) -> None:
     """One line per search: capacity, the costs per cycle at the deciding probe, memory, cores, what stops it."""
     print(
         f"\n{'throughput':<16}{'path':<14}{'chunk ms':>9}{'streams':>9}{'p99 ms':>9}{'first fail':>11}"
-        f"{'at N':>7}{'gpu ms':>9}{'fe ms':>8}{'host ms':>9}{'MiB/stream':>11}  {'cores (torch+fe)':<18}"
+        f"{'at N':>7}{'gpu ms':>9}{'fe ms':>8}{'host ms':>9}{'feed/enq/loop':>15}{'MiB/stream':>11}  {'cores (torch+fe)':<18}"
         f"{'search ended':<14}limiting resource"
     )
     for row in rows:
@@ -28,11 +29,14 @@ def _print_throughput(rows: Sequence[dict]) -> None:
         per_stream = row.get("bytes_per_stream")
         cores = row.get("host_cores", {})
         cores_cell = f"{cores['allowed']} ({cores['torch_threads']}+{cores['frontend_processes']})" if cores else "-"
+        split = costs.get("host_cpu_ms_per_cycle")
+        split_cell = "/".join(f"{split[stage]:.0f}" for stage in HOST_STAGES) if split else "-"
         print(
             f"{row['model']:<16}{row['path']:<14}{row['chunk_ms']:>9}{row['max_streams']:>9}"
             f"{_cell(row['max_streams_chunk_ms_p99'], '.1f'):>9}{row['first_failing']!s:>11}"
             f"{costs.get('streams', '-')!s:>7}{_cell(costs.get('gpu_ms_per_cycle'), '.1f'):>9}"
             f"{_cell(costs.get('frontend_ms_per_cycle'), '.1f'):>8}{_cell(costs.get('host_ms_per_cycle'), '.1f'):>9}"
+            f"{split_cell:>15}"
             f"{_cell(None if per_stream is None else per_stream / MiB, '.2f'):>11}  {cores_cell:<18}"
             f"{row['limited_by']:<14}{row.get('limiting_resource') or '-'}"
         )

@@ -78,11 +78,17 @@ class ProbePlan:
 
 
 class ChunkCost(NamedTuple):
-    """Where the seconds of one timed chunk went."""
+    """Where the seconds of one timed chunk went (the ``*_cpu_s`` fields: driver probes only, else ``None``)."""
 
     gpu_s: float  # the device busy on the step (CUDA events; on the CPU the step's own compute)
     frontend_s: float  # the front end's compute (0 where the probe starts from host features)
     waited_s: float  # the main thread not doing host work: blocked on features or results, or computing the step
+    # The main thread's CPU seconds by stage (the driver's own accounts, audiomask.asr.stats): the feed
+    # calls (checking and queuing samples), the enqueue (staging features, launching the step, head and
+    # argmax) and the rest of the loop (planning, handing cycles to the front end, collecting, decoding).
+    feed_cpu_s: float | None = None
+    enqueue_cpu_s: float | None = None
+    loop_cpu_s: float | None = None
 
 
 @dataclass
@@ -219,6 +225,7 @@ def _driver_probe(
             def step(index: int) -> ChunkCost:
                 handles.extend(driver.open() for _ in range(int((opening == index).sum())))
                 # Each lane's chunk is fed just before its cycle is planned (the first lane's before any).
+                fed_cpu_s = driver.stats.feed_cpu_s
                 occupied = sum(lo < len(handles) for lo, _ in driver.lane_bounds)
                 unfed = iter(range(occupied))
                 first_cycle = driver.stats.count
@@ -230,8 +237,17 @@ def _driver_probe(
                 cycles = driver.stats.since(first_cycle)
                 gpu_s = sum(cycle.encode_s for cycle in cycles)
                 waited_s = sum(cycle.wait_s for cycle in cycles)
+                feed_cpu_s = driver.stats.feed_cpu_s - fed_cpu_s
                 # Without CUDA the step is computed on the main thread: that time is the "device's", not host work.
-                return ChunkCost(gpu_s, sum(cycle.cpu_s for cycle in cycles), waited_s + (0.0 if cuda else gpu_s))
+                return ChunkCost(
+                    gpu_s,
+                    sum(cycle.cpu_s for cycle in cycles),
+                    waited_s + (0.0 if cuda else gpu_s),
+                    feed_cpu_s,
+                    sum(cycle.enqueue_cpu_s for cycle in cycles),
+                    # The lanes are fed inside the cycles (before each is planned): their host CPU holds the feed.
+                    max(sum(cycle.host_cpu_s for cycle in cycles) - feed_cpu_s, 0.0),
+                )
 
             times = timed_chunks(step, warmup, timed, later / SAMPLE_RATE)
             times.frontend_processes, times.setup_s = frontend_processes, setup_s

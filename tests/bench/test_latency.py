@@ -22,7 +22,7 @@ from audiomask.bench import overlap
 from audiomask.bench import transfer as transfer_bench
 from audiomask.bench.device_masks import hs_mask_torch
 from audiomask.bench.latency import DRIVER_LANES
-from audiomask.bench.search import RESOURCES, TIME_BUDGET, limiting_resource, memory_per_stream, search
+from audiomask.bench.search import HOST_STAGES, RESOURCES, TIME_BUDGET, limiting_resource, memory_per_stream, search
 from audiomask.bench.throughput import ProbePlan, ProbeTimes, timed_chunks
 from audiomask.bench.timing import Budget
 from audiomask.masks.phi4mm import hs_mask
@@ -147,8 +147,14 @@ def test_quick_throughput_runs(quick_report: tuple[dict, str]) -> None:
             assert run["frontend_process"] is True and run["frontend_sharded"] is True
             assert "frontend_workers" in run and run["lanes"] == DRIVER_LANES
             assert all(probe["frontend_processes"] >= 1 and probe["frontend_ms_per_cycle"] > 0 for probe in measured)
-        else:  # host features in: no front end
+            # The main thread's CPU by stage: samples were fed, steps enqueued (computed, on the CPU), cycles run.
+            for probe in measured:
+                split = probe["host_cpu_ms_per_cycle"]
+                assert set(split) == set(HOST_STAGES) and all(split[stage] > 0 for stage in HOST_STAGES)
+            assert run["cycle_costs"]["host_cpu_ms_per_cycle"] in [probe["host_cpu_ms_per_cycle"] for probe in measured]
+        else:  # host features in: no front end, no driver
             assert all(probe["frontend_processes"] == 0 == probe["frontend_ms_per_cycle"] for probe in measured)
+            assert not any("host_cpu_ms_per_cycle" in probe for probe in measured)
     assert "phi4mm_full" in quick_report[0]["models"]
     assert "stand-in" in quick_report[0]["models"]["phi4mm_full"]["source"]  # --quick says it is no measurement
 
