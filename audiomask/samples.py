@@ -19,10 +19,21 @@ __all__ = ["MAX_SAMPLE_MAGNITUDE", "as_samples", "check_samples", "first_unusabl
 # scaling reaches 2^31 (32-bit). Beyond that a value is garbage, and near 1e12 the front ends'
 # float32 power overflows to inf: refused like NaN.
 MAX_SAMPLE_MAGNITUDE = 2.0**31
+# A float array whose sum of squares is at most this holds no sample beyond the magnitude: the sum of
+# non-negative rounded squares is at least each of them (in any order, with or without FMA), and a float
+# beyond 2^31 is at least one unit in the last place beyond it, so its rounded square exceeds 2^62.
+# NaN, Inf and overflow make the sum NaN or Inf, which is not at most this.
+_SQUARES_BOUND = MAX_SAMPLE_MAGNITUDE**2
 
 
 def first_unusable(samples: np.ndarray) -> int | None:
-    """Index of the first NaN, Inf or sample beyond ``+-MAX_SAMPLE_MAGNITUDE``; ``None`` when all are usable."""
+    """Index of the first NaN, Inf or sample beyond ``+-MAX_SAMPLE_MAGNITUDE``; ``None`` when all are usable.
+
+    ``samples``: ``(n,)`` float (any strides). Usable audio costs one BLAS dot product (one read of the
+    samples, no temporary array); only an array that fails it is searched sample by sample.
+    """
+    if samples.dtype.kind == "f" and np.dot(samples, samples) <= _SQUARES_BOUND:
+        return None
     # One comparison finds all three: NaN compares False, so "not <=" flags it with Inf and huge values.
     usable = np.abs(samples) <= MAX_SAMPLE_MAGNITUDE
     return None if usable.all() else int(np.argmin(usable))
@@ -86,7 +97,7 @@ def as_samples(name: str, samples: object, *, source: object = None, offset: int
     array = samples.detach().cpu().numpy() if is_tensor else np.asarray(samples)
     if array.ndim != 1:
         raise ValueError(f"{name} must be 1-D (mono samples), got shape {array.shape}")
-    if not np.issubdtype(array.dtype, np.floating):
+    if array.dtype.kind != "f":  # numpy's floating types (float16 .. longdouble); not complex
         raise ValueError(f"{name} must hold floating-point samples in [-1, 1], got dtype {array.dtype}")
     array = np.ascontiguousarray(array, dtype=np.float32)
     check_samples(array, name if source is None else source, offset)

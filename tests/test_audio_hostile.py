@@ -48,7 +48,7 @@ from audiomask.audio import (
     load,
 )
 from audiomask.features import Phi4MMFrontend, WhisperFrontend
-from audiomask.samples import as_samples
+from audiomask.samples import as_samples, first_unusable
 
 ULP = float(np.spacing(np.float32(1.0)))  # iter_blocks' documented bound against load
 BLOCK_SAMPLES = 4000
@@ -401,6 +401,31 @@ finite_samples = st.lists(
     min_size=1,
     max_size=64,
 )
+
+
+def _first_unusable_by_sample(samples: np.ndarray) -> int | None:
+    """The rule, one sample at a time: the first NaN, Inf or magnitude beyond the bound."""
+    for index, value in enumerate(samples.tolist()):
+        if not abs(value) <= MAX_SAMPLE_MAGNITUDE:
+            return index
+    return None
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_first_unusable_is_the_sample_by_sample_rule(dtype):
+    """Its sum-of-squares shortcut never passes an unusable sample, nor refuses loud usable audio."""
+    bound = dtype(MAX_SAMPLE_MAGNITUDE)
+    beyond = np.nextafter(bound, dtype(np.inf))
+    edge = st.sampled_from([bound, -bound, beyond, -beyond, np.nan, np.inf, -np.inf, dtype(0.0), dtype(2.0**-149)])
+    values = st.one_of(st.floats(-MAX_SAMPLE_MAGNITUDE, MAX_SAMPLE_MAGNITUDE, width=32), edge)
+
+    @settings(max_examples=examples())
+    @given(pattern=st.lists(values, max_size=40), repeats=st.integers(1, 300), stride=st.integers(1, 3))
+    def property_(pattern, repeats, stride):
+        samples = np.tile(np.array(pattern, dtype), repeats)[::stride]  # any strides; +-2^31 tiled: sums past 2^62
+        assert first_unusable(samples) == _first_unusable_by_sample(samples)
+
+    property_()
 
 
 def test_front_ends_stay_finite_on_every_sample_check_samples_accepts():
