@@ -93,7 +93,7 @@ from audiomask.features.process import MAX_IN_FLIGHT, FeatureProcess
 from audiomask.features.slots import SlotFeatures, SlotSamples
 from audiomask.models.ctc import CTCHead
 from audiomask.samples import as_samples
-from audiomask.streaming import EncoderSlots, as_lanes
+from audiomask.streaming import EncoderSlots, as_lanes, share_graph_memory
 from audiomask.transfer import pinned_empty, to_host
 
 __all__ = ["OUTPUT_PLACES", "RECENT_CYCLES", "CycleTiming", "DriverStream", "RunStats", "StreamingDriver"]
@@ -181,7 +181,7 @@ class StreamingDriver:
         frontend_workers: int | None = None,
         wait_clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        lanes = as_lanes(slots)
+        lanes = share_graph_memory(as_lanes(slots))  # stepped one at a time on self._compute
         first = lanes[0]  # every lane's attributes are its
         if not isinstance(head, CTCHead):
             raise ValueError(f"head must be a CTCHead, got {type(head).__name__}")

@@ -23,7 +23,7 @@ from __future__ import annotations
 from audiomask.streaming.families import chunk_plan, default_frontend, open_slots
 from audiomask.streaming.phi4mm import Phi4MMSlots
 from audiomask.streaming.plan import ChunkPlan
-from audiomask.streaming.protocol import EncoderSlots, as_lanes
+from audiomask.streaming.protocol import EncoderSlots, as_lanes, share_graph_memory
 from audiomask.streaming.qwen3_asr import Qwen3ASRSlots
 
 __all__ = [
@@ -35,4 +35,5 @@ __all__ = [
     "chunk_plan",
     "default_frontend",
     "open_slots",
+    "share_graph_memory",
 ]

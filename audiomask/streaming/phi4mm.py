@@ -130,10 +130,20 @@ class Phi4MMSlots(BufferedSlots):
         self._position = np.zeros(self.batch_size, np.int64)
         # CUDA graphs of the chunk step, one per ring phase, captured on first use (None: eager).
         self._graphs: list[tuple[torch.cuda.CUDAGraph, torch.Tensor]] | None = None
+        self._graph_pool: object | None = None  # shared with other slots (use_graph_pool); None: a pool of its own
         if plan.cuda_graph:
             self._graphs = []
             self._static_chunk = torch.zeros(batch, self.chunk_frames, config.input_size, **like)
             self._static_masks = torch.ones(batch, self.chunk_frames + self._keys, dtype=torch.bool, device=self.device)
+
+    def use_graph_pool(self, pool: object) -> None:
+        """Capture this slots' CUDA graphs into ``pool`` (see :meth:`~audiomask.streaming.EncoderSlots.use_graph_pool`).
+
+        Raises ``ValueError`` once the graphs are captured (at the first step): they hold their own pool then.
+        """
+        if self._graphs:
+            raise ValueError("use_graph_pool must come before the first step: this slots' CUDA graphs are captured")
+        self._graph_pool = pool
 
     @classmethod
     def default_frontend(cls) -> Phi4MMFrontend:
@@ -391,7 +401,8 @@ class Phi4MMSlots(BufferedSlots):
         torch.cuda.current_stream(self.device).wait_stream(side)
         torch.cuda.synchronize(self.device)
         torch.cuda.empty_cache()
-        pool = torch.cuda.graph_pool_handle()
+        # The phases' graphs replay one at a time on one stream: their activations share one pool.
+        pool = torch.cuda.graph_pool_handle() if self._graph_pool is None else self._graph_pool
         for phase in range(self._blocks):
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):

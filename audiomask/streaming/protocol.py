@@ -39,7 +39,7 @@ from audiomask.checks import check_int
 from audiomask.features.frontend import Frontend
 from audiomask.streaming.plan import ChunkPlan
 
-__all__ = ["LANE_ATTRIBUTES", "EncoderSlots", "as_lanes"]
+__all__ = ["LANE_ATTRIBUTES", "EncoderSlots", "as_lanes", "share_graph_memory"]
 
 
 class EncoderSlots(ABC):
@@ -152,6 +152,12 @@ class EncoderSlots(ABC):
         they come first in its row. Nothing here waits for the device.
         """
 
+    def use_graph_pool(self, pool: object) -> None:
+        """Capture this slots' CUDA graphs (where it replays any) into ``pool``, a ``torch.cuda.graph_pool_handle()``
+        that slots which are never stepped at the same time, nor on another CUDA stream, share; before the first
+        step. Slots without CUDA graphs have nothing to capture: this default does nothing."""
+        del pool  # no graphs here
+
     @abstractmethod
     def push(self, features: torch.Tensor, lengths: object = None) -> torch.Tensor:
         """Append frames to every slot in lock step (any piece size); returns the outputs now final, ``(B, n, D)``."""
@@ -188,4 +194,20 @@ def as_lanes(slots: object) -> tuple[EncoderSlots, ...]:
                     f"slots[{index}].{name} must equal slots[0]'s ({getattr(first, name)!r}): lanes step alike, "
                     f"got {getattr(lane, name)!r}"
                 )
+    return lanes
+
+
+def share_graph_memory(lanes: tuple[EncoderSlots, ...]) -> tuple[EncoderSlots, ...]:
+    """Give a driver's ``lanes`` (:func:`as_lanes`) one memory pool for their CUDA graphs; returns ``lanes``.
+
+    A driver steps its lanes one at a time, in turn, on its one CUDA stream, so one lane's step has finished
+    with its activations before the next lane's step begins: the lanes' graphs can take them from one pool
+    instead of each keeping its own (each pool holds the largest activations of its step, gigabytes for
+    thousands of full-size Phi-4MM slots). Only for lanes stepped so. Lanes off CUDA, or without graphs, are
+    left as they are.
+    """
+    if len(lanes) > 1 and lanes[0].device.type == "cuda":
+        pool = torch.cuda.graph_pool_handle()
+        for lane in lanes:
+            lane.use_graph_pool(pool)
     return lanes

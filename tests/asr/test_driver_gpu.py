@@ -105,6 +105,11 @@ def test_lanes_of_cuda_graphs_equal_one_batch_of_all_the_slots(models, random_si
     for alone, in_lane in zip(*results):
         assert in_lane.tokens == alone.tokens and in_lane.ids == alone.ids, alone.name
         assert (joined_outputs(in_lane) - joined_outputs(alone)).abs().max().item() <= 1e-5, alone.name
+    # The lanes, stepped one at a time on the driver's stream, captured their graphs into one memory pool.
+    pools = {graph.pool() for lane in lanes for graph, _ in lane._graphs}
+    assert len(pools) == 1 and len(lanes[0]._graphs) == 2  # two ring phases (left_chunk 1)
+    with pytest.raises(ValueError, match="before the first step"):
+        lanes[0].use_graph_pool(torch.cuda.graph_pool_handle())
 
 
 def host_allocations() -> int:
