@@ -136,14 +136,13 @@ class Phi4MMSlots(BufferedSlots):
             self._static_chunk = torch.zeros(batch, self.chunk_frames, config.input_size, **like)
             self._static_masks = torch.ones(batch, self.chunk_frames + self._keys, dtype=torch.bool, device=self.device)
 
-    def use_graph_pool(self, pool: object) -> None:
-        """Capture this slots' CUDA graphs into ``pool`` (see :meth:`~audiomask.streaming.EncoderSlots.use_graph_pool`).
-
-        Raises ``ValueError`` once the graphs are captured (at the first step): they hold their own pool then.
-        """
-        if self._graphs:
-            raise ValueError("use_graph_pool must come before the first step: this slots' CUDA graphs are captured")
+    def use_graph_pool(self, pool: object) -> bool:
+        """Capture this slots' CUDA graphs into ``pool`` (see :meth:`~audiomask.streaming.EncoderSlots.use_graph_pool`);
+        ``False`` without CUDA graphs or once they are captured (at the first step, in the pool they keep)."""
+        if self._graphs is None or self._graphs:
+            return False
         self._graph_pool = pool
+        return True
 
     @classmethod
     def default_frontend(cls) -> Phi4MMFrontend:

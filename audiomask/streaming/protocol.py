@@ -152,11 +152,13 @@ class EncoderSlots(ABC):
         they come first in its row. Nothing here waits for the device.
         """
 
-    def use_graph_pool(self, pool: object) -> None:
-        """Capture this slots' CUDA graphs (where it replays any) into ``pool``, a ``torch.cuda.graph_pool_handle()``
-        that slots which are never stepped at the same time, nor on another CUDA stream, share; before the first
-        step. Slots without CUDA graphs have nothing to capture: this default does nothing."""
+    def use_graph_pool(self, pool: object) -> bool:
+        """Capture this slots' CUDA graphs into ``pool``, a ``torch.cuda.graph_pool_handle()`` that slots which
+        are never stepped at the same time, nor on another CUDA stream, share. Returns whether they will be:
+        ``False`` for slots with no graphs still to capture (none, as this default has, or captured already,
+        at the first step, in a pool of their own)."""
         del pool  # no graphs here
+        return False
 
     @abstractmethod
     def push(self, features: torch.Tensor, lengths: object = None) -> torch.Tensor:
@@ -203,8 +205,8 @@ def share_graph_memory(lanes: tuple[EncoderSlots, ...]) -> tuple[EncoderSlots, .
     A driver steps its lanes one at a time, in turn, on its one CUDA stream, so one lane's step has finished
     with its activations before the next lane's step begins: the lanes' graphs can take them from one pool
     instead of each keeping its own (each pool holds the largest activations of its step, gigabytes for
-    thousands of full-size Phi-4MM slots). Only for lanes stepped so. Lanes off CUDA, or without graphs, are
-    left as they are.
+    thousands of full-size Phi-4MM slots). Only for lanes stepped so. Lanes off CUDA, without graphs, or whose
+    graphs are captured already, are left as they are.
     """
     if len(lanes) > 1 and lanes[0].device.type == "cuda":
         pool = torch.cuda.graph_pool_handle()

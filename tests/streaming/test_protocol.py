@@ -8,7 +8,14 @@ import pytest
 import torch
 
 from audiomask.features import Phi4MMFrontend, WhisperFrontend
-from audiomask.streaming import EncoderSlots, Phi4MMSlots, Qwen3ASRSlots, default_frontend, open_slots
+from audiomask.streaming import (
+    EncoderSlots,
+    Phi4MMSlots,
+    Qwen3ASRSlots,
+    default_frontend,
+    open_slots,
+    share_graph_memory,
+)
 
 TOLERANCE = 1e-4  # float32 on CPU
 
@@ -136,3 +143,12 @@ def test_step_refuses_frames_for_inactive_slots(family, valid, final, active, me
     slots, _ = family
     with pytest.raises(ValueError, match=message):
         slots.step(np.zeros(slots.chunk_shape, np.float32), np.array(valid), final and np.array(final), active)
+
+
+def test_slots_without_graphs_to_capture_take_no_graph_pool(family):
+    """Eager slots (every family on the CPU) have no CUDA graphs: a shared pool is not theirs to use, and a driver's
+    lanes off CUDA are left as they are."""
+    slots, _ = family
+    assert slots.use_graph_pool(object()) is False
+    lanes = (slots, open_slots(slots.encoder, 2, plan=slots.plan))
+    assert share_graph_memory(lanes) is lanes
