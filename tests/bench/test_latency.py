@@ -22,7 +22,15 @@ from audiomask.bench import overlap
 from audiomask.bench import transfer as transfer_bench
 from audiomask.bench.device_masks import hs_mask_torch
 from audiomask.bench.latency import DRIVER_LANES
-from audiomask.bench.search import HOST_STAGES, RESOURCES, TIME_BUDGET, limiting_resource, memory_per_stream, search
+from audiomask.bench.search import (
+    HOST_STAGES,
+    MEMORY_FRACTION,
+    RESOURCES,
+    TIME_BUDGET,
+    limiting_resource,
+    memory_per_stream,
+    search,
+)
 from audiomask.bench.throughput import ProbePlan, ProbeTimes, timed_chunks
 from audiomask.bench.timing import Budget
 from audiomask.masks.phi4mm import hs_mask
@@ -399,7 +407,7 @@ def test_limiting_resource_is_gpu_memory_when_a_probe_runs_out_of_it(failure: di
 
 
 def test_limiting_resource_is_gpu_memory_when_the_deciding_probe_filled_it() -> None:
-    full = probe_record(8, False, gpu=900.0, peak_bytes=int(0.95 * 100 * GiB))
+    full = probe_record(8, False, gpu=900.0, peak_bytes=int((MEMORY_FRACTION + 0.01) * 100 * GiB))
     assert limiting_resource([probe_record(4, True, peak_bytes=50 * GiB), full], "latency", 100 * GiB) == "gpu memory"
     roomy = probe_record(8, False, gpu=900.0, peak_bytes=80 * GiB)
     assert limiting_resource([probe_record(4, True, peak_bytes=40 * GiB), roomy], "latency", 100 * GiB) == "gpu compute"
