@@ -203,8 +203,15 @@ class Feed:
             return self._busy
 
     def wake(self) -> None:
-        """A pass has fed what the event loop waited for, or the stream failed (called on the event loop)."""
-        self._room.set()
+        """A pass has fed what the event loop waited for, or the stream failed (called on the event loop).
+
+        A wake reaches the event loop some time after the pass sent it; a wait begun meanwhile (the client's
+        end, after a WebSocket worker's samples filled the feed without waiting) is not released by it, but by
+        the pass that answers that wait: :meth:`end` returns only once the stream has really ended.
+        """
+        with self._inbox.lock:
+            if not self._waiting or self.error is not None:
+                self._room.set()
 
     def _wait_for_pass(self) -> None:
         """Called with the lock held: the event loop is about to wait for the next pass over this feed."""

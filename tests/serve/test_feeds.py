@@ -158,6 +158,32 @@ def test_an_end_asked_while_a_pass_feeds_the_stream_waits_for_the_next_pass_with
     asyncio.run(run())
 
 
+def test_a_wake_sent_before_the_client_ended_its_audio_does_not_release_the_end():
+    """A pass wakes a full feed (a WebSocket worker's samples, offered without waiting); the client's end arrives
+    before the event loop delivers that wake: the end waits for the pass that feeds its last samples."""
+
+    async def run():
+        inbox, _ = _inbox()
+        feed = _open(inbox, "worker's client")
+        assert feed.offer(np.zeros(MAX_BUFFERED + 1, np.float32))  # full: a pass is waited for
+        taken = inbox.take(CYCLES)
+        feed.utterances.stream = _Stream()
+        assert inbox.fed(taken) == ([feed], [])  # its wake is on its way to the event loop ...
+        end = asyncio.create_task(feed.end())  # ... when the client's end comes first
+        await asyncio.sleep(0.01)
+        feed.wake()  # the earlier pass's wake, delivered now
+        await asyncio.sleep(0.01)
+        assert not end.done()  # the stream has not ended: its final would be empty
+        [(_, last)] = inbox.take(CYCLES)
+        assert feed.ending and len(last) == 0
+        feed.stream.done = True
+        assert inbox.fed([(feed, last)]) == ([feed], [])
+        feed.wake()
+        await asyncio.wait_for(end, WAIT_S)
+
+    asyncio.run(run())
+
+
 def test_an_ending_feed_without_samples_is_woken_by_the_next_pass_and_a_closed_one_at_once():
     async def run():
         inbox, _ = _inbox()
