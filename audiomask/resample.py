@@ -147,9 +147,7 @@ class Resampler:
         offset = self._block * self._orig - self._width - self._start
         inputs = self._held[offset : offset + (count - 1) * self._orig + span]
         # Block b's window: span inputs from b * orig (a strided view; the held samples are contiguous float64).
-        windows = np.lib.stride_tricks.as_strided(
-            inputs, (count, span), (self._orig * inputs.itemsize, inputs.itemsize)
-        )
+        windows = np.ndarray((count, span), inputs.dtype, inputs, 0, (self._orig * inputs.itemsize, inputs.itemsize))
         outputs = np.dot(windows, self._taps).ravel().astype(np.float32)
         self._block = end
         keep_from = end * self._orig - self._width  # the first input the next block reads
