@@ -139,6 +139,7 @@ class RunSettings:
     max_streams: int
     frontend_workers: int | None = None  # the throughput drivers' front-end processes (None: the driver chooses)
     lanes: int = 1  # the throughput drivers' lanes (StreamingDriver over that many streams, a cycle a lane)
+    driver_processes: int = 1  # the throughput drivers: that many on the device, one a process, streams shared out
     short: bool = False  # throughput rows probed at SHORT_COUNTS (at most max_streams) alone, no search
 
 
@@ -278,6 +279,7 @@ def throughput_section(settings: RunSettings, models: Models, budget: Budget) ->
             **chunking,
             frontend_workers=settings.frontend_workers,
             lanes=settings.lanes,
+            driver_processes=settings.driver_processes,
         )
         if name not in limits:  # before the run's budget is set: the count is no part of the search
             limits[name] = EncoderLimits.of(model, probe_settings["chunk_ms"], probe_settings.get("left_chunk"))
@@ -425,6 +427,13 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         help=f"lanes of the throughput drivers: a cycle steps one lane's streams (default: {DRIVER_LANES})",
     )
     parser.add_argument(
+        "--driver-processes",
+        type=int,
+        default=1,
+        help="drivers of each throughput driver row, one a process with its own front end, the streams and "
+        "cores shared out (as `audiomask serve --replicas` runs them; default: 1)",
+    )
+    parser.add_argument(
         "--pipeline-model", choices=PIPELINE_MODELS, default="shipped", help="the model of the pipeline section"
     )
     parser.add_argument("--plot", type=Path, metavar="JSON", help="only write the PNG plots of an existing report")
@@ -438,6 +447,8 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error(f"--frontend-workers must be >= 1, got {args.frontend_workers}")
     if args.lanes < 1:
         parser.error(f"--lanes must be >= 1, got {args.lanes}")
+    if args.driver_processes < 1:
+        parser.error(f"--driver-processes must be >= 1, got {args.driver_processes}")
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     try:
@@ -474,6 +485,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         max_streams=args.max_streams or base.max_streams,
         frontend_workers=args.frontend_workers,
         lanes=args.lanes,
+        driver_processes=args.driver_processes,
         short=args.short,
     )
     if args.short:

@@ -88,6 +88,7 @@ class BenchModel:
     dtype: torch.dtype
     source: str  # where the weights come from, in words
     asr: ASRModel
+    quick: bool = False  # a tiny stand-in of the architecture (build_model's ``quick``)
 
     @property
     def encoder(self) -> Phi4MMEncoder | Qwen3ASREncoder:
@@ -189,7 +190,8 @@ def build_model(name: str, device: torch.device, *, quick: bool = False) -> Benc
             encoder = Phi4MMEncoder(TINY_PHI4MM if quick else Phi4MMAudioConfig())
         else:
             encoder = Qwen3ASREncoder(TINY_QWEN3_ASR if quick else QWEN3_ASR_06B)
-        model = BenchModel(name, device, low_precision, stand_in if quick else "random weights", _random_asr(encoder))
+        source = stand_in if quick else "random weights"
+        model = BenchModel(name, device, low_precision, source, _random_asr(encoder), quick)
     # Weights are moved once, at load time, as StreamingRecognizer does with a model it is given.
     for module in (model.asr.encoder, model.asr.head):
         module.to(device, model.dtype)

@@ -72,6 +72,7 @@ def _cost_fields(times: ProbeTimes) -> dict:
         "gpu_busy": float(gpu.sum() / seconds.sum()),  # of the cycles' wall time
         "frontend_processes": times.frontend_processes,
         "torch_threads": times.torch_threads,
+        "driver_processes": times.driver_processes,
     }
     if all(cost.feed_cpu_s is not None for cost in times.costs):
         fields["host_cpu_ms_per_cycle"] = {
@@ -90,6 +91,7 @@ def _run_probe(probe: Callable[[int], ProbeTimes], streams: int, duration_ms: fl
     began = time.perf_counter()
     row: dict = {"streams": streams}
     cuda = device.type == "cuda"
+    elsewhere = 0  # the peak device bytes of the probe's other driver processes
     if cuda:
         row["baseline_bytes"] = torch.cuda.memory_allocated(device)
         torch.cuda.reset_peak_memory_stats(device)
@@ -103,9 +105,10 @@ def _run_probe(probe: Callable[[int], ProbeTimes], streams: int, duration_ms: fl
         row.update({f"chunk_ms_{key}": value for key, value in stats.items()})
         row.update(timed_chunks=len(times.seconds), stopped_early=times.stopped, setup_s=times.setup_s)
         row.update(ok=not times.stopped and stats["p99"] < duration_ms, **_cost_fields(times))
+        elsewhere = times.peak_bytes_elsewhere
     finally:
         if cuda:
-            row["peak_bytes"] = torch.cuda.max_memory_allocated(device)
+            row["peak_bytes"] = torch.cuda.max_memory_allocated(device) + elsewhere
         _release_memory(device)
     row["wall_s"] = time.perf_counter() - began
     return row

@@ -31,8 +31,10 @@ def _print_throughput(rows: Sequence[dict]) -> None:
         cores_cell = f"{cores['allowed']} ({cores['torch_threads']}+{cores['frontend_processes']})" if cores else "-"
         split = costs.get("host_cpu_ms_per_cycle")
         split_cell = "/".join(f"{split[stage]:.0f}" for stage in HOST_STAGES) if split else "-"
+        processes = row.get("driver_processes", 1)
+        path = row["path"] if processes == 1 else f"{row['path']} x{processes}"  # drivers, one a process
         print(
-            f"{row['model']:<16}{row['path']:<14}{row['chunk_ms']:>9}{row['max_streams']:>9}"
+            f"{row['model']:<16}{path:<14}{row['chunk_ms']:>9}{row['max_streams']:>9}"
             f"{_cell(row['max_streams_chunk_ms_p99'], '.1f'):>9}{row['first_failing']!s:>11}"
             f"{costs.get('streams', '-')!s:>7}{_cell(costs.get('gpu_ms_per_cycle'), '.1f'):>9}"
             f"{_cell(costs.get('frontend_ms_per_cycle'), '.1f'):>8}{_cell(costs.get('host_ms_per_cycle'), '.1f'):>9}"

@@ -47,6 +47,8 @@ thread's own host work (wall time less its waits).
 from __future__ import annotations
 
 import multiprocessing
+import queue
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -55,7 +57,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from audiomask.bench.models import BenchModel
+from audiomask.bench.models import BenchModel, build_model
 from audiomask.bench.signals import shared_noise
 from audiomask.bench.timing import MS_PER_S
 from audiomask.checks import check_int
@@ -67,6 +69,9 @@ __all__ = ["PATHS", "ChunkCost", "ProbePlan", "ProbeTimes", "encoder_steps", "ma
 
 PATHS = ("driver", "encoder_step")
 EXCEEDED_TO_FAIL = 2  # timed chunks over the duration that settle a probe (p99 over at most 101 chunks)
+# Seconds drivers in several processes wait for each other: to build their model, slots and front end, and
+# for the others' timed chunks to end.
+DRIVERS_MEET_TIMEOUT_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -101,12 +106,19 @@ class ProbeTimes:
     frontend_processes: int = 0  # processes the driver's front end ran in
     torch_threads: int = field(default_factory=torch.get_num_threads)  # this process's intra-op threads
     setup_s: float = 0.0  # building the slots or driver (its front-end processes started), before the first chunk
+    driver_processes: int = 1  # drivers on the device, one a process (the streams shared out)
+    peak_bytes_elsewhere: int = 0  # the other driver processes' peak device memory, together
 
 
 def timed_chunks(
-    step: Callable[[int], ChunkCost | None], warmup: int, plan: ProbePlan, duration_s: float
+    step: Callable[[int], ChunkCost | None],
+    warmup: int,
+    plan: ProbePlan,
+    duration_s: float,
+    before_timed: Callable[[], object] | None = None,
 ) -> ProbeTimes:
-    """Run ``step(index)`` for ``warmup`` untimed then up to ``plan.chunks`` timed indices.
+    """Run ``step(index)`` for ``warmup`` untimed then up to ``plan.chunks`` timed indices (``before_timed()``
+    between them).
 
     ``seconds``: wall seconds of each timed step; ``costs``: what ``step`` returned for each (where it
     returns a :class:`ChunkCost`). ``stopped`` is ``True`` when two timed steps reached ``duration_s``
@@ -115,6 +127,8 @@ def timed_chunks(
     times = ProbeTimes([], False)
     exceeded = 0
     for index in range(warmup + plan.chunks):
+        if index == warmup and before_timed is not None:
+            before_timed()
         began = time.perf_counter()
         cost = step(index)
         elapsed = time.perf_counter() - began
@@ -173,13 +187,30 @@ def _start_step(streams: int, groups: int) -> np.ndarray:
     return np.arange(streams) * groups // max(streams, 1)
 
 
-def _driver_probe(
-    model: BenchModel, chunking: dict, plan: ProbePlan, cuda_graph: bool | None, options: dict
-) -> Callable[[int], ProbeTimes]:
-    """``probe(streams)`` through the whole driver (front end in processes of its own, ``options``)."""
-    cuda = model.device.type == "cuda"
+@dataclass(frozen=True)
+class _DriverSpec:
+    """What a driver probe is, in a form a process of its own can rebuild it from (the model by name)."""
 
-    def probe(streams: int) -> ProbeTimes:
+    model: str
+    device: str
+    quick: bool
+    chunking: dict
+    plan: ProbePlan
+    cuda_graph: bool | None
+    options: dict
+    cores: int  # the cores this driver's process and its front end may take
+
+
+def _driver_probe(model: BenchModel, spec: _DriverSpec) -> Callable[[int, Callable[[], object] | None], ProbeTimes]:
+    """``probe(streams, before_timed)`` through one whole driver (front end in processes of its own).
+
+    ``before_timed``: called once between the warm-up and the timed chunks (drivers in several processes
+    meet there, so that their timed chunks share the device).
+    """
+    cuda = model.device.type == "cuda"
+    chunking, plan, options = spec.chunking, spec.plan, spec.options
+
+    def probe(streams: int, before_timed: Callable[[], object] | None = None) -> ProbeTimes:
         children = len(multiprocessing.active_children())
         began = time.perf_counter()
         lanes = min(options.get("lanes", 1), streams)
@@ -192,7 +223,7 @@ def _driver_probe(
         driver = model.driver(
             streams,
             **chunking,
-            cuda_graph=cuda_graph,
+            cuda_graph=spec.cuda_graph,
             overlap=True,
             wait_clock=lambda: now[0],
             **{**options, **shards, "lanes": lanes},
@@ -201,7 +232,7 @@ def _driver_probe(
         frontend_processes = len(multiprocessing.active_children()) - children
         threads = torch.get_num_threads()
         # The cores left to this process: intra-op threads beyond them only preempt the front end's processes.
-        torch.set_num_threads(max(1, available_cores() - frontend_processes))
+        torch.set_num_threads(max(1, spec.cores - frontend_processes))
         try:
             warmup, timed = _schedule(model, plan, chunking.get("left_chunk", 0))
             first, later = driver.first_block_samples, driver.block_samples
@@ -249,12 +280,93 @@ def _driver_probe(
                     max(sum(cycle.host_cpu_s for cycle in cycles) - feed_cpu_s, 0.0),
                 )
 
-            times = timed_chunks(step, warmup, timed, later / SAMPLE_RATE)
+            times = timed_chunks(step, warmup, timed, later / SAMPLE_RATE, before_timed)
             times.frontend_processes, times.setup_s = frontend_processes, setup_s
             return times
         finally:
             driver.close()
             torch.set_num_threads(threads)
+
+    return probe
+
+
+def _driver_share(spec: _DriverSpec, streams: int, barrier: object, results: object) -> None:
+    """A driver process's share of a probe: its own model, driver and front end; its times (or its error) and
+    its peak device memory put on ``results``."""
+    try:
+        model = build_model(spec.model, torch.device(spec.device), quick=spec.quick)
+        cuda = model.device.type == "cuda"
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(model.device)
+        times = _driver_probe(model, spec)(streams, lambda: barrier.wait(DRIVERS_MEET_TIMEOUT_S))  # type: ignore[attr-defined]
+        times.peak_bytes_elsewhere = torch.cuda.max_memory_allocated(model.device) if cuda else 0
+        results.put((times, None))  # type: ignore[attr-defined]
+    except Exception as error:  # noqa: BLE001 - whatever it is, the parent reports it and the others stop waiting
+        barrier.abort()  # type: ignore[attr-defined]
+        message = str(error).splitlines()[0][:300] if str(error) else ""
+        results.put((None, f"{type(error).__name__}: {message}"))  # type: ignore[attr-defined]
+
+
+def _ready(results: object, processes: list) -> list[tuple[ProbeTimes | None, str | None]]:
+    """What ``processes`` put on ``results`` by the time they all ended (each puts one item, then ends)."""
+    gathered = []
+    for _ in processes:
+        try:
+            gathered.append(results.get(timeout=DRIVERS_MEET_TIMEOUT_S))  # type: ignore[attr-defined]
+        except queue.Empty:
+            break
+    return gathered
+
+
+def _drivers_probe(model: BenchModel, spec: _DriverSpec, processes: int) -> Callable[[int], ProbeTimes]:
+    """``probe(streams)`` through ``processes`` drivers on one device, one a process, the streams shared out.
+
+    This process runs the first share; each other share runs in a process spawned for the probe, which
+    builds the model again by its name. Their timed chunks start together; the times are every driver's
+    chunks (each a chunk of its own streams), and the costs each driver's own: on CUDA a driver's
+    device time spans the other drivers' work that the device interleaves with its own.
+    """
+    single = _driver_probe(model, spec)
+
+    def probe(streams: int) -> ProbeTimes:
+        if streams < processes:
+            raise ValueError(f"streams ({streams}) must be at least the driver processes ({processes})")
+        shares = [streams * (k + 1) // processes - streams * k // processes for k in range(processes)]
+        context = multiprocessing.get_context("spawn")  # CUDA cannot be forked
+        barrier, results = context.Barrier(processes), context.Queue()
+        others = [
+            context.Process(target=_driver_share, args=(spec, share, barrier, results), name=f"audiomask-driver-{k}")
+            for k, share in enumerate(shares[1:], 1)
+        ]
+        for process in others:
+            process.start()
+        gathered: list[tuple[ProbeTimes | None, str | None]] = []
+        try:
+            own = single(shares[0], lambda: barrier.wait(DRIVERS_MEET_TIMEOUT_S))
+            gathered = [results.get(timeout=DRIVERS_MEET_TIMEOUT_S) for _ in others]
+        except threading.BrokenBarrierError:  # a driver could not start (or the others timed out): it says why
+            errors = [error for _, error in _ready(results, others) if error]
+            raise RuntimeError(f"the driver processes did not all start: {errors or 'timed out'}") from None
+        except BaseException:
+            barrier.abort()
+            raise
+        finally:
+            for process in others:
+                if len(gathered) < len(others):  # failed: they would run on for nothing
+                    process.kill()
+                process.join(DRIVERS_MEET_TIMEOUT_S)
+        errors = [error for _, error in gathered if error]
+        if errors:
+            raise RuntimeError(f"a driver process failed: {errors[0]}")
+        for times, _ in gathered:
+            own.seconds += times.seconds  # type: ignore[union-attr]
+            own.costs += times.costs  # type: ignore[union-attr]
+            own.stopped |= times.stopped  # type: ignore[union-attr]
+            own.frontend_processes += times.frontend_processes  # type: ignore[union-attr]
+            own.setup_s = max(own.setup_s, times.setup_s)  # type: ignore[union-attr]
+            own.peak_bytes_elsewhere += times.peak_bytes_elsewhere  # type: ignore[union-attr]
+        own.driver_processes = processes
+        return own
 
     return probe
 
@@ -322,6 +434,7 @@ def make_probe(
     cuda_graph: bool | None = None,
     frontend_workers: int | None = None,
     lanes: int = 1,
+    driver_processes: int = 1,
 ) -> tuple[Callable[[int], ProbeTimes], dict]:
     """``(probe, settings)``: ``probe(streams)`` times chunks of ``streams`` concurrent streams.
 
@@ -332,6 +445,9 @@ def make_probe(
     cores), passed where the driver takes it; the settings record it.
     ``lanes``: the driver's slots in that many lanes (at most the streams), one cycle a lane: the first
     lane's step starts after about ``1 / lanes`` of the front end's time.
+    ``driver_processes``: that many drivers on the device, one a process with its own front end (the
+    streams and this process's cores shared out), as ``audiomask serve --replicas`` runs them: the
+    host's work per stream no longer goes through one interpreter.
     """
     if path not in PATHS:
         raise ValueError(f"path must be one of {PATHS}, got {path!r}")
@@ -350,10 +466,21 @@ def make_probe(
         settings.update(chunk_ms=config.chunk_frames * FRAME_MS, window_ms=config.n_window_infer * FRAME_MS)
     if path == "driver":
         lanes = check_int("lanes", lanes, minimum=1)
+        processes = check_int("driver_processes", driver_processes, minimum=1)
         options = {"frontend_process": True, "frontend_workers": frontend_workers, "lanes": lanes}
-        settings.update(frontend_process=True, frontend_sharded=True, frontend_workers=frontend_workers, lanes=lanes)
+        settings.update(
+            frontend_process=True,
+            frontend_sharded=True,
+            frontend_workers=frontend_workers,
+            lanes=lanes,
+            driver_processes=processes,
+        )
         settings["latency_until"] = "CTC argmax of the chunk on the host, decoded (features included)"
-        return _driver_probe(model, chunking, plan, cuda_graph, options), settings
+        cores = max(1, available_cores() // processes)
+        spec = _DriverSpec(model.name, str(model.device), model.quick, chunking, plan, cuda_graph, options, cores)
+        if processes == 1:
+            return _driver_probe(model, spec), settings
+        return _drivers_probe(model, spec, processes), settings
     if model.is_phi4mm:
         settings["latency_until"] = "encoder outputs complete on the device (host features in; front end excluded)"
         return _step_probe(model, chunk_size, left_chunk, plan, settings["cuda_graph"]), settings
