@@ -102,6 +102,7 @@ THROUGHPUT_RUNS = (
     ("qwen3_asr_0.6b", "encoder_step", 0.15, FULL_SIZE_SEARCH_START),
     ("qwen3_asr_0.6b", "driver", 0.3, FULL_SIZE_SEARCH_START),
 )
+THROUGHPUT_ROWS = tuple(f"{name}/{path}" for name, path, *_ in THROUGHPUT_RUNS)  # --rows' names
 # The short form (--short): each row probed at these stream counts alone, no search: the capacities that
 # docs/benchmarks.md commits (and the aims), checked again on the H200 after a change to the planner, driver,
 # streams or front end. Qwen3-ASR's step at 40,960: above its aim. On a device with known limits each full-size
@@ -141,6 +142,7 @@ class RunSettings:
     lanes: int = 1  # the throughput drivers' lanes (StreamingDriver over that many streams, a cycle a lane)
     driver_processes: int = 1  # the throughput drivers: that many on the device, one a process, streams shared out
     short: bool = False  # throughput rows probed at SHORT_COUNTS (at most max_streams) alone, no search
+    rows: tuple[str, ...] = THROUGHPUT_ROWS  # the throughput section's rows, "model/path"
 
 
 FULL = RunSettings(
@@ -268,8 +270,9 @@ def throughput_section(settings: RunSettings, models: Models, budget: Budget) ->
     """One row per run of :data:`THROUGHPUT_RUNS`: its search, and how close it came to the device's limits."""
     results = []
     limits: dict[str, EncoderLimits] = {}  # per model, counted once
-    shares_left = sum(share for _, _, share, _ in THROUGHPUT_RUNS)
-    for name, path, share, start in THROUGHPUT_RUNS:
+    runs = _throughput_runs(settings)
+    shares_left = sum(share for _, _, share, _ in runs)
+    for name, path, share, start in runs:
         model = models[name]
         chunking = dict(zip(("chunk_size", "left_chunk"), streaming_chunking(model))) if model.is_phi4mm else {}
         probe, probe_settings = make_probe(
@@ -299,6 +302,11 @@ def throughput_section(settings: RunSettings, models: Models, budget: Budget) ->
         )
         results.append({**row, **limits[name].row_fields(row)})
     return results
+
+
+def _throughput_runs(settings: RunSettings) -> list[tuple[str, str, float, int]]:
+    """The runs of :data:`THROUGHPUT_RUNS` that ``settings.rows`` names, in that order."""
+    return [run for run, row in zip(THROUGHPUT_RUNS, THROUGHPUT_ROWS) if row in settings.rows]
 
 
 def _short_counts(name: str, path: str, limits: EncoderLimits, model: BenchModel) -> set[int]:
@@ -387,7 +395,7 @@ def _models_needed(sections: Sequence[str], settings: RunSettings, pipeline_mode
     """The models the chosen sections measure, in order of first use."""
     needed = [pipeline_model] if "pipeline" in sections else []
     needed += list(settings.latency_models) if "latency" in sections else []
-    needed += [name for name, *_ in THROUGHPUT_RUNS] if "throughput" in sections else []
+    needed += [name for name, *_ in _throughput_runs(settings)] if "throughput" in sections else []
     return list(dict.fromkeys(needed))
 
 
@@ -425,6 +433,13 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         type=int,
         default=DRIVER_LANES,
         help=f"lanes of the throughput drivers: a cycle steps one lane's streams (default: {DRIVER_LANES})",
+    )
+    parser.add_argument(
+        "--rows",
+        nargs="+",
+        choices=THROUGHPUT_ROWS,
+        default=list(THROUGHPUT_ROWS),
+        help="the throughput section's rows (default: all)",
     )
     parser.add_argument(
         "--driver-processes",
@@ -487,6 +502,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         lanes=args.lanes,
         driver_processes=args.driver_processes,
         short=args.short,
+        rows=tuple(args.rows),
     )
     if args.short:
         args.sections = ["throughput"]

@@ -203,6 +203,8 @@ def test_plot_from_a_report_needs_matplotlib_or_writes_pngs(quick_report: tuple[
         (["--seconds", "0"], "--seconds must be > 0, got 0.0"),
         (["--max-streams", "0"], "--max-streams must be >= 1, got 0"),
         (["--frontend-workers", "0"], "--frontend-workers must be >= 1, got 0"),
+        (["--driver-processes", "0"], "--driver-processes must be >= 1, got 0"),
+        (["--rows", "qwen3_asr_0.6b/nonsense"], "invalid choice: 'qwen3_asr_0.6b/nonsense'"),
         (["--sections", "nonsense"], "invalid choice: 'nonsense'"),
         (["--device", "tpu:0"], "--device must be auto, cpu or cuda[:N], got 'tpu:0'"),
     ],
@@ -215,6 +217,26 @@ def test_bad_arguments_are_one_line_errors(argv: list[str], message: str, capsys
     assert exit_info.value.code == 2
     stderr = capsys.readouterr().err
     assert message in stderr and "Traceback" not in stderr
+
+
+def test_the_short_form_runs_the_rows_named_alone_with_the_drivers_asked(tmp_path: Path) -> None:
+    out = tmp_path / "rows.json"
+    argv = ["--quick", "--short", "--device", "cpu", "--no-plots", "--out", str(out)]
+    completed = subprocess.run(
+        [sys.executable, str(SCRIPT), *argv, "--rows", "qwen3_asr_0.6b/driver", "--driver-processes", "2"],
+        capture_output=True,
+        text=True,
+        timeout=QUICK_TIMEOUT_S,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stderr
+    report = json.loads(out.read_text())
+    [row] = report["throughput"]
+    assert (row["model"], row["path"], row["driver_processes"]) == ("qwen3_asr_0.6b", "driver", 2)
+    probes = [probe for probe in row["probes"] if "error" not in probe]
+    assert probes and all(probe["driver_processes"] == 2 for probe in probes)
+    assert "driver x2" in completed.stdout
 
 
 # --------------------------------------------------------------------------- the mask built on the device
