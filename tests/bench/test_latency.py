@@ -39,11 +39,11 @@ SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_latency.py"
 QUICK_TIMEOUT_S = 120  # --quick takes under a minute on a 2-core machine; the margin is for a loaded one
 
 
-def run_quick(out: Path, device: str) -> tuple[dict, str]:
-    """``bench_latency.py --quick`` on ``device``: the report it wrote and what it printed."""
+def run_quick(out: Path, device: str, *options: str) -> tuple[dict, str]:
+    """``bench_latency.py --quick`` on ``device`` (and ``options``): the report it wrote and what it printed."""
     environment = {**os.environ, "OMP_NUM_THREADS": "1"}  # small models: extra threads only spin on a shared machine
     completed = subprocess.run(
-        [sys.executable, str(SCRIPT), "--quick", "--device", device, "--no-plots", "--out", str(out)],
+        [sys.executable, str(SCRIPT), "--quick", "--device", device, "--no-plots", "--out", str(out), *options],
         capture_output=True,
         text=True,
         timeout=QUICK_TIMEOUT_S,
@@ -220,23 +220,13 @@ def test_bad_arguments_are_one_line_errors(argv: list[str], message: str, capsys
 
 
 def test_the_short_form_runs_the_rows_named_alone_with_the_drivers_asked(tmp_path: Path) -> None:
-    out = tmp_path / "rows.json"
-    argv = ["--quick", "--short", "--device", "cpu", "--no-plots", "--out", str(out)]
-    completed = subprocess.run(
-        [sys.executable, str(SCRIPT), *argv, "--rows", "qwen3_asr_0.6b/driver", "--driver-processes", "2"],
-        capture_output=True,
-        text=True,
-        timeout=QUICK_TIMEOUT_S,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        check=False,
-    )
-    assert completed.returncode == 0, completed.stderr
-    report = json.loads(out.read_text())
+    options = ("--short", "--rows", "qwen3_asr_0.6b/driver", "--driver-processes", "2")
+    report, printed = run_quick(tmp_path / "rows.json", "cpu", *options)
     [row] = report["throughput"]
     assert (row["model"], row["path"], row["driver_processes"]) == ("qwen3_asr_0.6b", "driver", 2)
     probes = [probe for probe in row["probes"] if "error" not in probe]
     assert probes and all(probe["driver_processes"] == 2 for probe in probes)
-    assert "driver x2" in completed.stdout
+    assert "driver x2" in printed
 
 
 # --------------------------------------------------------------------------- the mask built on the device
