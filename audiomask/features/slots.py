@@ -98,10 +98,11 @@ class SlotSamples:
     def read_into(self, slots: np.ndarray, positions: np.ndarray, out: torch.Tensor) -> None:
         """:meth:`read` of many slots at once: row ``i`` of ``out`` from ``slots[i]``'s ring at ``positions[i]``.
 
-        ``out``: ``(S, length)`` float32, any strides (rows distinct). A few
-        array operations whatever ``S``: the blocks that lie whole in their
-        ring are one gather straight into ``out``; those that wrap around
-        its end, one more each way.
+        ``out``: ``(S, length)`` float32 on the CPU, any strides (rows
+        distinct). The blocks that lie whole in their ring are one gather
+        straight into ``out``, whatever ``S``; a block that wraps around its
+        ring's end is two slice copies (a gather of such blocks' pieces
+        costs several copies of each block: twenty times a whole one's).
 
         >>> import torch
         >>> ring, out = SlotSamples(np.arange(8, dtype=np.float32).reshape(2, 4)), torch.empty(2, 2)
@@ -121,12 +122,11 @@ class SlotSamples:
         torch.index_select(windows, 0, torch.from_numpy(slots * row + np.minimum(offsets, last)), out=out)
         wrapped = np.flatnonzero(offsets > last)
         if len(wrapped):
-            # Such a block lies in its ring's last `length` samples then its first `length`, from `ahead` on.
-            rings = slots[wrapped]
-            both = np.concatenate((self.memory[rings, last:], self.memory[rings, :length]), axis=1)
-            ahead = length - (capacity - offsets[wrapped])
-            pairs = np.lib.stride_tricks.sliding_window_view(both, length, axis=1)
-            out[torch.from_numpy(wrapped)] = torch.from_numpy(pairs[np.arange(len(rings)), ahead])
+            rows = out.numpy()
+            for index, slot, offset in zip(wrapped.tolist(), slots[wrapped].tolist(), offsets[wrapped].tolist()):
+                ring, head = self.memory[slot], capacity - offset  # the block's samples up to the ring's end
+                rows[index, :head] = ring[offset:]
+                rows[index, head:] = ring[: length - head]
 
 
 @dataclass
