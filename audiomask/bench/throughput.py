@@ -307,14 +307,19 @@ def _driver_share(spec: _DriverSpec, streams: int, barrier: object, results: obj
         results.put((None, f"{type(error).__name__}: {message}"))  # type: ignore[attr-defined]
 
 
-def _ready(results: object, processes: list) -> list[tuple[ProbeTimes | None, str | None]]:
-    """What ``processes`` put on ``results`` by the time they all ended (each puts one item, then ends)."""
-    gathered = []
-    for _ in processes:
+def _gather(results: object, processes: list) -> list[tuple[ProbeTimes | None, str | None]]:
+    """What ``processes`` put on ``results`` (each puts one item, then ends): every item, or those there once
+    they have all ended (one that died put nothing) or :data:`DRIVERS_MEET_TIMEOUT_S` has passed."""
+    gathered: list[tuple[ProbeTimes | None, str | None]] = []
+    deadline = time.monotonic() + DRIVERS_MEET_TIMEOUT_S
+    last_look = False  # the processes have ended: what they put is readable now
+    while len(gathered) < len(processes):
         try:
-            gathered.append(results.get(timeout=DRIVERS_MEET_TIMEOUT_S))  # type: ignore[attr-defined]
+            gathered.append(results.get(timeout=1.0))  # type: ignore[attr-defined]
         except queue.Empty:
-            break
+            if last_look or time.monotonic() > deadline:
+                break
+            last_look = not any(process.is_alive() for process in processes)
     return gathered
 
 
@@ -343,9 +348,9 @@ def _drivers_probe(model: BenchModel, spec: _DriverSpec, processes: int) -> Call
         gathered: list[tuple[ProbeTimes | None, str | None]] = []
         try:
             own = single(shares[0], lambda: barrier.wait(DRIVERS_MEET_TIMEOUT_S))
-            gathered = [results.get(timeout=DRIVERS_MEET_TIMEOUT_S) for _ in others]
+            gathered = _gather(results, others)
         except threading.BrokenBarrierError:  # a driver could not start (or the others timed out): it says why
-            errors = [error for _, error in _ready(results, others) if error]
+            errors = [error for _, error in _gather(results, others) if error]
             raise RuntimeError(f"the driver processes did not all start: {errors or 'timed out'}") from None
         except BaseException:
             barrier.abort()
@@ -358,6 +363,8 @@ def _drivers_probe(model: BenchModel, spec: _DriverSpec, processes: int) -> Call
         errors = [error for _, error in gathered if error]
         if errors:
             raise RuntimeError(f"a driver process failed: {errors[0]}")
+        if len(gathered) < len(others):
+            raise RuntimeError(f"{len(others) - len(gathered)} driver process(es) ended without a result")
         for times, _ in gathered:
             own.seconds += times.seconds  # type: ignore[union-attr]
             own.costs += times.costs  # type: ignore[union-attr]

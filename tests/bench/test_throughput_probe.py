@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+import multiprocessing
+import time
 
 import pytest
 import torch
@@ -70,3 +72,17 @@ def test_drivers_in_processes_need_a_stream_each() -> None:
     probe, _ = make_probe(model, "driver", ProbePlan(0, 2), frontend_workers=1, driver_processes=3)
     with pytest.raises(ValueError, match=r"streams \(2\) must be at least the driver processes \(3\)"):
         probe(2)
+
+
+def test_gathering_stops_once_the_driver_processes_have_ended_whatever_they_put() -> None:
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    silent = context.Process(target=time.sleep, args=(0.1,))  # ends without a result, as a killed driver does
+    speaking = context.Process(target=results.put, args=((None, "ValueError: no"),))
+    for process in (silent, speaking):
+        process.start()
+    began = time.monotonic()
+    assert throughput._gather(results, [silent, speaking]) == [(None, "ValueError: no")]
+    assert time.monotonic() - began < throughput.DRIVERS_MEET_TIMEOUT_S / 10
+    for process in (silent, speaking):
+        process.join()
