@@ -15,7 +15,10 @@ and its encoder step run one after the other). Two ways to run a probe:
   cycle; the chunk's latency runs until the last lane's text). Either family: a
   Qwen3-ASR driver conv-encodes each 1 s chunk and attends (and decodes) a
   window with its 8th chunk. The benchmark's process keeps torch threads for
-  the cores the front-end processes leave it (at least one).
+  the cores the front-end processes leave it (at least one). With
+  ``driver_processes`` the streams are shared out over that many drivers on
+  the device, each in a process of its own with its own front end (as
+  ``audiomask serve --replicas`` runs them).
 - ``encoder_step``: the encoder's streaming step alone, from host features
   (the front end's output, random here) to the encoder outputs complete on
   the device, where their consumer (a CTC head, an LLM decoder) would read
