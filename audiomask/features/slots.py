@@ -101,8 +101,8 @@ class SlotSamples:
         ``out``: ``(S, length)`` float32 on the CPU, any strides (rows
         distinct). The blocks that lie whole in their ring are one gather
         straight into ``out``, whatever ``S``; a block that wraps around its
-        ring's end is two slice copies (a gather of such blocks' pieces
-        costs several copies of each block: twenty times a whole one's).
+        ring's end is two slice copies (its part up to the end, then the rest
+        from the ring's start).
 
         >>> import torch
         >>> ring, out = SlotSamples(np.arange(8, dtype=np.float32).reshape(2, 4)), torch.empty(2, 2)
