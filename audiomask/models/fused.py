@@ -1,5 +1,6 @@
-"""Elementwise work of the Conformer block and of the LLM's MLP as Triton kernels on GPUs: the SiLU-gated
-linear unit, the causal depthwise conv over time.
+"""Elementwise work of the Conformer block, of the conv stacks and of the LLM's MLP as Triton kernels on GPUs: the
+SiLU-gated linear unit, the causal depthwise conv over time, a one-channel conv from its patches with its GELU, a
+conv's bias with its GELU.
 
 As PyTorch ops each is several passes over a step's activations, the largest
 tensors of the Phi-4MM block after its matrix products: the gated unit
@@ -13,6 +14,18 @@ that reads its input once and writes its output once.
 - :func:`causal_depthwise` sums the taps and the bias in float32 and rounds
   once (the PyTorch ops round after each tap): within the dtype's rounding of
   them.
+
+Qwen3-ASR's conv stack (three stride-2 convs, each followed by an exact GELU)
+writes the largest tensors of its step: the first conv's output is 480
+channels at half the frame rate and half the mel bins. As PyTorch ops the
+first conv's GELU is a pass of its own over it, and each later conv is
+cuDNN's convolution, a pass adding its bias, then the GELU's pass. Here:
+
+- :func:`patch_products` computes the first conv from its input patches
+  (as :func:`audiomask.models.convs.patch_conv`'s matrix product) and its
+  GELU in one kernel: the output is written once, never read back.
+- :func:`bias_gelu_` adds a conv's bias and takes the GELU in one pass, in
+  place: the values of the two PyTorch ops (each rounds to the dtype).
 
 They run where :func:`fuses` (a CUDA device with Triton importable, autograd off);
 elsewhere the modules run their PyTorch ops (the CPU's reference path, and training).
@@ -32,10 +45,12 @@ try:
 except ImportError:  # CPU-only torch wheels come without Triton
     triton = None
 
-__all__ = ["causal_depthwise", "fuses", "reference", "reference_ops", "silu_gate"]
+__all__ = ["bias_gelu_", "causal_depthwise", "fuses", "patch_products", "reference", "reference_ops", "silu_gate"]
 
 GATE_BLOCK = 1024  # gate columns per program
 DEPTHWISE_BLOCK_STEPS, DEPTHWISE_BLOCK_CHANNELS = 16, 128  # a depthwise program's output tile: steps x channels
+PATCH_BLOCK_POSITIONS, PATCH_BLOCK_CHANNELS = 64, 64  # a patch program's output tile: positions x channels
+GELU_BLOCK = 1024  # elements per bias-GELU program
 
 
 _STATE = threading.local()
@@ -103,7 +118,96 @@ def causal_depthwise(joined: torch.Tensor, weight: torch.Tensor, bias: torch.Ten
     return out
 
 
+def patch_products(
+    plane: torch.Tensor, weight: torch.Tensor, kernel: tuple[int, int], stride: tuple[int, int], *, gelu: bool
+) -> torch.Tensor:
+    """A one-channel conv from its patches: ``out[n, y, x, c] = sum_k patch[n, y, x, k] * weight[k, c]``.
+
+    ``plane`` ``(N, H, W)`` contiguous, the conv's input with its padding;
+    ``weight`` ``(K, C)`` contiguous in ``plane``'s dtype, ``K`` a multiple of
+    16 above ``kh * kw``: rows ``0 .. kh * kw - 1`` the taps in row-major order,
+    row ``kh * kw`` the bias (its patch column is 1), zeros after. ``kernel``
+    ``(kh, kw)``, ``stride`` ``(sh, sw)``: output ``(y, x)`` reads the plane's
+    rows ``y * sh ..`` and columns ``x * sw ..``. Summed as the dtype's matrix
+    products sum (float32 for bfloat16 and float16; IEEE float32, no TF32,
+    for float32), rounded once; with ``gelu`` the exact GELU of that rounded
+    sum, rounded again (``F.gelu`` of the product). Returns ``(N, H', W', C)``
+    contiguous, ``H' = (H - kh) // sh + 1`` (``W'`` likewise).
+    """
+    (kh, kw), (sh, sw) = kernel, stride
+    count, height, width = plane.shape
+    columns, channels = weight.shape
+    if not plane.is_contiguous() or not weight.is_contiguous() or weight.dtype != plane.dtype:
+        raise ValueError(f"plane and weight must be contiguous and of one dtype, got {plane.dtype}, {weight.dtype}")
+    if columns % 16 or columns <= kh * kw or height < kh or width < kw:
+        raise ValueError(f"weight {tuple(weight.shape)} and plane {tuple(plane.shape)} do not fit kernel {kernel}")
+    out_h, out_w = (height - kh) // sh + 1, (width - kw) // sw + 1
+    out = torch.empty((count, out_h, out_w, channels), dtype=plane.dtype, device=plane.device)
+    positions = out_h * out_w
+    grid = (count, triton.cdiv(positions, PATCH_BLOCK_POSITIONS), triton.cdiv(channels, PATCH_BLOCK_CHANNELS))
+    _patch_products[grid](
+        plane, weight, out, height * width, width, out_w, positions, channels,
+        KH=kh, KW=kw, SH=sh, SW=sw, COLUMNS=columns, GELU=gelu, IEEE=plane.dtype == torch.float32,
+        BLOCK_P=PATCH_BLOCK_POSITIONS, BLOCK_C=PATCH_BLOCK_CHANNELS,
+    )  # fmt: skip
+    return out
+
+
+def bias_gelu_(x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """``x = gelu(x + bias)`` in place, ``x`` ``(N, C, H, W)`` in channels-last memory, ``bias`` ``(C,)``: the sum
+    rounded to ``x``'s dtype, then the exact GELU rounded again (the values of ``x.add_(bias[:, None, None])``
+    then ``F.gelu``, in one pass). Returns ``x``."""
+    if x.ndim != 4 or not x.is_contiguous(memory_format=torch.channels_last) or bias.shape != (x.shape[1],):
+        raise ValueError(f"x must be (N, C, H, W) channels-last with a (C,) bias, got {tuple(x.shape)}, "
+                         f"strides {x.stride()}, bias {tuple(bias.shape)}")  # fmt: skip
+    total = x.numel()
+    _bias_gelu[(triton.cdiv(total, GELU_BLOCK),)](x, bias, total, x.shape[1], BLOCK=GELU_BLOCK)
+    return x
+
+
 if triton is not None:
+
+    @triton.jit
+    def _gelu(value):
+        """The exact GELU of float32 ``value``, as PyTorch computes it: ``value / 2 * (1 + erf(value * sqrt(1/2)))``."""
+        return value * 0.5 * (1.0 + tl.math.erf(value * 0.7071067811865476))
+
+    @triton.jit
+    def _patch_products(
+        plane, weight, out, plane_size, width, out_w, positions, channels,
+        KH: tl.constexpr, KW: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr, COLUMNS: tl.constexpr,  # noqa: N803
+        GELU: tl.constexpr, IEEE: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,  # noqa: N803
+    ):  # fmt: skip
+        count = tl.program_id(0).to(tl.int64)
+        position = tl.program_id(1) * BLOCK_P + tl.arange(0, BLOCK_P)
+        channel = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
+        column = tl.arange(0, COLUMNS)
+        row = (position // out_w * SH)[:, None] + (column // KW)[None, :]
+        col = (position % out_w * SW)[:, None] + (column % KW)[None, :]
+        tap = (position < positions)[:, None] & (column < KH * KW)[None, :]
+        values = tl.load(plane + count * plane_size + row * width + col, mask=tap, other=0.0)
+        patch = tl.where((column == KH * KW)[None, :], 1.0, values.to(tl.float32)).to(values.dtype)
+        real_channel = (channel < channels)[None, :]
+        taps = tl.load(weight + column[:, None] * channels + channel[None, :], mask=real_channel, other=0.0)
+        if IEEE:
+            total = tl.dot(patch, taps, input_precision="ieee")
+        else:
+            total = tl.dot(patch, taps)
+        dtype = out.dtype.element_ty
+        result = total.to(dtype)
+        if GELU:
+            result = _gelu(result.to(tl.float32)).to(dtype)
+        where = (count * positions + position[:, None]) * channels + channel[None, :]
+        tl.store(out + where, result, mask=(position < positions)[:, None] & real_channel)
+
+    @triton.jit
+    def _bias_gelu(x, bias, total, channels, BLOCK: tl.constexpr):  # noqa: N803
+        where = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        real = where < total
+        dtype = x.dtype.element_ty
+        value = tl.load(x + where, mask=real, other=0.0).to(tl.float32)
+        value = (value + tl.load(bias + where % channels, mask=real, other=0.0).to(tl.float32)).to(dtype)
+        tl.store(x + where, _gelu(value.to(tl.float32)).to(dtype), mask=real)
 
     @triton.jit
     def _silu_gate(x, out, stride, size, GATE_FIRST: tl.constexpr, BLOCK: tl.constexpr):  # noqa: N803

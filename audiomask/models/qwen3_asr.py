@@ -160,9 +160,9 @@ class Qwen3ASREncoder(nn.Module):
         if len(chunks) > CONV_CHUNKS_PER_CALL:
             return torch.cat([self.embed_chunks(part) for part in chunks.split(CONV_CHUNKS_PER_CALL)])
         hidden = chunks.unsqueeze(1)  # (N, 1, mel bins, time)
-        hidden = F.gelu(convs.patch_conv(self.conv2d1, hidden))  # channels-last (audiomask.models.convs)
+        hidden = convs.patch_conv(self.conv2d1, hidden, gelu=True)  # channels-last (audiomask.models.convs)
         for conv in (self.conv2d2, self.conv2d3):
-            hidden = F.gelu(F.conv2d(hidden, convs.conv_weight(conv), conv.bias, conv.stride, conv.padding))
+            hidden = convs.conv_gelu(conv, hidden)
         count, channels, bins, steps = hidden.shape
         hidden = self.conv_out(hidden.permute(0, 3, 1, 2).reshape(count, steps, channels * bins))
         return hidden + self.positional_embedding[:steps].to(hidden.dtype)

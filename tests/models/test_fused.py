@@ -1,5 +1,6 @@
-"""audiomask.models.fused: the gated unit and the causal depthwise conv against PyTorch's ops (Triton's interpreter
-on the CPU, compiled on a GPU), and the Phi-4MM Conformer with them against itself without."""
+"""audiomask.models.fused: the gated unit, the causal depthwise conv, the patch conv and the bias-GELU against
+PyTorch's ops (Triton's interpreter on the CPU, compiled on a GPU), and the Phi-4MM Conformer and the Qwen3-ASR conv
+stack with them against themselves without."""
 
 from __future__ import annotations
 
@@ -17,6 +18,11 @@ GATE_CASES = [(5, 1536), (3, 1024), (4, 1100), (2, 8)]
 # (batch, output steps, channels, taps, bias): Phi-4MM's conv module (16 tokens a chunk, 1,024 channels, 3 taps),
 # ragged tiles
 DEPTHWISE_CASES = [(2, 16, 1024, 3, True), (3, 7, 130, 3, False), (1, 33, 5, 4, True)]
+# (count, padded plane height, width, channels, kernel, stride): Qwen3-ASR's first conv (a 1 s chunk of 128 mel
+# bins, 480 channels), ragged tiles, a stride-1 conv
+PATCH_CASES = [(2, 130, 102, 480, 3, 2), (3, 11, 9, 70, 3, 2), (1, 5, 21, 17, 3, 1)]
+# (N, C, H, W): Qwen3-ASR's second conv's output, ragged
+BIAS_GELU_CASES = [(2, 480, 32, 25), (3, 70, 5, 3), (1, 17, 2, 9)]
 SMALL = 2  # the interpreter's cases: the last ones of each list
 
 
@@ -43,6 +49,21 @@ def check(device: str, dtype: torch.dtype, ulps: float, small: bool = False) -> 
                         groups=channels).transpose(1, 2).to(dtype)  # fmt: skip
         got = fused.causal_depthwise(joined.to(device), weight.to(device), None if bias is None else bias.to(device))
         close(got, want, ("depthwise", channels, taps))
+    for count, height, width, channels, kernel, stride in PATCH_CASES[-SMALL:] if small else PATCH_CASES:
+        plane, weight, bias = randn(count, height, width), randn(channels, 1, kernel, kernel), randn(channels)
+        rows = torch.cat([weight.reshape(channels, -1), bias[:, None]], dim=1)  # taps, bias; zeros to 16 columns
+        patch_weight = F.pad(rows, (0, -rows.shape[1] % 16)).t().contiguous()
+        conv = F.conv2d(plane[:, None].float(), weight.float(), bias.float(), stride).permute(0, 2, 3, 1).to(dtype)
+        for gelu in (False, True):
+            got = fused.patch_products(plane.to(device), patch_weight.to(device), (kernel, kernel), (stride, stride),
+                                       gelu=gelu)  # fmt: skip
+            close(got, F.gelu(conv) if gelu else conv, ("patch", channels, gelu))
+    for shape in BIAS_GELU_CASES[-SMALL:] if small else BIAS_GELU_CASES:
+        x, bias = randn(*shape).contiguous(memory_format=torch.channels_last), randn(shape[1])
+        want = F.gelu(x + bias[:, None, None])
+        got = fused.bias_gelu_(x.to(device), bias.to(device))
+        assert got.is_contiguous(memory_format=torch.channels_last)
+        close(got, want, ("bias gelu", shape))
 
 
 def test_kernels_in_tritons_interpreter_equal_the_ops(in_triton_interpreter) -> None:
@@ -56,6 +77,32 @@ def test_phi4mm_stream_with_the_kernels_equals_without(in_triton_interpreter) ->
     in_triton_interpreter(
         "import torch; from tests.models.test_fused import stream_with_and_without; stream_with_and_without()"
     )
+
+
+def test_qwen3_asr_conv_stack_with_the_kernels_equals_without(in_triton_interpreter) -> None:
+    """The tiny Qwen3-ASR's conv stack with the kernels (the interpreter's, fuses forced) equals its PyTorch ops."""
+    in_triton_interpreter(
+        "import torch; from tests.models.test_fused import conv_stack_with_and_without; conv_stack_with_and_without()"
+    )
+
+
+def conv_stack_with_and_without() -> None:
+    """:meth:`Qwen3ASREncoder.embed_chunks` with the kernels forced in the interpreter against the PyTorch ops, 1e-5."""
+    from audiomask.models import fused as kernels
+    from tests.conftest import make_tiny_qwen3_asr
+
+    encoder = make_tiny_qwen3_asr()
+    chunks = torch.randn(3, 128, 100, generator=torch.Generator().manual_seed(9))
+    with torch.no_grad():
+        reference = encoder.embed_chunks(chunks)
+        kernels.fuses = lambda device: True
+        tokens = encoder.embed_chunks(chunks)
+    torch.testing.assert_close(tokens, reference, rtol=0, atol=1e-5 * reference.abs().max().item())
+
+
+def test_bias_gelu_refuses_a_tensor_not_channels_last() -> None:
+    with pytest.raises(ValueError, match="channels-last"):
+        fused.bias_gelu_(torch.zeros(1, 4, 3, 3), torch.zeros(4))
 
 
 def _stream(encoder: torch.nn.Module, features: torch.Tensor, chunks: int) -> torch.Tensor:
