@@ -50,7 +50,7 @@ __all__ = ["bias_gelu_", "causal_depthwise", "fuses", "patch_products", "referen
 GATE_BLOCK = 1024  # gate columns per program
 DEPTHWISE_BLOCK_STEPS, DEPTHWISE_BLOCK_CHANNELS = 16, 128  # a depthwise program's output tile: steps x channels
 PATCH_BLOCK_POSITIONS, PATCH_BLOCK_CHANNELS = 64, 64  # a patch program's output tile: positions x channels
-GELU_BLOCK = 1024  # elements per bias-GELU program
+GELU_BLOCK_ROWS, GELU_BLOCK_CHANNELS = 16, 128  # a bias-GELU program's tile: positions x channels
 
 
 _STATE = threading.local()
@@ -160,8 +160,10 @@ def bias_gelu_(x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     if x.ndim != 4 or not x.is_contiguous(memory_format=torch.channels_last) or bias.shape != (x.shape[1],):
         raise ValueError(f"x must be (N, C, H, W) channels-last with a (C,) bias, got {tuple(x.shape)}, "
                          f"strides {x.stride()}, bias {tuple(bias.shape)}")  # fmt: skip
-    total = x.numel()
-    _bias_gelu[(triton.cdiv(total, GELU_BLOCK),)](x, bias, total, x.shape[1], BLOCK=GELU_BLOCK)
+    channels = x.shape[1]
+    rows = x.numel() // channels  # (N, H, W) positions, each a row of its channels in channels-last memory
+    grid = (triton.cdiv(rows, GELU_BLOCK_ROWS), triton.cdiv(channels, GELU_BLOCK_CHANNELS))
+    _bias_gelu[grid](x, bias, rows, channels, BLOCK_R=GELU_BLOCK_ROWS, BLOCK_C=GELU_BLOCK_CHANNELS)
     return x
 
 
@@ -201,13 +203,15 @@ if triton is not None:
         tl.store(out + where, result, mask=(position < positions)[:, None] & real_channel)
 
     @triton.jit
-    def _bias_gelu(x, bias, total, channels, BLOCK: tl.constexpr):  # noqa: N803
-        where = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-        real = where < total
+    def _bias_gelu(x, bias, rows, channels, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):  # noqa: N803
+        row = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+        channel = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+        real = (row < rows)[:, None] & (channel < channels)[None, :]
+        where = row[:, None] * channels + channel[None, :]
         dtype = x.dtype.element_ty
         value = tl.load(x + where, mask=real, other=0.0).to(tl.float32)
-        value = (value + tl.load(bias + where % channels, mask=real, other=0.0).to(tl.float32)).to(dtype)
-        tl.store(x + where, _gelu(value.to(tl.float32)).to(dtype), mask=real)
+        value = value + tl.load(bias + channel, mask=channel < channels, other=0.0).to(tl.float32)[None, :]
+        tl.store(x + where, _gelu(value.to(dtype).to(tl.float32)).to(dtype), mask=real)
 
     @triton.jit
     def _silu_gate(x, out, stride, size, GATE_FIRST: tl.constexpr, BLOCK: tl.constexpr):  # noqa: N803
