@@ -49,7 +49,7 @@ __all__ = ["bias_gelu_", "causal_depthwise", "fuses", "patch_products", "referen
 
 GATE_BLOCK = 1024  # gate columns per program
 DEPTHWISE_BLOCK_STEPS, DEPTHWISE_BLOCK_CHANNELS = 16, 128  # a depthwise program's output tile: steps x channels
-PATCH_BLOCK_POSITIONS, PATCH_BLOCK_CHANNELS = 64, 64  # a patch program's output tile: positions x channels
+PATCH_BLOCK_POSITIONS, PATCH_BLOCK_CHANNELS, PATCH_WARPS = 64, 64, 4  # a patch program's output tile, its warps
 GELU_BLOCK_ROWS, GELU_BLOCK_CHANNELS = 16, 128  # a bias-GELU program's tile: positions x channels
 
 
@@ -148,7 +148,7 @@ def patch_products(
     _patch_products[grid](
         plane, weight, out, height * width, width, out_w, positions, channels,
         KH=kh, KW=kw, SH=sh, SW=sw, COLUMNS=columns, GELU=gelu, IEEE=plane.dtype == torch.float32,
-        BLOCK_P=PATCH_BLOCK_POSITIONS, BLOCK_C=PATCH_BLOCK_CHANNELS,
+        BLOCK_P=PATCH_BLOCK_POSITIONS, BLOCK_C=PATCH_BLOCK_CHANNELS, num_warps=PATCH_WARPS,
     )  # fmt: skip
     return out
 
