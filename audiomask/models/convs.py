@@ -15,7 +15,10 @@ and the first conv is a matrix product:
   step's 3x3 input patch, ``(steps, 16) @ (16, C)`` (9 taps, a column of ones
   that carries the bias, zeros to 16: aligned rows), its ``(N, H', W', C)``
   result the ``(N, C, H', W')`` output in channels-last memory, bias included.
-  Under :func:`~audiomask.models.fused.reference_ops`: the convolution itself.
+  Where :func:`~audiomask.models.fused.fuses`, one Triton kernel
+  (:func:`~audiomask.models.fused.patch_products`) reads each patch from the
+  input as it multiplies it, no patch tensor in memory. Under
+  :func:`~audiomask.models.fused.reference_ops`: the convolution itself.
 - :func:`conv_weight`: the other convs' weights in channels-last memory, made
   once per weight (the input's layout then decides the library's: NHWC in,
   NHWC out).
