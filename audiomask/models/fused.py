@@ -145,7 +145,7 @@ def patch_products(
     out = torch.empty((count, out_h, out_w, channels), dtype=plane.dtype, device=plane.device)
     positions = out_h * out_w
     grid = (count, triton.cdiv(positions, PATCH_BLOCK_POSITIONS), triton.cdiv(channels, PATCH_BLOCK_CHANNELS))
-    _patch_products[grid](
+    _patch_conv[grid](
         plane, weight, out, height * width, width, out_w, positions, channels,
         KH=kh, KW=kw, SH=sh, SW=sw, COLUMNS=columns, GELU=gelu, IEEE=plane.dtype == torch.float32,
         BLOCK_P=PATCH_BLOCK_POSITIONS, BLOCK_C=PATCH_BLOCK_CHANNELS, num_warps=PATCH_WARPS,
@@ -175,7 +175,7 @@ if triton is not None:
         return value * 0.5 * (1.0 + tl.math.erf(value * 0.7071067811865476))
 
     @triton.jit
-    def _patch_products(
+    def _patch_conv(
         plane, weight, out, plane_size, width, out_w, positions, channels,
         KH: tl.constexpr, KW: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr, COLUMNS: tl.constexpr,  # noqa: N803
         GELU: tl.constexpr, IEEE: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,  # noqa: N803
