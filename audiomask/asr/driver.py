@@ -13,8 +13,10 @@ chunk per *cycle*:
 2. **features** (worker thread or processes): the frames of every slot's
    block in one batched front-end call per process, laid out as the
    slots' ``chunk_shape`` host batch.
-3. **encode** (main thread): the batch staged with
-   :func:`audiomask.transfer.to_device` (the only host->device path), new
+3. **encode** (main thread): the batch moved by :mod:`audiomask.transfer` (the only host->device path):
+   staged with :func:`~audiomask.transfer.to_device`, or, from front-end processes on CUDA, copied
+   straight from their shared batch, page-locked once (:class:`~audiomask.transfer.PinnedRegion`,
+   :func:`~audiomask.transfer.copy_pinned`: no staging memcpy on this thread); new
    slots reset, one chunk step, the CTC head and the per-frame argmax; on
    CUDA on its compute stream between two events, the argmax copied back
    without blocking.
@@ -94,7 +96,7 @@ from audiomask.features.slots import SlotFeatures, SlotSamples
 from audiomask.models.ctc import CTCHead
 from audiomask.samples import as_samples
 from audiomask.streaming import EncoderSlots, as_lanes, share_graph_memory
-from audiomask.transfer import pinned_empty, to_host
+from audiomask.transfer import PinnedRegion, copy_pinned, pinned_empty, to_host
 
 __all__ = ["OUTPUT_PLACES", "RECENT_CYCLES", "CycleTiming", "DriverStream", "RunStats", "StreamingDriver"]
 
@@ -247,6 +249,12 @@ class StreamingDriver:
             if overlap:
                 self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="audiomask-features")
         self.frontend_workers = self._process.workers if self._process is not None else 0
+        # The processes' feature batches page-locked where they lie: a step's chunk crosses to the device
+        # straight from them, with no staging memcpy on this thread.
+        self._features_region: PinnedRegion | None = None
+        self._copied = None  # the event after the last such copy
+        if self._process is not None and self.device.type == "cuda":
+            self._features_region = PinnedRegion(self._process.feature_memory)
         self._samples = SlotSamples(rings)
         phases = self.lane_bounds if len(lanes) > 1 else None
         self._planner = CyclePlanner(
@@ -492,6 +500,11 @@ class StreamingDriver:
         if self._process is not None:
             self._process.close()
             self._process = None
+        if self._features_region is not None:
+            if self._copied is not None:
+                self._copied.synchronize()  # no copy reads the memory once it is pageable again
+            self._features_region.close()
+            self._features_region = None
 
     def _submit(self, plan: PlannedCycle) -> None:
         """Start ``plan``'s features beside the main thread (a serial driver computes them when it needs them)."""
@@ -535,7 +548,11 @@ class StreamingDriver:
             # A full cycle passes no mask: every slot steps (the free ones with no frames).
             active = plan.blocks.active[lo:hi] if plan.skipped else None
             final = plan.blocks.final[lo:hi]
-            outputs, valid = lane.step(plan.features[lo:hi], plan.counts[lo:hi], final, active)
+            chunk = plan.features[lo:hi]
+            if self._features_region is not None and self._features_region.pinned:
+                chunk, self._copied = copy_pinned(torch.from_numpy(chunk), self.device, dtype=lane.dtype)
+                self._process.read_until(self._copied)  # type: ignore[union-attr]
+            outputs, valid = lane.step(chunk, plan.counts[lo:hi], final, active)
             embeddings = None
             if self._listening:  # enqueued before the argmax copy, so that its event covers both
                 embeddings = to_host(outputs)[0] if self.outputs_on == "host" else outputs.clone()

@@ -303,6 +303,8 @@ class FeatureProcess:
         buffers = _Buffers.allocate(batch_size, capacity, shape, workers)
         self._shared = buffers.arrays()
         self.samples = self._shared.samples  # (B, capacity) float32: the slots' rings, written by the caller
+        # (_BUFFERS, *shape) float32: every result's features are a view of it (for a caller that page-locks it).
+        self.feature_memory: torch.Tensor = buffers.features  # type: ignore[assignment]
         context = torch.multiprocessing.get_context("spawn")  # fork would copy CUDA and OpenMP state it cannot use
         self._processes: list[multiprocessing.process.BaseProcess] = []
         self._connections: list[Connection] = []
@@ -321,6 +323,8 @@ class FeatureProcess:
             children.append(child)
         self._in_flight: deque[int] = deque()  # buffers of the cycles submitted, oldest first
         self._next = 0
+        self._last = -1  # the buffer of the last result taken
+        self._readers: dict[int, object] = {}  # buffer -> what reads its features still (see read_until)
         # Stops the processes on close(), when the object is collected, or at exit.
         self._finalizer = weakref.finalize(self, _shutdown, self._processes, self._connections)
         try:
@@ -350,6 +354,9 @@ class FeatureProcess:
         if longest > self.capacity:
             raise ValueError(f"a block holds {longest} samples, more than capacity={self.capacity}")
         buffer = self._next
+        reader = self._readers.pop(buffer, None)
+        if reader is not None:  # a copy of an earlier result from this buffer: done long since, as a rule
+            reader.synchronize()  # type: ignore[attr-defined]
         self._shared.cycles[buffer] = rows
         for worker, connection in enumerate(self._connections):
             try:
@@ -362,11 +369,13 @@ class FeatureProcess:
     def result(self) -> CycleFeatures:
         """The oldest cycle in flight's features; its ``features`` array stays valid until the next result.
 
-        Blocks until every process has computed its slots of it.
+        Blocks until every process has computed its slots of it. The array is a view of
+        :attr:`feature_memory`; once the next result is taken, a submission may write it again (after
+        :meth:`read_until`'s reader is done).
         """
         if not self._in_flight:
             raise RuntimeError("no cycle is in flight: submit() one first")
-        buffer = self._in_flight.popleft()
+        buffer = self._last = self._in_flight.popleft()
         failures = [failure for worker in range(self.workers) if (failure := self._receive(worker))]
         if failures:
             raise RuntimeError(f"the feature process failed: {failures[0]}")
@@ -378,6 +387,16 @@ class FeatureProcess:
             float(seconds[:, _WALL].max()),
             float(seconds[:, _CPU].sum()),
         )
+
+    def read_until(self, reader: object) -> None:
+        """The last result's features are still read until ``reader`` is done (an asynchronous copy from them):
+        the submission that would write their buffer again first calls ``reader.synchronize()``.
+
+        ``reader``: e.g. the CUDA event after a ``non_blocking`` copy from page-locked :attr:`feature_memory`.
+        """
+        if self._last < 0:
+            raise RuntimeError("no result was taken: nothing is being read")
+        self._readers[self._last] = reader
 
     def _receive(self, worker: int, *, starting: bool = False) -> str | None:
         """Process ``worker``'s answer: ``None`` when done, its error's text when it failed."""

@@ -9,6 +9,8 @@
   the ring ``to_device`` stages through (read its ``stats()``).
 - :func:`pinned_empty`: a page-locked host tensor, for results copied back
   again and again.
+- :class:`PinnedRegion`: existing host memory (a batch other processes write)
+  page-locked in place; :func:`copy_pinned` copies from it with no staging.
 - :class:`sync_check`: makes tests fail on any ``non_blocking`` host->device
   copy from pageable or non-dense memory (:func:`classify_copy` decides).
 - :func:`is_dense`: whether a tensor can be copied as one block;
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 from audiomask.transfer._resolve import require_device, resolve_device, torch_dtype_of
 from audiomask.transfer.dense import is_dense
+from audiomask.transfer.registered import PinnedRegion, copy_pinned
 from audiomask.transfer.ring import (
     DEFAULT_CONSUMER_COPY_BYTES,
     DEFAULT_MAX_PINNED_BYTES,
@@ -64,12 +67,14 @@ __all__ = [
     "FlaggedCopy",
     "KiB",
     "MiB",
+    "PinnedRegion",
     "PinnedRing",
     "RingStats",
     "Staged",
     "UnsafeCopyError",
     "UnsafeCopyWarning",
     "classify_copy",
+    "copy_pinned",
     "default_ring",
     "is_dense",
     "parallel_copy_bytes",

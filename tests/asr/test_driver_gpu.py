@@ -120,11 +120,17 @@ def host_allocations() -> int:
     raise AssertionError(f"torch.cuda.host_memory_stats() has no allocation counter: {sorted(stats)}")
 
 
-@pytest.mark.parametrize("cuda_graph", [False, True], ids=["eager", "graph"])
-def test_steady_state_has_no_unsafe_copy_and_no_pinned_allocation(models, cuda_graph):
-    """In the steady state sync_check("error") is silent, and no pinned memory is allocated per chunk."""
+@pytest.mark.parametrize(
+    ("cuda_graph", "frontend"),
+    [(False, {}), (True, {}), (True, {"frontend_process": True, "frontend_workers": 2})],
+    ids=["eager", "graph", "graph-processes"],
+)
+def test_steady_state_has_no_unsafe_copy_and_no_pinned_allocation(models, cuda_graph, frontend):
+    """In the steady state sync_check("error") is silent, and no pinned memory is allocated per chunk (the
+    processes' feature batches page-locked in place once)."""
     _, _, encoder, head = models
-    driver = cuda_driver(encoder, head, 8, 2, 2, cuda_graph)
+    driver = cuda_driver(encoder, head, 8, 2, 2, cuda_graph, **frontend)
+    assert (driver._features_region is not None and driver._features_region.pinned) == bool(frontend)
     rng = np.random.default_rng(3)
     streams = [driver.open(f"s{i}") for i in range(8)]
     piece = driver.block_samples
@@ -156,6 +162,33 @@ def test_steady_state_has_no_unsafe_copy_and_no_pinned_allocation(models, cuda_g
     driver.advance()
     driver.close()
     assert all(s.done for s in streams)
+    assert driver._features_region is None  # unregistered at close
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_chunks_copied_from_the_processes_memory_equal_chunks_staged_from_it(
+    models, random_signals, joined_outputs, dtype
+):
+    """The processes' batch crosses straight from its page-locked memory (cast on the device for bfloat16),
+    or, unregistered, through the staging ring: the same chunks, so the same outputs, bit for bit."""
+    _, _, encoder, head = models
+    encoder, head = copy.deepcopy(encoder).to(dtype), copy.deepcopy(head).to(dtype)
+    batch = random_signals(33, 10, 400, 30000)
+    starts = np.random.default_rng(33).integers(0, 4, len(batch)).tolist()
+    results = []
+    for registered in (True, False):
+        driver = cuda_driver(
+            encoder, head, 6, 2, 2, False, keep_outputs=True, frontend_process=True, frontend_workers=2
+        )
+        if not registered:
+            driver._features_region.close()  # pageable again: every chunk staged
+        try:
+            results.append(driver.run(batch, starts))
+        finally:
+            driver.close()
+    for copied, staged in zip(*results):
+        assert copied.ids == staged.ids, staged.name
+        assert torch.equal(joined_outputs(copied), joined_outputs(staged)), staged.name
 
 
 def encoder_device(encoder) -> torch.device:

@@ -405,6 +405,35 @@ def test_a_dead_process_is_an_error_and_features_handed_out_outlive_close():
     np.testing.assert_array_equal(features, expected)  # still mapped: the view holds the memory
 
 
+class Reader:
+    """A copy in flight from a result's features: when asked to finish, it checks they are still that result's."""
+
+    def __init__(self, view: np.ndarray) -> None:
+        self.view, self.expected, self.finished = view, view.copy(), 0
+
+    def synchronize(self) -> None:
+        np.testing.assert_array_equal(self.view, self.expected)  # not written again before the reader is done
+        self.finished += 1
+
+
+def test_a_result_being_read_is_written_again_only_after_its_reader_is_done():
+    frontend = Phi4MMFrontend()
+    with FeatureProcess(frontend, BATCH, CHUNK_FRAMES, CAPACITY, threads=1, workers=2) as process:
+        with pytest.raises(RuntimeError, match="no result was taken"):
+            process.read_until(Reader(np.zeros(1)))
+        rings = Rings(process.samples)
+        readers = []
+        for _, slots, blocks, final, joins in cycles(5, 9):
+            process.submit(rings.cycle(slots, blocks, final, joins))
+            result = process.result()
+            assert np.shares_memory(result.features, process.feature_memory.numpy())
+            readers.append(Reader(result.features))
+            process.read_until(readers[-1])
+        # Three buffers taken in turn: each result's reader is asked to finish by the submission that
+        # writes its buffer again, three cycles on, and only then; the last three are still being read.
+        assert [reader.finished for reader in readers] == [1] * 6 + [0] * 3
+
+
 def test_a_script_without_a_main_guard_gets_an_error_that_says_so(tmp_path):
     script = tmp_path / "unguarded.py"
     script.write_text(

@@ -18,8 +18,10 @@ from audiomask.transfer import (
     VIEW_ALIGN_BYTES,
     KiB,
     MiB,
+    PinnedRegion,
     PinnedRing,
     UnsafeCopyError,
+    copy_pinned,
     sync_check,
     to_device,
     to_host,
@@ -347,3 +349,54 @@ def test_to_host_returns_before_the_queue_and_lands_in_pinned_memory(filler: Que
     assert still_busy, f"to_host waited for the queue ({elapsed:.2f} ms)"
     done.synchronize()
     assert host.is_pinned() and torch.equal(host, source.cpu())
+
+
+# --------------------------------------------------------------------------- memory page-locked in place
+
+
+def test_a_region_page_locks_shared_memory_in_place_until_closed() -> None:
+    memory = torch.randn(64, 1024, generator=torch.Generator().manual_seed(4)).share_memory_()
+    assert not memory.is_pinned()
+    with PinnedRegion(memory) as region:
+        assert region.pinned and memory.is_pinned() and memory[5:9].is_pinned()
+        again = PinnedRegion(memory[5:9])  # page-locked already: nothing of its own to undo
+        assert again.pinned
+        again.close()
+        assert memory.is_pinned()
+    assert not region.pinned and not memory.is_pinned()
+    result, done = copy_pinned(memory, "cuda")  # pageable again: staged, the memory free at once
+    assert done is None and torch.equal(result.cpu(), memory)
+
+
+@pytest.mark.parametrize("dtype", [None, torch.bfloat16, torch.float16])
+def test_copy_pinned_does_not_wait_for_a_busy_queue_and_casts_as_the_host_does(filler: QueueFiller, dtype) -> None:
+    memory = (torch.randn(256, 4096, generator=torch.Generator().manual_seed(5)) * 100).share_memory_()  # 4 MiB
+    with PinnedRegion(memory):
+        copy_pinned(memory[:8], "cuda", dtype=dtype)  # the copy stream and its pool made here, not below
+        elapsed, still_busy, (result, done) = behind_busy_queue(
+            filler, lambda: copy_pinned(memory[64:192], "cuda", dtype=dtype)
+        )
+        assert still_busy, f"copy_pinned waited for the queue ({elapsed:.2f} ms)"
+        assert isinstance(done, torch.cuda.Event) and done.query()
+        # Round to nearest, ties to even, on both sides: the same bits.
+        assert torch.equal(result.cpu(), memory[64:192].to(dtype or memory.dtype))
+
+
+def test_the_consumer_waits_for_copy_pinned_and_the_source_may_be_written_after_done(filler: QueueFiller) -> None:
+    memory = torch.arange(1 << 20, dtype=torch.float32).share_memory_()
+    with PinnedRegion(memory):
+        filler.fill(20)  # the consumer busy: the copy runs beside it, the sum waits for it
+        result, done = copy_pinned(memory, "cuda")
+        total = result.double().sum()
+        done.synchronize()
+        memory.zero_()  # the copy has read it
+        assert total.item() == float(np.arange(1 << 20, dtype=np.float64).sum())
+        assert torch.equal(result.cpu(), torch.arange(1 << 20, dtype=torch.float32))
+
+
+def test_sync_check_is_silent_for_copy_pinned() -> None:
+    memory = torch.ones(1024).share_memory_()
+    with PinnedRegion(memory), sync_check("error") as check:
+        copy_pinned(memory, "cuda", dtype=torch.bfloat16)
+        torch.cuda.synchronize()
+    assert check.flagged == []
