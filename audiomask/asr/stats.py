@@ -5,7 +5,7 @@ the pipeline sees them (:meth:`RunStats.overlap` compares them). *CPU
 seconds* are what each stage costs the host: the front end (every thread or
 process it runs on), the driver's own host work (feeding samples, planning
 the cycles, collecting and decoding their results) and the encoder step's
-enqueue (staging the batch, launching the step, head and argmax; on a CPU
+enqueue (the batch to the device, launching the step, head and argmax; on a CPU
 device, computing them); :meth:`RunStats.cpu_per_audio_s` divides them by
 the stream-seconds of audio the cycles carried, which is what sizes a host
 for a number of real-time streams.

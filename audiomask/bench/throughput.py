@@ -92,7 +92,7 @@ class ChunkCost(NamedTuple):
     frontend_s: float  # the front end's compute (0 where the probe starts from host features)
     waited_s: float  # the main thread not doing host work: blocked on features or results, or computing the step
     # The main thread's CPU seconds by stage (the driver's own accounts, audiomask.asr.stats): the feed
-    # calls (checking and queuing samples), the enqueue (staging features, launching the step, head and
+    # calls (checking and queuing samples), the enqueue (features to the device, launching the step, head and
     # argmax) and the rest of the loop (planning, handing cycles to the front end, collecting, decoding).
     feed_cpu_s: float | None = None
     enqueue_cpu_s: float | None = None
