@@ -4,8 +4,8 @@
 the slot crosses the bus, so the caller may reuse its array at once. For a
 payload that some other party writes into memory of its own every cycle (a
 front end's processes writing a whole chunk batch into shared memory), that
-staging memcpy is the largest host cost of the step: the full batch read and
-written again on the thread that launches the device's work.
+staging memcpy reads and writes the whole batch again, on the thread that
+launches the device's work.
 :class:`PinnedRegion` page-locks such memory once (``cudaHostRegister``), and
 :func:`copy_pinned` copies from it straight to the device, ``non_blocking``,
 returning the event after which the memory may be written again.
