@@ -114,6 +114,7 @@ class _InFlight:
     events: tuple[object, object] | None  # CUDA events around the step
     enqueue_s: float
     enqueue_cpu_s: float
+    step_cpu_s: float  # of enqueue_cpu_s: the slots' step call
     encode_s: float
 
 
@@ -450,6 +451,7 @@ class StreamingDriver:
                     frontend_cpu_s=plan.frontend_cpu_s,
                     host_cpu_s=own_cpu_s,
                     enqueue_cpu_s=record.enqueue_cpu_s,
+                    step_cpu_s=record.step_cpu_s,
                     skipped=plan.skipped,
                 )
             )
@@ -552,7 +554,9 @@ class StreamingDriver:
             if self._features_region is not None and self._features_region.pinned:
                 chunk, self._copied = copy_pinned(torch.from_numpy(chunk), self.device, dtype=lane.dtype)
                 self._process.read_until(self._copied)  # type: ignore[union-attr]
+            step_cpu_started = time.thread_time()
             outputs, valid = lane.step(chunk, plan.counts[lo:hi], final, active)
+            step_cpu_s = time.thread_time() - step_cpu_started
             embeddings = None
             if self._listening:  # enqueued before the argmax copy, so that its event covers both
                 embeddings = to_host(outputs)[0] if self.outputs_on == "host" else outputs.clone()
@@ -574,6 +578,7 @@ class StreamingDriver:
             events,
             time.perf_counter() - started,
             time.thread_time() - cpu_started,
+            step_cpu_s,
             encode_s,
         )
 

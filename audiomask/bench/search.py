@@ -25,6 +25,7 @@ from audiomask.bench.timing import MS_PER_S, Budget, log, percentiles
 from audiomask.features.process import available_cores
 
 __all__ = [
+    "ENQUEUE_STEP",
     "HOST_STAGES",
     "RESOURCES",
     "TIME_BUDGET",
@@ -46,8 +47,10 @@ RESOURCES = (GPU_COMPUTE, GPU_MEMORY, HOST_FRONTEND, HOST_LOOP)
 TIME_BUDGET = "time budget"  # the search stopped for time before a probe settled the row
 COST_FIELDS = ("gpu_ms_per_cycle", "frontend_ms_per_cycle", "host_ms_per_cycle")  # a probe's mean costs per cycle
 _WALL_COSTS = ("gpu_s", "frontend_s", "waited_s")  # the ChunkCost fields behind COST_FIELDS
-# The driver's main thread by stage (ChunkCost's *_cpu_s): its CPU ms per cycle, where host_ms_per_cycle goes.
+# The driver's main thread by stage (ChunkCost's *_cpu_s): its CPU ms per cycle, where host_ms_per_cycle goes;
+# ENQUEUE_STEP, reported beside them, is the part of the enqueue spent in the encoder step's call.
 HOST_STAGES = ("feed", "enqueue", "loop")
+ENQUEUE_STEP = "step"
 
 
 def _release_memory(device: torch.device) -> None:
@@ -77,7 +80,7 @@ def _cost_fields(times: ProbeTimes) -> dict:
     if all(cost.feed_cpu_s is not None for cost in times.costs):
         fields["host_cpu_ms_per_cycle"] = {
             stage: float(np.mean([getattr(cost, f"{stage}_cpu_s") for cost in times.costs]) * MS_PER_S)
-            for stage in HOST_STAGES
+            for stage in (*HOST_STAGES, ENQUEUE_STEP)
         }
     return fields
 

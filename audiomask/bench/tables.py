@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from audiomask.bench import transfer as transfer_bench
-from audiomask.bench.search import HOST_STAGES
+from audiomask.bench.search import ENQUEUE_STEP, HOST_STAGES
 from audiomask.transfer import MiB
 
 __all__ = ["print_tables"]
@@ -21,7 +21,7 @@ def _print_throughput(rows: Sequence[dict]) -> None:
     """One line per search: capacity, the costs per cycle at the deciding probe, memory, cores, what stops it."""
     print(
         f"\n{'throughput':<16}{'path':<14}{'chunk ms':>9}{'streams':>9}{'p99 ms':>9}{'first fail':>11}"
-        f"{'at N':>7}{'gpu ms':>9}{'fe ms':>8}{'host ms':>9}{'feed/enq/loop':>15}{'MiB/stream':>11}  {'cores (torch+fe)':<18}"
+        f"{'at N':>7}{'gpu ms':>9}{'fe ms':>8}{'host ms':>9}{'feed/enq(step)/loop':>21}{'MiB/stream':>11}  {'cores (torch+fe)':<18}"
         f"{'search ended':<14}limiting resource"
     )
     for row in rows:
@@ -30,7 +30,15 @@ def _print_throughput(rows: Sequence[dict]) -> None:
         cores = row.get("host_cores", {})
         cores_cell = f"{cores['allowed']} ({cores['torch_threads']}+{cores['frontend_processes']})" if cores else "-"
         split = costs.get("host_cpu_ms_per_cycle")
-        split_cell = "/".join(f"{split[stage]:.0f}" for stage in HOST_STAGES) if split else "-"
+        # feed/enqueue(of which the step's call)/loop
+        split_cell = (
+            "/".join(
+                f"{split[stage]:.0f}({split[ENQUEUE_STEP]:.0f})" if stage == "enqueue" else f"{split[stage]:.0f}"
+                for stage in HOST_STAGES
+            )
+            if split
+            else "-"
+        )
         processes = row.get("driver_processes", 1)
         path = row["path"] if processes == 1 else f"{row['path']} x{processes}"  # drivers, one a process
         print(
@@ -38,7 +46,7 @@ def _print_throughput(rows: Sequence[dict]) -> None:
             f"{_cell(row['max_streams_chunk_ms_p99'], '.1f'):>9}{row['first_failing']!s:>11}"
             f"{costs.get('streams', '-')!s:>7}{_cell(costs.get('gpu_ms_per_cycle'), '.1f'):>9}"
             f"{_cell(costs.get('frontend_ms_per_cycle'), '.1f'):>8}{_cell(costs.get('host_ms_per_cycle'), '.1f'):>9}"
-            f"{split_cell:>15}"
+            f"{split_cell:>21}"
             f"{_cell(None if per_stream is None else per_stream / MiB, '.2f'):>11}  {cores_cell:<18}"
             f"{row['limited_by']:<14}{row.get('limiting_resource') or '-'}"
         )

@@ -93,10 +93,12 @@ class ChunkCost(NamedTuple):
     waited_s: float  # the main thread not doing host work: blocked on features or results, or computing the step
     # The main thread's CPU seconds by stage (the driver's own accounts, audiomask.asr.stats): the feed
     # calls (checking and queuing samples), the enqueue (features to the device, launching the step, head and
-    # argmax) and the rest of the loop (planning, handing cycles to the front end, collecting, decoding).
+    # argmax) and the rest of the loop (planning, handing cycles to the front end, collecting, decoding);
+    # step_cpu_s: of the enqueue, the encoder step's call.
     feed_cpu_s: float | None = None
     enqueue_cpu_s: float | None = None
     loop_cpu_s: float | None = None
+    step_cpu_s: float | None = None
 
 
 @dataclass
@@ -281,6 +283,7 @@ def _driver_probe(model: BenchModel, spec: _DriverSpec) -> Callable[[int, Callab
                     sum(cycle.enqueue_cpu_s for cycle in cycles),
                     # The lanes are fed inside the cycles (before each is planned): their host CPU holds the feed.
                     max(sum(cycle.host_cpu_s for cycle in cycles) - feed_cpu_s, 0.0),
+                    sum(cycle.step_cpu_s for cycle in cycles),
                 )
 
             times = timed_chunks(step, warmup, timed, later / SAMPLE_RATE, before_timed)

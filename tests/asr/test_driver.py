@@ -109,6 +109,7 @@ def test_instrumentation(encoder, head, random_signals):
     for c in stats.cycles:
         assert c.cpu_s >= 0 and c.enqueue_s >= 0 and c.encode_s >= 0 and c.wait_s >= 0 and 1 <= c.streams <= 2
         assert c.frontend_cpu_s >= 0 and c.host_cpu_s >= 0 and c.enqueue_cpu_s >= 0
+        assert 0 < c.step_cpu_s <= c.enqueue_cpu_s  # on the CPU the step is computed inside the enqueue
     assert stats.wall_s > 0 and stats.cpu_s > 0 and stats.gpu_s > 0
     assert stats.overlap() <= 1.0 + 1e-9 or stats.cpu_s + stats.gpu_s > stats.wall_s
     # Every sample fed went through one cycle's block: the audio the per-stage costs are divided by.
