@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from audiomask.bench import transfer as transfer_bench
-from audiomask.bench.search import ENQUEUE_STEP, HOST_STAGES
 from audiomask.transfer import MiB
 
 __all__ = ["print_tables"]
@@ -30,15 +29,8 @@ def _print_throughput(rows: Sequence[dict]) -> None:
         cores = row.get("host_cores", {})
         cores_cell = f"{cores['allowed']} ({cores['torch_threads']}+{cores['frontend_processes']})" if cores else "-"
         split = costs.get("host_cpu_ms_per_cycle")
-        # feed/enqueue(of which the step's call)/loop
-        split_cell = (
-            "/".join(
-                f"{split[stage]:.0f}({split[ENQUEUE_STEP]:.0f})" if stage == "enqueue" else f"{split[stage]:.0f}"
-                for stage in HOST_STAGES
-            )
-            if split
-            else "-"
-        )
+        # search.HOST_STAGES, the enqueue's step part (search.ENQUEUE_STEP) in brackets
+        split_cell = "{feed:.0f}/{enqueue:.0f}({step:.0f})/{loop:.0f}".format_map(split) if split else "-"
         processes = row.get("driver_processes", 1)
         path = row["path"] if processes == 1 else f"{row['path']} x{processes}"  # drivers, one a process
         print(
