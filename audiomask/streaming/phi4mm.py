@@ -266,10 +266,10 @@ class Phi4MMSlots(BufferedSlots):
             return
         rows = to_device(index, self.device)
         with torch.no_grad():
-            self._kv_all[:, :, rows] = 0
-            self._conv_all[:, rows] = 0
+            self._kv_all.index_fill_(2, rows, 0)
+            self._conv_all.index_fill_(1, rows, 0)
             for cache in self._subsampling:
-                cache[rows] = 0
+                cache.index_fill_(0, rows, 0)
         self._frames[index] = 0
         self._position[index] = 0
 

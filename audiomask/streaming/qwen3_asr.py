@@ -164,7 +164,7 @@ class Qwen3ASRSlots(BufferedSlots):
         if index.size == 0:
             return
         with torch.no_grad():
-            self._window[to_device(index, self.device)] = 0
+            self._window.index_fill_(0, to_device(index, self.device), 0)
         self._window_tokens[index] = 0
         self._frames[index] = 0
         self._position[index] = 0
@@ -262,7 +262,7 @@ class Qwen3ASRSlots(BufferedSlots):
             slots = np.flatnonzero(closing)
             rows = to_device(slots, self.device)
             outputs = torch.zeros_like(self._window)
-            outputs[rows] = self.encoder.encode_windows(self._window[rows], self._window_tokens[slots])
-            self._window[rows] = 0
+            outputs.index_copy_(0, rows, self.encoder.encode_windows(self._window[rows], self._window_tokens[slots]))
+            self._window.index_fill_(0, rows, 0)
         self._window_tokens[closing] = 0
         return outputs

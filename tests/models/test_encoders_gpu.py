@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 import torch
 
@@ -187,6 +188,45 @@ def test_qwen3_asr_forward_and_stream_never_wait_for_the_gpu(never_waits, tiny_q
         for _ in range(2):
             never_waits(lambda: slots.push(features[:, :, :450], [450, 300]))
         never_waits(lambda: (slots.partial(), slots.flush()))
+
+
+def test_qwen3_asr_slot_steps_and_resets_never_wait_for_the_gpu(never_waits, tiny_qwen3_asr):
+    """A driver's calls: a slot joins, its window closes alone (the others' stay open), a slot is reset."""
+    encoder = tiny_qwen3_asr().to("cuda")
+    slots = Qwen3ASRSlots(encoder, batch_size=3)
+    chunk = torch.randn(slots.chunk_shape)  # host features, as the front end makes them
+    valid = np.full(3, slots.chunk_frames)
+    first_only = np.array([True, False, False])
+    chunks_per_window = encoder.config.chunks_per_window
+    with torch.no_grad():
+        for call in (lambda work: work(), never_waits):  # warm up, then the same calls behind queued work
+            call(lambda: slots.reset_slots([0, 1, 2]))
+            call(lambda: slots.step(chunk, valid * first_only, active=first_only))  # slot 0 one chunk ahead
+            for _ in range(chunks_per_window - 2):
+                call(lambda: slots.step(chunk, valid))
+            outputs, lengths = call(lambda: slots.step(chunk, valid))  # slot 0's window closes alone
+            assert lengths.tolist() == [encoder.config.window_tokens, 0, 0]
+            call(lambda: slots.reset_slots([1]))
+    assert torch.isfinite(outputs).all() and not outputs[1:].any()
+
+
+@pytest.mark.parametrize("cuda_graph", [False, True], ids=["eager", "graphs"])
+def test_phi4mm_slot_steps_and_resets_never_wait_for_the_gpu(never_waits, tiny_phi4mm, cuda_graph):
+    """A driver's calls: a slot held out of a step, a slot reset while the others go on."""
+    encoder = tiny_phi4mm().to("cuda")
+    slots = Phi4MMSlots(encoder, batch_size=3, chunk_size=2, left_chunk=2, cuda_graph=cuda_graph)
+    chunk = torch.randn(slots.chunk_shape)
+    valid = np.full(3, slots.chunk_frames)
+    stepping = np.array([True, False, True])  # slot 1 held out
+    with torch.no_grad():
+        for call in (lambda work: work(), never_waits):
+            call(lambda: slots.reset_slots([0, 1, 2]))
+            for _ in range(3):
+                call(lambda: slots.step(chunk, valid))
+            call(lambda: slots.step(chunk, valid * stepping, active=stepping))
+            call(lambda: slots.reset_slots([1]))
+            outputs, _ = call(lambda: slots.step(chunk, valid))
+    assert torch.isfinite(outputs).all()
 
 
 @pytest.mark.parametrize("mask_mode", ["hard", "phi4mm_compat"])
