@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from audiomask.features import Phi4MMFrontend, WhisperFrontend
 from audiomask.streaming import (
@@ -40,6 +41,20 @@ def family(request, tiny_phi4mm, tiny_qwen3_asr):
     return open_slots(encoder, 3), offline
 
 
+class NumbersPutThroughIndices(TorchDispatchMode):
+    """Counts ``index_put_`` calls whose values are one number (``tensor[rows] = 0``): on CUDA torch first copies
+    that number to the device synchronously, so the host waits for everything queued on the stream."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten.index_put_.default and args[2].dim() == 0:
+            self.calls += 1
+        return func(*args, **(kwargs or {}))
+
+
 # (slot, step) pairs where a slot's utterance has no chunk ready: the slot is inactive and keeps its state.
 HELD_STEPS = {(0, 1), (0, 2), (0, 5), (1, 2), (1, 5), (1, 6), (0, 9), (0, 10), (0, 11), (0, 12), (0, 13)}
 
@@ -49,7 +64,8 @@ def test_steps_with_slots_reset_at_any_step_equal_each_utterance_offline(family,
     """Whole chunks per step as a driver sends them: utterances start in their slots at different steps
     (reset_slots), end with a short or a full final chunk, and slots idle in between; with ``held``, a slot
     whose utterance has no chunk ready sits some steps out (``active``), mid-utterance (for Phi-4MM across
-    every ring phase). Each utterance's outputs, joined over the steps, equal its offline forward."""
+    every ring phase). Each utterance's outputs, joined over the steps, equal its offline forward; no reset or
+    step puts a number through an index (on CUDA a copy that waits for the device)."""
     slots, offline = family
     chunk_frames = slots.chunk_frames
     # Per slot: (first step, frames) of each utterance, one after another.
@@ -75,9 +91,11 @@ def test_steps_with_slots_reset_at_any_step_equal_each_utterance_offline(family,
                 valid[slot] = min(chunk_frames, len(frames) - sent)
                 chunk[slot, : valid[slot]] = frames[sent : sent + valid[slot]]
                 final[slot] = sent + valid[slot] == len(frames)
-        slots.reset_slots(joins)
         layout = chunk if slots.time_dim == 1 else chunk.transpose(1, 2)
-        outputs, lengths = slots.step(layout.numpy(), valid, final, active if held else None)
+        with NumbersPutThroughIndices() as numbers_put:
+            slots.reset_slots(joins)
+            outputs, lengths = slots.step(layout.numpy(), valid, final, active if held else None)
+        assert numbers_put.calls == 0, step
         assert outputs.shape[1] <= slots.tokens_per_chunk and slots.last_lengths.tolist() == lengths.tolist()
         assert not lengths[~active].any()
         for slot in range(3):
