@@ -597,15 +597,18 @@ class StreamingDriver:
         if record.done is not None:
             self.stats.set_encode(record.cycle.index, record.encode_s)
         plan = record.cycle
-        slots = plan.slots
-        rows = slots - (plan.lane[0] if plan.lane else 0)
         self._decoder.reset(plan.joins)  # new utterances in these rows
+        streams, final = plan.streams, plan.blocks.final
+        first = plan.lane[0] if plan.lane else 0
+        # Only slots with tokens this cycle, or whose stream ends, have anything to decode or deliver (a
+        # Qwen3-ASR slot has tokens one cycle in eight, when its window closes).
+        slots = plan.slots[(record.valid[plan.slots - first] > 0) | final[plan.slots]]
+        rows = slots - first
         counts = record.valid[rows]
         new_ids, new_at = self._decoder.push_best_at(record.best.cpu().numpy()[rows], counts, slots)
-        streams, final = plan.streams, plan.blocks.final
         for slot, row, ids, at, count in zip(slots.tolist(), rows.tolist(), new_ids, new_at, counts.tolist()):
             stream = streams[slot]
-            if stream.chunks is not None and record.embeddings is not None and (count or final[slot]):
+            if stream.chunks is not None and record.embeddings is not None:
                 self._deliver(stream, record.embeddings[row, :count], bool(final[slot]))
             stream.ids.extend(ids)
             stream.id_tokens.extend(stream.tokens + frame for frame in at)
