@@ -599,11 +599,11 @@ class StreamingDriver:
         plan = record.cycle
         self._decoder.reset(plan.joins)  # new utterances in these rows
         streams, final = plan.streams, plan.blocks.final
-        first = plan.lane[0] if plan.lane else 0
+        rows = plan.slots - (plan.lane[0] if plan.lane else 0)
         # Only slots with tokens this cycle, or whose stream ends, have anything to decode or deliver (a
         # Qwen3-ASR slot has tokens one cycle in eight, when its window closes).
-        slots = plan.slots[(record.valid[plan.slots - first] > 0) | final[plan.slots]]
-        rows = slots - first
+        speaking = (record.valid[rows] > 0) | final[plan.slots]
+        slots, rows = plan.slots[speaking], rows[speaking]
         counts = record.valid[rows]
         new_ids, new_at = self._decoder.push_best_at(record.best.cpu().numpy()[rows], counts, slots)
         for slot, row, ids, at, count in zip(slots.tolist(), rows.tolist(), new_ids, new_at, counts.tolist()):

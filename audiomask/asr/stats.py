@@ -41,7 +41,7 @@ class CycleTiming:
     host_cpu_s: float = 0.0  # CPU seconds of the driver's main thread on this cycle, outside the enqueue
     enqueue_cpu_s: float = 0.0  # CPU seconds of the main thread in the enqueue (on a CPU device: the step)
     # Of enqueue_cpu_s: the encoder step's call (its kernels launched, or on a CPU device computed). Where it
-    # grows faster than the streams, the launches wait for room in the device's queue.
+    # grows faster than the streams, the call waits for the device.
     step_cpu_s: float = 0.0
     skipped: int = 0  # occupied slots left out, their next block not there yet (0: a full cycle)
 
