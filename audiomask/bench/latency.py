@@ -106,7 +106,8 @@ THROUGHPUT_ROWS = tuple(f"{name}/{path}" for name, path, *_ in THROUGHPUT_RUNS) 
 # The short form (--short): each row probed at these stream counts alone, no search: the capacities that
 # docs/benchmarks.md commits (and the aims), checked again on the H200 after a change to the planner, driver,
 # streams or front end. Qwen3-ASR's step at 40,960: above its aim. On a device with known limits each full-size
-# step is also probed at STEP_LIMIT_AIM of its nearer limit, and its driver at DRIVER_SHARE_AIM of that.
+# step is also probed at STEP_LIMIT_AIM of its nearer limit; its driver at DRIVER_SHARE_AIM of the most streams
+# its step held in the same run (of the step's aim where the step did not run), the count its verdict needs.
 SHORT_COUNTS = {
     ("shipped", "driver"): (2048,),
     ("phi4mm_full", "encoder_step"): (12_288,),
@@ -270,6 +271,7 @@ def throughput_section(settings: RunSettings, models: Models, budget: Budget) ->
     """One row per run of :data:`THROUGHPUT_RUNS`: its search, and how close it came to the device's limits."""
     results = []
     limits: dict[str, EncoderLimits] = {}  # per model, counted once
+    step_streams: dict[str, int] = {}  # per model, the most streams its encoder step held in this run
     runs = _throughput_runs(settings)
     shares_left = sum(share for _, _, share, _ in runs)
     for name, path, share, start in runs:
@@ -290,7 +292,8 @@ def throughput_section(settings: RunSettings, models: Models, budget: Budget) ->
         shares_left -= share
         log(f"  throughput {name}/{path}: budget {run_budget.seconds:.0f} s")
         start = min(start, settings.max_streams)
-        counts = sorted({min(count, settings.max_streams) for count in _short_counts(name, path, limits[name], model)})
+        short_counts = _short_counts(name, path, limits[name], model, step_streams.get(name))
+        counts = sorted({min(count, settings.max_streams) for count in short_counts})
         row = search(
             probe,
             probe_settings,
@@ -301,6 +304,8 @@ def throughput_section(settings: RunSettings, models: Models, budget: Budget) ->
             counts=counts if settings.short else None,
         )
         results.append({**row, **limits[name].row_fields(row)})
+        if path == "encoder_step" and row["max_streams"] > 0:
+            step_streams[name] = row["max_streams"]
     return results
 
 
@@ -309,14 +314,22 @@ def _throughput_runs(settings: RunSettings) -> list[tuple[str, str, float, int]]
     return [run for run, row in zip(THROUGHPUT_RUNS, THROUGHPUT_ROWS) if row in settings.rows]
 
 
-def _short_counts(name: str, path: str, limits: EncoderLimits, model: BenchModel) -> set[int]:
+def _short_counts(
+    name: str, path: str, limits: EncoderLimits, model: BenchModel, step_streams: int | None = None
+) -> set[int]:
     """The short form's counts of a row: :data:`SHORT_COUNTS`, and for a full-size model on a device with known
-    limits the aims: its step at :data:`STEP_LIMIT_AIM` of the step's nearer limit, its driver at
-    :data:`DRIVER_SHARE_AIM` of that."""
+    limits the aims: its step at :data:`STEP_LIMIT_AIM` of the step's nearer limit; its driver at
+    :data:`DRIVER_SHARE_AIM` of ``step_streams`` (the most streams the step held in this run: the driver's
+    verdict compares its capacity with that), or of the step's aim where the step did not run."""
     counts = set(SHORT_COUNTS[name, path])
     nearer = limits.nearer_limit(device_memory_bytes(model.device))
-    if name in FULL_SIZE_MODELS and nearer is not None:
-        counts.add(math.ceil(STEP_LIMIT_AIM * nearer * (DRIVER_SHARE_AIM if path == "driver" else 1.0)))
+    if name not in FULL_SIZE_MODELS or nearer is None:
+        return counts
+    step_aim = math.ceil(STEP_LIMIT_AIM * nearer)
+    if path == "driver":
+        counts.add(math.ceil(DRIVER_SHARE_AIM * (step_streams or step_aim)))
+    else:
+        counts.add(step_aim)
     return counts
 
 

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -588,9 +589,42 @@ def test_the_short_form_probes_each_full_size_step_at_its_aim_of_the_nearer_limi
     step = latency._short_counts("qwen3_asr_0.6b", "encoder_step", known, cpu)
     driver = latency._short_counts("qwen3_asr_0.6b", "driver", known, cpu)
     assert step == {*latency.SHORT_COUNTS["qwen3_asr_0.6b", "encoder_step"], math.ceil(0.9 * nearer)}
-    assert driver == {*latency.SHORT_COUNTS["qwen3_asr_0.6b", "driver"], math.ceil(0.8 * 0.9 * nearer)}
+    assert driver == {*latency.SHORT_COUNTS["qwen3_asr_0.6b", "driver"], math.ceil(0.8 * math.ceil(0.9 * nearer))}
+    # With the step's capacity measured in the run, the driver is probed at 80 % of that: its verdict's count.
+    held = latency._short_counts("qwen3_asr_0.6b", "driver", known, cpu, step_streams=40_960)
+    assert held == {*latency.SHORT_COUNTS["qwen3_asr_0.6b", "driver"], 32_768}
     unknown = EncoderLimits(
         flop_per_audio_s=1e9, state_bytes_per_stream=1, shared_bytes=0, weight_bytes=0, peak_tflops=None
     )
     assert latency._short_counts("phi4mm_full", "encoder_step", unknown, cpu) == {12_288}
     assert latency._short_counts("shipped", "driver", known, cpu) == set(latency.SHORT_COUNTS["shipped", "driver"])
+
+
+def test_the_short_form_probes_each_driver_at_its_share_of_the_streams_its_step_held(monkeypatch) -> None:
+    """The step's row runs first; its driver's counts take the most streams the step held in that run."""
+    from audiomask.bench import latency
+    from audiomask.bench.limits import EncoderLimits
+
+    known = EncoderLimits(
+        flop_per_audio_s=8.98e9, state_bytes_per_stream=1, shared_bytes=0, weight_bytes=0, peak_tflops=989.0
+    )
+    held = {"encoder_step": 40_960, "driver": 30_000}
+    asked: dict[str, list[int]] = {}
+
+    def fake_search(probe, settings, device, budget, max_streams, start, counts=None):
+        asked[settings["path"]] = list(counts)
+        return {"max_streams": held[settings["path"]], "chunk_ms": settings["chunk_ms"]}
+
+    monkeypatch.setattr(
+        latency, "make_probe", lambda model, path, *args, **kwargs: (None, {"path": path, "chunk_ms": 1000})
+    )
+    monkeypatch.setattr(latency, "search", fake_search)
+    monkeypatch.setattr(latency.EncoderLimits, "of", lambda *args: known)
+    settings = replace(
+        latency.QUICK, short=True, max_streams=65_536, rows=("qwen3_asr_0.6b/encoder_step", "qwen3_asr_0.6b/driver")
+    )
+    models = {"qwen3_asr_0.6b": SimpleNamespace(device=torch.device("cpu"), is_phi4mm=False)}
+    rows = latency.throughput_section(settings, models, Budget(60.0))
+    assert [row["max_streams"] for row in rows] == [40_960, 30_000]
+    assert asked["driver"] == sorted({*latency.SHORT_COUNTS["qwen3_asr_0.6b", "driver"], 32_768})
+    assert math.ceil(0.9 * known.limits(None, 1)["compute"]) in asked["encoder_step"]
