@@ -423,21 +423,24 @@ class StreamingDriver:
                 self._features_result(plan)
             self._planner.release(plan)
             wait_s = 0.0 if serial else time.perf_counter() - waited  # serial: that was the work
+            spun_s = 0.0  # CPU seconds of this thread inside the device waits: waiting, not host work
             self._plan_ahead(ahead, depth, before_plan, max_wait_s, until)  # the front end: N+1 (and N+2) ...
             with unlocked():
                 record = self._encode(plan)  # ... while cycle N is encoded
                 if in_flight is not None:
-                    wait_s += self._await(in_flight)
+                    waited_s, spun = self._await(in_flight)
+                    wait_s, spun_s = wait_s + waited_s, spun_s + spun
             if in_flight is not None:
                 self._collect(in_flight)
             in_flight = record
             if not self.overlap or not ahead:  # serial, or the last cycle that can run now: results in
                 with unlocked():
-                    wait_s += self._await(record)
+                    waited_s, spun = self._await(record)
+                    wait_s, spun_s = wait_s + waited_s, spun_s + spun
                 self._collect(record)
                 in_flight = None
             cpu_now = time.thread_time()
-            own_cpu_s = cpu_now - cpu_mark - record.enqueue_cpu_s - (plan.frontend_cpu_s if serial else 0.0)
+            own_cpu_s = cpu_now - cpu_mark - record.enqueue_cpu_s - (plan.frontend_cpu_s if serial else 0.0) - spun_s
             cpu_mark = cpu_now
             self.stats.record(
                 CycleTiming(
@@ -582,15 +585,16 @@ class StreamingDriver:
             encode_s,
         )
 
-    def _await(self, record: _InFlight) -> float:
-        """Wait for a cycle's results on the device (CUDA); returns the time spent waiting."""
+    def _await(self, record: _InFlight) -> tuple[float, float]:
+        """Wait for a cycle's results on the device (CUDA); returns the seconds spent waiting, wall and this
+        thread's CPU (the CUDA runtime spins on the event: a wait the device makes long costs CPU time too)."""
         if record.done is None:
-            return 0.0
-        started = time.perf_counter()
+            return 0.0, 0.0
+        started, cpu_started = time.perf_counter(), time.thread_time()
         record.done.synchronize()
-        waited = time.perf_counter() - started
+        waited, spun = time.perf_counter() - started, time.thread_time() - cpu_started
         record.encode_s = record.events[0].elapsed_time(record.events[1]) / 1000.0
-        return waited
+        return waited, spun
 
     def _collect(self, record: _InFlight) -> None:
         """Decode a cycle's argmax into each active stream's ids (one cycle later), its results in (:meth:`_await`)."""

@@ -38,7 +38,8 @@ class CycleTiming:
     wait_s: float  # main thread blocked on the front end's features or on results
     audio_s: float = 0.0  # stream-seconds of audio in the cycle's blocks
     frontend_cpu_s: float = 0.0  # CPU seconds of the front end (a thread: that thread's only)
-    host_cpu_s: float = 0.0  # CPU seconds of the driver's main thread on this cycle, outside the enqueue
+    # CPU seconds of the driver's main thread on this cycle, outside the enqueue and the waits for the device
+    host_cpu_s: float = 0.0
     enqueue_cpu_s: float = 0.0  # CPU seconds of the main thread in the enqueue (on a CPU device: the step)
     # Of enqueue_cpu_s: the encoder step's call (its kernels launched, or on a CPU device computed). Where it
     # grows faster than the streams, the call waits for the device.

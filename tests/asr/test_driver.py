@@ -6,6 +6,8 @@ random cycles and share the slots of one batch.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -118,6 +120,41 @@ def test_instrumentation(encoder, head, random_signals):
     assert list(costs) == ["frontend", "feed", "host", "enqueue"]
     assert all(cost > 0 for cost in costs.values())
     assert costs["host"] == pytest.approx(stats.host_cpu_s / stats.audio_s)
+
+
+class _SpinningEvent:
+    """A CUDA event's stand-in whose ``synchronize`` spins the CPU, as the CUDA runtime does while it waits."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def synchronize(self) -> None:
+        started = time.thread_time()
+        while time.thread_time() - started < self.seconds:
+            pass
+
+    def elapsed_time(self, end: object) -> float:
+        return 0.0
+
+
+def test_the_host_cost_of_a_cycle_leaves_out_the_wait_for_the_device(encoder, head, random_signals, monkeypatch):
+    """A thread spinning on the device's event is waiting, not working: that CPU counts as the cycle's wait."""
+    spin_s = 0.05
+    encode = StreamingDriver._encode
+
+    def on_a_spinning_device(self, plan):
+        record = encode(self, plan)
+        record.done, record.events = _SpinningEvent(spin_s), (_SpinningEvent(0.0), _SpinningEvent(0.0))
+        return record
+
+    monkeypatch.setattr(StreamingDriver, "_encode", on_a_spinning_device)
+    driver = driver_of(encoder, head, 2)
+    driver.run(random_signals(4, 2))
+    driver.close()
+    cycles = driver.stats.cycles
+    assert len(cycles) >= 2
+    assert sum(cycle.wait_s for cycle in cycles) >= len(cycles) * spin_s  # every cycle's results were waited for
+    assert all(cycle.host_cpu_s < spin_s for cycle in cycles)
 
 
 def test_stats_stay_bounded_and_totals_count_every_cycle():
