@@ -129,7 +129,15 @@ class ConvSubsampling(nn.Module):
         in_place = not torch.is_grad_enabled()
         if frame_valid is not None:
             hidden = hidden * frame_valid[:, None, :, None]
-        for module in self.conv:
+        modules = list(self.conv)
+        activated = False  # the conv before the activation module took it
+        for index, module in enumerate(modules):
+            after = modules[index + 1] if index + 1 < len(modules) else None
+            if isinstance(module, nn.Conv2d):
+                # A conv followed by its activation takes it where its output is written (where the kernels of
+                # audiomask.models.fused run; else the op, in place without autograd).
+                taken = _KERNEL_ACTIVATIONS.get(type(after))
+                activated = taken is not None
             if isinstance(module, nn.Conv2d) and module.stride[0] == 2:
                 # Output p reads inputs 2p - 1 .. 2p + 1: the one step before this even-aligned
                 # block is zero padding (a whole utterance) or comes from the cache. The conv runs
@@ -139,29 +147,61 @@ class ConvSubsampling(nn.Module):
                 stage = stride.bit_length() - 1
                 cache = None if caches is None else caches[stage]
                 if module.in_channels == 1:
-                    out = convs.patch_conv(module, hidden, cache)
+                    out = convs.patch_conv(module, hidden, cache, activation=taken)
                 else:
-                    weight = convs.conv_weight(module)
-                    out = F.conv2d(hidden, weight, module.bias, stride=2, padding=1, groups=module.groups)
+                    # A depthwise conv's bias goes through the pointwise conv after it (_folded_bias).
+                    bias = None if _bias_folds(module, after) else module.bias
+                    out = F.conv2d(hidden, convs.conv_weight(module), bias, stride=2, padding=1, groups=module.groups)
                     if cache is not None:
                         top_tap = module.weight[:, :, :1]
                         out[:, :, :1] += F.conv2d(
                             cache, top_tap, None, stride=(1, 2), padding=(0, 1), groups=module.groups
                         )
+                    out = convs.activate(out, taken)
                 if cache is not None:
                     cache.copy_(hidden[:, :, -1:])
                 hidden = out
                 del out  # the stage input is freed as soon as `hidden` moves on
                 stride *= 2
             elif isinstance(module, nn.Conv2d):
-                hidden = F.conv2d(hidden, convs.conv_weight(module), module.bias)
+                before = modules[index - 1]
+                bias = _folded_bias(before, module) if _bias_folds(before, module) else module.bias
+                hidden = convs.conv_activation(module, hidden, taken, bias)
             else:  # the activation ends a stage: zero its outputs beyond the utterance
-                activate_in_place = _IN_PLACE_ACTIVATIONS.get(type(module)) if in_place else None
-                hidden = activate_in_place(hidden) if activate_in_place else module(hidden)
+                if not activated:
+                    activate_in_place = _IN_PLACE_ACTIVATIONS.get(type(module)) if in_place else None
+                    hidden = activate_in_place(hidden) if activate_in_place else module(hidden)
                 if frame_valid is not None:
                     mask = frame_valid[:, None, ::stride, None]
                     hidden = hidden.mul_(mask) if in_place else hidden * mask
         return hidden
+
+
+def _bias_folds(conv: nn.Module, after: nn.Module | None) -> bool:
+    """Whether ``conv``, a strided conv of several input channels (NeMo's depthwise one), runs without its bias and
+    the 1 x 1 conv ``after`` it with :func:`_folded_bias` (both with biases; nothing between them)."""
+    pointwise = isinstance(after, nn.Conv2d) and after.kernel_size == (1, 1) and after.stride == (1, 1)
+    return (
+        pointwise and isinstance(conv, nn.Conv2d) and conv.in_channels > 1
+        and conv.bias is not None and after.bias is not None
+    )  # fmt: skip
+
+
+def _folded_bias(depthwise: nn.Conv2d, pointwise: nn.Conv2d) -> torch.Tensor:
+    """The bias of ``pointwise(depthwise(x))`` with ``depthwise`` run without its own: ``pointwise.bias +
+    W_pointwise @ depthwise.bias`` (both linear, nothing between them), summed in float32, in the weights' dtype.
+    One bias pass fewer over the stage's output; the same values to the dtype's rounding."""
+
+    def build() -> torch.Tensor:
+        folded = pointwise.weight[:, :, 0, 0].float() @ depthwise.bias.float()
+        return (folded + pointwise.bias.float()).to(pointwise.bias.dtype)
+
+    return derived(pointwise, (pointwise.weight, pointwise.bias, depthwise.bias), build)
+
+
+# The activation modules whose op the conv stacks take where a conv's output is written, by their
+# audiomask.models.fused.ACTIVATIONS names (nn.GELU as layers.activation makes it: exact, erf).
+_KERNEL_ACTIVATIONS: dict[type[nn.Module], str] = {nn.ReLU: "relu", nn.GELU: "gelu"}
 
 
 # The activations of layers.activation that have an in-place form (GELU has none).

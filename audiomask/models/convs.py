@@ -22,11 +22,11 @@ and the first conv is a matrix product:
 - :func:`conv_weight`: the other convs' weights in channels-last memory, made
   once per weight (the input's layout then decides the library's: NHWC in,
   NHWC out).
-- A conv followed by an exact GELU (Qwen3-ASR's stack): :func:`patch_conv`
-  with ``gelu`` and :func:`conv_gelu`. Where the kernels of
-  :mod:`audiomask.models.fused` run, the GELU is taken where the output is
-  written (the first conv) or with the bias in one pass (the others: the
-  libraries add a conv's bias in a pass of their own).
+- A conv followed by its activation (Qwen3-ASR's exact GELUs, Phi-4MM's
+  ReLUs): :func:`patch_conv` with ``activation`` and :func:`conv_activation`.
+  Where the kernels of :mod:`audiomask.models.fused` run, the activation is
+  taken where the output is written (the first conv) or with the bias in one
+  pass (the others: the libraries add a conv's bias in a pass of their own).
 
 Same convolutions, different kernels: outputs agree with the NCHW modules to
 the kernels' rounding (float32: 1e-6 relative), and a step's shapes, hence its
@@ -42,9 +42,22 @@ from torch import nn
 from audiomask.models import fused
 from audiomask.models.layers import derived
 
-__all__ = ["PATCH_COLUMNS", "conv_gelu", "conv_weight", "patch_conv"]
+__all__ = ["PATCH_COLUMNS", "activate", "conv_activation", "conv_weight", "patch_conv"]
 
 PATCH_COLUMNS = 16  # a patch row: 3 x 3 taps, the bias's 1, zeros to a 32-byte bfloat16 row
+
+
+def activate(hidden: torch.Tensor, activation: str | None) -> torch.Tensor:
+    """The PyTorch op of ``activation`` (one of :data:`~audiomask.models.fused.ACTIVATIONS`, or ``None``: none)
+    on ``hidden``: the values the kernels are held to. Without autograd the ReLU runs in place (the stacks'
+    outputs are their steps' largest tensors); the exact GELU has no in-place form."""
+    if activation is None:
+        return hidden
+    if activation == "relu":
+        return F.relu(hidden, inplace=not torch.is_grad_enabled())
+    if activation == "gelu":
+        return F.gelu(hidden)
+    raise ValueError(f"activation must be None or one of {fused.ACTIVATIONS}, got {activation!r}")
 
 
 def _check_patch_conv(conv: nn.Conv2d) -> None:
@@ -70,7 +83,7 @@ def _patch_weight(conv: nn.Conv2d) -> torch.Tensor:
 
 
 def patch_conv(
-    conv: nn.Conv2d, inputs: torch.Tensor, top: torch.Tensor | None = None, *, gelu: bool = False
+    conv: nn.Conv2d, inputs: torch.Tensor, top: torch.Tensor | None = None, *, activation: str | None = None
 ) -> torch.Tensor:
     """``conv`` (one input channel) of ``inputs`` ``(N, 1, H, W)``: ``(N, C, H', W')`` in channels-last memory.
 
@@ -78,7 +91,7 @@ def patch_conv(
     the ``rows`` input steps above ``inputs`` (the previous chunk's last, for a streaming conv) take the
     place of the top padding (``rows`` = the conv's top padding). Any float dtype; products summed as the
     dtype's matrix products sum them (float32 for bfloat16, the bias in the sum), rounded once. With
-    ``gelu``: ``F.gelu`` of that (one kernel where :func:`audiomask.models.fused.fuses`).
+    ``activation`` (:func:`activate`'s): that of it (one kernel where :func:`audiomask.models.fused.fuses`).
 
     >>> conv = nn.Conv2d(1, 4, 3, stride=2, padding=1)
     >>> x = torch.randn(2, 1, 9, 6)
@@ -101,32 +114,37 @@ def patch_conv(
     out_h, out_w = (plane.shape[1] - kh) // sh + 1, (plane.shape[2] - kw) // sw + 1
     if fused.reference():  # the convolution itself
         out = F.conv2d(plane[:, None], conv.weight.to(plane.dtype), conv.bias.to(plane.dtype), conv.stride)
-        out = out.contiguous(memory_format=torch.channels_last)
-        return F.gelu(out) if gelu else out
+        return activate(out.contiguous(memory_format=torch.channels_last), activation)
     if fused.fuses(plane.device):
-        out = fused.patch_products(plane.contiguous(), weight.to(plane.dtype), (kh, kw), (sh, sw), gelu=gelu)
+        out = fused.patch_products(
+            plane.contiguous(), weight.to(plane.dtype), (kh, kw), (sh, sw), activation=activation
+        )
         return out.permute(0, 3, 1, 2)
     windows = plane.unfold(1, kh, sh).unfold(2, kw, sw)  # (N, H', W', kh, kw): a view
     patches = windows.new_zeros(count, out_h, out_w, PATCH_COLUMNS)
     patches[..., : kh * kw] = windows.reshape(count, out_h, out_w, kh * kw)
     patches[..., kh * kw] = 1.0
     out = (patches.view(-1, PATCH_COLUMNS) @ weight.to(patches.dtype)).view(count, out_h, out_w, conv.out_channels)
-    out = out.permute(0, 3, 1, 2)
-    return F.gelu(out) if gelu else out
+    return activate(out.permute(0, 3, 1, 2), activation)
 
 
-def conv_gelu(conv: nn.Conv2d, inputs: torch.Tensor) -> torch.Tensor:
-    """``F.gelu(conv(inputs))`` of a channels-last ``inputs`` ``(N, C_in, H, W)``: ``(N, C, H', W')`` channels-last.
+def conv_activation(
+    conv: nn.Conv2d, inputs: torch.Tensor, activation: str | None, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``activation(conv(inputs))`` of a channels-last ``inputs`` ``(N, C_in, H, W)``: ``(N, C, H', W')``
+    channels-last; ``activation`` :func:`activate`'s, ``bias`` ``(C,)`` in place of ``conv.bias`` (default: it).
 
     The library's convolution (cuDNN's, oneDNN's) with :func:`conv_weight`;
-    where :func:`audiomask.models.fused.fuses`, the bias and the GELU in one
-    pass after it (:func:`~audiomask.models.fused.bias_gelu_`: the same values).
+    where :func:`audiomask.models.fused.fuses`, the bias and the activation in
+    one pass after it (:func:`~audiomask.models.fused.bias_activation_`: the
+    same values).
     """
-    weight = conv_weight(conv)
-    if conv.bias is not None and fused.fuses(inputs.device):
+    weight, bias = conv_weight(conv), conv.bias if bias is None else bias
+    if bias is not None and activation is not None and fused.fuses(inputs.device):
         out = F.conv2d(inputs, weight, None, conv.stride, conv.padding, conv.dilation, conv.groups)
-        return fused.bias_gelu_(out.contiguous(memory_format=torch.channels_last), conv.bias.to(out.dtype))
-    return F.gelu(F.conv2d(inputs, weight, conv.bias, conv.stride, conv.padding, conv.dilation, conv.groups))
+        out = out.contiguous(memory_format=torch.channels_last)
+        return fused.bias_activation_(out, bias.to(out.dtype), activation)
+    return activate(F.conv2d(inputs, weight, bias, conv.stride, conv.padding, conv.dilation, conv.groups), activation)
 
 
 def conv_weight(conv: nn.Conv2d) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """Elementwise work of the Conformer block, of the conv stacks and of the LLM's MLP as Triton kernels on GPUs: the
-SiLU-gated linear unit, the causal depthwise conv over time, a one-channel conv from its patches with its GELU, a
-conv's bias with its GELU.
+SiLU-gated linear unit, the causal depthwise conv over time, a one-channel conv from its patches with its
+activation, a conv's bias with its activation.
 
 As PyTorch ops each is several passes over a step's activations, the largest
 tensors of the Phi-4MM block after its matrix products: the gated unit
@@ -15,17 +15,20 @@ that reads its input once and writes its output once.
   once (the PyTorch ops round after each tap): within the dtype's rounding of
   them.
 
-Qwen3-ASR's conv stack (three stride-2 convs, each followed by an exact GELU)
-writes the largest tensors of its step: the first conv's output is 480
-channels at half the frame rate and half the mel bins. As PyTorch ops the
-first conv's GELU is a pass of its own over it, and each later conv is
-cuDNN's convolution, a pass adding its bias, then the GELU's pass. Here:
+The conv stacks (Qwen3-ASR's three stride-2 convs, each followed by an exact
+GELU; Phi-4MM's NeMo stack, each stage ending in a pointwise conv and a ReLU)
+write the largest tensors of their steps: the first conv's output is 480 or
+1,024 channels at half the frame rate and half the mel bins. As PyTorch ops
+the first conv's activation is a pass of its own over it, and each later conv
+is the library's convolution, a pass adding its bias (a broadcast over
+channels-last memory, slower than a plain add), then the activation's pass.
+Here (:data:`ACTIVATIONS`):
 
 - :func:`patch_products` computes the first conv from its input patches
   (as :func:`audiomask.models.convs.patch_conv`'s matrix product) and its
-  GELU in one kernel: the output is written once, never read back.
-- :func:`bias_gelu_` adds a conv's bias and takes the GELU in one pass, in
-  place: the values of the two PyTorch ops (each rounds to the dtype).
+  activation in one kernel: the output is written once, never read back.
+- :func:`bias_activation_` adds a conv's bias and takes the activation in one
+  pass, in place: the values of the two PyTorch ops (each rounds to the dtype).
 
 They run where :func:`fuses` (a CUDA device with Triton importable, autograd off);
 elsewhere the modules run their PyTorch ops (the CPU's reference path, and training).
@@ -45,12 +48,25 @@ try:
 except ImportError:  # CPU-only torch wheels come without Triton
     triton = None
 
-__all__ = ["bias_gelu_", "causal_depthwise", "fuses", "patch_products", "reference", "reference_ops", "silu_gate"]
+__all__ = [
+    "ACTIVATIONS",
+    "bias_activation_",
+    "causal_depthwise",
+    "fuses",
+    "patch_products",
+    "reference",
+    "reference_ops",
+    "silu_gate",
+]
+
+# The activations the conv stacks' kernels take where the output is written, by name: the exact GELU (erf, as
+# F.gelu's default) and the ReLU.
+ACTIVATIONS = ("gelu", "relu")
 
 GATE_BLOCK = 1024  # gate columns per program
 DEPTHWISE_BLOCK_STEPS, DEPTHWISE_BLOCK_CHANNELS = 16, 128  # a depthwise program's output tile: steps x channels
 PATCH_BLOCK_POSITIONS, PATCH_BLOCK_CHANNELS, PATCH_WARPS = 64, 64, 4  # a patch program's output tile, its warps
-GELU_BLOCK_ROWS, GELU_BLOCK_CHANNELS = 16, 128  # a bias-GELU program's tile: positions x channels
+BIAS_BLOCK_ROWS, BIAS_BLOCK_CHANNELS = 16, 128  # a bias-activation program's tile: positions x channels
 
 
 _STATE = threading.local()
@@ -118,8 +134,20 @@ def causal_depthwise(joined: torch.Tensor, weight: torch.Tensor, bias: torch.Ten
     return out
 
 
+def _activation_name(activation: str | None, *, optional: bool) -> str:
+    """``activation`` as the kernels' constant ("" for none, where ``optional``)."""
+    if activation in ACTIVATIONS or (optional and activation is None):
+        return activation or ""
+    raise ValueError(f"activation must be {'None or ' * optional}one of {ACTIVATIONS}, got {activation!r}")
+
+
 def patch_products(
-    plane: torch.Tensor, weight: torch.Tensor, kernel: tuple[int, int], stride: tuple[int, int], *, gelu: bool
+    plane: torch.Tensor,
+    weight: torch.Tensor,
+    kernel: tuple[int, int],
+    stride: tuple[int, int],
+    *,
+    activation: str | None = None,
 ) -> torch.Tensor:
     """A one-channel conv from its patches: ``out[n, y, x, c] = sum_k patch[n, y, x, k] * weight[k, c]``.
 
@@ -130,10 +158,12 @@ def patch_products(
     ``(kh, kw)``, ``stride`` ``(sh, sw)``: output ``(y, x)`` reads the plane's
     rows ``y * sh ..`` and columns ``x * sw ..``. Summed as the dtype's matrix
     products sum (float32 for bfloat16 and float16; IEEE float32, no TF32,
-    for float32), rounded once; with ``gelu`` the exact GELU of that rounded
-    sum, rounded again (``F.gelu`` of the product). Returns ``(N, H', W', C)``
-    contiguous, ``H' = (H - kh) // sh + 1`` (``W'`` likewise).
+    for float32), rounded once; with ``activation`` (one of :data:`ACTIVATIONS`)
+    that of the rounded sum, rounded again (``F.gelu`` or ``F.relu`` of the
+    product). Returns ``(N, H', W', C)`` contiguous, ``H' = (H - kh) // sh + 1``
+    (``W'`` likewise).
     """
+    name = _activation_name(activation, optional=True)
     (kh, kw), (sh, sw) = kernel, stride
     count, height, width = plane.shape
     columns, channels = weight.shape
@@ -147,23 +177,26 @@ def patch_products(
     grid = (count, triton.cdiv(positions, PATCH_BLOCK_POSITIONS), triton.cdiv(channels, PATCH_BLOCK_CHANNELS))
     _patch_conv[grid](
         plane, weight, out, height * width, width, out_w, positions, channels,
-        KH=kh, KW=kw, SH=sh, SW=sw, COLUMNS=columns, GELU=gelu, IEEE=plane.dtype == torch.float32,
+        KH=kh, KW=kw, SH=sh, SW=sw, COLUMNS=columns, ACTIVATION=name, IEEE=plane.dtype == torch.float32,
         BLOCK_P=PATCH_BLOCK_POSITIONS, BLOCK_C=PATCH_BLOCK_CHANNELS, num_warps=PATCH_WARPS,
     )  # fmt: skip
     return out
 
 
-def bias_gelu_(x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """``x = gelu(x + bias)`` in place, ``x`` ``(N, C, H, W)`` in channels-last memory, ``bias`` ``(C,)``: the sum
-    rounded to ``x``'s dtype, then the exact GELU rounded again (the values of ``x.add_(bias[:, None, None])``
-    then ``F.gelu``, in one pass). Returns ``x``."""
+def bias_activation_(x: torch.Tensor, bias: torch.Tensor, activation: str) -> torch.Tensor:
+    """``x = activation(x + bias)`` in place, ``x`` ``(N, C, H, W)`` in channels-last memory, ``bias`` ``(C,)``,
+    ``activation`` one of :data:`ACTIVATIONS`: the sum rounded to ``x``'s dtype, then the activation rounded again
+    (the values of ``x.add_(bias[:, None, None])`` then ``F.gelu`` or ``F.relu``, in one pass). Returns ``x``."""
+    name = _activation_name(activation, optional=False)
     if x.ndim != 4 or not x.is_contiguous(memory_format=torch.channels_last) or bias.shape != (x.shape[1],):
         raise ValueError(f"x must be (N, C, H, W) channels-last with a (C,) bias, got {tuple(x.shape)}, "
                          f"strides {x.stride()}, bias {tuple(bias.shape)}")  # fmt: skip
     channels = x.shape[1]
     rows = x.numel() // channels  # (N, H, W) positions, each a row of its channels in channels-last memory
-    grid = (triton.cdiv(rows, GELU_BLOCK_ROWS), triton.cdiv(channels, GELU_BLOCK_CHANNELS))
-    _bias_gelu[grid](x, bias, rows, channels, BLOCK_R=GELU_BLOCK_ROWS, BLOCK_C=GELU_BLOCK_CHANNELS)
+    grid = (triton.cdiv(rows, BIAS_BLOCK_ROWS), triton.cdiv(channels, BIAS_BLOCK_CHANNELS))
+    _bias_activation[grid](
+        x, bias, rows, channels, ACTIVATION=name, BLOCK_R=BIAS_BLOCK_ROWS, BLOCK_C=BIAS_BLOCK_CHANNELS
+    )  # fmt: skip
     return x
 
 
@@ -175,10 +208,20 @@ if triton is not None:
         return value * 0.5 * (1.0 + tl.math.erf(value * 0.7071067811865476))
 
     @triton.jit
+    def _activate(value, ACTIVATION: tl.constexpr):  # noqa: N803
+        """``ACTIVATION`` ("gelu", "relu" or "" for none) of float32 ``value``; NaN stays NaN, as in PyTorch."""
+        if ACTIVATION == "gelu":
+            return _gelu(value)
+        elif ACTIVATION == "relu":
+            return tl.maximum(value, 0.0, propagate_nan=tl.PropagateNan.ALL)
+        else:
+            return value
+
+    @triton.jit
     def _patch_conv(
         plane, weight, out, plane_size, width, out_w, positions, channels,
         KH: tl.constexpr, KW: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr, COLUMNS: tl.constexpr,  # noqa: N803
-        GELU: tl.constexpr, IEEE: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,  # noqa: N803
+        ACTIVATION: tl.constexpr, IEEE: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,  # noqa: N803
     ):  # fmt: skip
         count = tl.program_id(0).to(tl.int64)
         position = tl.program_id(1) * BLOCK_P + tl.arange(0, BLOCK_P)
@@ -196,14 +239,14 @@ if triton is not None:
         else:
             total = tl.dot(patch, taps)
         dtype = out.dtype.element_ty
-        result = total.to(dtype)
-        if GELU:
-            result = _gelu(result.to(tl.float32)).to(dtype)
+        result = _activate(total.to(dtype).to(tl.float32), ACTIVATION).to(dtype)
         where = (count * positions + position[:, None]) * channels + channel[None, :]
         tl.store(out + where, result, mask=(position < positions)[:, None] & real_channel)
 
     @triton.jit
-    def _bias_gelu(x, bias, rows, channels, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):  # noqa: N803
+    def _bias_activation(
+        x, bias, rows, channels, ACTIVATION: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,  # noqa: N803
+    ):  # fmt: skip
         row = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
         channel = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
         real = (row < rows)[:, None] & (channel < channels)[None, :]
@@ -211,7 +254,7 @@ if triton is not None:
         dtype = x.dtype.element_ty
         value = tl.load(x + where, mask=real, other=0.0).to(tl.float32)
         value = value + tl.load(bias + channel, mask=channel < channels, other=0.0).to(tl.float32)[None, :]
-        tl.store(x + where, _gelu(value.to(dtype).to(tl.float32)).to(dtype), mask=real)
+        tl.store(x + where, _activate(value.to(dtype).to(tl.float32), ACTIVATION).to(dtype), mask=real)
 
     @triton.jit
     def _silu_gate(x, out, stride, size, GATE_FIRST: tl.constexpr, BLOCK: tl.constexpr):  # noqa: N803

@@ -160,9 +160,9 @@ class Qwen3ASREncoder(nn.Module):
         if len(chunks) > CONV_CHUNKS_PER_CALL:
             return torch.cat([self.embed_chunks(part) for part in chunks.split(CONV_CHUNKS_PER_CALL)])
         hidden = chunks.unsqueeze(1)  # (N, 1, mel bins, time)
-        hidden = convs.patch_conv(self.conv2d1, hidden, gelu=True)  # channels-last (audiomask.models.convs)
+        hidden = convs.patch_conv(self.conv2d1, hidden, activation="gelu")  # channels-last (audiomask.models.convs)
         for conv in (self.conv2d2, self.conv2d3):
-            hidden = convs.conv_gelu(conv, hidden)
+            hidden = convs.conv_activation(conv, hidden, "gelu")
         count, channels, bins, steps = hidden.shape
         hidden = self.conv_out(hidden.permute(0, 3, 1, 2).reshape(count, steps, channels * bins))
         return hidden + self.positional_embedding[:steps].to(hidden.dtype)

@@ -23,7 +23,7 @@ GPU_KERNELS = {
     "sm90_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc_tilesize128x128x64": "conv",
     "void at::native::(anonymous namespace)::conv_depthwise2d_forward_kernel<3, c10::BFloat16, int>": "conv",
     "_patch_conv": "conv",  # audiomask.models.fused's first-conv kernel
-    "_bias_gelu": "elementwise",
+    "_bias_activation": "elementwise",
     "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64_warpgroupsize2x1x1": "gemm",
     "nvjet_tst_192x192_64x4_2x1_v_bz_coopB_bias_TNT": "gemm",
     "void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<c10::BFloat16, float>": "norm",

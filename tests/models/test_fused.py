@@ -1,6 +1,6 @@
-"""audiomask.models.fused: the gated unit, the causal depthwise conv, the patch conv and the bias-GELU against
+"""audiomask.models.fused: the gated unit, the causal depthwise conv, the patch conv and the bias-activation against
 PyTorch's ops (Triton's interpreter on the CPU, compiled on a GPU), and the Phi-4MM Conformer and the Qwen3-ASR conv
-stack with them against themselves without."""
+stack and Phi-4MM's subsampling with them against themselves without."""
 
 from __future__ import annotations
 
@@ -22,8 +22,9 @@ DEPTHWISE_CASES = [(2, 16, 1024, 3, True), (3, 7, 130, 3, False), (1, 33, 5, 4, 
 # bins, 480 channels), ragged tiles, a stride-1 conv
 PATCH_CASES = [(2, 130, 102, 480, 3, 2), (3, 11, 9, 70, 3, 2), (1, 5, 21, 17, 3, 1)]
 # (N, C, H, W): Qwen3-ASR's second conv's output, ragged
-BIAS_GELU_CASES = [(2, 480, 32, 25), (3, 70, 5, 3), (1, 17, 2, 9)]
+BIAS_CASES = [(2, 480, 32, 25), (3, 70, 5, 3), (1, 17, 2, 9)]
 SMALL = 2  # the interpreter's cases: the last ones of each list
+OPS = {None: lambda x: x, "gelu": F.gelu, "relu": F.relu}  # PyTorch's op of each name the kernels take
 
 
 def check(device: str, dtype: torch.dtype, ulps: float, small: bool = False) -> None:
@@ -54,16 +55,17 @@ def check(device: str, dtype: torch.dtype, ulps: float, small: bool = False) -> 
         rows = torch.cat([weight.reshape(channels, -1), bias[:, None]], dim=1)  # taps, bias; zeros to 16 columns
         patch_weight = F.pad(rows, (0, -rows.shape[1] % 16)).t().contiguous()
         conv = F.conv2d(plane[:, None].float(), weight.float(), bias.float(), stride).permute(0, 2, 3, 1).to(dtype)
-        for gelu in (False, True):
+        for activation in (None, *fused.ACTIVATIONS):
             got = fused.patch_products(plane.to(device), patch_weight.to(device), (kernel, kernel), (stride, stride),
-                                       gelu=gelu)  # fmt: skip
-            close(got, F.gelu(conv) if gelu else conv, ("patch", channels, gelu))
-    for shape in BIAS_GELU_CASES[-SMALL:] if small else BIAS_GELU_CASES:
-        x, bias = randn(*shape).contiguous(memory_format=torch.channels_last), randn(shape[1])
-        want = F.gelu(x + bias[:, None, None])
-        got = fused.bias_gelu_(x.to(device), bias.to(device))
-        assert got.is_contiguous(memory_format=torch.channels_last)
-        close(got, want, ("bias gelu", shape))
+                                       activation=activation)  # fmt: skip
+            close(got, OPS[activation](conv), ("patch", channels, activation))
+    for shape in BIAS_CASES[-SMALL:] if small else BIAS_CASES:
+        for activation in fused.ACTIVATIONS:
+            x, bias = randn(*shape).contiguous(memory_format=torch.channels_last), randn(shape[1])
+            want = OPS[activation](x + bias[:, None, None])
+            got = fused.bias_activation_(x.to(device), bias.to(device), activation)
+            assert got.is_contiguous(memory_format=torch.channels_last)
+            close(got, want, ("bias", activation, shape))
 
 
 def test_kernels_in_tritons_interpreter_equal_the_ops(in_triton_interpreter) -> None:
@@ -100,9 +102,15 @@ def conv_stack_with_and_without() -> None:
     torch.testing.assert_close(tokens, reference, rtol=0, atol=1e-5 * reference.abs().max().item())
 
 
-def test_bias_gelu_refuses_a_tensor_not_channels_last() -> None:
+def test_bias_activation_refuses_a_tensor_not_channels_last_and_an_unknown_activation() -> None:
     with pytest.raises(ValueError, match="channels-last"):
-        fused.bias_gelu_(torch.zeros(1, 4, 3, 3), torch.zeros(4))
+        fused.bias_activation_(torch.zeros(1, 4, 3, 3), torch.zeros(4), "relu")
+    x = torch.zeros(1, 4, 3, 3).contiguous(memory_format=torch.channels_last)
+    for activation in (None, "silu"):
+        with pytest.raises(ValueError, match=rf"activation must be one of \('gelu', 'relu'\), got {activation!r}"):
+            fused.bias_activation_(x, torch.zeros(4), activation)
+    with pytest.raises(ValueError, match=r"activation must be None or one of \('gelu', 'relu'\), got 'silu'"):
+        fused.patch_products(torch.zeros(1, 5, 5), torch.zeros(16, 4), (3, 3), (2, 2), activation="silu")
 
 
 def _stream(encoder: torch.nn.Module, features: torch.Tensor, chunks: int) -> torch.Tensor:
