@@ -41,7 +41,7 @@ FAMILIES: dict[str, str] = {
     "norm": r"layer_norm|layernorm|rms_norm|batch_norm",
     "copy": r"copy|memcpy|memset|fill|cat|index|scatter|gather|pad",
     "reduction": r"reduce|sum|mean|argmax",
-    "elementwise": r"elementwise|vectorized|unrolled|add|mul|gelu|relu|silu|sigmoid|tanh|erf|where|clamp",
+    "elementwise": r"elementwise|vectorized|unrolled|add|mul|activation|gelu|relu|silu|sigmoid|tanh|erf|where|clamp",
 }
 _PATTERNS = {name: re.compile(pattern) for name, pattern in FAMILIES.items()}
 

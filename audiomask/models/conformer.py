@@ -134,10 +134,13 @@ class ConvSubsampling(nn.Module):
         for index, module in enumerate(modules):
             after = modules[index + 1] if index + 1 < len(modules) else None
             if isinstance(module, nn.Conv2d):
-                # A conv followed by its activation takes it where its output is written (where the kernels of
-                # audiomask.models.fused run; else the op, in place without autograd).
+                # A conv followed by its activation takes it, and the zeroing beyond the utterance that ends the
+                # stage, where its output is written (where the kernels of audiomask.models.fused run; else the
+                # ops, in place without autograd).
                 taken = _KERNEL_ACTIVATIONS.get(type(after))
                 activated = taken is not None
+                out_stride = stride * module.stride[0]
+                valid = frame_valid[:, ::out_stride] if activated and frame_valid is not None else None
             if isinstance(module, nn.Conv2d) and module.stride[0] == 2:
                 # Output p reads inputs 2p - 1 .. 2p + 1: the one step before this even-aligned
                 # block is zero padding (a whole utterance) or comes from the cache. The conv runs
@@ -147,7 +150,7 @@ class ConvSubsampling(nn.Module):
                 stage = stride.bit_length() - 1
                 cache = None if caches is None else caches[stage]
                 if module.in_channels == 1:
-                    out = convs.patch_conv(module, hidden, cache, activation=taken)
+                    out = convs.patch_conv(module, hidden, cache, activation=taken, valid=valid)
                 else:
                     # A depthwise conv's bias goes through the pointwise conv after it (_folded_bias).
                     bias = None if _bias_folds(module, after) else module.bias
@@ -157,7 +160,7 @@ class ConvSubsampling(nn.Module):
                         out[:, :, :1] += F.conv2d(
                             cache, top_tap, None, stride=(1, 2), padding=(0, 1), groups=module.groups
                         )
-                    out = convs.activate(out, taken)
+                    out = convs.activate(out, taken, valid)
                 if cache is not None:
                     cache.copy_(hidden[:, :, -1:])
                 hidden = out
@@ -166,11 +169,10 @@ class ConvSubsampling(nn.Module):
             elif isinstance(module, nn.Conv2d):
                 before = modules[index - 1]
                 bias = _folded_bias(before, module) if _bias_folds(before, module) else module.bias
-                hidden = convs.conv_activation(module, hidden, taken, bias)
-            else:  # the activation ends a stage: zero its outputs beyond the utterance
-                if not activated:
-                    activate_in_place = _IN_PLACE_ACTIVATIONS.get(type(module)) if in_place else None
-                    hidden = activate_in_place(hidden) if activate_in_place else module(hidden)
+                hidden = convs.conv_activation(module, hidden, taken, bias, valid)
+            elif not activated:  # the activation ends a stage: zero its outputs beyond the utterance
+                activate_in_place = _IN_PLACE_ACTIVATIONS.get(type(module)) if in_place else None
+                hidden = activate_in_place(hidden) if activate_in_place else module(hidden)
                 if frame_valid is not None:
                     mask = frame_valid[:, None, ::stride, None]
                     hidden = hidden.mul_(mask) if in_place else hidden * mask

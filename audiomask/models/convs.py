@@ -47,17 +47,22 @@ __all__ = ["PATCH_COLUMNS", "activate", "conv_activation", "conv_weight", "patch
 PATCH_COLUMNS = 16  # a patch row: 3 x 3 taps, the bias's 1, zeros to a 32-byte bfloat16 row
 
 
-def activate(hidden: torch.Tensor, activation: str | None) -> torch.Tensor:
+def activate(hidden: torch.Tensor, activation: str | None, valid: torch.Tensor | None = None) -> torch.Tensor:
     """The PyTorch op of ``activation`` (one of :data:`~audiomask.models.fused.ACTIVATIONS`, or ``None``: none)
-    on ``hidden``: the values the kernels are held to. Without autograd the ReLU runs in place (the stacks'
-    outputs are their steps' largest tensors); the exact GELU has no in-place form."""
-    if activation is None:
-        return hidden
+    on ``hidden`` ``(N, C, H, W)``, then each row ``[n, :, h]`` multiplied by ``valid[n, h]`` (``(N, H)``, bool
+    or float; ``None``: none): the values the kernels are held to. Without autograd the ReLU and the product run
+    in place (the stacks' outputs are their steps' largest tensors); the exact GELU has no in-place form."""
+    in_place = not torch.is_grad_enabled()
     if activation == "relu":
-        return F.relu(hidden, inplace=not torch.is_grad_enabled())
-    if activation == "gelu":
-        return F.gelu(hidden)
-    raise ValueError(f"activation must be None or one of {fused.ACTIVATIONS}, got {activation!r}")
+        hidden = F.relu(hidden, inplace=in_place)
+    elif activation == "gelu":
+        hidden = F.gelu(hidden)
+    elif activation is not None:
+        raise ValueError(f"activation must be None or one of {fused.ACTIVATIONS}, got {activation!r}")
+    if valid is None:
+        return hidden
+    scale = valid[:, None, :, None]
+    return hidden.mul_(scale) if in_place else hidden * scale
 
 
 def _check_patch_conv(conv: nn.Conv2d) -> None:
@@ -83,7 +88,12 @@ def _patch_weight(conv: nn.Conv2d) -> torch.Tensor:
 
 
 def patch_conv(
-    conv: nn.Conv2d, inputs: torch.Tensor, top: torch.Tensor | None = None, *, activation: str | None = None
+    conv: nn.Conv2d,
+    inputs: torch.Tensor,
+    top: torch.Tensor | None = None,
+    *,
+    activation: str | None = None,
+    valid: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``conv`` (one input channel) of ``inputs`` ``(N, 1, H, W)``: ``(N, C, H', W')`` in channels-last memory.
 
@@ -91,7 +101,8 @@ def patch_conv(
     the ``rows`` input steps above ``inputs`` (the previous chunk's last, for a streaming conv) take the
     place of the top padding (``rows`` = the conv's top padding). Any float dtype; products summed as the
     dtype's matrix products sum them (float32 for bfloat16, the bias in the sum), rounded once. With
-    ``activation`` (:func:`activate`'s): that of it (one kernel where :func:`audiomask.models.fused.fuses`).
+    ``activation`` and ``valid`` ``(N, H')`` (:func:`activate`'s): those after it (one kernel where
+    :func:`audiomask.models.fused.fuses`).
 
     >>> conv = nn.Conv2d(1, 4, 3, stride=2, padding=1)
     >>> x = torch.randn(2, 1, 9, 6)
@@ -114,10 +125,10 @@ def patch_conv(
     out_h, out_w = (plane.shape[1] - kh) // sh + 1, (plane.shape[2] - kw) // sw + 1
     if fused.reference():  # the convolution itself
         out = F.conv2d(plane[:, None], conv.weight.to(plane.dtype), conv.bias.to(plane.dtype), conv.stride)
-        return activate(out.contiguous(memory_format=torch.channels_last), activation)
+        return activate(out.contiguous(memory_format=torch.channels_last), activation, valid)
     if fused.fuses(plane.device):
         out = fused.patch_products(
-            plane.contiguous(), weight.to(plane.dtype), (kh, kw), (sh, sw), activation=activation
+            plane.contiguous(), weight.to(plane.dtype), (kh, kw), (sh, sw), activation=activation, valid=valid
         )
         return out.permute(0, 3, 1, 2)
     windows = plane.unfold(1, kh, sh).unfold(2, kw, sw)  # (N, H', W', kh, kw): a view
@@ -125,14 +136,19 @@ def patch_conv(
     patches[..., : kh * kw] = windows.reshape(count, out_h, out_w, kh * kw)
     patches[..., kh * kw] = 1.0
     out = (patches.view(-1, PATCH_COLUMNS) @ weight.to(patches.dtype)).view(count, out_h, out_w, conv.out_channels)
-    return activate(out.permute(0, 3, 1, 2), activation)
+    return activate(out.permute(0, 3, 1, 2), activation, valid)
 
 
 def conv_activation(
-    conv: nn.Conv2d, inputs: torch.Tensor, activation: str | None, bias: torch.Tensor | None = None
+    conv: nn.Conv2d,
+    inputs: torch.Tensor,
+    activation: str | None,
+    bias: torch.Tensor | None = None,
+    valid: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``activation(conv(inputs))`` of a channels-last ``inputs`` ``(N, C_in, H, W)``: ``(N, C, H', W')``
-    channels-last; ``activation`` :func:`activate`'s, ``bias`` ``(C,)`` in place of ``conv.bias`` (default: it).
+    channels-last; ``activation`` and ``valid`` ``(N, H')`` :func:`activate`'s, ``bias`` ``(C,)`` in place of
+    ``conv.bias`` (default: it).
 
     The library's convolution (cuDNN's, oneDNN's) with :func:`conv_weight`;
     where :func:`audiomask.models.fused.fuses`, the bias and the activation in
@@ -143,8 +159,9 @@ def conv_activation(
     if bias is not None and activation is not None and fused.fuses(inputs.device):
         out = F.conv2d(inputs, weight, None, conv.stride, conv.padding, conv.dilation, conv.groups)
         out = out.contiguous(memory_format=torch.channels_last)
-        return fused.bias_activation_(out, bias.to(out.dtype), activation)
-    return activate(F.conv2d(inputs, weight, bias, conv.stride, conv.padding, conv.dilation, conv.groups), activation)
+        return fused.bias_activation_(out, bias.to(out.dtype), activation, valid)
+    out = F.conv2d(inputs, weight, bias, conv.stride, conv.padding, conv.dilation, conv.groups)
+    return activate(out, activation, valid)
 
 
 def conv_weight(conv: nn.Conv2d) -> torch.Tensor:

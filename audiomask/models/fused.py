@@ -30,6 +30,10 @@ Here (:data:`ACTIVATIONS`):
 - :func:`bias_activation_` adds a conv's bias and takes the activation in one
   pass, in place: the values of the two PyTorch ops (each rounds to the dtype).
 
+Both also take a row mask: Phi-4MM's stack zeroes each stage's outputs beyond
+an utterance (a CUDA-graph step always does, an all-ones mask changing
+nothing), which as an op is one more pass over the stage's output.
+
 They run where :func:`fuses` (a CUDA device with Triton importable, autograd off);
 elsewhere the modules run their PyTorch ops (the CPU's reference path, and training).
 """
@@ -141,6 +145,11 @@ def _activation_name(activation: str | None, *, optional: bool) -> str:
     raise ValueError(f"activation must be {'None or ' * optional}one of {ACTIVATIONS}, got {activation!r}")
 
 
+def _check_valid(valid: torch.Tensor | None, shape: tuple[int, int]) -> None:
+    if valid is not None and tuple(valid.shape) != shape:
+        raise ValueError(f"valid must have shape {shape} (one value an output row), got {tuple(valid.shape)}")
+
+
 def patch_products(
     plane: torch.Tensor,
     weight: torch.Tensor,
@@ -148,6 +157,7 @@ def patch_products(
     stride: tuple[int, int],
     *,
     activation: str | None = None,
+    valid: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """A one-channel conv from its patches: ``out[n, y, x, c] = sum_k patch[n, y, x, k] * weight[k, c]``.
 
@@ -160,8 +170,10 @@ def patch_products(
     products sum (float32 for bfloat16 and float16; IEEE float32, no TF32,
     for float32), rounded once; with ``activation`` (one of :data:`ACTIVATIONS`)
     that of the rounded sum, rounded again (``F.gelu`` or ``F.relu`` of the
-    product). Returns ``(N, H', W', C)`` contiguous, ``H' = (H - kh) // sh + 1``
-    (``W'`` likewise).
+    product). ``valid`` ``(N, H')`` (bool or float, any strides): each output
+    row multiplied by its value after that (``out * valid``: 0 zeroes a row
+    beyond an utterance). Returns ``(N, H', W', C)`` contiguous,
+    ``H' = (H - kh) // sh + 1`` (``W'`` likewise).
     """
     name = _activation_name(activation, optional=True)
     (kh, kw), (sh, sw) = kernel, stride
@@ -172,30 +184,40 @@ def patch_products(
     if columns % 16 or columns <= kh * kw or height < kh or width < kw:
         raise ValueError(f"weight {tuple(weight.shape)} and plane {tuple(plane.shape)} do not fit kernel {kernel}")
     out_h, out_w = (height - kh) // sh + 1, (width - kw) // sw + 1
+    _check_valid(valid, (count, out_h))
     out = torch.empty((count, out_h, out_w, channels), dtype=plane.dtype, device=plane.device)
     positions = out_h * out_w
     grid = (count, triton.cdiv(positions, PATCH_BLOCK_POSITIONS), triton.cdiv(channels, PATCH_BLOCK_CHANNELS))
     _patch_conv[grid](
         plane, weight, out, height * width, width, out_w, positions, channels,
-        KH=kh, KW=kw, SH=sh, SW=sw, COLUMNS=columns, ACTIVATION=name, IEEE=plane.dtype == torch.float32,
+        out if valid is None else valid, *((0, 0) if valid is None else valid.stride()),
+        KH=kh, KW=kw, SH=sh, SW=sw, COLUMNS=columns, ACTIVATION=name, MASKED=valid is not None,
+        IEEE=plane.dtype == torch.float32,
         BLOCK_P=PATCH_BLOCK_POSITIONS, BLOCK_C=PATCH_BLOCK_CHANNELS, num_warps=PATCH_WARPS,
     )  # fmt: skip
     return out
 
 
-def bias_activation_(x: torch.Tensor, bias: torch.Tensor, activation: str) -> torch.Tensor:
+def bias_activation_(
+    x: torch.Tensor, bias: torch.Tensor, activation: str, valid: torch.Tensor | None = None
+) -> torch.Tensor:
     """``x = activation(x + bias)`` in place, ``x`` ``(N, C, H, W)`` in channels-last memory, ``bias`` ``(C,)``,
     ``activation`` one of :data:`ACTIVATIONS`: the sum rounded to ``x``'s dtype, then the activation rounded again
-    (the values of ``x.add_(bias[:, None, None])`` then ``F.gelu`` or ``F.relu``, in one pass). Returns ``x``."""
+    (the values of ``x.add_(bias[:, None, None])`` then ``F.gelu`` or ``F.relu``, in one pass); with ``valid``
+    ``(N, H)`` (bool or float, any strides) each row ``x[n, :, h]`` then multiplied by ``valid[n, h]`` (as
+    ``x.mul_(valid[:, None, :, None])``). Returns ``x``."""
     name = _activation_name(activation, optional=False)
     if x.ndim != 4 or not x.is_contiguous(memory_format=torch.channels_last) or bias.shape != (x.shape[1],):
         raise ValueError(f"x must be (N, C, H, W) channels-last with a (C,) bias, got {tuple(x.shape)}, "
                          f"strides {x.stride()}, bias {tuple(bias.shape)}")  # fmt: skip
-    channels = x.shape[1]
+    count, channels, height, width = x.shape
+    _check_valid(valid, (count, height))
     rows = x.numel() // channels  # (N, H, W) positions, each a row of its channels in channels-last memory
     grid = (triton.cdiv(rows, BIAS_BLOCK_ROWS), triton.cdiv(channels, BIAS_BLOCK_CHANNELS))
     _bias_activation[grid](
-        x, bias, rows, channels, ACTIVATION=name, BLOCK_R=BIAS_BLOCK_ROWS, BLOCK_C=BIAS_BLOCK_CHANNELS
+        x, bias, rows, channels, height, width, x if valid is None else valid,
+        *((0, 0) if valid is None else valid.stride()), ACTIVATION=name, MASKED=valid is not None,
+        BLOCK_R=BIAS_BLOCK_ROWS, BLOCK_C=BIAS_BLOCK_CHANNELS,
     )  # fmt: skip
     return x
 
@@ -219,9 +241,10 @@ if triton is not None:
 
     @triton.jit
     def _patch_conv(
-        plane, weight, out, plane_size, width, out_w, positions, channels,
+        plane, weight, out, plane_size, width, out_w, positions, channels, valid, valid_stride_n, valid_stride_y,
         KH: tl.constexpr, KW: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr, COLUMNS: tl.constexpr,  # noqa: N803
-        ACTIVATION: tl.constexpr, IEEE: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,  # noqa: N803
+        ACTIVATION: tl.constexpr, MASKED: tl.constexpr, IEEE: tl.constexpr,  # noqa: N803
+        BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,  # noqa: N803
     ):  # fmt: skip
         count = tl.program_id(0).to(tl.int64)
         position = tl.program_id(1) * BLOCK_P + tl.arange(0, BLOCK_P)
@@ -240,12 +263,17 @@ if triton is not None:
             total = tl.dot(patch, taps)
         dtype = out.dtype.element_ty
         result = _activate(total.to(dtype).to(tl.float32), ACTIVATION).to(dtype)
+        if MASKED:
+            scale = tl.load(valid + count * valid_stride_n + position // out_w * valid_stride_y,
+                            mask=position < positions, other=0.0)  # fmt: skip
+            result = (result.to(tl.float32) * scale.to(tl.float32)[:, None]).to(dtype)
         where = (count * positions + position[:, None]) * channels + channel[None, :]
         tl.store(out + where, result, mask=(position < positions)[:, None] & real_channel)
 
     @triton.jit
     def _bias_activation(
-        x, bias, rows, channels, ACTIVATION: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,  # noqa: N803
+        x, bias, rows, channels, height, width, valid, valid_stride_n, valid_stride_y,
+        ACTIVATION: tl.constexpr, MASKED: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,  # noqa: N803
     ):  # fmt: skip
         row = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
         channel = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -254,7 +282,12 @@ if triton is not None:
         dtype = x.dtype.element_ty
         value = tl.load(x + where, mask=real, other=0.0).to(tl.float32)
         value = value + tl.load(bias + channel, mask=channel < channels, other=0.0).to(tl.float32)[None, :]
-        tl.store(x + where, _activate(value.to(dtype).to(tl.float32), ACTIVATION).to(dtype), mask=real)
+        result = _activate(value.to(dtype).to(tl.float32), ACTIVATION).to(dtype)
+        if MASKED:
+            count, y = row // (height * width), row // width % height
+            scale = tl.load(valid + count * valid_stride_n + y * valid_stride_y, mask=row < rows, other=0.0)
+            result = (result.to(tl.float32) * scale.to(tl.float32)[:, None]).to(dtype)
+        tl.store(x + where, result, mask=real)
 
     @triton.jit
     def _silu_gate(x, out, stride, size, GATE_FIRST: tl.constexpr, BLOCK: tl.constexpr):  # noqa: N803

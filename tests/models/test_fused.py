@@ -55,17 +55,31 @@ def check(device: str, dtype: torch.dtype, ulps: float, small: bool = False) -> 
         rows = torch.cat([weight.reshape(channels, -1), bias[:, None]], dim=1)  # taps, bias; zeros to 16 columns
         patch_weight = F.pad(rows, (0, -rows.shape[1] % 16)).t().contiguous()
         conv = F.conv2d(plane[:, None].float(), weight.float(), bias.float(), stride).permute(0, 2, 3, 1).to(dtype)
+        rows = rows_valid(count, conv.shape[1])
         for activation in (None, *fused.ACTIVATIONS):
-            got = fused.patch_products(plane.to(device), patch_weight.to(device), (kernel, kernel), (stride, stride),
-                                       activation=activation)  # fmt: skip
-            close(got, OPS[activation](conv), ("patch", channels, activation))
+            for valid in (None, rows):
+                got = fused.patch_products(plane.to(device), patch_weight.to(device), (kernel, kernel),
+                                           (stride, stride), activation=activation,
+                                           valid=None if valid is None else valid.to(device))  # fmt: skip
+                want = OPS[activation](conv) * (1 if valid is None else valid[:, :, None, None])
+                close(got, want, ("patch", channels, activation, valid is not None))
     for shape in BIAS_CASES[-SMALL:] if small else BIAS_CASES:
+        rows = rows_valid(shape[0], shape[2])
         for activation in fused.ACTIVATIONS:
-            x, bias = randn(*shape).contiguous(memory_format=torch.channels_last), randn(shape[1])
-            want = OPS[activation](x + bias[:, None, None])
-            got = fused.bias_activation_(x.to(device), bias.to(device), activation)
-            assert got.is_contiguous(memory_format=torch.channels_last)
-            close(got, want, ("bias", activation, shape))
+            for valid in (None, rows):
+                x, bias = randn(*shape).contiguous(memory_format=torch.channels_last), randn(shape[1])
+                want = OPS[activation](x + bias[:, None, None]) * (1 if valid is None else valid[:, None, :, None])
+                got = fused.bias_activation_(x.to(device), bias.to(device), activation,
+                                             None if valid is None else valid.to(device))  # fmt: skip
+                assert got.is_contiguous(memory_format=torch.channels_last)
+                close(got, want, ("bias", activation, shape, valid is not None))
+
+
+def rows_valid(count: int, rows: int) -> torch.Tensor:
+    """``(count, rows)`` bool, a strided view (every other column of a wider mask): row ``n`` valid up to a
+    different length each, the last row of the first one invalid."""
+    frames = torch.arange(2 * rows)[None, :] < (2 * rows - 2 * torch.arange(count)[:, None] - 1)
+    return frames[:, ::2]
 
 
 def test_kernels_in_tritons_interpreter_equal_the_ops(in_triton_interpreter) -> None:
@@ -114,12 +128,19 @@ def test_bias_activation_refuses_a_tensor_not_channels_last_and_an_unknown_activ
 
 
 def _stream(encoder: torch.nn.Module, features: torch.Tensor, chunks: int) -> torch.Tensor:
-    """``chunks`` chunk steps of a Phi4MMSlots (2-token chunks, one left chunk) over ``features``: the outputs joined."""
+    """``chunks`` chunk steps of a Phi4MMSlots (2-token chunks, one left chunk) over ``features``: the outputs
+    joined. In the last step the second stream's chunk is its last, 5 frames short (the subsampling's zeroing
+    beyond it runs)."""
     slots = Phi4MMSlots(encoder, batch_size=features.shape[0], chunk_size=2, left_chunk=1)
     size = slots.chunk_frames
-    valid = np.full(features.shape[0], size)
+    full, ragged = np.full(features.shape[0], size), np.full(features.shape[0], size)
+    ragged[1] -= 5
     with torch.no_grad():
-        return torch.cat([slots.step(features[:, i * size : (i + 1) * size], valid)[0] for i in range(chunks)], dim=1)
+        steps = [
+            slots.step(features[:, i * size : (i + 1) * size], ragged if i == chunks - 1 else full)[0]
+            for i in range(chunks)
+        ]
+    return torch.cat(steps, dim=1)
 
 
 def stream_with_and_without() -> None:
@@ -127,7 +148,7 @@ def stream_with_and_without() -> None:
     from audiomask.models import fused as kernels
     from tests.conftest import make_tiny_phi4mm
 
-    encoder = make_tiny_phi4mm()
+    encoder = make_tiny_phi4mm(nemo_conv_channels=16)  # with 4, every ReLU of the last stage's last row is 0 here
     features = torch.randn(2, 16 * 3, 80, generator=torch.Generator().manual_seed(6))
     reference = _stream(encoder, features, 3)
     kernels.fuses = lambda device: True
