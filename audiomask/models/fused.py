@@ -34,6 +34,13 @@ Both also take a row mask: Phi-4MM's stack zeroes each stage's outputs beyond
 an utterance (a CUDA-graph step always does, an all-ones mask changing
 nothing), which as an op is one more pass over the stage's output.
 
+A Phi-4MM streaming step's attention is a chunk's 16 queries a head over the
+80 keys of its left context: each (stream, head) reads its keys and values,
+10 kB each in bfloat16, once, and does little else, so the step's attention is
+bound by reading the key/value cache. :func:`chunk_attention` is one program a
+(stream, head) that reads them once, with the additive bias, and writes its
+output with the heads merged (where SDPA's output needs a copy to merge them).
+
 They run where :func:`fuses` (a CUDA device with Triton importable, autograd off);
 elsewhere the modules run their PyTorch ops (the CPU's reference path, and training).
 """
@@ -54,8 +61,10 @@ except ImportError:  # CPU-only torch wheels come without Triton
 
 __all__ = [
     "ACTIVATIONS",
+    "ATTENTION_MAX_KEYS",
     "bias_activation_",
     "causal_depthwise",
+    "chunk_attention",
     "fuses",
     "patch_products",
     "reference",
@@ -71,6 +80,9 @@ GATE_BLOCK = 1024  # gate columns per program
 DEPTHWISE_BLOCK_STEPS, DEPTHWISE_BLOCK_CHANNELS = 16, 128  # a depthwise program's output tile: steps x channels
 PATCH_BLOCK_POSITIONS, PATCH_BLOCK_CHANNELS, PATCH_WARPS = 64, 64, 4  # a patch program's output tile, its warps
 BIAS_BLOCK_ROWS, BIAS_BLOCK_CHANNELS = 16, 128  # a bias-activation program's tile: positions x channels
+ATTENTION_MAX_KEYS = 256  # keys chunk_attention takes in one tile (Phi-4MM's left context: 80 at 1.28 s chunks)
+ATTENTION_MAX_QUERIES = 64  # queries a head of chunk_attention takes in one tile (16 a chunk at 1.28 s)
+ATTENTION_WARPS = 4
 
 
 _STATE = threading.local()
@@ -143,6 +155,39 @@ def _activation_name(activation: str | None, *, optional: bool) -> str:
     if activation in ACTIVATIONS or (optional and activation is None):
         return activation or ""
     raise ValueError(f"activation must be {'None or ' * optional}one of {ACTIVATIONS}, got {activation!r}")
+
+
+def chunk_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """``softmax(q k^T / sqrt(d) + bias) v`` of a streaming chunk's queries over its cached keys, heads merged.
+
+    ``query`` ``(N, H, T, d)``, ``key`` and ``value`` ``(N, H, S, d)``, any strides with the last dim
+    contiguous, one float dtype; ``bias`` additive, broadcastable to ``(N, H, T, S)`` in that dtype (a key
+    that may not be attended: ``finfo.min``; a row with none averages all, as
+    :func:`audiomask.models.attention.attend` does). ``T <= ATTENTION_MAX_QUERIES``,
+    ``S <= ATTENTION_MAX_KEYS``. Scores and softmax in float32; the weights rounded to the dtype for their
+    product with the values (float32: IEEE products, no TF32): ``attend``'s values to the dtype's rounding.
+    Returns ``(N, T, H * d)`` contiguous, as ``attend``.
+    """
+    count, heads, length, head_dim = query.shape
+    keys = key.shape[2]
+    if key.shape != (count, heads, keys, head_dim) or value.shape != key.shape:
+        raise ValueError(f"query {tuple(query.shape)}, key {tuple(key.shape)} and value {tuple(value.shape)} differ")
+    if length > ATTENTION_MAX_QUERIES or keys > ATTENTION_MAX_KEYS:
+        raise ValueError(f"at most {ATTENTION_MAX_QUERIES} queries and {ATTENTION_MAX_KEYS} keys, got {length}, {keys}")
+    if any(t.stride(-1) != 1 for t in (query, key, value)) or len({query.dtype, key.dtype, value.dtype}) > 1:
+        raise ValueError("query, key and value must have a contiguous last dim and one dtype")
+    bias = bias.expand(count, heads, length, keys)  # broadcast dims: stride 0
+    out = torch.empty((count, length, heads * head_dim), dtype=query.dtype, device=query.device)
+    if not out.numel():
+        return out
+    _chunk_attention[(count, heads)](
+        query, key, value, bias, out, *query.stride()[:3], *key.stride()[:3], *value.stride()[:3], *bias.stride(),
+        heads, length, keys, head_dim, head_dim**-0.5,
+        BLOCK_T=max(16, triton.next_power_of_2(length)), BLOCK_S=max(16, triton.next_power_of_2(keys)),
+        BLOCK_D=max(16, triton.next_power_of_2(head_dim)), IEEE=query.dtype == torch.float32,
+        num_warps=ATTENTION_WARPS,
+    )  # fmt: skip
+    return out
 
 
 def _check_valid(valid: torch.Tensor | None, shape: tuple[int, int]) -> None:
@@ -288,6 +333,39 @@ if triton is not None:
             scale = tl.load(valid + count * valid_stride_n + y * valid_stride_y, mask=row < rows, other=0.0)
             result = (result.to(tl.float32) * scale.to(tl.float32)[:, None]).to(dtype)
         tl.store(x + where, result, mask=real)
+
+    @triton.jit
+    def _chunk_attention(
+        q, k, v, bias, out, sq_n, sq_h, sq_t, sk_n, sk_h, sk_s, sv_n, sv_h, sv_s, sb_n, sb_h, sb_t, sb_s,
+        heads, length, keys, head_dim, scale,
+        BLOCK_T: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr,  # noqa: N803
+    ):  # fmt: skip
+        row = tl.program_id(0).to(tl.int64)
+        head = tl.program_id(1)
+        t, s, d = tl.arange(0, BLOCK_T), tl.arange(0, BLOCK_S), tl.arange(0, BLOCK_D)
+        real_t, real_s, real_d = t < length, s < keys, d < head_dim
+        query = tl.load(q + row * sq_n + head * sq_h + t[:, None] * sq_t + d[None, :],
+                        mask=real_t[:, None] & real_d[None, :], other=0.0)  # fmt: skip
+        key = tl.load(k + row * sk_n + head * sk_h + s[:, None] * sk_s + d[None, :],
+                      mask=real_s[:, None] & real_d[None, :], other=0.0)  # fmt: skip
+        if IEEE:
+            scores = tl.dot(query, tl.trans(key), input_precision="ieee")
+        else:
+            scores = tl.dot(query, tl.trans(key))
+        add = tl.load(bias + row * sb_n + head * sb_h + t[:, None] * sb_t + s[None, :] * sb_s,
+                      mask=real_t[:, None] & real_s[None, :], other=0.0)  # fmt: skip
+        scores = tl.where(real_s[None, :], scores * scale + add.to(tl.float32), float("-inf"))
+        weights = tl.exp(scores - tl.max(scores, axis=1)[:, None])
+        total = tl.sum(weights, axis=1)
+        value = tl.load(v + row * sv_n + head * sv_h + s[:, None] * sv_s + d[None, :],
+                        mask=real_s[:, None] & real_d[None, :], other=0.0)  # fmt: skip
+        if IEEE:
+            mixed = tl.dot(weights, value, input_precision="ieee")
+        else:
+            mixed = tl.dot(weights.to(value.dtype), value)
+        where = (row * length + t[:, None]) * heads * head_dim + head * head_dim + d[None, :]
+        tl.store(out + where, (mixed / total[:, None]).to(out.dtype.element_ty),
+                 mask=real_t[:, None] & real_d[None, :])  # fmt: skip
 
     @triton.jit
     def _silu_gate(x, out, stride, size, GATE_FIRST: tl.constexpr, BLOCK: tl.constexpr):  # noqa: N803

@@ -23,6 +23,10 @@ DEPTHWISE_CASES = [(2, 16, 1024, 3, True), (3, 7, 130, 3, False), (1, 33, 5, 4, 
 PATCH_CASES = [(2, 130, 102, 480, 3, 2), (3, 11, 9, 70, 3, 2), (1, 5, 21, 17, 3, 1)]
 # (N, C, H, W): Qwen3-ASR's second conv's output, ragged
 BIAS_CASES = [(2, 480, 32, 25), (3, 70, 5, 3), (1, 17, 2, 9)]
+# (N, H, T, S, d): Phi-4MM's step at 1.28 s chunks (16 queries a head over 80 keys of 64 dims), ragged tiles,
+# the tiny model's (2 queries over 4 keys of 8 dims)
+ATTENTION_CASES = [(3, 16, 16, 80, 64), (2, 3, 5, 37, 24), (2, 2, 2, 4, 8)]
+ATTENTION_TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 1e-2}  # of the largest output, against float32's
 SMALL = 2  # the interpreter's cases: the last ones of each list
 OPS = {None: lambda x: x, "gelu": F.gelu, "relu": F.relu}  # PyTorch's op of each name the kernels take
 
@@ -75,6 +79,31 @@ def check(device: str, dtype: torch.dtype, ulps: float, small: bool = False) -> 
                 close(got, want, ("bias", activation, shape, valid is not None))
 
 
+def check_attention(device: str, dtype: torch.dtype, small: bool = False) -> None:
+    """:func:`fused.chunk_attention` on ``device`` against :func:`attend` in float32 on the CPU of the same
+    ``dtype`` inputs: queries and keys/values as the Phi-4MM step lays them out (views of the q/k/v product and
+    of the cache), a per-row bias with masked keys, one query row that may attend none."""
+    from audiomask.models.attention import attend, split_heads
+
+    generator = torch.Generator().manual_seed(1)
+    for count, heads, length, keys, head_dim in ATTENTION_CASES[-SMALL:] if small else ATTENTION_CASES:
+        joined = torch.randn(count, length, 3 * heads * head_dim, generator=generator).to(dtype)
+        query = split_heads(joined.to(device).chunk(3, dim=-1)[0], heads)  # (N, H, T, d), strided
+        cache = torch.randn(2, count, heads, keys, head_dim, generator=generator).to(dtype)
+        bias = torch.randn(count, heads, length, keys, generator=generator).to(dtype)
+        bias[:, :, :, keys // 2 :] = torch.finfo(dtype).min  # keys past the utterance
+        bias[0, :, -1] = torch.finfo(dtype).min  # a query that may attend none: the average of all values
+        want = attend(*(t.float() for t in (query.cpu(), cache[0], cache[1], bias)))
+        got = fused.chunk_attention(query, cache[0].to(device), cache[1].to(device), bias.to(device))
+        assert got.shape == want.shape and got.dtype == dtype and got.is_contiguous()
+        tolerance = ATTENTION_TOLERANCE[dtype] * want.abs().max().item()
+        torch.testing.assert_close(got.cpu().float(), want, rtol=0, atol=tolerance)
+        # A bias shared by every row (the step's without key masks), broadcast
+        want = attend(*(t.float() for t in (query.cpu(), cache[0], cache[1], bias[1:2])))
+        got = fused.chunk_attention(query, cache[0].to(device), cache[1].to(device), bias[1:2].to(device))
+        torch.testing.assert_close(got.cpu().float(), want, rtol=0, atol=tolerance)
+
+
 def rows_valid(count: int, rows: int) -> torch.Tensor:
     """``(count, rows)`` bool, a strided view (every other column of a wider mask): row ``n`` valid up to a
     different length each, the last row of the first one invalid."""
@@ -84,8 +113,18 @@ def rows_valid(count: int, rows: int) -> torch.Tensor:
 
 def test_kernels_in_tritons_interpreter_equal_the_ops(in_triton_interpreter) -> None:
     in_triton_interpreter(
-        "import torch; from tests.models.test_fused import check; check('cpu', torch.float32, 8, small=True)"
+        "import torch; from tests.models.test_fused import check, check_attention; "
+        "check('cpu', torch.float32, 8, small=True); check_attention('cpu', torch.float32, small=True)"
     )
+
+
+def test_chunk_attention_refuses_what_it_cannot_take() -> None:
+    query, keys = torch.zeros(1, 2, 3, 8), torch.zeros(1, 2, 5, 8)
+    with pytest.raises(ValueError, match="differ"):
+        fused.chunk_attention(query, keys, torch.zeros(1, 2, 6, 8), torch.zeros(1, 2, 3, 5))
+    with pytest.raises(ValueError, match="at most 64 queries and 256 keys, got 3, 300"):
+        many = torch.zeros(1, 2, 300, 8)
+        fused.chunk_attention(query, many, many, torch.zeros(1, 2, 3, 300))
 
 
 def test_phi4mm_stream_with_the_kernels_equals_without(in_triton_interpreter) -> None:
@@ -171,6 +210,7 @@ def test_kernels_on_cuda_equal_the_ops(dtype: torch.dtype, ulps: float) -> None:
     with torch.no_grad():  # the modules call them so
         assert fused.fuses(torch.device("cuda"))
         check("cuda", dtype, ulps)
+        check_attention("cuda", dtype)
 
 
 def test_reference_ops_run_the_plain_ops(tiny_qwen3_asr, randomize) -> None:
