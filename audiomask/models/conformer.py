@@ -198,7 +198,7 @@ def _folded_bias(depthwise: nn.Conv2d, pointwise: nn.Conv2d) -> torch.Tensor:
         folded = pointwise.weight[:, :, 0, 0].float() @ depthwise.bias.float()
         return (folded + pointwise.bias.float()).to(pointwise.bias.dtype)
 
-    return derived(pointwise, (pointwise.weight, pointwise.bias, depthwise.bias), build)
+    return derived(pointwise, (pointwise.weight, pointwise.bias, depthwise.bias), build, "folded bias")
 
 
 # The activation modules whose op the conv stacks take where a conv's output is written, by their

@@ -48,14 +48,16 @@ def activation(name: str, field: str) -> nn.Module:
         raise ValueError(f"{field} must be one of {sorted(_ACTIVATIONS)}, got {name!r}") from None
 
 
-def derived(owner: nn.Module, sources: tuple[torch.Tensor, ...], build: Callable[[], Any]) -> Any:
+def derived(owner: nn.Module, sources: tuple[torch.Tensor, ...], build: Callable[[], Any], name: str = "") -> Any:
     """``build()`` (tensors computed from ``sources``), cached on ``owner`` while no source changes.
 
     Inference only: with autograd on, it is rebuilt on every call (gradients
     reach the parameters). A source is unchanged while its storage and its
     version counter (bumped by every in-place write: ``load_state_dict``,
     ``copy_``) are; ``.to()`` makes new storage. Saves per-step kernels such
-    as the concatenated q/k/v weight. One entry per ``owner``.
+    as the concatenated q/k/v weight. One entry per ``owner`` and ``name``
+    (what is derived: a module's channels-last weight and a bias folded into
+    it are two).
     """
     if torch.is_grad_enabled():
         return build()
@@ -63,12 +65,13 @@ def derived(owner: nn.Module, sources: tuple[torch.Tensor, ...], build: Callable
         key = tuple((t.data_ptr(), t._version, t.dtype, t.device) for t in sources)
     except RuntimeError:  # inference tensors have no version counter
         return build()
-    cached = owner.__dict__.get("_derived_cache")
+    entries = owner.__dict__.setdefault("_derived_cache", {})
+    cached = entries.get(name)
     if cached is None or cached[0] != key:
         # The cache holds the sources' storage too, so that no new storage can reuse their
         # addresses (say after .to(bfloat16).to(float32)) and pass for them while it is kept.
         cached = (key, build(), [t.detach() for t in sources])
-        owner.__dict__["_derived_cache"] = cached
+        entries[name] = cached
     return cached[1]
 
 

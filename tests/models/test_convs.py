@@ -66,6 +66,21 @@ def test_derived_weights_follow_the_parameters():
         torch.testing.assert_close(convs.conv_weight(conv), conv.weight, rtol=0, atol=0)
 
 
+def test_derived_keeps_one_entry_per_name(tiny_phi4mm):
+    """A pointwise conv's channels-last weight and the bias folded into it from the depthwise conv before it are
+    both kept on it: a second forward builds neither again."""
+    subsampling = tiny_phi4mm().embed
+    pointwise = subsampling.conv[3]
+    features = torch.randn(2, 16, PHI_MEL, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        subsampling(features, exact=True)
+        first = {name: entry[1] for name, entry in pointwise.__dict__["_derived_cache"].items()}
+        subsampling(features, exact=True)
+        again = {name: entry[1] for name, entry in pointwise.__dict__["_derived_cache"].items()}
+    assert sorted(first) == ["", "folded bias"]
+    assert all(again[name] is first[name] for name in first)
+
+
 def test_qwen3_asr_embed_chunks_equal_the_nchw_stack(tiny_qwen3_asr, randomize):
     encoder = randomize(tiny_qwen3_asr())
     chunks = torch.randn(5, 128, 100, generator=torch.Generator().manual_seed(2))
