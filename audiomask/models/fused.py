@@ -1,6 +1,6 @@
-"""Elementwise work of the Conformer block, of the conv stacks and of the LLM's MLP as Triton kernels on GPUs: the
+"""Memory-bound work of the Conformer block, of the conv stacks and of the LLM's MLP as Triton kernels on GPUs: the
 SiLU-gated linear unit, the causal depthwise conv over time, a one-channel conv from its patches with its
-activation, a conv's bias with its activation.
+activation, a conv's bias with its activation, a streaming chunk's attention over its cached keys.
 
 As PyTorch ops each is several passes over a step's activations, the largest
 tensors of the Phi-4MM block after its matrix products: the gated unit
@@ -34,8 +34,9 @@ Both also take a row mask: Phi-4MM's stack zeroes each stage's outputs beyond
 an utterance (a CUDA-graph step always does, an all-ones mask changing
 nothing), which as an op is one more pass over the stage's output.
 
-A Phi-4MM streaming step's attention is a chunk's 16 queries a head over the
-80 keys of its left context: each (stream, head) reads its keys and values,
+A Phi-4MM streaming step's attention is a chunk's 16 queries a head over 80
+keys (its own 16 and its left context's 64, at 1.28 s chunks with 4 left
+chunks): each (stream, head) reads its keys and values,
 10 kB each in bfloat16, once, and does little else, so the step's attention is
 bound by reading the key/value cache. :func:`chunk_attention` is one program a
 (stream, head) that reads them once, with the additive bias, and writes its
