@@ -280,16 +280,17 @@ class _Attention(nn.Module):
         )
         if cache is not None:
             new = hidden.shape[1]
-            cache[0, :, :, slot : slot + new].copy_(key)
-            cache[1, :, :, slot : slot + new].copy_(value)
-            key, value = cache[0], cache[1]
-            # A streaming chunk's few queries over its ring: one read of the cache (fused.chunk_attention).
+            # A streaming chunk's few queries over its ring: the chunk's keys written and the ring read once, in
+            # one kernel (fused.chunk_attention).
             if (
                 fused.fuses(hidden.device)
                 and new <= fused.ATTENTION_MAX_QUERIES
-                and key.shape[2] <= fused.ATTENTION_MAX_KEYS
+                and cache.shape[3] <= fused.ATTENTION_MAX_KEYS
             ):
-                return self.o_proj(fused.chunk_attention(query, key, value, bias))
+                return self.o_proj(fused.chunk_attention(query, cache[0], cache[1], bias, new=(key, value, slot)))
+            cache[0, :, :, slot : slot + new].copy_(key)
+            cache[1, :, :, slot : slot + new].copy_(value)
+            key, value = cache[0], cache[1]
         return self.o_proj(attend(query, key, value, bias))
 
 

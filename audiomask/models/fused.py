@@ -158,7 +158,14 @@ def _activation_name(activation: str | None, *, optional: bool) -> str:
     raise ValueError(f"activation must be {'None or ' * optional}one of {ACTIVATIONS}, got {activation!r}")
 
 
-def chunk_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+def chunk_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    bias: torch.Tensor,
+    *,
+    new: tuple[torch.Tensor, torch.Tensor, int] | None = None,
+) -> torch.Tensor:
     """``softmax(q k^T / sqrt(d) + bias) v`` of a streaming chunk's queries over its cached keys, heads merged.
 
     ``query`` ``(N, H, T, d)``, ``key`` and ``value`` ``(N, H, S, d)``, any strides with the last dim
@@ -167,23 +174,34 @@ def chunk_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     :func:`audiomask.models.attention.attend` does). ``T <= ATTENTION_MAX_QUERIES``,
     ``S <= ATTENTION_MAX_KEYS``. Scores and softmax in float32; the weights rounded to the dtype for their
     product with the values (float32: IEEE products, no TF32): ``attend``'s values to the dtype's rounding.
-    Returns ``(N, T, H * d)`` contiguous, as ``attend``.
+    ``new`` ``(new_keys, new_values, slot)``: the chunk's own keys and values ``(N, H, T, d)`` (any strides, the
+    last dim contiguous) are first written into ``key`` and ``value`` at positions ``slot .. slot + T - 1`` (a
+    ring's; ``key.copy_`` of them before the call), in the same program that reads them back. Returns
+    ``(N, T, H * d)`` contiguous, as ``attend``.
     """
     count, heads, length, head_dim = query.shape
     keys = key.shape[2]
     if key.shape != (count, heads, keys, head_dim) or value.shape != key.shape:
         raise ValueError(f"query {tuple(query.shape)}, key {tuple(key.shape)} and value {tuple(value.shape)} differ")
+    new_keys, new_values, slot = (query, query, 0) if new is None else new
+    if new is not None and (new_keys.shape != query.shape or new_values.shape != query.shape or not (
+        0 <= slot <= keys - length
+    )):  # fmt: skip
+        raise ValueError(f"new keys {tuple(new_keys.shape)} and values {tuple(new_values.shape)} must have the "
+                         f"query's shape {tuple(query.shape)} and fit the ring from slot {slot}")  # fmt: skip
     if length > ATTENTION_MAX_QUERIES or keys > ATTENTION_MAX_KEYS:
         raise ValueError(f"at most {ATTENTION_MAX_QUERIES} queries and {ATTENTION_MAX_KEYS} keys, got {length}, {keys}")
-    if any(t.stride(-1) != 1 for t in (query, key, value)) or len({query.dtype, key.dtype, value.dtype}) > 1:
-        raise ValueError("query, key and value must have a contiguous last dim and one dtype")
+    tensors = (query, key, value, new_keys, new_values)
+    if any(t.stride(-1) != 1 for t in tensors) or len({t.dtype for t in tensors}) > 1:
+        raise ValueError("query, keys and values must have a contiguous last dim and one dtype")
     bias = bias.expand(count, heads, length, keys)  # broadcast dims: stride 0
     out = torch.empty((count, length, heads * head_dim), dtype=query.dtype, device=query.device)
     if not out.numel():
         return out
     _chunk_attention[(count, heads)](
         query, key, value, bias, out, *query.stride()[:3], *key.stride()[:3], *value.stride()[:3], *bias.stride(),
-        heads, length, keys, head_dim, head_dim**-0.5,
+        new_keys, new_values, *new_keys.stride()[:3], *new_values.stride()[:3], slot,
+        heads, length, keys, head_dim, head_dim**-0.5, WRITE=new is not None,
         BLOCK_T=max(16, triton.next_power_of_2(length)), BLOCK_S=max(16, triton.next_power_of_2(keys)),
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)), IEEE=query.dtype == torch.float32,
         num_warps=ATTENTION_WARPS,
@@ -338,13 +356,22 @@ if triton is not None:
     @triton.jit
     def _chunk_attention(
         q, k, v, bias, out, sq_n, sq_h, sq_t, sk_n, sk_h, sk_s, sv_n, sv_h, sv_s, sb_n, sb_h, sb_t, sb_s,
-        heads, length, keys, head_dim, scale,
+        new_k, new_v, snk_n, snk_h, snk_t, snv_n, snv_h, snv_t, slot,
+        heads, length, keys, head_dim, scale, WRITE: tl.constexpr,  # noqa: N803
         BLOCK_T: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr,  # noqa: N803
     ):  # fmt: skip
         row = tl.program_id(0).to(tl.int64)
         head = tl.program_id(1)
         t, s, d = tl.arange(0, BLOCK_T), tl.arange(0, BLOCK_S), tl.arange(0, BLOCK_D)
         real_t, real_s, real_d = t < length, s < keys, d < head_dim
+        if WRITE:  # the chunk's own keys and values into the ring first, read back with the rest below
+            rows = real_t[:, None] & real_d[None, :]
+            at = (slot + t)[:, None]
+            fresh = tl.load(new_k + row * snk_n + head * snk_h + t[:, None] * snk_t + d[None, :], mask=rows)
+            tl.store(k + row * sk_n + head * sk_h + at * sk_s + d[None, :], fresh, mask=rows)
+            fresh = tl.load(new_v + row * snv_n + head * snv_h + t[:, None] * snv_t + d[None, :], mask=rows)
+            tl.store(v + row * sv_n + head * sv_h + at * sv_s + d[None, :], fresh, mask=rows)
+            tl.debug_barrier()  # the block's stores seen by all its threads' loads
         query = tl.load(q + row * sq_n + head * sq_h + t[:, None] * sq_t + d[None, :],
                         mask=real_t[:, None] & real_d[None, :], other=0.0)  # fmt: skip
         key = tl.load(k + row * sk_n + head * sk_h + s[:, None] * sk_s + d[None, :],

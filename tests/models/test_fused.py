@@ -102,6 +102,19 @@ def check_attention(device: str, dtype: torch.dtype, small: bool = False) -> Non
         want = attend(*(t.float() for t in (query.cpu(), cache[0], cache[1], bias[1:2])))
         got = fused.chunk_attention(query, cache[0].to(device), cache[1].to(device), bias[1:2].to(device))
         torch.testing.assert_close(got.cpu().float(), want, rtol=0, atol=tolerance)
+        # The chunk's own keys and values written into the ring at a slot first, in the same kernel: the ring
+        # afterwards holds them exactly, and the output is attend's over that ring.
+        slot = keys - length
+        fresh = joined.chunk(3, dim=-1)[1:]  # (N, T, H * d) each, views of the q/k/v product
+        new_keys, new_values = (split_heads(part.to(device), heads) for part in fresh)
+        ring = cache.clone()
+        ring[0, :, :, slot:] = new_keys.cpu()
+        ring[1, :, :, slot:] = new_values.cpu()
+        want = attend(*(t.float() for t in (query.cpu(), ring[0], ring[1], bias)))
+        written = cache.to(device)
+        got = fused.chunk_attention(query, written[0], written[1], bias.to(device), new=(new_keys, new_values, slot))
+        torch.testing.assert_close(written.cpu(), ring, rtol=0, atol=0)
+        torch.testing.assert_close(got.cpu().float(), want, rtol=0, atol=tolerance)
 
 
 def rows_valid(count: int, rows: int) -> torch.Tensor:
@@ -125,6 +138,8 @@ def test_chunk_attention_refuses_what_it_cannot_take() -> None:
     with pytest.raises(ValueError, match="at most 64 queries and 256 keys, got 3, 300"):
         many = torch.zeros(1, 2, 300, 8)
         fused.chunk_attention(query, many, many, torch.zeros(1, 2, 3, 300))
+    with pytest.raises(ValueError, match="fit the ring from slot 3"):
+        fused.chunk_attention(query, keys, keys, torch.zeros(1, 2, 3, 5), new=(query, query, 3))
 
 
 def test_phi4mm_stream_with_the_kernels_equals_without(in_triton_interpreter) -> None:
