@@ -63,6 +63,7 @@ except ImportError:  # CPU-only torch wheels come without Triton
 __all__ = [
     "ACTIVATIONS",
     "ATTENTION_MAX_KEYS",
+    "ATTENTION_MAX_QUERIES",
     "bias_activation_",
     "causal_depthwise",
     "chunk_attention",
@@ -81,7 +82,7 @@ GATE_BLOCK = 1024  # gate columns per program
 DEPTHWISE_BLOCK_STEPS, DEPTHWISE_BLOCK_CHANNELS = 16, 128  # a depthwise program's output tile: steps x channels
 PATCH_BLOCK_POSITIONS, PATCH_BLOCK_CHANNELS, PATCH_WARPS = 64, 64, 4  # a patch program's output tile, its warps
 BIAS_BLOCK_ROWS, BIAS_BLOCK_CHANNELS = 16, 128  # a bias-activation program's tile: positions x channels
-ATTENTION_MAX_KEYS = 256  # keys chunk_attention takes in one tile (Phi-4MM's left context: 80 at 1.28 s chunks)
+ATTENTION_MAX_KEYS = 256  # keys chunk_attention takes in one tile (a Phi-4MM ring: 80 at 1.28 s chunks, 4 left)
 ATTENTION_MAX_QUERIES = 64  # queries a head of chunk_attention takes in one tile (16 a chunk at 1.28 s)
 ATTENTION_WARPS = 4
 
