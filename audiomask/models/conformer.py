@@ -174,8 +174,7 @@ class ConvSubsampling(nn.Module):
                 activate_in_place = _IN_PLACE_ACTIVATIONS.get(type(module)) if in_place else None
                 hidden = activate_in_place(hidden) if activate_in_place else module(hidden)
                 if frame_valid is not None:
-                    mask = frame_valid[:, None, ::stride, None]
-                    hidden = hidden.mul_(mask) if in_place else hidden * mask
+                    hidden = convs.activate(hidden, None, frame_valid[:, ::stride])
         return hidden
 
 

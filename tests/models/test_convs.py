@@ -95,10 +95,12 @@ def test_qwen3_asr_embed_chunks_equal_the_nchw_stack(tiny_qwen3_asr, randomize):
     torch.testing.assert_close(outputs, reference, rtol=0, atol=TOLERANCE * reference.abs().max().item())
 
 
-def test_phi4mm_subsampling_chunk_by_chunk_equals_the_nchw_stack_whole(tiny_phi4mm):
+@pytest.mark.parametrize("nemo_activation", ["relu", "swish"])  # a conv takes the ReLU; the SiLU runs as a module
+def test_phi4mm_subsampling_chunk_by_chunk_equals_the_nchw_stack_whole(tiny_phi4mm, nemo_activation):
     """Chunk by chunk with the per-stage caches (the first conv's patches read the cached step as their top row)
-    equals the NCHW modules over the whole utterance; the whole-utterance path equals them too."""
-    subsampling = tiny_phi4mm().embed
+    equals the NCHW modules over the whole utterance; the whole-utterance path equals them too; with frames
+    beyond an utterance, each stage's outputs beyond it are zero as the NCHW modules zeroed stage by stage give."""
+    subsampling = tiny_phi4mm(nemo_activation=nemo_activation, nemo_conv_channels=16).embed  # 4: dead last ReLUs
     chunk, chunks = 16, 5
     features = torch.randn(3, chunk * chunks, PHI_MEL, generator=torch.Generator().manual_seed(4))
     caches = [
@@ -114,6 +116,19 @@ def test_phi4mm_subsampling_chunk_by_chunk_equals_the_nchw_stack_whole(tiny_phi4
     scale = reference.abs().max().item()
     torch.testing.assert_close(whole, reference, rtol=0, atol=TOLERANCE * scale)
     torch.testing.assert_close(streamed, reference, rtol=0, atol=TOLERANCE * scale)
+
+    frame_valid = torch.arange(chunk * chunks)[None, :] < torch.tensor([[80], [69], [35]])
+    with torch.no_grad():
+        masked = subsampling(features, frame_valid)
+        hidden, stride = (features * frame_valid[:, :, None]).unsqueeze(1), 1
+        for module in subsampling.conv:  # NCHW modules, each stage's outputs zeroed beyond the utterance
+            hidden = module(hidden)
+            if isinstance(module, nn.Conv2d):
+                stride *= module.stride[0]
+            else:
+                hidden = hidden * frame_valid[:, None, ::stride, None]
+        zeroed = subsampling._tokens(hidden)
+    torch.testing.assert_close(masked, zeroed, rtol=0, atol=TOLERANCE * zeroed.abs().max().item())
 
 
 def test_phi4mm_subsampling_trains_as_the_nchw_stack(tiny_phi4mm):
