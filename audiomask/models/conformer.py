@@ -205,9 +205,9 @@ def _folded_bias(depthwise: nn.Conv2d, pointwise: nn.Conv2d) -> torch.Tensor:
 _KERNEL_ACTIVATIONS: dict[type[nn.Module], str] = {nn.ReLU: "relu", nn.GELU: "gelu"}
 
 
-# The activations of layers.activation that have an in-place form (GELU has none).
+# The other activations of layers.activation that have an in-place form (the conv before a ReLU or a GELU
+# takes it: _KERNEL_ACTIVATIONS).
 _IN_PLACE_ACTIVATIONS: dict[type[nn.Module], Callable[[torch.Tensor], torch.Tensor]] = {
-    nn.ReLU: torch.relu_,
     nn.SiLU: functools.partial(F.silu, inplace=True),
     nn.Sigmoid: torch.sigmoid_,
     nn.Tanh: torch.tanh_,
