@@ -262,35 +262,39 @@ class _Attention(nn.Module):
         self.o_proj = nn.Linear(dim, dim)
 
     def forward(
-        self, hidden: torch.Tensor, bias: torch.Tensor, cache: torch.Tensor | None = None, slot: int = 0
+        self, hidden: torch.Tensor, bias: torch.Tensor, cache: torch.Tensor | None = None, slot: int | None = None
     ) -> torch.Tensor:
         """``hidden`` ``(B, T, D)``, ``bias`` ``(B or 1, H, T, T_k)``.
 
-        ``cache`` ``(2, B, H, S, D / H)``: keys and values of ``S >= T`` token
-        slots, a ring in any order (``bias`` says which token each slot holds).
-        The ``T`` new tokens overwrite slots ``slot .. slot + T - 1`` (a host
-        int) and the queries attend to all ``S``: nothing else of the cache is
-        moved, whatever its size.
+        ``cache`` ``(2, B, H, S, D / H)``: keys and values of the ``S`` tokens
+        of the left context, a ring in any order; the queries attend to them
+        and to the ``T`` new tokens, ``T_k = S + T`` (``bias``'s columns: the
+        ring's slots, then the new tokens). Afterwards the new tokens overwrite
+        slots ``slot .. slot + T - 1`` (a host int; ``None``: the cache is only
+        read): nothing else of the cache is moved, whatever its size.
+        ``None``: the queries attend to the ``T`` tokens, ``T_k = T``.
         """
         weight, bias_qkv = joined_projections(self, (self.q_proj, self.k_proj, self.v_proj))
         # One GEMM for queries, keys and values.
         query, key, value = (
             split_heads(part, self.num_heads) for part in F.linear(hidden, weight, bias_qkv).chunk(3, dim=-1)
         )
-        if cache is not None:
-            new = hidden.shape[1]
-            # A streaming chunk's few queries over its ring: the chunk's keys written and the ring read once, in
-            # one kernel (fused.chunk_attention).
-            if (
-                fused.fuses(hidden.device)
-                and new <= fused.ATTENTION_MAX_QUERIES
-                and cache.shape[3] <= fused.ATTENTION_MAX_KEYS
-            ):
-                return self.o_proj(fused.chunk_attention(query, cache[0], cache[1], bias, new=(key, value, slot)))
+        if cache is None:
+            return self.o_proj(attend(query, key, value, bias))
+        new = hidden.shape[1]
+        # A streaming chunk's few queries over its ring and its own keys: both read once and the ring written,
+        # in one kernel (fused.chunk_attention).
+        if (
+            fused.fuses(hidden.device)
+            and new <= fused.ATTENTION_MAX_QUERIES
+            and cache.shape[3] <= fused.ATTENTION_MAX_KEYS
+        ):
+            return self.o_proj(fused.chunk_attention(query, key, value, cache[0], cache[1], bias, write_slot=slot))
+        mixed = attend(query, torch.cat([cache[0], key], dim=2), torch.cat([cache[1], value], dim=2), bias)
+        if slot is not None:
             cache[0, :, :, slot : slot + new].copy_(key)
             cache[1, :, :, slot : slot + new].copy_(value)
-            key, value = cache[0], cache[1]
-        return self.o_proj(attend(query, key, value, bias))
+        return self.o_proj(mixed)
 
 
 class _GluPointwiseConv(nn.Module):
@@ -410,7 +414,7 @@ class ConformerBlock(nn.Module):
         bias: torch.Tensor,
         kv_cache: torch.Tensor | None = None,
         conv_cache: torch.Tensor | None = None,
-        kv_slot: int = 0,
+        kv_slot: int | None = None,
     ) -> torch.Tensor:
         """One block over ``hidden`` ``(B, T, D)`` -> ``(B, T, D)``.
 
@@ -418,11 +422,12 @@ class ConformerBlock(nn.Module):
             hidden: ``(B, T, D)`` tokens.
             bias: additive attention bias ``(B or 1, H, T, T_k)`` in ``hidden``'s dtype (relative
                 positions plus the mask: ``finfo.min`` or the compat ``+1`` on the keys that may be attended).
-            kv_cache: ``(2, B, H, S, D / H)`` keys and values of ``S = T_k`` token slots (a ring); the
-                ``T`` new tokens are written at ``kv_slot .. kv_slot + T - 1``. ``None``: ``T_k = T``.
+            kv_cache: ``(2, B, H, S, D / H)`` keys and values of the left context's ``S`` tokens (a ring),
+                attended with the ``T`` new tokens (``T_k = S + T``), which then overwrite slots
+                ``kv_slot .. kv_slot + T - 1``. ``None``: ``T_k = T``.
             conv_cache: ``(B, kernel_size - 1, D)``, the conv module's previous GLU outputs, updated in
                 place. ``None``: zeros (a sequence's start).
-            kv_slot: the first ring slot of the new tokens (a host int).
+            kv_slot: the first ring slot of the new tokens (a host int); ``None``: the ring is only read.
         """
         # add(alpha=0.5): one kernel, the same rounding as hidden + 0.5 * x (scaling by 0.5 is exact).
         residual = torch.add(hidden, self.feed_forward_in(hidden), alpha=0.5)

@@ -39,8 +39,10 @@ keys (its own 16 and its left context's 64, at 1.28 s chunks with 4 left
 chunks): each (stream, head) reads its keys and values,
 10 kB each in bfloat16, once, and does little else, so the step's attention is
 bound by reading the key/value cache. :func:`chunk_attention` is one program a
-(stream, head) that reads them once, with the additive bias, and writes its
-output with the heads merged (where SDPA's output needs a copy to merge them).
+(stream, head) that reads the cached and the chunk's own keys and values once,
+with the additive bias, writes its output with the heads merged (where SDPA's
+output needs a copy to merge them), then the chunk's keys and values over the
+oldest of the cache: the cache holds the left context only, never the chunk.
 
 They run where :func:`fuses` (a CUDA device with Triton importable, autograd off);
 elsewhere the modules run their PyTorch ops (the CPU's reference path, and training).
@@ -82,7 +84,7 @@ GATE_BLOCK = 1024  # gate columns per program
 DEPTHWISE_BLOCK_STEPS, DEPTHWISE_BLOCK_CHANNELS = 16, 128  # a depthwise program's output tile: steps x channels
 PATCH_BLOCK_POSITIONS, PATCH_BLOCK_CHANNELS, PATCH_WARPS = 64, 64, 4  # a patch program's output tile, its warps
 BIAS_BLOCK_ROWS, BIAS_BLOCK_CHANNELS = 16, 128  # a bias-activation program's tile: positions x channels
-ATTENTION_MAX_KEYS = 256  # keys chunk_attention takes in one tile (a Phi-4MM ring: 80 at 1.28 s chunks, 4 left)
+ATTENTION_MAX_KEYS = 256  # ring keys chunk_attention takes in one tile (a Phi-4MM ring: 64 at 1.28 s chunks, 4 left)
 ATTENTION_MAX_QUERIES = 64  # queries a head of chunk_attention takes in one tile (16 a chunk at 1.28 s)
 ATTENTION_WARPS = 4
 
@@ -161,51 +163,58 @@ def _activation_name(activation: str | None, *, optional: bool) -> str:
 
 def chunk_attention(
     query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    ring_keys: torch.Tensor,
+    ring_values: torch.Tensor,
     bias: torch.Tensor,
     *,
-    new: tuple[torch.Tensor, torch.Tensor, int] | None = None,
+    write_slot: int | None = None,
 ) -> torch.Tensor:
-    """``softmax(q k^T / sqrt(d) + bias) v`` of a streaming chunk's queries over its cached keys, heads merged.
+    """``softmax(q k^T / sqrt(d) + bias) v`` of a streaming chunk's queries over its cached keys and its own, heads
+    merged.
 
-    ``query`` ``(N, H, T, d)``, ``key`` and ``value`` ``(N, H, S, d)``, any strides with the last dim
-    contiguous, one float dtype; ``bias`` additive, broadcastable to ``(N, H, T, S)`` in that dtype (a key
-    that may not be attended: ``finfo.min``; a row with none averages all, as
-    :func:`audiomask.models.attention.attend` does). ``T <= ATTENTION_MAX_QUERIES``,
+    ``query``, ``keys`` and ``values`` ``(N, H, T, d)``: the chunk's own; ``ring_keys`` and ``ring_values``
+    ``(N, H, S, d)``: the left context's (``S >= 0``); any strides with the last dim contiguous, one float dtype.
+    The queries attend to ``S + T`` keys, the ring's then the chunk's: ``bias`` additive, broadcastable to
+    ``(N, H, T, S + T)`` in that dtype (a key that may not be attended: ``finfo.min``; a row with none averages
+    all, as :func:`audiomask.models.attention.attend` does). ``T <= ATTENTION_MAX_QUERIES``,
     ``S <= ATTENTION_MAX_KEYS``. Scores and softmax in float32; the weights rounded to the dtype for their
-    product with the values (float32: IEEE products, no TF32): ``attend``'s values to the dtype's rounding.
-    ``new`` ``(new_keys, new_values, slot)``: the chunk's own keys and values ``(N, H, T, d)`` (any strides, the
-    last dim contiguous) are first written into ``key`` and ``value`` at positions ``slot .. slot + T - 1`` (a
-    ring's; ``key.copy_`` of them before the call), in the same program that reads them back. Returns
-    ``(N, T, H * d)`` contiguous, as ``attend``.
+    product with the values (float32: IEEE products, no TF32): the values of ``attend`` over the keys and values
+    concatenated, to the dtype's rounding. ``write_slot``: after they are read, the chunk's keys and values
+    replace the ring's at ``write_slot .. write_slot + T - 1``, in the same program (``None``: the ring is only
+    read). Returns ``(N, T, H * d)`` contiguous, as ``attend``.
     """
     count, heads, length, head_dim = query.shape
-    keys = key.shape[2]
-    if key.shape != (count, heads, keys, head_dim) or value.shape != key.shape:
-        raise ValueError(f"query {tuple(query.shape)}, key {tuple(key.shape)} and value {tuple(value.shape)} differ")
-    new_keys, new_values, slot = (query, query, 0) if new is None else new
-    if new is not None and (new_keys.shape != query.shape or new_values.shape != query.shape or not (
-        0 <= slot <= keys - length
-    )):  # fmt: skip
-        raise ValueError(f"new keys {tuple(new_keys.shape)} and values {tuple(new_values.shape)} must have the "
-                         f"query's shape {tuple(query.shape)} and fit the ring from slot {slot}")  # fmt: skip
-    if length > ATTENTION_MAX_QUERIES or keys > ATTENTION_MAX_KEYS:
-        raise ValueError(f"at most {ATTENTION_MAX_QUERIES} queries and {ATTENTION_MAX_KEYS} keys, got {length}, {keys}")
-    tensors = (query, key, value, new_keys, new_values)
+    ring = ring_keys.shape[2]
+    if (
+        keys.shape != query.shape
+        or values.shape != query.shape
+        or ring_keys.shape != (count, heads, ring, head_dim)
+        or ring_values.shape != ring_keys.shape
+    ):
+        raise ValueError(f"query {tuple(query.shape)}, keys {tuple(keys.shape)}, values {tuple(values.shape)}, "
+                         f"ring {tuple(ring_keys.shape)} and {tuple(ring_values.shape)} do not fit")  # fmt: skip
+    if write_slot is not None and not 0 <= write_slot <= ring - length:
+        raise ValueError(f"write_slot {write_slot}: the chunk's {length} keys must fit the ring's {ring} slots")
+    if length > ATTENTION_MAX_QUERIES or ring > ATTENTION_MAX_KEYS:
+        raise ValueError(f"at most {ATTENTION_MAX_QUERIES} queries and {ATTENTION_MAX_KEYS} ring keys, "
+                         f"got {length}, {ring}")  # fmt: skip
+    tensors = (query, keys, values, ring_keys, ring_values)
     if any(t.stride(-1) != 1 for t in tensors) or len({t.dtype for t in tensors}) > 1:
         raise ValueError("query, keys and values must have a contiguous last dim and one dtype")
-    bias = bias.expand(count, heads, length, keys)  # broadcast dims: stride 0
+    bias = bias.expand(count, heads, length, ring + length)  # broadcast dims: stride 0
     out = torch.empty((count, length, heads * head_dim), dtype=query.dtype, device=query.device)
     if not out.numel():
         return out
     _chunk_attention[(count, heads)](
-        query, key, value, bias, out, *query.stride()[:3], *key.stride()[:3], *value.stride()[:3], *bias.stride(),
-        new_keys, new_values, *new_keys.stride()[:3], *new_values.stride()[:3], slot,
-        heads, length, keys, head_dim, head_dim**-0.5, WRITE=new is not None,
-        BLOCK_T=max(16, triton.next_power_of_2(length)), BLOCK_S=max(16, triton.next_power_of_2(keys)),
-        BLOCK_D=max(16, triton.next_power_of_2(head_dim)), IEEE=query.dtype == torch.float32,
-        num_warps=ATTENTION_WARPS,
+        query, keys, values, ring_keys, ring_values, bias, out,
+        *query.stride()[:3], *keys.stride()[:3], *values.stride()[:3],
+        *ring_keys.stride()[:3], *ring_values.stride()[:3], *bias.stride(),
+        0 if write_slot is None else write_slot, heads, length, ring, head_dim, head_dim**-0.5,
+        WRITE=write_slot is not None, BLOCK_T=max(16, triton.next_power_of_2(length)),
+        BLOCK_S=max(16, triton.next_power_of_2(ring)), BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
+        IEEE=query.dtype == torch.float32, num_warps=ATTENTION_WARPS,
     )  # fmt: skip
     return out
 
@@ -356,45 +365,47 @@ if triton is not None:
 
     @triton.jit
     def _chunk_attention(
-        q, k, v, bias, out, sq_n, sq_h, sq_t, sk_n, sk_h, sk_s, sv_n, sv_h, sv_s, sb_n, sb_h, sb_t, sb_s,
-        new_k, new_v, snk_n, snk_h, snk_t, snv_n, snv_h, snv_t, slot,
-        heads, length, keys, head_dim, scale, WRITE: tl.constexpr,  # noqa: N803
+        q, k, v, ring_k, ring_v, bias, out, sq_n, sq_h, sq_t, sk_n, sk_h, sk_t, sv_n, sv_h, sv_t,
+        srk_n, srk_h, srk_s, srv_n, srv_h, srv_s, sb_n, sb_h, sb_t, sb_s,
+        slot, heads, length, ring, head_dim, scale, WRITE: tl.constexpr,  # noqa: N803
         BLOCK_T: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr,  # noqa: N803
     ):  # fmt: skip
         row = tl.program_id(0).to(tl.int64)
         head = tl.program_id(1)
         t, s, d = tl.arange(0, BLOCK_T), tl.arange(0, BLOCK_S), tl.arange(0, BLOCK_D)
-        real_t, real_s, real_d = t < length, s < keys, d < head_dim
-        if WRITE:  # the chunk's own keys and values into the ring first, read back with the rest below
-            rows = real_t[:, None] & real_d[None, :]
-            at = (slot + t)[:, None]
-            fresh = tl.load(new_k + row * snk_n + head * snk_h + t[:, None] * snk_t + d[None, :], mask=rows)
-            tl.store(k + row * sk_n + head * sk_h + at * sk_s + d[None, :], fresh, mask=rows)
-            fresh = tl.load(new_v + row * snv_n + head * snv_h + t[:, None] * snv_t + d[None, :], mask=rows)
-            tl.store(v + row * sv_n + head * sv_h + at * sv_s + d[None, :], fresh, mask=rows)
-            tl.debug_barrier()  # the block's stores seen by all its threads' loads
-        query = tl.load(q + row * sq_n + head * sq_h + t[:, None] * sq_t + d[None, :],
-                        mask=real_t[:, None] & real_d[None, :], other=0.0)  # fmt: skip
-        key = tl.load(k + row * sk_n + head * sk_h + s[:, None] * sk_s + d[None, :],
-                      mask=real_s[:, None] & real_d[None, :], other=0.0)  # fmt: skip
+        real_t, real_s, real_d = t < length, s < ring, d < head_dim
+        rows_t, rows_s = real_t[:, None] & real_d[None, :], real_s[:, None] & real_d[None, :]
+        query = tl.load(q + row * sq_n + head * sq_h + t[:, None] * sq_t + d[None, :], mask=rows_t, other=0.0)
+        own_k = tl.load(k + row * sk_n + head * sk_h + t[:, None] * sk_t + d[None, :], mask=rows_t, other=0.0)
+        own_v = tl.load(v + row * sv_n + head * sv_h + t[:, None] * sv_t + d[None, :], mask=rows_t, other=0.0)
+        left_k = tl.load(ring_k + row * srk_n + head * srk_h + s[:, None] * srk_s + d[None, :], mask=rows_s,
+                         other=0.0)  # fmt: skip
+        left_v = tl.load(ring_v + row * srv_n + head * srv_h + s[:, None] * srv_s + d[None, :], mask=rows_s,
+                         other=0.0)  # fmt: skip
         if IEEE:
-            scores = tl.dot(query, tl.trans(key), input_precision="ieee")
+            left = tl.dot(query, tl.trans(left_k), input_precision="ieee")
+            own = tl.dot(query, tl.trans(own_k), input_precision="ieee")
         else:
-            scores = tl.dot(query, tl.trans(key))
-        add = tl.load(bias + row * sb_n + head * sb_h + t[:, None] * sb_t + s[None, :] * sb_s,
-                      mask=real_t[:, None] & real_s[None, :], other=0.0)  # fmt: skip
-        scores = tl.where(real_s[None, :], scores * scale + add.to(tl.float32), float("-inf"))
-        weights = tl.exp(scores - tl.max(scores, axis=1)[:, None])
-        total = tl.sum(weights, axis=1)
-        value = tl.load(v + row * sv_n + head * sv_h + s[:, None] * sv_s + d[None, :],
-                        mask=real_s[:, None] & real_d[None, :], other=0.0)  # fmt: skip
+            left, own = tl.dot(query, tl.trans(left_k)), tl.dot(query, tl.trans(own_k))
+        at = bias + row * sb_n + head * sb_h + t[:, None] * sb_t
+        add = tl.load(at + s[None, :] * sb_s, mask=real_t[:, None] & real_s[None, :], other=0.0)
+        left = tl.where(real_s[None, :], left * scale + add.to(tl.float32), float("-inf"))
+        add = tl.load(at + (ring + t)[None, :] * sb_s, mask=real_t[:, None] & real_t[None, :], other=0.0)
+        own = tl.where(real_t[None, :], own * scale + add.to(tl.float32), float("-inf"))
+        top = tl.maximum(tl.max(left, axis=1), tl.max(own, axis=1))[:, None]
+        left, own = tl.exp(left - top), tl.exp(own - top)
+        total = tl.sum(left, axis=1) + tl.sum(own, axis=1)
         if IEEE:
-            mixed = tl.dot(weights, value, input_precision="ieee")
+            mixed = tl.dot(left, left_v, input_precision="ieee") + tl.dot(own, own_v, input_precision="ieee")
         else:
-            mixed = tl.dot(weights.to(value.dtype), value)
+            mixed = tl.dot(left.to(left_v.dtype), left_v) + tl.dot(own.to(own_v.dtype), own_v)
         where = (row * length + t[:, None]) * heads * head_dim + head * head_dim + d[None, :]
-        tl.store(out + where, (mixed / total[:, None]).to(out.dtype.element_ty),
-                 mask=real_t[:, None] & real_d[None, :])  # fmt: skip
+        tl.store(out + where, (mixed / total[:, None]).to(out.dtype.element_ty), mask=rows_t)
+        if WRITE:  # the chunk's keys and values replace the oldest of the ring, whose reads are done
+            tl.debug_barrier()  # every thread's loads of the ring before any thread's stores into it
+            at = (slot + t)[:, None]
+            tl.store(ring_k + row * srk_n + head * srk_h + at * srk_s + d[None, :], own_k, mask=rows_t)
+            tl.store(ring_v + row * srv_n + head * srv_h + at * srv_s + d[None, :], own_v, mask=rows_t)
 
     @triton.jit
     def _silu_gate(x, out, stride, size, GATE_FIRST: tl.constexpr, BLOCK: tl.constexpr):  # noqa: N803

@@ -43,15 +43,15 @@ class Phi4MMSlots(BufferedSlots):
         plan: instead of the three above, a :class:`~audiomask.streaming.ChunkPlan`
             of this family (:meth:`make_plan`), which the slots then hold.
 
-    State per slot: for every block the keys/values of the last
-    ``(left_chunk + 1) * chunk_size`` tokens ``(2, B, H, S, D / H)`` and the
+    State per slot: for every block the keys/values of the left context, the
+    last ``S = left_chunk * chunk_size`` tokens ``(2, B, H, S, D / H)``, and the
     conv module's last ``kernel_size - 1`` GLU outputs; for every stride-2
     stage of the subsampling its last input step. The key/value cache is a
-    ring of ``left_chunk + 1`` chunks (a step writes only its own chunk's
-    keys). A chunk's ``chunk_size * time_reduction`` frames are all its tokens
+    ring of ``left_chunk`` chunks: a step attends to it and to its own chunk's
+    keys, then writes those over the oldest chunk's. A chunk's ``chunk_size * time_reduction`` frames are all its tokens
     need (the subsampling has no lookahead beyond them), so each chunk is
     emitted as soon as its frames are in. The relative position bias depends
-    only on key-minus-query distances: one ``(H, C, S)`` tensor per ring phase
+    only on key-minus-query distances: one ``(H, C, S + C)`` tensor per ring phase
     serves every step. Every length and mask is built on the host; masks that
     are all True (full chunks, full caches) are not built, moved or applied.
 
@@ -97,15 +97,18 @@ class Phi4MMSlots(BufferedSlots):
         super().__init__(encoder, batch_size, config.input_size, time_dim=1, output_size=config.hidden_size, plan=plan)
         self.chunk_size = self.tokens_per_chunk
         self.encoder = encoder
-        self._blocks = self.left_chunk + 1  # chunks held by the key/value ring
-        self._keys = self._blocks * self.chunk_size  # S: cached tokens plus the chunk's own
+        # Ring phases: chunk c writes block c % phases of the key/value ring (of left_chunk blocks; none without
+        # left context, which one phase serves).
+        self._phases = max(self.left_chunk, 1)
+        self._keys = (self.left_chunk + 1) * self.chunk_size  # S + C: the keys a chunk's queries attend to
         batch, heads = self.batch_size, config.num_attention_heads
         like = {"device": self.device, "dtype": self.dtype}
         # Every block's caches are views of one tensor per kind, so that a step's bookkeeping over the slots
         # (reset, hold) is a few device calls whatever the depth: each call releases the interpreter lock,
         # which a server's other threads then hold for up to a switch interval.
         layers = len(encoder.encoders)
-        self._kv_all = torch.zeros(layers, 2, batch, heads, self._keys, config.hidden_size // heads, **like)
+        ring = self.left_chunk * self.chunk_size  # S
+        self._kv_all = torch.zeros(layers, 2, batch, heads, ring, config.hidden_size // heads, **like)
         self._conv_all = torch.zeros(layers, batch, config.kernel_size - 1, config.hidden_size, **like)
         self._kv, self._conv = list(self._kv_all.unbind()), list(self._conv_all.unbind())
         self._subsampling = []
@@ -113,19 +116,22 @@ class Phi4MMSlots(BufferedSlots):
         for conv in encoder.embed.strided_convs():
             self._subsampling.append(torch.zeros(batch, conv.in_channels, 1, bins, **like))
             bins = -(-bins // 2)
-        # The key/value cache is a ring of `blocks` chunks: chunk c goes to block c % blocks, so a
-        # step writes only its own keys. Per phase p = c % blocks, key slot j holds the token
-        # c * C + offsets[p, j] (offsets <= 0 for the older chunks), and the relative bias depends
-        # only on these offsets: one (H, C, S) tensor per phase serves every step.
-        block = np.arange(self._blocks)
-        back = (np.arange(self._blocks)[:, None] - block[None, :]) % self._blocks  # (phase, block): chunks ago
-        self._offsets = (-back[:, :, None] * self.chunk_size + np.arange(self.chunk_size)).reshape(self._blocks, -1)
+        # The key/value ring holds the left_chunk chunks before chunk c, chunk c - k in block (c - k) % phases;
+        # chunk c attends to them and to itself, then writes block c % phases. Per phase p = c % phases, key j
+        # (the ring's slots, then the chunk's own tokens) is token c * C + offsets[p, j] (< 0 for the older
+        # chunks), and the relative bias depends only on these offsets: one (H, C, S + C) tensor per phase
+        # serves every step.
+        block = np.arange(self.left_chunk)
+        back = (np.arange(self._phases)[:, None] - block[None, :] - 1) % self._phases + 1  # (phase, block): chunks ago
+        older = (-back[:, :, None] * self.chunk_size + np.arange(self.chunk_size)).reshape(self._phases, -1)
+        own = np.broadcast_to(np.arange(self.chunk_size), (self._phases, self.chunk_size))
+        self._offsets = np.concatenate([older, own], axis=1)
         with torch.no_grad():
             queries = to_device(np.arange(self.chunk_size), self.device)
             offsets = to_device(self._offsets, self.device)
             layer = encoder.relative_attention_bias_layer
-            self._bias = torch.cat([layer(queries, offsets[p]) for p in range(self._blocks)])  # (blocks, H, C, S)
-        self._chunks = 0  # chunk steps since the last flush: the ring phase is self._chunks % blocks
+            self._bias = torch.cat([layer(queries, offsets[p]) for p in range(self._phases)])  # (phases, H, C, S + C)
+        self._chunks = 0  # chunk steps since the last flush: the ring phase is self._chunks % phases
         # Per slot: the chunks of its utterance encoded so far (reset_slots and flush restart it).
         self._position = np.zeros(self.batch_size, np.int64)
         # CUDA graphs of the chunk step, one per ring phase, captured on first use (None: eager).
@@ -180,9 +186,10 @@ class Phi4MMSlots(BufferedSlots):
     ) -> ChunkPlan:
         """The plan of chunks of ``chunk_size`` tokens and ``left_chunk`` chunks of context (the config's: ``None``).
 
-        The state is what :meth:`__init__` allocates: per slot the key/value ring ``(layers, 2, H, S, D / H)``,
-        the conv caches ``(layers, kernel_size - 1, D)``, each stride-2 subsampling stage's last input step,
-        and with CUDA graphs the step's static chunk and masks; shared by the slots the bias ``(left_chunk + 1, H, C, S)``.
+        The state is what :meth:`__init__` allocates: per slot the key/value ring ``(layers, 2, H, S, D / H)``
+        (``S = left_chunk * C``), the conv caches ``(layers, kernel_size - 1, D)``, each stride-2 subsampling
+        stage's last input step, and with CUDA graphs the step's static chunk and masks; shared by the slots the
+        bias ``(max(left_chunk, 1), H, C, S + C)``.
         """
         chunk_size, left_chunk = encoder.chunking(chunk_size, left_chunk)
         chunk_size = check_int("chunk_size", chunk_size, minimum=1)
@@ -191,14 +198,11 @@ class Phi4MMSlots(BufferedSlots):
         if graph and parameter.device.type != "cuda":
             raise ValueError(f"cuda_graph needs the encoder on a CUDA device, got {parameter.device}")
         config, width = encoder.config, parameter.element_size()
-        frames, keys, heads = (
-            chunk_size * config.time_reduction,
-            (left_chunk + 1) * chunk_size,
-            config.num_attention_heads,
-        )
+        frames, ring, heads = chunk_size * config.time_reduction, left_chunk * chunk_size, config.num_attention_heads
+        keys = ring + chunk_size  # attended by a chunk's queries: the ring's and its own
         layers = len(encoder.encoders)
         elements = layers * (
-            2 * keys * heads * (config.hidden_size // heads) + (config.kernel_size - 1) * config.hidden_size
+            2 * ring * heads * (config.hidden_size // heads) + (config.kernel_size - 1) * config.hidden_size
         )
         bins = config.input_size
         for conv in encoder.embed.strided_convs():
@@ -218,7 +222,7 @@ class Phi4MMSlots(BufferedSlots):
             block_samples=block,
             cuda_graph=graph,
             slot_bytes=elements * width + graph_bytes,
-            shared_bytes=(left_chunk + 1) * heads * chunk_size * keys * width,
+            shared_bytes=max(left_chunk, 1) * heads * chunk_size * keys * width,
         )
 
     def _valid_tokens(self) -> np.ndarray:
@@ -302,36 +306,43 @@ class Phi4MMSlots(BufferedSlots):
 
         ``held``: slots (indices) that keep their state, as if the step had not happened for them.
         """
-        phase = self._chunks % self._blocks
+        phase = self._chunks % self._phases
         # Token held by each key slot; valid from token 0 to each utterance's last (host numpy).
         tokens = (self._position * self.chunk_size)[:, None] + self._offsets[phase]
         keys_valid = (tokens >= 0) & (tokens < self._valid_tokens()[:, None])
-        with self._holding(held):
+        with self._holding(held, phase):
             return self._run_step(chunk, valid, keys_valid, phase)
 
     @contextlib.contextmanager
-    def _holding(self, held: np.ndarray | None) -> Iterator[None]:
-        """Around one step: the ``held`` slots leave it with the state they entered it with, shifted one phase.
+    def _holding(self, held: np.ndarray | None, phase: int) -> Iterator[None]:
+        """Around one step at ``phase``: the ``held`` slots leave it with the state they entered it with, shifted one
+        phase.
 
         The step computes every row, so a held slot's conv and subsampling
-        caches are saved before and written back after. Its key/value ring is
-        rolled by one chunk instead: the step wrote block ``p`` (the phase),
-        and at phase ``p + 1`` each block must hold what the block before it
-        held, so that the slot's chunks keep their distances to the ring
-        phase, which the relative bias and the key mask are built from.
+        caches and the ring block the step overwrites (block ``phase``, its
+        oldest chunk) are saved before and written back after. Its key/value
+        ring is then rolled by one chunk: at phase ``p + 1`` each block must
+        hold what the block before it held at ``p``, so that the slot's chunks
+        keep their distances to the ring phase, which the relative bias and the
+        key mask are built from.
         """
         if held is None or held.size == 0:
             yield
             self._position += 1
             return
         rows = to_device(held, self.device)
+        kv = self._kv_all  # (layers, 2, B, H, S, d): S holds the ring
+        written = slice(phase * self.chunk_size, (phase + 1) * self.chunk_size)
         states = ((self._conv_all, 1), *((state, 0) for state in self._subsampling))  # (cache, its slot dim)
         saved = [state.index_select(dim, rows) for state, dim in states]
+        saved_block = kv[:, :, rows, :, written]
         yield
         for (state, dim), before in zip(states, saved):
             state.index_copy_(dim, rows, before)
-        kv = self._kv_all  # (layers, 2, B, H, S, d): S holds the ring
-        kv[:, :, rows] = kv[:, :, rows].roll(self.chunk_size, dims=4)
+        if self.left_chunk:
+            ring = kv[:, :, rows]
+            ring[..., written, :] = saved_block
+            kv[:, :, rows] = ring.roll(self.chunk_size, dims=4)
         moved = np.ones(self.batch_size, bool)
         moved[held] = False
         self._position += moved
@@ -368,10 +379,10 @@ class Phi4MMSlots(BufferedSlots):
         """The device work of a chunk step (``None`` masks: all True); what a CUDA graph captures per phase."""
         encoder = self.encoder
         hidden = encoder.embed(encoder.encoder_embedding(chunk), frame_valid, self._subsampling, exact=True)
-        bias = self._bias[phase : phase + 1]  # (1, H, C, S)
+        bias = self._bias[phase : phase + 1]  # (1, H, C, S + C)
         if key_mask is not None:
-            bias = torch.where(key_mask[:, None, None], bias, torch.finfo(self.dtype).min)  # (B, H, C, S)
-        slot = phase * self.chunk_size
+            bias = torch.where(key_mask[:, None, None], bias, torch.finfo(self.dtype).min)  # (B, H, C, S + C)
+        slot = phase * self.chunk_size if self.left_chunk else None  # the ring block this chunk replaces
         for block, kv, conv in zip(encoder.encoders, self._kv, self._conv):
             hidden = block(hidden, bias, kv, conv, slot)
         return hidden
@@ -395,14 +406,14 @@ class Phi4MMSlots(BufferedSlots):
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
-            for phase in range(self._blocks):  # warm-up: lazy initialisation stays out of the graphs
+            for phase in range(self._phases):  # warm-up: lazy initialisation stays out of the graphs
                 self._run_chunk(self._static_chunk, frame_valid, key_mask, phase)
         torch.cuda.current_stream(self.device).wait_stream(side)
         torch.cuda.synchronize(self.device)
         torch.cuda.empty_cache()
         # The phases' graphs replay one at a time on one stream: their activations share one pool.
         pool = torch.cuda.graph_pool_handle() if self._graph_pool is None else self._graph_pool
-        for phase in range(self._blocks):
+        for phase in range(self._phases):
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
                 outputs = self._run_chunk(self._static_chunk, frame_valid, key_mask, phase)

@@ -181,10 +181,10 @@ def test_encoder_limits_of_a_model_count_its_step_and_its_state() -> None:
     model = build_model("phi4mm_full", torch.device("cpu"), quick=True)  # TINY_PHI4MM, float32
     limits = EncoderLimits.of(model, 160, 1)
     assert limits.flop_per_audio_s == phi4mm_step_flops(TINY_PHI4MM, 2, 1) * 1000 / 160  # FLOP per 160 ms
-    # The key/value ring of 2 chunks of 2 tokens and the conv cache of every block, the subsampling's cached
-    # input steps (1 x 80, 8 x 40, 8 x 20), float32.
+    # The key/value ring of the left chunk's 2 tokens and the conv cache of every block, the subsampling's
+    # cached input steps (1 x 80, 8 x 40, 8 x 20), float32.
     config = TINY_PHI4MM
-    blocks = config.num_blocks * (2 * 4 * config.hidden_size + (config.kernel_size - 1) * config.hidden_size)
+    blocks = config.num_blocks * (2 * 2 * config.hidden_size + (config.kernel_size - 1) * config.hidden_size)
     assert limits.state_bytes_per_stream == 4 * (blocks + 80 + 8 * 40 + 8 * 20)
     assert limits.weight_bytes == 4 * sum(
         t.numel() for m in (model.asr.encoder, model.asr.head) for t in (*m.parameters(), *m.buffers())

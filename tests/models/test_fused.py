@@ -25,7 +25,7 @@ PATCH_CASES = [(2, 130, 102, 480, 3, 2), (3, 11, 9, 70, 3, 2), (1, 5, 21, 17, 3,
 BIAS_CASES = [(2, 480, 32, 25), (3, 70, 5, 3), (1, 17, 2, 9)]
 # (N, H, T, S, d): Phi-4MM's step at 1.28 s chunks (16 queries a head over 80 keys of 64 dims), ragged tiles,
 # the tiny model's (2 queries over 4 keys of 8 dims)
-ATTENTION_CASES = [(3, 16, 16, 80, 64), (2, 3, 5, 37, 24), (2, 2, 2, 4, 8)]
+ATTENTION_CASES = [(3, 16, 16, 64, 64), (2, 3, 5, 37, 24), (1, 2, 3, 0, 8), (2, 2, 2, 4, 8)]  # (N, H, T, S, d)
 ATTENTION_TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 1e-2}  # of the largest output, against float32's
 SMALL = 2  # the interpreter's cases: the last ones of each list
 OPS = {None: lambda x: x, "gelu": F.gelu, "relu": F.relu}  # PyTorch's op of each name the kernels take
@@ -81,40 +81,40 @@ def check(device: str, dtype: torch.dtype, ulps: float, small: bool = False) -> 
 
 def check_attention(device: str, dtype: torch.dtype, small: bool = False) -> None:
     """:func:`fused.chunk_attention` on ``device`` against :func:`attend` in float32 on the CPU of the same
-    ``dtype`` inputs: queries and keys/values as the Phi-4MM step lays them out (views of the q/k/v product and
-    of the cache), a per-row bias with masked keys, one query row that may attend none."""
+    ``dtype`` inputs, over the ring's keys and values concatenated with the chunk's: queries, keys and values as
+    the Phi-4MM step lays them out (views of the q/k/v product and of the cache), a per-row bias with masked keys,
+    one query row that may attend none; the ring afterwards read only, or holding the chunk's keys and values."""
     from audiomask.models.attention import attend, split_heads
 
     generator = torch.Generator().manual_seed(1)
-    for count, heads, length, keys, head_dim in ATTENTION_CASES[-SMALL:] if small else ATTENTION_CASES:
+    for count, heads, length, ring, head_dim in ATTENTION_CASES[-SMALL:] if small else ATTENTION_CASES:
         joined = torch.randn(count, length, 3 * heads * head_dim, generator=generator).to(dtype)
-        query = split_heads(joined.to(device).chunk(3, dim=-1)[0], heads)  # (N, H, T, d), strided
-        cache = torch.randn(2, count, heads, keys, head_dim, generator=generator).to(dtype)
-        bias = torch.randn(count, heads, length, keys, generator=generator).to(dtype)
-        bias[:, :, :, keys // 2 :] = torch.finfo(dtype).min  # keys past the utterance
+        query, keys, values = (split_heads(part, heads) for part in joined.chunk(3, dim=-1))  # (N, H, T, d), strided
+        cache = torch.randn(2, count, heads, ring, head_dim, generator=generator).to(dtype)
+        bias = torch.randn(count, heads, length, ring + length, generator=generator).to(dtype)
+        bias[:, :, :, (ring + length) // 2 :] = torch.finfo(dtype).min  # keys past the utterance
         bias[0, :, -1] = torch.finfo(dtype).min  # a query that may attend none: the average of all values
-        want = attend(*(t.float() for t in (query.cpu(), cache[0], cache[1], bias)))
-        got = fused.chunk_attention(query, cache[0].to(device), cache[1].to(device), bias.to(device))
-        assert got.shape == want.shape and got.dtype == dtype and got.is_contiguous()
-        tolerance = ATTENTION_TOLERANCE[dtype] * want.abs().max().item()
-        torch.testing.assert_close(got.cpu().float(), want, rtol=0, atol=tolerance)
-        # A bias shared by every row (the step's without key masks), broadcast
-        want = attend(*(t.float() for t in (query.cpu(), cache[0], cache[1], bias[1:2])))
-        got = fused.chunk_attention(query, cache[0].to(device), cache[1].to(device), bias[1:2].to(device))
-        torch.testing.assert_close(got.cpu().float(), want, rtol=0, atol=tolerance)
-        # The chunk's own keys and values written into the ring at a slot first, in the same kernel: the ring
-        # afterwards holds them exactly, and the output is attend's over that ring.
-        slot = keys - length
-        fresh = joined.chunk(3, dim=-1)[1:]  # (N, T, H * d) each, views of the q/k/v product
-        new_keys, new_values = (split_heads(part.to(device), heads) for part in fresh)
-        ring = cache.clone()
-        ring[0, :, :, slot:] = new_keys.cpu()
-        ring[1, :, :, slot:] = new_values.cpu()
-        want = attend(*(t.float() for t in (query.cpu(), ring[0], ring[1], bias)))
-        written = cache.to(device)
-        got = fused.chunk_attention(query, written[0], written[1], bias.to(device), new=(new_keys, new_values, slot))
-        torch.testing.assert_close(written.cpu(), ring, rtol=0, atol=0)
-        torch.testing.assert_close(got.cpu().float(), want, rtol=0, atol=tolerance)
+        every_key, every_value = torch.cat([cache[0], keys], dim=2), torch.cat([cache[1], values], dim=2)
+        on_device = [t.to(device) for t in (query, keys, values)]
+        tolerance = None
+        for row_bias in (bias, bias[-1:]):  # per row; shared by every row (the step's without key masks), broadcast
+            want = attend(*(t.float() for t in (query, every_key, every_value, row_bias)))
+            tolerance = ATTENTION_TOLERANCE[dtype] * want.abs().max().item()
+            written = cache.to(device, copy=True)
+            got = fused.chunk_attention(*on_device, written[0], written[1], row_bias.to(device))
+            assert got.shape == want.shape and got.dtype == dtype and got.is_contiguous()
+            torch.testing.assert_close(got.cpu().float(), want, rtol=0, atol=tolerance)
+            torch.testing.assert_close(written.cpu(), cache, rtol=0, atol=0)  # read only
+        # The chunk's own keys and values written over the ring's first or last slots after the attention, in
+        # the same kernel: the output is the same, the ring afterwards holds them exactly.
+        for slot in sorted({0, ring - length}) if ring >= length else ():
+            after = cache.clone()
+            after[0, :, :, slot : slot + length] = keys
+            after[1, :, :, slot : slot + length] = values
+            written = cache.to(device, copy=True)
+            got = fused.chunk_attention(*on_device, written[0], written[1], bias[-1:].to(device), write_slot=slot)
+            torch.testing.assert_close(written.cpu(), after, rtol=0, atol=0)
+            torch.testing.assert_close(got.cpu().float(), want, rtol=0, atol=tolerance)
 
 
 def rows_valid(count: int, rows: int) -> torch.Tensor:
@@ -132,14 +132,16 @@ def test_kernels_in_tritons_interpreter_equal_the_ops(in_triton_interpreter) -> 
 
 
 def test_chunk_attention_refuses_what_it_cannot_take() -> None:
-    query, keys = torch.zeros(1, 2, 3, 8), torch.zeros(1, 2, 5, 8)
-    with pytest.raises(ValueError, match="differ"):
-        fused.chunk_attention(query, keys, torch.zeros(1, 2, 6, 8), torch.zeros(1, 2, 3, 5))
-    with pytest.raises(ValueError, match="at most 64 queries and 256 keys, got 3, 300"):
+    query, ring = torch.zeros(1, 2, 3, 8), torch.zeros(1, 2, 5, 8)
+    with pytest.raises(ValueError, match="do not fit"):
+        fused.chunk_attention(query, query, query, ring, torch.zeros(1, 2, 6, 8), torch.zeros(1, 2, 3, 8))
+    with pytest.raises(ValueError, match="do not fit"):
+        fused.chunk_attention(query, torch.zeros(1, 2, 4, 8), query, ring, ring, torch.zeros(1, 2, 3, 8))
+    with pytest.raises(ValueError, match="at most 64 queries and 256 ring keys, got 3, 300"):
         many = torch.zeros(1, 2, 300, 8)
-        fused.chunk_attention(query, many, many, torch.zeros(1, 2, 3, 300))
-    with pytest.raises(ValueError, match="fit the ring from slot 3"):
-        fused.chunk_attention(query, keys, keys, torch.zeros(1, 2, 3, 5), new=(query, query, 3))
+        fused.chunk_attention(query, query, query, many, many, torch.zeros(1, 2, 3, 303))
+    with pytest.raises(ValueError, match="write_slot 3: the chunk's 3 keys must fit the ring's 5 slots"):
+        fused.chunk_attention(query, query, query, ring, ring, torch.zeros(1, 2, 3, 8), write_slot=3)
 
 
 def test_phi4mm_stream_with_the_kernels_equals_without(in_triton_interpreter) -> None:

@@ -175,6 +175,6 @@ def test_a_plan_opens_only_its_familys_slots(tiny_phi4mm, tiny_qwen3_asr):
 
 def test_sizes_beyond_any_memory_are_arithmetic(tiny_phi4mm):
     huge = chunk_plan(tiny_phi4mm(), 60_000, 9)  # ten minutes of context, the most there is: sized, not allocated
-    layers, heads_dim, keys = 2, 16, 10 * 750
-    assert huge.slot_bytes > layers * 2 * keys * heads_dim * 4
+    layers, heads_dim, ring = 2, 16, 9 * 750  # the key/value ring holds the left context's tokens
+    assert huge.slot_bytes > layers * 2 * ring * heads_dim * 4
     assert huge.state_bytes(10**6) > 2**40
