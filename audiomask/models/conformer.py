@@ -26,9 +26,12 @@ from audiomask.models.attention import attend, split_heads
 from audiomask.models.config import Phi4MMAudioConfig
 from audiomask.models.layers import activation, derived, joined_projections
 
-__all__ = ["SUBSAMPLING_SLICE", "ConformerBlock", "ConvSubsampling", "MeanVarianceNorm", "RelativeAttentionBias"]
+__all__ = ["SUBSAMPLING_SLICE_BYTES", "ConformerBlock", "ConvSubsampling", "MeanVarianceNorm", "RelativeAttentionBias"]
 
-SUBSAMPLING_SLICE = 512  # utterances whose subsampling stages run at once in a larger batch (exact path)
+# The exact path's subsampling runs a larger batch in slices of utterances, each slice's first-stage output (the
+# step's largest tensor, ~5 MB an utterance of a full-size Phi-4MM at 1.28 s chunks in bf16) at most this large:
+# 102 utterances a slice there, the slices' kernels still filling the GPU.
+SUBSAMPLING_SLICE_BYTES = 512 * 2**20
 
 
 class MeanVarianceNorm(nn.Module):
@@ -94,11 +97,15 @@ class ConvSubsampling(nn.Module):
         hidden = features.unsqueeze(1)  # (B, 1, T, F): time on dim 2, mel bins on dim 3
         if frame_valid is None and not exact:  # the stack as it is, channels-last (audiomask.models.convs)
             return self._tokens(self._exact(hidden, None, None))
-        if len(hidden) <= SUBSAMPLING_SLICE:
+        first = self.conv[0]
+        _, _, frames, bins = hidden.shape
+        # The stages' outputs are the largest tensors of a step: slices of the batch keep them from bounding how
+        # many slots fit (what is left beside the slots' caches is the step's activations).
+        utterance_bytes = first.out_channels * -(-frames // 2) * -(-bins // 2) * hidden.element_size()
+        rows = max(1, SUBSAMPLING_SLICE_BYTES // utterance_bytes)
+        if len(hidden) <= rows:
             return self._tokens(self._exact(hidden, frame_valid, caches))
-        # The stages' outputs are the largest tensors of a step (the first is ~5 MB per slot at
-        # 1.28 s chunks, in bf16): slices of the batch keep them from bounding how many slots fit.
-        slices = [slice(start, start + SUBSAMPLING_SLICE) for start in range(0, len(hidden), SUBSAMPLING_SLICE)]
+        slices = [slice(start, start + rows) for start in range(0, len(hidden), rows)]
         return torch.cat(
             [
                 self._tokens(

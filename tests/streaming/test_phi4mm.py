@@ -54,12 +54,13 @@ def test_phi4mm_stream_equals_hard_forward(
 def test_phi4mm_stream_in_subsampling_slices_equals_hard_forward(
     phi4mm, stream_in_pieces, assert_streamed_equals, monkeypatch
 ):
-    """A batch larger than SUBSAMPLING_SLICE subsamples slice by slice, each slice's caches its own rows."""
+    """A batch whose first subsampling stage outgrows SUBSAMPLING_SLICE_BYTES subsamples slice by slice, each
+    slice's caches its own rows."""
     lengths = [37, 64, 0, 51, 64]
     features = torch.randn(len(lengths), max(lengths), PHI_MEL, generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         reference, reference_lengths = phi4mm(features, lengths, chunk_size=2, left_chunk=1, mask_mode="hard")
-    monkeypatch.setattr(conformer, "SUBSAMPLING_SLICE", 2)  # slices of 2, 2 and 1 utterances
+    monkeypatch.setattr(conformer, "SUBSAMPLING_SLICE_BYTES", 1)  # slices of one utterance
     slots = Phi4MMSlots(phi4mm, batch_size=len(lengths), chunk_size=2, left_chunk=1)
     pieces, valid = stream_in_pieces(slots, features, lengths, [16, 9, 40])
     assert_streamed_equals(pieces, valid, reference, reference_lengths, push_unit=2)
