@@ -44,14 +44,15 @@ class Phi4MMSlots(BufferedSlots):
             of this family (:meth:`make_plan`), which the slots then hold.
 
     State per slot: for every block the keys/values of the left context, the
-    last ``S = left_chunk * chunk_size`` tokens ``(2, B, H, S, D / H)``, and the
-    conv module's last ``kernel_size - 1`` GLU outputs; for every stride-2
+    last ``S = left_chunk * chunk_size`` tokens ``(2, B, H, S, D / H)``, and
+    the conv module's last ``kernel_size - 1`` GLU outputs; for every stride-2
     stage of the subsampling its last input step. The key/value cache is a
     ring of ``left_chunk`` chunks: a step attends to it and to its own chunk's
-    keys, then writes those over the oldest chunk's. A chunk's ``chunk_size * time_reduction`` frames are all its tokens
-    need (the subsampling has no lookahead beyond them), so each chunk is
-    emitted as soon as its frames are in. The relative position bias depends
-    only on key-minus-query distances: one ``(H, C, S + C)`` tensor per ring phase
+    keys, then writes those over the oldest chunk's. A chunk's
+    ``chunk_size * time_reduction`` frames are all its tokens need (the
+    subsampling has no lookahead beyond them), so each chunk is emitted as
+    soon as its frames are in. The relative position bias depends only on
+    key-minus-query distances: one ``(H, C, S + C)`` tensor per ring phase
     serves every step. Every length and mask is built on the host; masks that
     are all True (full chunks, full caches) are not built, moved or applied.
 
