@@ -22,6 +22,7 @@ import functools
 import gc
 import json
 import os
+import random
 import resource
 import signal
 import socket
@@ -49,6 +50,7 @@ from audiomask.audio import load
 REPOSITORY = Path(__file__).resolve().parents[2]
 SAMPLES = sorted((REPOSITORY / "samples").glob("*.wav"))
 LOOPBACK = "127.0.0.1"
+RAY_WORKER_PORTS_END = 20000  # Ray's workers take ports 10002-19999 by default
 READY_TIMEOUT_S = 60.0  # model load and first step, on a busy 2-core machine
 STOP_TIMEOUT_S = 15.0  # SIGTERM drains the connections in flight first
 HEALTH_POLL_S = 0.05
@@ -112,10 +114,22 @@ def _unfreeze_collections() -> Iterator[None]:
     gc.unfreeze()
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind((LOOPBACK, 0))
-        return probe.getsockname()[1]
+def free_port() -> int:
+    """A loopback port free now, below the kernel's ephemeral range and above Ray's worker ports (10002-19999):
+    no process that binds port 0 can take it before the server binds it, and neither can Ray's components
+    (its dashboard agent's default, 52365, is an ephemeral port). Where that range is empty, the kernel's pick."""
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as ranges:
+        ephemeral = int(ranges.read().split()[0])
+    candidates = list(range(RAY_WORKER_PORTS_END, ephemeral))
+    random.shuffle(candidates)
+    for port in [*candidates, 0]:
+        with socket.socket() as probe:
+            try:
+                probe.bind((LOOPBACK, port))
+            except OSError:
+                continue
+            return probe.getsockname()[1]
+    raise RuntimeError("no free loopback port")
 
 
 def _insecure_context() -> ssl.SSLContext:
@@ -144,7 +158,7 @@ def _limit_open_files(count: int) -> None:
 def _running_server(log_dir: Path, *args: str, open_files: int | None = None) -> Iterator[Served]:
     """``audiomask serve *args`` on a free loopback port, ready; stopped on exit. ``open_files``: the server's
     limit of open file descriptors (``RLIMIT_NOFILE``), as ``ulimit -n`` would set it; ``None``: this process's."""
-    port = _free_port()
+    port = free_port()
     secure = "--certfile" in args
     log_path = log_dir / f"serve-{port}.log"
     with open(log_path, "wb") as log:

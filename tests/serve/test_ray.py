@@ -13,7 +13,6 @@ import importlib.util
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -29,6 +28,7 @@ from websockets.asyncio.client import connect  # the conftest skips the module w
 
 from audiomask.serve.client import DEFAULT_MESSAGE_SAMPLES, stream_audio
 
+from .conftest import free_port
 from .test_replicas import _running
 
 pytestmark = [
@@ -51,12 +51,6 @@ DRAINED_CLIENTS = 4
 SIGTERM_AFTER_S = 1.0  # into streams of 3 s and more sent at real time
 STOP_TIMEOUT_S = 60.0  # the drain, the deployment's deletion and Ray's shutdown
 KILL_TIMEOUT_S = 10.0
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind((LOOPBACK, 0))
-        return probe.getsockname()[1]
 
 
 def _ray_cpus() -> int:
@@ -104,7 +98,7 @@ def ray_server(tmp_path: Path) -> Iterator[RayServer]:
     and whatever of Ray's local cluster is left then is killed."""
     if _ray_cpus() < REPLICAS:
         pytest.skip(f"{REPLICAS} replicas reserve a CPU each; this machine has {_ray_cpus()}")
-    port = _free_port()
+    port = free_port()
     log_path = tmp_path / "serve-ray.log"
     arguments = ["--ray", "--replicas", str(REPLICAS), "--device", "cpu", "--max-connections", str(MAX_CONNECTIONS)]
     with open(log_path, "wb") as log:
