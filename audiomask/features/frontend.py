@@ -2,8 +2,10 @@
 
 A front end states its :class:`~audiomask.features.framing.Framing`, how a
 block of frames becomes mel power (``_mel_power_into``, usually through
-:class:`MelBands`) and how power becomes log (``_log_``); Whisper adds a step
-across frames (its ``max - 8`` floor, ``_finish``). Everything else, here, is
+:class:`MelBands`) and how power becomes log (``_log_``, slab by slab while the
+slab is in the cache, each frame's peak taken there where the front end asks
+for it); Whisper adds a step across frames (its ``max - 8`` floor,
+``_finish``, from those peaks). Everything else, here, is
 common: the one-utterance call, the ragged batch, and streams, which all frame
 through the same code and compute every frame of a call in one batched torch
 computation (in slabs of :data:`SLAB_FRAMES` frames that keep the scratch
@@ -163,6 +165,7 @@ class Frontend(ABC):
     time_axis: int
     min_samples: int = 0
     frame_multiple: int = 1
+    frame_peaks: bool = False  # ``_finish`` reads each frame's peak log value, which ``_log_`` records
 
     @abstractmethod
     def _mel_power_into(self, signal: torch.Tensor, frames: int, out: torch.Tensor) -> None:
@@ -173,14 +176,23 @@ class Frontend(ABC):
         """
 
     @abstractmethod
-    def _log_(self, mel: torch.Tensor) -> None:
-        """Clamp and take the log of mel power in place."""
+    def _log_(self, mel: torch.Tensor, peaks: torch.Tensor | None) -> None:
+        """Clamp and take the log of ``(frames, n_mels)`` mel power in place.
 
-    def _finish(self, batch: torch.Tensor, counts: np.ndarray, state: np.ndarray | None) -> None:  # noqa: B027 (a hook)
+        ``peaks``: ``(frames,)`` float32 to receive each frame's largest log
+        value, before any scaling ``_log_`` applies after the log (given where
+        :attr:`frame_peaks` is set, else None).
+        """
+
+    def _finish(  # noqa: B027 (a hook)
+        self, batch: torch.Tensor, counts: np.ndarray, state: np.ndarray | None, peaks: torch.Tensor | None
+    ) -> None:
         """Post-process a ``(S, width, n_mels)`` batch in place; row ``s`` holds ``counts[s]`` frames, zeros after.
 
         ``state`` is None for whole utterances, else the per-stream state from
-        :meth:`_new_state`. The zeros past ``counts`` must stay zeros.
+        :meth:`_new_state`; ``peaks``: ``(S, width)`` float32, each frame's
+        peak as ``_log_`` recorded it (where :attr:`frame_peaks` is set; any
+        value past ``counts``). The zeros past ``counts`` must stay zeros.
         """
 
     def _new_state(self, count: int) -> np.ndarray | None:
@@ -202,39 +214,48 @@ class Frontend(ABC):
 
     def _features(self, packed: PackedFrames, width: int, state: np.ndarray | None) -> np.ndarray:
         """Every segment's features, zero-padded to ``width`` frames, time on :attr:`time_axis`."""
-        batch = self._layout(self._log_mel(packed), packed.counts, width)
-        self._finish(batch, packed.counts, state)
+        mel, peaks = self._log_mel(packed)
+        batch = self._layout(mel, packed.counts, width)
+        self._finish(batch, packed.counts, state, None if peaks is None else self._layout(peaks, packed.counts, width))
         if self.time_axis == 1:
             batch = batch.transpose(1, 2)
         return batch.contiguous().numpy()
 
-    def _log_mel(self, packed: PackedFrames) -> torch.Tensor:
-        """``(K, n_mels)`` float32 log-mel of every segment's frames, in segment order."""
+    def _log_mel(self, packed: PackedFrames) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(K, n_mels)`` float32 log-mel of every segment's frames, in segment order, and their ``(K,)``
+        peaks (None unless :attr:`frame_peaks`)."""
         total = packed.total_frames()
         mel = torch.empty((total, self.n_mels), dtype=torch.float32)
-        self._log_mel_into(packed.flat, mel)
+        peaks = torch.empty(total, dtype=torch.float32) if self.frame_peaks else None
+        self._log_mel_into(packed.flat, mel, peaks)
         rows = packed.rows()
-        return mel if rows is None else mel.index_select(0, rows)
+        if rows is None:
+            return mel, peaks
+        return mel.index_select(0, rows), None if peaks is None else peaks.index_select(0, rows)
 
-    def _log_mel_into(self, flat: torch.Tensor, mel: torch.Tensor) -> None:
+    def _log_mel_into(self, flat: torch.Tensor, mel: torch.Tensor, peaks: torch.Tensor | None = None) -> None:
         """Log-mel of the first ``len(mel)`` frames of a flat float32 signal into ``(frames, n_mels)`` float32 ``mel``.
 
         Frame ``f`` is ``flat[hop * f : hop * f + win]``; the frames go through
-        slabs of :data:`SLAB_FRAMES` counted from frame 0.
+        slabs of :data:`SLAB_FRAMES` counted from frame 0, each slab's log taken
+        while it is in the cache. ``peaks``: ``(frames,)`` float32 for each
+        frame's peak (see ``_log_``), where :attr:`frame_peaks` is set.
         """
         win, hop = self.framing.win, self.framing.hop
         total = len(mel)
         for start in range(0, total, SLAB_FRAMES):
             frames = min(SLAB_FRAMES, total - start)
             signal = flat[hop * start : hop * (start + frames - 1) + win]
-            self._mel_power_into(signal, frames, mel[start : start + frames])
-        self._log_(mel)
+            slab = mel[start : start + frames]
+            self._mel_power_into(signal, frames, slab)
+            self._log_(slab, None if peaks is None else peaks[start : start + frames])
 
     def _layout(self, features: torch.Tensor, counts: np.ndarray, width: int) -> torch.Tensor:
-        """Scatter ``(K, n_mels)`` segment-ordered features into a zero-padded ``(S, width, n_mels)`` batch."""
+        """Scatter ``(K, ...)`` segment-ordered values of frames (features ``(K, n_mels)``, peaks ``(K,)``) into a
+        zero-padded ``(S, width, ...)`` batch."""
         if len(counts) == 1 and width == len(features):
             return features[None]
-        batch = torch.zeros((len(counts), width, self.n_mels), dtype=torch.float32)
+        batch = torch.zeros((len(counts), width, *features.shape[1:]), dtype=torch.float32)
         row, col = ragged_index(counts)
         batch[torch.from_numpy(row), torch.from_numpy(col)] = features
         return batch

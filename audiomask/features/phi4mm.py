@@ -189,5 +189,5 @@ class Phi4MMFrontend(Frontend):
         # rfft without out=: MKL's out= variant computes into a new tensor and copies it into out.
         self._bands.project_power(torch.fft.rfft(padded), scratch["power"][:frames], out)
 
-    def _log_(self, mel: torch.Tensor) -> None:
+    def _log_(self, mel: torch.Tensor, peaks: torch.Tensor | None) -> None:
         mel.clamp_(min=POWER_FLOOR).log_()

@@ -209,6 +209,7 @@ class SlotFeatures:
         # megabytes each cycle cost page faults comparable to the arithmetic).
         self._flat: np.ndarray | None = None  # float32: every segment at a multiple of hop
         self._mel: torch.Tensor | None = None  # float32 (frames, n_mels): log-mel of every frame of _flat
+        self._peaks: torch.Tensor | None = None  # float32 (frames,): their peaks, where the front end records them
         self._gathered: torch.Tensor | None = None  # float32: the owners' frames, (S, width, n_mels)
 
     @property
@@ -323,14 +324,16 @@ class SlotFeatures:
         first = np.cumsum(hops) - hops
         used = int(hops.sum())
         frames = self._total_frames(used)
-        flat, mel, gathered = self._scratch()
+        flat, mel, peaks, gathered = self._scratch()
         for row, segment in zip(rows.tolist(), segments.values()):
             at = int(first[row]) * hop
             flat[at : at + len(segment)] = segment
             flat[at + len(segment) : at + int(hops[row]) * hop] = 0.0
         if len(steady):
             self._place_steady(flat, samples, starts, steady, first[np.searchsorted(owners, steady)])
-        frontend._log_mel_into(torch.from_numpy(flat[: used * hop]), mel[:frames])
+        frontend._log_mel_into(
+            torch.from_numpy(flat[: used * hop]), mel[:frames], None if peaks is None else peaks[:frames]
+        )
         # Each owner's frames, a window of mel from its first frame; zero past its count. Straight into the
         # batch when every slot has frames and one has a whole chunk (a full cycle), else into scratch.
         owned = counts[owners]
@@ -347,8 +350,11 @@ class SlotFeatures:
         padding = np.arange(width) >= owned[:, None]  # (S, width)
         if padding.any():
             features.masked_fill_(torch.from_numpy(padding)[:, :, None], 0.0)
+        owned_peaks = None
+        if peaks is not None:  # each owner's frames' peaks, as its features' window
+            owned_peaks = torch.index_select(peaks.as_strided((frames, width), (1, 1)), 0, torch.from_numpy(first))
         state = None if self._state is None else self._state[owners]
-        frontend._finish(features, owned, state)
+        frontend._finish(features, owned, state, owned_peaks)
         if state is not None:
             self._state[owners] = state
         if not direct:
@@ -386,12 +392,15 @@ class SlotFeatures:
         win, hop = self.frontend.framing.win, self.frontend.framing.hop
         return (hops * hop - win) // hop + 1 if hops * hop >= win else 0
 
-    def _scratch(self) -> tuple[np.ndarray, torch.Tensor, torch.Tensor]:
-        """The flat signal, log-mel and gathered frames' scratch, allocated at the first cycle."""
+    def _scratch(self) -> tuple[np.ndarray, torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """The flat signal, log-mel, frame peaks (None unless the front end records them) and gathered frames'
+        scratch, allocated at the first cycle."""
         if self._flat is None:
             hop, n_mels = self.frontend.framing.hop, self.frontend.n_mels
             hops = self.batch_size * self._segment_hops
             self._flat = np.empty((hops + self._segment_hops) * hop, np.float32)  # and one span past the end
             self._mel = torch.empty((hops + self.chunk_frames, n_mels), dtype=torch.float32)  # and one window
+            if self.frontend.frame_peaks:
+                self._peaks = torch.empty(hops + self.chunk_frames, dtype=torch.float32)
             self._gathered = torch.empty(self.batch_size * self.chunk_frames * n_mels, dtype=torch.float32)
-        return self._flat, self._mel, self._gathered  # type: ignore[return-value]
+        return self._flat, self._mel, self._peaks, self._gathered  # type: ignore[return-value]

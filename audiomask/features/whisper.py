@@ -158,22 +158,31 @@ class WhisperFrontend(Frontend):
         power = torch.empty((frames, N_FFT // 2 + 1), dtype=torch.float32)
         self._bands.project_power(torch.fft.rfft(windowed), power, out)
 
-    def _log_(self, mel: torch.Tensor) -> None:
+    frame_peaks = True
+
+    def _log_(self, mel: torch.Tensor, peaks: torch.Tensor | None) -> None:
         mel.clamp_(min=POWER_FLOOR).log10_()
+        if peaks is not None:
+            torch.amax(mel, dim=1, out=peaks)
+        _scale_(mel)
 
     def _new_state(self, count: int) -> np.ndarray:
         """Each stream's peak so far (float32 log10 mel power; -inf before its first frame)."""
         return np.full(count, -np.inf, dtype=np.float32)
 
-    def _finish(self, batch: torch.Tensor, counts: np.ndarray, state: np.ndarray | None) -> None:
+    def _finish(
+        self, batch: torch.Tensor, counts: np.ndarray, state: np.ndarray | None, peaks: torch.Tensor | None
+    ) -> None:
+        # The batch holds scaled values, (x + 4) / 4, and the floor is scaled alike: the scaling rounds
+        # monotonically, so the maximum of the scaled values equals the scaled maximum, bit for bit.
         width = batch.shape[1]
         if width == 0:
             return
-        frame_peak = batch.amax(dim=2)  # (S, width)
+        frame_peak = peaks  # (S, width)
         padding = None
         if (counts < width).any():  # rows shorter than the batch: their padding must not count, nor change
             padding = torch.arange(width)[None, :] >= torch.from_numpy(counts)[:, None]
-            frame_peak.masked_fill_(padding, -np.inf)
+            frame_peak = frame_peak.masked_fill(padding, -np.inf)
         if state is None and self.floor == "utterance":
             peak = frame_peak.amax(dim=1, keepdim=True)
         else:  # peak of frames 0..t (with the stream's earlier frames); the prior while that is silence
@@ -182,7 +191,11 @@ class WhisperFrontend(Frontend):
             if state is not None:
                 state[:] = peak[:, -1].numpy()  # padding is -inf: the last column holds the last frame's peak
             peak.masked_fill_(peak < SILENCE_PEAK, self.peak_prior)
-        torch.maximum(batch, peak.sub_(DYNAMIC_RANGE)[:, :, None], out=batch)
-        batch.add_(LOG_OFFSET).div_(LOG_SCALE)
+        torch.maximum(batch, _scale_(peak.sub_(DYNAMIC_RANGE))[:, :, None], out=batch)
         if padding is not None:
             batch.masked_fill_(padding[:, :, None], 0.0)
+
+
+def _scale_(values: torch.Tensor) -> torch.Tensor:
+    """``(values + 4) / 4`` in place (float32 log10 mel power to Whisper's range); returns ``values``."""
+    return values.add_(LOG_OFFSET).div_(LOG_SCALE)

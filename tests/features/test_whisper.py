@@ -150,11 +150,15 @@ def test_short_streams_flush_what_offline_gives(n, cut):
 
 
 def unfloored_log_mel(x: np.ndarray) -> np.ndarray:
-    """``(128, T)`` log10 mel power before any floor or scaling (the front end's own first stage)."""
+    """``(128, T)`` log10 mel power before any floor or scaling (the front end's own first stage, whose
+    scaling ``(x + 4) / 4`` is undone here to within a float32 rounding of ``x + 4``)."""
     frontend, framing = WhisperFrontend(), WhisperFrontend().framing
     count = framing.count(len(x))
     packed = pack([framing.segment(framing.pad_signal(x), count)], [count], framing)
-    return frontend._log_mel(packed).numpy().T
+    scaled, peaks = frontend._log_mel(packed)
+    log_mel = scaled.numpy().T * LOG_SCALE - LOG_OFFSET
+    np.testing.assert_allclose(log_mel.max(axis=0), peaks.numpy(), atol=1e-6)  # the peaks it records, unscaled
+    return log_mel
 
 
 def utterance_and_running(x: np.ndarray, prior: float = PEAK_PRIOR):
