@@ -32,7 +32,12 @@ cycle. ``steady``: every slot in the middle of its stream; ``churn``: in each
 cycle 1 slot in :data:`CHURN_SLOTS` ends its stream with a short last block
 and takes a new one in the next (its first block), as a driver's slots do
 with utterances of about 16 chunks. Reported per cycle (median wall and
-CPU time), and the CPU time per slot and per second of one stream's audio.
+CPU time), and the CPU time per slot and per second of one stream's audio;
+for the steady case, where that time goes: the torch operators of
+:data:`PROFILED_CYCLES` more cycles by family (FFT, mel products, gathers,
+elementwise work, reductions; ``torch.profiler``'s self CPU time,
+:func:`audiomask.bench.profile.report_events`), and the rest of the cycle's
+CPU time (Python and numpy) beside them.
 
 Usage: python scripts/bench_features.py --out bench/results/features_cpu_2core.json
        python scripts/bench_features.py --slots-only [--out FILE]  # the front-end stage alone
@@ -49,10 +54,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 from audiomask.asr.planner import block_samples, ring_capacity
 from audiomask.audio import load
 from audiomask.bench.environment import capture_environment, write_result
+from audiomask.bench.profile import report_events
 from audiomask.bench.timing import MS_PER_S, NS_PER_S, time_interleaved
 from audiomask.constants import FRAME_MS, SAMPLE_RATE, WINDOW_MS
 from audiomask.features import Frontend, Phi4MMFrontend, WhisperFrontend
@@ -68,6 +75,7 @@ STREAMS_CHUNK_S = 1.28
 FLOOR_LEVELS_DB = (0.0, -10.0, -20.0, -30.0)
 SAMPLES = ("hello_world", "weather", "numbers", "stereo_44k")
 SLOT_COUNTS = (256, 1024)
+PROFILED_CYCLES = 8  # steady cycles whose operators are profiled, after the timed ones (a ring wraps in 2)
 SLOT_FAMILIES = {  # name: (front end, frames per encoder chunk)
     "phi4mm": (Phi4MMFrontend, 128),
     "qwen3_asr": (WhisperFrontend.qwen3_asr, 100),
@@ -197,6 +205,14 @@ class SlotStage:
                 cpu[index - warmup] = time.thread_time() - cpu_began
         return wall, cpu
 
+    def operators(self, cycles: int) -> dict:
+        """The torch operators of ``cycles`` more cycles of ``compute_cycle`` by family, per cycle
+        (:func:`~audiomask.bench.profile.report_events`; the cycles' ring writes are numpy copies, no operator)."""
+        with profile(activities=[ProfilerActivity.CPU]) as profiler:
+            for _ in range(cycles):
+                self.stage.compute_cycle(self.rings, self.next_cycle(), self.features)
+        return report_events(profiler.events(), False, cycles, {"cycles": cycles})
+
 
 def slot_stage(slot_counts: Sequence[int], cycles: int, warmup: int) -> dict:
     """The front-end stage per cycle, per slot and per stream-second, for each family, slot count and case."""
@@ -228,6 +244,11 @@ def slot_stage(slot_counts: Sequence[int], cycles: int, warmup: int) -> dict:
                         "cpu_us_per_slot": mean_cpu * US_PER_S / batch,
                         "cpu_ms_per_stream_s": mean_cpu * MS_PER_S / (batch * chunk_s),
                     }
+                    if not churn:
+                        operators = row["operators"] = stage.operators(PROFILED_CYCLES)
+                        # The timed cycles' CPU time that no operator holds: Python and numpy (the profiled
+                        # cycles' own CPU time would count the profiler's overhead too).
+                        operators["unattributed_ms_per_cycle"] = max(mean_cpu * MS_PER_S - operators["ms_per_step"], 0)
                     rows.append(row)
                     print(
                         f"slot stage {family:<10}{batch:>6} slots {row['case']:<7}"
@@ -236,6 +257,14 @@ def slot_stage(slot_counts: Sequence[int], cycles: int, warmup: int) -> dict:
                         f"{row['cpu_us_per_slot']:>6.0f} us/slot{row['cpu_ms_per_stream_s']:>7.3f} ms CPU per stream-s",
                         flush=True,
                     )
+                    if "operators" in row:
+                        families = row["operators"]["families"].items()
+                        print(
+                            "    "
+                            + ", ".join(f"{name} {entry['ms_per_step']:.1f} ms" for name, entry in families)
+                            + f", Python and numpy {row['operators']['unattributed_ms_per_cycle']:.1f} ms",
+                            flush=True,
+                        )
     finally:
         torch.set_num_threads(threads)
     return {

@@ -11,7 +11,9 @@ own CPU time (``aten::addmm`` is a GEMM): a smoke run of the same code.
 
 The report answers what a step costs and which lever comes next: the
 families' milliseconds per step and shares, the kernel count per step, and
-the largest kernels.
+the largest kernels. :func:`report_events` makes such a report of any
+profiled steps (``scripts/bench_features.py``: the front-end stage's cycles,
+their FFTs among the families).
 """
 
 from __future__ import annotations
@@ -27,21 +29,23 @@ from audiomask.bench.models import BenchModel
 from audiomask.bench.throughput import encoder_steps
 from audiomask.checks import check_int
 
-__all__ = ["FAMILIES", "family", "profile_step"]
+__all__ = ["FAMILIES", "family", "profile_step", "report_events"]
 
 US_PER_MS = 1000.0
 TOP_KERNELS = 15  # the largest kernels a report lists
 # Kernel families by name, first match wins: attention, layout and convolution before GEMM (cuDNN's attention,
 # layout and implicit-GEMM convolution kernels carry GEMM's words too). Lower-case regular expressions.
 FAMILIES: dict[str, str] = {
+    "fft": r"fft",  # a front end's spectra
     "attention": r"flash|fmha|sdpa|attention|softmax",
     "layout": r"nchwtonhwc|nhwctonchw|transpose|permute",
     "conv": r"conv|fprop|depthwise",
     "gemm": r"gemm|gemv|cutlass|nvjet|cublas|addmm|aten::mm\b|matmul|linear|bmm",
     "norm": r"layer_norm|layernorm|rms_norm|batch_norm",
     "copy": r"copy|memcpy|memset|fill|cat|index|scatter|gather|pad",
-    "reduction": r"reduce|sum|mean|argmax",
-    "elementwise": r"elementwise|vectorized|unrolled|add|mul|activation|gelu|relu|silu|sigmoid|tanh|erf|where|clamp",
+    "reduction": r"reduce|sum|mean|argmax|amax|cummax",
+    "elementwise": r"elementwise|vectorized|unrolled|add|mul|activation|gelu|relu|silu|sigmoid|tanh|erf|where|clamp|"
+    r"log|pow|div|maximum|square",
 }
 _PATTERNS = {name: re.compile(pattern) for name, pattern in FAMILIES.items()}
 
@@ -88,11 +92,13 @@ def profile_step(
                 step(index)
             if cuda:
                 torch.cuda.synchronize(model.device)
-    return _report(profiler.events(), cuda, steps, {"model": model.name, "streams": streams, "cuda_graph": cuda_graph})
+    settings = {"model": model.name, "streams": streams, "cuda_graph": cuda_graph}
+    return report_events(profiler.events(), cuda, steps, settings)
 
 
-def _report(events: list, cuda: bool, steps: int, settings: dict) -> dict:
-    """Kernels (CUDA) or operators' self time (CPU) of ``events`` per step, by family and largest first."""
+def report_events(events: list, cuda: bool, steps: int, settings: dict) -> dict:
+    """Kernels (CUDA) or operators' self time (CPU) of a profiler's ``events`` over ``steps`` steps, per step, by
+    family and largest first; ``settings`` head the report."""
     time_us: dict[str, float] = defaultdict(float)
     count: dict[str, int] = defaultdict(int)
     for event in events:

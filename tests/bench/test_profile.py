@@ -84,3 +84,45 @@ def test_profile_step_on_cuda_counts_kernels() -> None:
     report = profile_step(model, 4, steps=4, chunk_size=2, left_chunk=1)
     _check(report, 4)
     assert report["measures"] == "kernels' device time"
+
+
+# A front end's operators as torch.profiler names them on a CPU, and their families.
+FRONTEND_OPERATORS = {
+    "aten::_fft_r2c": "fft",
+    "aten::mm": "gemm",
+    "aten::index_select": "copy",
+    "aten::amax": "reduction",
+    "aten::log10_": "elementwise",
+    "aten::pow_": "elementwise",
+    "aten::maximum": "elementwise",
+}
+
+
+@pytest.mark.parametrize(("operator", "expected"), FRONTEND_OPERATORS.items())
+def test_front_end_operator_families(operator: str, expected: str) -> None:
+    assert family(operator) == expected
+
+
+def test_front_end_stage_report_holds_its_operators(tmp_path: Path) -> None:
+    """scripts/bench_features.py --slots-only: each family's steady row splits its cycle's CPU time by operator
+    family, an FFT and mel products among them, and the rest of the cycle beside them."""
+    out = tmp_path / "slots.json"
+    command = ["scripts/bench_features.py", "--slots-only", "--slots", "8", "--slot-cycles", "2", "--warmup", "0"]
+    result = subprocess.run(
+        [sys.executable, *command, "--out", str(out)],
+        check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = json.loads(out.read_text())["slot_stage"]["rows"]
+    steady = [row for row in rows if row["case"] == "steady"]
+    assert {row["family"] for row in steady} == {"phi4mm", "qwen3_asr"}
+    for row in steady:
+        operators = row["operators"]
+        assert {"fft", "gemm", "copy", "elementwise"} <= set(operators["families"])
+        assert sum(entry["share"] for entry in operators["families"].values()) == pytest.approx(1.0)
+        assert operators["ms_per_step"] > 0 and operators["unattributed_ms_per_cycle"] >= 0
+    assert all("operators" not in row for row in rows if row["case"] == "churn")
