@@ -36,7 +36,19 @@ GPU_KERNELS = {
 }
 
 
-@pytest.mark.parametrize(("kernel", "expected"), GPU_KERNELS.items())
+# A front end's operators as torch.profiler names them on a CPU, and their families.
+FRONTEND_OPERATORS = {
+    "aten::_fft_r2c": "fft",
+    "aten::mm": "gemm",
+    "aten::index_select": "copy",
+    "aten::amax": "reduction",
+    "aten::log10_": "elementwise",
+    "aten::pow_": "elementwise",
+    "aten::maximum": "elementwise",
+}
+
+
+@pytest.mark.parametrize(("kernel", "expected"), {**GPU_KERNELS, **FRONTEND_OPERATORS}.items())
 def test_kernel_families(kernel: str, expected: str) -> None:
     assert family(kernel) == expected
 
@@ -84,23 +96,6 @@ def test_profile_step_on_cuda_counts_kernels() -> None:
     report = profile_step(model, 4, steps=4, chunk_size=2, left_chunk=1)
     _check(report, 4)
     assert report["measures"] == "kernels' device time"
-
-
-# A front end's operators as torch.profiler names them on a CPU, and their families.
-FRONTEND_OPERATORS = {
-    "aten::_fft_r2c": "fft",
-    "aten::mm": "gemm",
-    "aten::index_select": "copy",
-    "aten::amax": "reduction",
-    "aten::log10_": "elementwise",
-    "aten::pow_": "elementwise",
-    "aten::maximum": "elementwise",
-}
-
-
-@pytest.mark.parametrize(("operator", "expected"), FRONTEND_OPERATORS.items())
-def test_front_end_operator_families(operator: str, expected: str) -> None:
-    assert family(operator) == expected
 
 
 def test_front_end_stage_report_holds_its_operators(tmp_path: Path) -> None:
