@@ -71,18 +71,29 @@ def test_profile_step_on_the_cpu(name: str) -> None:
     _check(profile_step(model, 3, steps=8, **chunking), 3)
 
 
-def test_script_writes_its_report(tmp_path: Path) -> None:
-    out = tmp_path / "profile.json"
-    command = [sys.executable, "scripts/bench_profile.py", "--model", "qwen3_asr_0.6b", "--streams", "2", "3"]
+def _run_script(*arguments: str) -> None:
+    """Run ``python arguments...`` in the checkout; it must succeed."""
     result = subprocess.run(
-        [*command, "--quick", "--device", "cpu", "--out", str(out)],
-        check=False,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
+        [sys.executable, *arguments], check=False, cwd=ROOT, capture_output=True, text=True, timeout=300
     )
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_script_writes_its_report(tmp_path: Path) -> None:
+    out = tmp_path / "profile.json"
+    _run_script(
+        "scripts/bench_profile.py",
+        "--model",
+        "qwen3_asr_0.6b",
+        "--streams",
+        "2",
+        "3",
+        "--quick",
+        "--device",
+        "cpu",
+        "--out",
+        str(out),
+    )
     report = json.loads(out.read_text())
     assert report["command"].endswith(f"--out {out}") and report["torch_version"] == torch.__version__
     assert [row["streams"] for row in report["rows"]] == [2, 3]
@@ -102,16 +113,18 @@ def test_front_end_stage_report_holds_its_operators(tmp_path: Path) -> None:
     """scripts/bench_features.py --slots-only: each family's steady row splits its cycle's CPU time by operator
     family, an FFT and mel products among them, and the rest of the cycle beside them."""
     out = tmp_path / "slots.json"
-    command = ["scripts/bench_features.py", "--slots-only", "--slots", "8", "--slot-cycles", "2", "--warmup", "0"]
-    result = subprocess.run(
-        [sys.executable, *command, "--out", str(out)],
-        check=False,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    _run_script(
+        "scripts/bench_features.py",
+        "--slots-only",
+        "--slots",
+        "8",
+        "--slot-cycles",
+        "2",
+        "--warmup",
+        "0",
+        "--out",
+        str(out),
     )
-    assert result.returncode == 0, result.stderr[-2000:]
     rows = json.loads(out.read_text())["slot_stage"]["rows"]
     steady = [row for row in rows if row["case"] == "steady"]
     assert {row["family"] for row in steady} == {"phi4mm", "qwen3_asr"}
