@@ -33,9 +33,9 @@ __all__ = ["MEL_BLOCK_ROWS", "SLAB_FRAMES", "FeatureStream", "FeatureStreams", "
 # 1.5 GB of scratch. Figures: docs/defaults.md.
 SLAB_FRAMES = 512
 # Frames of every mel filter product (a multiple of 16, so that whole blocks of a 64-byte aligned
-# float32 array stay aligned). Fewer rows cost more a frame: each product call per block and group has
-# a fixed cost. Figures: docs/defaults.md.
-MEL_BLOCK_ROWS = 256
+# float32 array stay aligned): a slab's. Fewer rows cost more a frame: each product call per block and
+# group has a fixed cost. Figures: docs/defaults.md.
+MEL_BLOCK_ROWS = 512
 
 
 class MelBands:
