@@ -26,12 +26,24 @@ from audiomask.models.attention import attend, split_heads
 from audiomask.models.config import Phi4MMAudioConfig
 from audiomask.models.layers import activation, derived, joined_projections
 
-__all__ = ["SUBSAMPLING_SLICE_BYTES", "ConformerBlock", "ConvSubsampling", "MeanVarianceNorm", "RelativeAttentionBias"]
+__all__ = [
+    "BLOCK_SLICE_BYTES",
+    "SUBSAMPLING_SLICE_BYTES",
+    "ConformerBlock",
+    "ConvSubsampling",
+    "MeanVarianceNorm",
+    "RelativeAttentionBias",
+    "block_slice_rows",
+]
 
 # The exact path's subsampling runs a larger batch in slices of utterances, each slice's first-stage output (the
 # step's largest tensor, ~5 MB an utterance of a full-size Phi-4MM at 1.28 s chunks in bf16) at most this large:
 # 102 utterances a slice there, the slices' kernels still filling the GPU.
 SUBSAMPLING_SLICE_BYTES = 512 * 2**20
+# A streaming step runs its blocks over a larger batch in slices of streams, each slice's widest activation (the
+# feed-forward's gate and up product, 96 KiB a full-size stream at 1.28 s chunks in bf16) at most this large: 5,461
+# such streams a slice, its products still filling the GPU.
+BLOCK_SLICE_BYTES = 512 * 2**20
 
 
 class MeanVarianceNorm(nn.Module):
@@ -398,6 +410,18 @@ class _ConvModule(nn.Module):
             joined = torch.cat([cache, glu], dim=1)
             cache.copy_(joined[:, joined.shape[1] - self.context :])
         return _pointwise(self.ext_pw_conv_1d, self.act(self.dw_sep_conv_1d(joined)))
+
+
+def block_slice_rows(config: Phi4MMAudioConfig, tokens: int, element_size: int) -> int:
+    """Streams per slice of the blocks' batch (:data:`BLOCK_SLICE_BYTES`), ``>= 1``: a stream's widest activation
+    in a block is ``tokens`` rows of the widest of the feed-forward's gate and up product, the joined query, key and
+    value product and the conv module's GLU input, ``element_size`` bytes a value.
+
+    >>> block_slice_rows(Phi4MMAudioConfig(), tokens=16, element_size=2)
+    5461
+    """
+    width = max(2 * config.intermediate_size, 3 * config.hidden_size, 2 * config.ext_pw_out_channel)
+    return max(1, BLOCK_SLICE_BYTES // (tokens * width * element_size))
 
 
 class ConformerBlock(nn.Module):

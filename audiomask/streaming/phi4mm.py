@@ -20,6 +20,7 @@ from audiomask.constants import FRAME_MS
 from audiomask.features import Phi4MMFrontend
 from audiomask.features.frontend import Frontend
 from audiomask.masks import padding_mask
+from audiomask.models.conformer import block_slice_rows
 from audiomask.models.phi4mm import Phi4MMEncoder
 from audiomask.streaming.buffer import BufferedSlots
 from audiomask.streaming.plan import ChunkPlan, block_samples
@@ -384,9 +385,23 @@ class Phi4MMSlots(BufferedSlots):
         if key_mask is not None:
             bias = torch.where(key_mask[:, None, None], bias, torch.finfo(self.dtype).min)  # (B, H, C, S + C)
         slot = phase * self.chunk_size if self.left_chunk else None  # the ring block this chunk replaces
-        for block, kv, conv in zip(encoder.encoders, self._kv, self._conv):
-            hidden = block(hidden, bias, kv, conv, slot)
-        return hidden
+        blocks = list(zip(encoder.encoders, self._kv, self._conv))
+        rows = block_slice_rows(encoder.config, self.chunk_size, hidden.element_size())
+        if len(hidden) <= rows:
+            for block, kv, conv in blocks:
+                hidden = block(hidden, bias, kv, conv, slot)
+            return hidden
+        # Beside the slots' caches a step holds its activations: slices of streams keep the blocks' from
+        # bounding how many slots fit. The slices follow from the batch size alone, so a slot's rows meet the
+        # same kernels whatever the other slots do.
+        outputs = torch.empty_like(hidden)
+        for start in range(0, len(hidden), rows):
+            part = slice(start, start + rows)
+            sliced, sliced_bias = hidden[part], bias if len(bias) == 1 else bias[part]
+            for block, kv, conv in blocks:
+                sliced = block(sliced, sliced_bias, kv[:, part], conv[part], slot)
+            outputs[part] = sliced
+        return outputs
 
     def _capture(self) -> None:
         """Capture one CUDA graph of :meth:`_run_chunk` per key/value ring phase, on static inputs.

@@ -66,6 +66,27 @@ def test_phi4mm_stream_in_subsampling_slices_equals_hard_forward(
     assert_streamed_equals(pieces, valid, reference, reference_lengths, push_unit=2)
 
 
+@pytest.mark.parametrize(("chunk_size", "left_chunk"), [(2, 1), (3, 0)])
+def test_phi4mm_stream_in_block_slices_equals_hard_forward(
+    phi4mm, stream_in_pieces, assert_streamed_equals, monkeypatch, chunk_size, left_chunk
+):
+    """A batch whose blocks' activations outgrow BLOCK_SLICE_BYTES runs the blocks slice by slice, each slice
+    its own rows of the caches and masks (slices of two streams: a short last slice too)."""
+    lengths = [37, 64, 0, 51, 64]
+    features = torch.randn(len(lengths), max(lengths), PHI_MEL, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        reference, reference_lengths = phi4mm(
+            features, lengths, chunk_size=chunk_size, left_chunk=left_chunk, mask_mode="hard"
+        )
+    config = phi4mm.config
+    width = max(2 * config.intermediate_size, 3 * config.hidden_size, 2 * config.ext_pw_out_channel)
+    monkeypatch.setattr(conformer, "BLOCK_SLICE_BYTES", 2 * chunk_size * width * 4)  # two float32 streams
+    assert conformer.block_slice_rows(config, chunk_size, 4) == 2
+    slots = Phi4MMSlots(phi4mm, batch_size=len(lengths), chunk_size=chunk_size, left_chunk=left_chunk)
+    pieces, valid = stream_in_pieces(slots, features, lengths, [16, 9, 40])
+    assert_streamed_equals(pieces, valid, reference, reference_lengths, push_unit=chunk_size)
+
+
 def test_phi4mm_stream_long_utterance(phi4mm, stream_in_pieces):
     """Over 500 tokens (no unfold in hard mode), relative distances past bias_max_distance inside the cache."""
     frames = 8 * 530 + 5
