@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 import torch
 
-from audiomask.models import Phi4MMAudioConfig, Phi4MMEncoder
+from audiomask.models import Phi4MMAudioConfig, Phi4MMEncoder, conformer
 from audiomask.streaming import Phi4MMSlots, Qwen3ASRSlots
 
 pytestmark = pytest.mark.gpu
@@ -85,13 +85,22 @@ def test_qwen3_asr_cuda_float32_equals_transformers_on_cpu(no_tf32, tiny_qwen3_a
     assert (valid_rows(outputs, output_lengths.tolist()) - packed).abs().max().item() <= TOLERANCE
 
 
-def test_phi4mm_cuda_stream_equals_hard_forward(no_tf32, tiny_phi4mm, max_valid_diff):
+@pytest.mark.parametrize("cuda_graph", [False, True], ids=["eager", "graphs"])
+@pytest.mark.parametrize("block_slice", [None, 2], ids=["whole", "slices-of-2"])
+def test_phi4mm_cuda_stream_equals_hard_forward(
+    no_tf32, tiny_phi4mm, max_valid_diff, monkeypatch, cuda_graph, block_slice
+):
+    """Eager or from CUDA graphs; the blocks over the whole batch or in slices of streams (the last one short)."""
     encoder = tiny_phi4mm().to("cuda")
     lengths = [333, 150, 0]
     features = torch.randn(3, 333, 80)
     with torch.no_grad():
         reference, reference_lengths = encoder(features, lengths, chunk_size=4, left_chunk=2, mask_mode="hard")
-    slots = Phi4MMSlots(encoder, batch_size=3, chunk_size=4, left_chunk=2)
+    if block_slice is not None:
+        rows = conformer.block_slice_rows(encoder.config, 4, 4)
+        monkeypatch.setattr(conformer, "BLOCK_SLICE_BYTES", conformer.BLOCK_SLICE_BYTES * block_slice // rows)
+        assert conformer.block_slice_rows(encoder.config, 4, 4) == block_slice
+    slots = Phi4MMSlots(encoder, batch_size=3, chunk_size=4, left_chunk=2, cuda_graph=cuda_graph)
     pieces = []
     for start in range(0, 333, 45):
         real = [max(0, min(n - start, 45)) for n in lengths]
