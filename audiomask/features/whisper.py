@@ -118,6 +118,7 @@ class WhisperFrontend(Frontend):
     """
 
     time_axis = 1
+    frame_peaks = True  # the floor follows each frame's peak
 
     def __init__(
         self,
@@ -157,8 +158,6 @@ class WhisperFrontend(Frontend):
         windowed = signal.unfold(0, N_FFT, HOP_SAMPLES) * self._window
         power = torch.empty((frames, N_FFT // 2 + 1), dtype=torch.float32)
         self._bands.project_power(torch.fft.rfft(windowed), power, out)
-
-    frame_peaks = True
 
     def _log_(self, mel: torch.Tensor, peaks: torch.Tensor | None) -> None:
         mel.clamp_(min=POWER_FLOOR).log10_()
