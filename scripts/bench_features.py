@@ -75,7 +75,7 @@ STREAMS_CHUNK_S = 1.28
 FLOOR_LEVELS_DB = (0.0, -10.0, -20.0, -30.0)
 SAMPLES = ("hello_world", "weather", "numbers", "stereo_44k")
 SLOT_COUNTS = (256, 1024)
-PROFILED_CYCLES = 8  # steady cycles whose operators are profiled, after the timed ones (a ring wraps in 2)
+PROFILED_CYCLES = 8  # steady cycles whose operators are profiled, after the timed ones (two wrap around the rings)
 SLOT_FAMILIES = {  # name: (front end, frames per encoder chunk)
     "phi4mm": (Phi4MMFrontend, 128),
     "qwen3_asr": (WhisperFrontend.qwen3_asr, 100),
