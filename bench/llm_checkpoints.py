@@ -34,10 +34,14 @@ __all__ = [
     "QWEN3_ASR_CHAT_TEMPLATE",
     "QWEN3_ASR_NAMED",
     "QWEN3_ASR_SPECIALS",
+    "PHI4MM_CHAT_TEMPLATE",
+    "PHI4MM_NAMED",
+    "PHI4MM_SPECIALS",
     "TINY_AUDIO",
     "TINY_TEXT",
     "byte_tokenizer",
     "qwen3_asr_tokenizer",
+    "phi4mm_tokenizer",
     "word_ids",
     "save_qwen3_asr",
     "RANDOM_LLMS",
@@ -77,6 +81,13 @@ QWEN3_ASR_CHAT_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+PHI4MM_SPECIALS = ("<|endoftext|>", "<|user|>", "<|end|>", "<|assistant|>", "<|system|>", "<|audio|>", "<|image|>")
+PHI4MM_NAMED = {"audio_token": "<|audio|>", "image_token": "<|image|>"}
+# The chat template of the released Phi-4-multimodal tokenizer, reduced to what a transcription request uses.
+PHI4MM_CHAT_TEMPLATE = (
+    "{% for message in messages %}{{ '<|' + message['role'] + '|>' + message['content'] + '<|end|>' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% else %}{{ eos_token }}{% endif %}"
+)
 TINY_AUDIO = {
     "encoder_layers": 2,
     "encoder_attention_heads": 2,
@@ -109,6 +120,11 @@ def qwen3_asr_tokenizer(vocab_size: int | None = None) -> Any:
     return byte_tokenizer(
         QWEN3_ASR_SPECIALS, QWEN3_ASR_ADDED, QWEN3_ASR_CHAT_TEMPLATE, QWEN3_ASR_NAMED, vocab_size=vocab_size
     )
+
+
+def phi4mm_tokenizer(vocab_size: int | None = None) -> Any:
+    """:func:`byte_tokenizer` with Phi-4-multimodal's special tokens, chat template and named tokens."""
+    return byte_tokenizer(PHI4MM_SPECIALS, (), PHI4MM_CHAT_TEMPLATE, PHI4MM_NAMED, vocab_size=vocab_size)
 
 
 def byte_tokenizer(
@@ -163,11 +179,11 @@ def byte_tokenizer(
 
 
 def word_ids(tokenizer: Any) -> range:
-    """The ids of :func:`byte_tokenizer`'s words (given a ``vocab_size``) in a Qwen3-ASR tokenizer: after the byte
-    tokens and the role names, before the special and added tokens; a random answer made of them encodes back
-    to itself."""
+    """The ids of :func:`byte_tokenizer`'s words (given a ``vocab_size``): after the byte tokens and the role
+    names, before the special tokens (the first of which is the end token) and the added ones; a random answer
+    made of them encodes back to itself."""
     first = BYTE_TOKENS + sum(len(word) - 1 for word in TEMPLATE_WORDS)
-    return range(first, len(tokenizer) - len(QWEN3_ASR_SPECIALS) - len(QWEN3_ASR_ADDED))
+    return range(first, tokenizer.convert_tokens_to_ids(tokenizer.eos_token))
 
 
 def save_qwen3_asr(

@@ -29,17 +29,20 @@ from typing import Any
 import numpy as np
 import torch
 
+from audiomask.bench.models import TINY_PHI4MM
 from audiomask.bench.signals import OFFSET_SPAN, noise, stream_offsets
 from audiomask.bench.timing import MS_PER_S, percentiles
 from audiomask.constants import SAMPLE_RATE
 from audiomask.llm import refeed
 from audiomask.llm.lm import CausalLM, LMConfig
 from audiomask.llm.model import AudioLM
+from audiomask.llm.phi4mm import Phi4MMProjector
+from audiomask.llm.phi4mm import assemble as assemble_phi4mm
 from audiomask.llm.policy import DEFAULT_UNFIXED_TOKENS
 from audiomask.llm.qwen3_asr import Qwen3ASRProjector, assemble
 from audiomask.llm.streaming import LLMStreams
-from audiomask.models import Qwen3ASRConfig, Qwen3ASREncoder
-from bench.llm_checkpoints import qwen3_asr_tokenizer, word_ids
+from audiomask.models import Phi4MMAudioConfig, Phi4MMEncoder, Qwen3ASRConfig, Qwen3ASREncoder
+from bench.llm_checkpoints import PHI4MM_NAMED, phi4mm_tokenizer, qwen3_asr_tokenizer, word_ids
 
 __all__ = [
     "SIZES",
@@ -48,6 +51,7 @@ __all__ = [
     "Probe",
     "ReFeedStreams",
     "build_model",
+    "is_phi4mm",
     "fixed_tokens",
     "one_stream",
 ]
@@ -63,6 +67,14 @@ __all__ = [
 _QWEN3_TEXT = dict(num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128)
 _QWEN3_TEXT.update(vocab_size=151936, tie_word_embeddings=True, max_position_embeddings=65536)
 _QWEN3_TEXT.update(rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0})
+
+
+def _longrope(factors: int) -> dict[str, Any]:
+    """Phi-4-mini's rope: LongRoPE over 3/4 of each head (``factors`` = 3/8 of the head dimension)."""
+    rope = dict(rope_type="longrope", rope_theta=10000.0, partial_rotary_factor=0.75)
+    return rope | dict(original_max_position_embeddings=4096, short_factor=[1.0] * factors, long_factor=[2.0] * factors)
+
+
 SIZES: dict[str, dict[str, Any]] = {
     "0.6b": {
         "audio": dict(encoder_layers=18, encoder_attention_heads=14, encoder_ffn_dim=3584, d_model=896),
@@ -82,6 +94,25 @@ SIZES: dict[str, dict[str, Any]] = {
         "text": dict(_QWEN3_TEXT, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8)
         | dict(vocab_size=512, hidden_size=32, intermediate_size=64, max_position_embeddings=4096),
     },
+    # Phi-4-multimodal-instruct: the audio encoder of Phi4MMAudioConfig's defaults (24 blocks of 1024, 16 heads, the
+    # released config's whole-utterance attention) and Phi-4-mini's decoder (32 layers of 3072, 24 query and 8
+    # key/value heads of 128, intermediate 8192, 200,064 ids, tied head, LongRoPE over 3/4 of each head past 4,096
+    # positions). Random weights: the rope factors' values only change the rotation, not the cost.
+    "phi4mm": {
+        "family": "phi4mm",
+        "audio": Phi4MMAudioConfig(),
+        "text": dict(hidden_size=3072, intermediate_size=8192, num_hidden_layers=32, num_attention_heads=24)
+        | dict(num_key_value_heads=8, vocab_size=200064, tie_word_embeddings=True, max_position_embeddings=131072)
+        | dict(original_max_position_embeddings=4096, rope_parameters=_longrope(48)),
+    },
+    "phi4mm_tiny": {  # every code path, CPU-cheap: a smoke test, not a measurement
+        "family": "phi4mm",
+        "audio": TINY_PHI4MM,
+        "text": dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4)
+        | dict(num_key_value_heads=2, vocab_size=512, tie_word_embeddings=True, max_position_embeddings=8192)
+        | dict(original_max_position_embeddings=4096, rope_parameters=_longrope(3))
+        | dict(bos_token_id=None, pad_token_id=None, eos_token_id=None),  # the real ids lie past 512
+    },
 }
 INIT_STD = 0.02  # random weights: normal(0, 0.02) matrices, zero biases, unit norms
 TOKENS_PER_S = 4  # an update's answer beyond the rolled-back tokens: about 4 tokens per second of new audio
@@ -90,6 +121,7 @@ LEAD_S = 0.05  # an episode's first chunk is due this long after it starts
 PIECE_S = 0.1  # a live stream's audio arrives in pieces this long (as a client's messages), fed as they come
 
 STOP_TOKENS = ("<|endoftext|>", "<|im_end|>")
+PHI4MM_STOP_TOKENS = ("<|endoftext|>", "<|end|>")  # Phi-4-multimodal's generation config's end tokens
 
 
 def fixed_tokens(chunk_s: float) -> int:
@@ -106,24 +138,43 @@ def _randomize(module: torch.nn.Module, std: float) -> None:
                 parameter.zero_()
 
 
+def is_phi4mm(size: str) -> bool:
+    """Whether :data:`SIZES` ``size`` is a Phi-4-multimodal (it streams by re-feeding: :class:`ReFeedStreams`)."""
+    return SIZES[size].get("family") == "phi4mm"
+
+
 def build_model(
     size: str, device: torch.device | str, dtype: torch.dtype, seed: int = 0, std: float = INIT_STD
 ) -> AudioLM:
-    """Qwen3-ASR of :data:`SIZES` ``size``, random weights (``std``), on ``device`` in ``dtype`` (as ``qwen3_asr.build``)."""
-    from transformers import Qwen3Config
-
-    spec = SIZES[size]
+    """The recogniser of :data:`SIZES` ``size``, random weights (``std``), on ``device`` in ``dtype`` (as the family's
+    ``build`` makes it from a checkpoint): Qwen3-ASR, or Phi-4-multimodal where the size's ``family`` says so."""
+    spec, phi4mm = SIZES[size], is_phi4mm(size)
     torch.manual_seed(seed)
-    with torch.device(device):  # made where they run: a 0.6B model's weights are never on the host
-        encoder = Qwen3ASREncoder(Qwen3ASRConfig(**spec["audio"]))
-        projector = Qwen3ASRProjector(encoder.output_size, spec["output_dim"])
-        lm = CausalLM(LMConfig.from_transformers(Qwen3Config(**spec["text"]), qk_norm=True))
+    with torch.device(device):  # made where they run: a real size's weights are never on the host
+        if phi4mm:
+            from transformers import Phi4MultimodalConfig
+
+            encoder = Phi4MMEncoder(spec["audio"])
+            lm = CausalLM(LMConfig.from_transformers(Phi4MultimodalConfig(**spec["text"]), qk_norm=False))
+            projector = Phi4MMProjector(encoder.output_size, lm.config.hidden_size)
+        else:
+            from transformers import Qwen3Config
+
+            encoder = Qwen3ASREncoder(Qwen3ASRConfig(**spec["audio"]))
+            projector = Qwen3ASRProjector(encoder.output_size, spec["output_dim"])
+            lm = CausalLM(LMConfig.from_transformers(Qwen3Config(**spec["text"]), qk_norm=True))
     for module in (encoder, projector, lm):
         _randomize(module, std)
         module.to(device=device, dtype=dtype).eval()
+    description = {"size": size, "random_weights": True}
+    if phi4mm:
+        tokenizer = phi4mm_tokenizer(lm.config.vocab_size)
+        stop_ids = frozenset(tokenizer.convert_tokens_to_ids(token) for token in PHI4MM_STOP_TOKENS)
+        audio_token = PHI4MM_NAMED["audio_token"]
+        return assemble_phi4mm(encoder, projector, lm, tokenizer, audio_token, stop_ids, description=description)
     tokenizer = qwen3_asr_tokenizer(lm.config.vocab_size)
     stop_ids = frozenset(tokenizer.convert_tokens_to_ids(token) for token in STOP_TOKENS)
-    return assemble(encoder, projector, lm, tokenizer, stop_ids, description={"size": size, "random_weights": True})
+    return assemble(encoder, projector, lm, tokenizer, stop_ids, description=description)
 
 
 class BenchStreams(LLMStreams):

@@ -18,6 +18,10 @@ One JSON report (and ``<out stem>.png`` where matplotlib imports) of four sectio
   checkpoint directory): per update over ``--cost-seconds`` its wall time and prompt tokens, the first
   partial, and the audio after which an update no longer fits in a chunk (one stream stops being real time).
 
+``--model phi4mm`` (Phi-4-multimodal-instruct's sizes) runs ``capacity`` and ``cost`` through
+:class:`~bench.llm_streams.ReFeedStreams`, how it streams (its encoder attends over the whole utterance), with
+the cost section's updates timed on the host (``host_ms``: chunk fed -> partial, one stream alone).
+
 Every update decodes ``5 + round(4 * chunk_s)`` tokens (``StreamPolicy.fixed_tokens``: random weights never
 say the end token); finals (the offline pass at an utterance's end) are not run. Each section stops at
 ``--max-seconds``. The model is built in memory (:func:`bench.llm_streams.build_model`), bf16 on CUDA; the
@@ -25,6 +29,7 @@ attention kernels are the recogniser's own choice (no cuDNN for the encoder: ``a
 
 Usage (the H200): python3 scripts/bench_llm.py --out bench/results/llm_streams_h200.json
 CPU smoke test:   python3 scripts/bench_llm.py --tiny --out /tmp/llm_smoke.json
+Phi-4-multimodal: python3 scripts/bench_llm.py --model phi4mm --sections capacity cost --out OUT
 """
 
 from __future__ import annotations
@@ -44,15 +49,26 @@ import torch
 from audiomask.bench.environment import capture_environment, write_result
 from audiomask.bench.timing import MS_PER_S, Budget, log, percentiles
 from audiomask.constants import HOP_LENGTH, SAMPLE_RATE
+from audiomask.llm.refeed import SEGMENT_SPAN_FRAMES
 from audiomask.llm.streaming import (
     DEFAULT_PASS_SLOTS,
     UPDATE_RESERVE_BYTES,
     UPDATE_RESERVE_BYTES_PER_SLOT,
     StreamPolicy,
 )
-from bench.llm_streams import SIZES, BenchStreams, Driver, ReFeedStreams, build_model, fixed_tokens, one_stream
+from bench.llm_streams import (
+    SIZES,
+    BenchStreams,
+    Driver,
+    ReFeedStreams,
+    build_model,
+    fixed_tokens,
+    is_phi4mm,
+    one_stream,
+)
 
 SECTIONS = ("capacity", "anchor", "cost", "transformers")
+PHI4MM_SECTIONS = ("capacity", "cost")  # its streams are the re-feed recipe, and transformers' run is Qwen3-ASR's
 SEGMENT_WINDOWS = 4  # LLMStreams' default: a 30 s utterance never ends a segment (that would run a final pass)
 WARMUP_REPEATS = 2  # untimed first partials before the timed ones
 WARMUP_CHUNKS = 4  # untimed updates of one stream before any section (kernels loaded, allocator warm)
@@ -68,7 +84,9 @@ DEFAULTS = {
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="the JSON report (a PNG beside it)")
-    parser.add_argument("--model", choices=sorted(SIZES), default="0.6b", help="Qwen3-ASR size (random weights)")
+    parser.add_argument(
+        "--model", choices=sorted(SIZES), default="0.6b", help="Qwen3-ASR size, or Phi-4-multimodal (random weights)"
+    )
     parser.add_argument("--tiny", action="store_true", help="--model tiny and small counts: a CPU smoke run")
     parser.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS))
     parser.add_argument("--chunks", type=float, nargs="+", default=[2.0, 1.0], help="capacity chunk seconds")
@@ -96,7 +114,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.cuda_graphs = False if args.eager_decode else None  # LLMStreams' default: graphs on a CUDA device
     if args.tiny:
         args.model = "tiny"
-    for name, value in DEFAULTS["tiny" if args.model == "tiny" else "full"].items():
+    if is_phi4mm(args.model) and not set(args.sections) <= set(PHI4MM_SECTIONS):
+        parser.error(f"--model {args.model} runs the sections {', '.join(PHI4MM_SECTIONS)}, got {args.sections}")
+    for name, value in DEFAULTS["tiny" if "tiny" in args.model else "full"].items():
         if getattr(args, name) is None:
             setattr(args, name, value)
     return args
@@ -139,9 +159,10 @@ def release(device: str) -> None:
         torch.cuda.empty_cache()
 
 
-def slots_for(model: object, policy: StreamPolicy, args: argparse.Namespace) -> tuple[int, str, int, int]:
-    """``(slots, why so many, kv bytes per slot, slot positions)``: ``--max-streams``, or what CUDA memory holds."""
-    probe = BenchStreams(model, 1, policy=policy)
+def slots_for(model: object, cls: type, policy: StreamPolicy, args: argparse.Namespace) -> tuple[int, str, int, int]:
+    """``(slots, why so many, kv bytes per slot, slot positions)`` of ``cls`` streams: ``--max-streams``, or what
+    CUDA memory holds."""
+    probe = cls(model, 1, policy=policy)
     capacity = probe.capacity
     per_slot = model.lm.cache_slot_bytes(capacity)
     del probe
@@ -224,7 +245,7 @@ def streams_section(model: object, cls: type, chunks: list[float], args: argpars
         policy = policy_for(chunk_s)
         log(f"{cls.__name__}, {chunk_s:g} s chunks ({policy.fixed_tokens} tokens an update)")
         first = first_partials(cls(model, 1, policy=policy, cuda_graphs=args.cuda_graphs), args.first_repeats)
-        slots, cap, per_slot, capacity = slots_for(model, policy, args)
+        slots, cap, per_slot, capacity = slots_for(model, cls, policy, args)
         streams = cls(model, slots, policy=policy, cuda_graphs=args.cuda_graphs, frontend_workers=args.frontend_workers)
         driver = Driver(streams, args.seconds, seed=args.seed)
         found = search(driver, min(args.start_streams, slots), slots, args.warm_s, args.measure_s, budget, cap=cap)
@@ -245,17 +266,18 @@ def streams_section(model: object, cls: type, chunks: list[float], args: argpars
 
 
 def cost_section(model: object, args: argparse.Namespace) -> dict:
-    """One stream of ``--cost-seconds``, incremental and re-feed: per update times and counted work."""
-    config = model.encoder.config
-    window_s = config.n_window_infer * HOP_LENGTH / SAMPLE_RATE
-    policy = policy_for(args.cost_chunk, int(args.cost_seconds // window_s) + 1)
+    """One stream of ``--cost-seconds``, incremental and re-feed: per update times and counted work (a
+    Phi-4-multimodal: re-feed only, its updates timed on the host)."""
+    phi4mm = is_phi4mm(args.model)
+    window_frames = SEGMENT_SPAN_FRAMES if phi4mm else model.encoder.config.n_window_infer
+    policy = policy_for(args.cost_chunk, int(args.cost_seconds // (window_frames * HOP_LENGTH / SAMPLE_RATE)) + 1)
     result: dict = {"chunk_s": args.cost_chunk, "seconds": args.cost_seconds}
     result["segment_windows"] = policy.segment_windows
-    for label, cls in (("incremental", BenchStreams), ("refeed", ReFeedStreams)):
+    for label, cls in (("incremental", BenchStreams), ("refeed", ReFeedStreams))[phi4mm:]:
         log(f"cost: {label}, {args.cost_seconds:g} s at {args.cost_chunk:g} s chunks")
         streams = cls(model, 1, policy=policy, cuda_graphs=args.cuda_graphs)
         one_stream(streams, 3 * args.cost_chunk, seed=args.seed)  # warm-up
-        result[label] = one_stream(streams, args.cost_seconds, probe=True, seed=args.seed)
+        result[label] = one_stream(streams, args.cost_seconds, probe=not phi4mm, seed=args.seed)
     return result
 
 
@@ -288,6 +310,9 @@ def transformers_section(args: argparse.Namespace, device: str, dtype: torch.dty
 
 
 def describe_model(model: object, args: argparse.Namespace, dtype: torch.dtype) -> dict:
+    family = "Phi-4-multimodal" if is_phi4mm(args.model) else "Qwen3-ASR"
+    parts = model.prompt("", None)
+    prompt = f"head {len(parts.head)}, tail {len(parts.tail)} tokens"
     modules = (model.encoder, model.projector, model.lm)
     parameters = {p.data_ptr(): p.numel() for module in modules for p in module.parameters()}
     lm = {k: v for k, v in dataclasses.asdict(model.lm.config).items() if k != "inv_freq"}
@@ -296,11 +321,11 @@ def describe_model(model: object, args: argparse.Namespace, dtype: torch.dtype) 
         "weights": "random: normal(0, 0.02) matrices, zero biases (no checkpoint)",
         "parameters": sum(parameters.values()),
         "encoder": dataclasses.asdict(model.encoder.config),
-        "projector": [model.encoder.output_size, model.encoder.output_size, model.lm.config.hidden_size],
+        "projector": [[m.in_features, m.out_features] for m in model.projector.modules() if hasattr(m, "in_features")],
         "lm": lm | {"rope_theta": SIZES[args.model]["text"]["rope_parameters"]["rope_theta"]},
         "dtype": str(dtype).removeprefix("torch."),
-        "tokenizer": "bench.llm_checkpoints.byte_tokenizer: a byte-level BPE of the model's ids (words of letters, "
-        "151k merges); answers re-encode to their ids; Qwen3-ASR's chat template (head 9, tail 6 tokens)",
+        "tokenizer": f"bench.llm_checkpoints.byte_tokenizer: a byte-level BPE of the model's {len(model.tokenizer)} "
+        f"ids (words of letters); answers re-encode to their ids; {family}'s chat template ({prompt})",
     }
 
 
@@ -323,16 +348,14 @@ def summarize(report: dict) -> dict:
         }
     cost = report.get("cost")
     if cost:
-        for label in ("incremental", "refeed"):
+        labels = [label for label in ("incremental", "refeed") if label in cost]
+        for label in labels:
             summary[f"one_stream_{label}_ms"] = percentiles([row["host_ms"] for row in cost[label]])
-        last = {label: cost[label][-1] for label in ("incremental", "refeed")}
+        last = {label: cost[label][-1] for label in labels}
+        fields = ("host_ms", "encoder_ms", "decoder_ms", "encoder_frames", "prefill_tokens")
         summary["cost_last_update"] = {
-            "audio_s": last["incremental"]["audio_s"],
-            **{
-                f"{label}_{field}": row[field]
-                for label, row in last.items()
-                for field in ("encoder_ms", "decoder_ms", "encoder_frames", "prefill_tokens")
-            },
+            "audio_s": last[labels[0]]["audio_s"],
+            **{f"{label}_{field}": row[field] for label, row in last.items() for field in fields if field in row},
         }
     return summary
 
@@ -364,6 +387,9 @@ def plot(report: dict, path: Path) -> Path | None:
     for label, style in (("incremental", "-"), ("refeed", "--")):
         rows = report.get("cost", {}).get(label, [])
         x = [row["audio_s"] for row in rows]
+        if rows and "encoder_ms" not in rows[0]:  # timed on the host only (a Phi-4-multimodal)
+            time_axes.plot(x, [r["host_ms"] for r in rows], style, label=f"{label}: chunk fed -> partial")
+            continue
         time_axes.plot(x, [r["encoder_ms"] + r["decoder_ms"] for r in rows], style, label=f"{label}: total")
         time_axes.plot(x, [r["encoder_ms"] for r in rows], style, label=f"{label}: encoder")
         work_axes.plot(x, [r["prefill_tokens"] for r in rows], style, label=f"{label}: prefill tokens")
@@ -387,19 +413,20 @@ def main(argv: list[str]) -> int:
     args = parse_args(argv)
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    if args.model == "tiny":
+    if "tiny" in args.model:
         torch.set_num_threads(1)  # a toy model gains nothing from threads, whose spinning slows a shared CPU
     report: dict = {"environment": capture_environment([sys.argv[0], *argv])}
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     report["settings"] = settings | {"segment_windows": SEGMENT_WINDOWS, "finals": "not run"}
-    log(f"building Qwen3-ASR {args.model} (random weights) on {device} in {dtype}")
+    log(f"building {args.model} (random weights) on {device} in {dtype}")
     model = build_model(args.model, device, dtype, seed=args.seed)
     report["model"] = describe_model(model, args, dtype)
     log(f"{report['model']['parameters'] / 1e6:.0f}M parameters")
+    streams = ReFeedStreams if is_phi4mm(args.model) else BenchStreams  # how the model streams
     warmup = policy_for(args.cost_chunk)
-    one_stream(BenchStreams(model, 1, policy=warmup), WARMUP_CHUNKS * warmup.chunk_s, seed=args.seed)
+    one_stream(streams(model, 1, policy=warmup), WARMUP_CHUNKS * warmup.chunk_s, seed=args.seed)
     sections = {
-        "capacity": lambda: streams_section(model, BenchStreams, args.chunks, args),
+        "capacity": lambda: streams_section(model, streams, args.chunks, args),
         "anchor": lambda: streams_section(model, ReFeedStreams, args.anchor_chunks, args),
         "cost": lambda: cost_section(model, args),
         "transformers": lambda: transformers_section(args, str(device), dtype),

@@ -6,8 +6,9 @@ A checkpoint in transformers' ``Phi4MultimodalForCausalLM`` layout
 - the audio Conformer (``model.embed_tokens_extend.audio_embed.encoder.``)
   into :class:`~audiomask.models.Phi4MMEncoder`, run in its
   ``"phi4mm_compat"`` mask mode (transformers' numerics), each utterance
-  encoded alone under the mask transformers builds for one utterance (no
-  key masked; past 500 tokens the last block's zero padding is attended);
+  encoded under the mask transformers builds for one utterance alone (no
+  key masked; past 500 tokens the last block's zero padding is attended),
+  utterances of equal length in one call;
 - the speech projector (``up_proj_for_speech``, GELU, ``down_proj_for_speech``)
   into :class:`Phi4MMProjector`; the ``*_for_vision_speech`` pair, which
   transformers uses only when an image comes with the audio, is not read;
@@ -43,9 +44,10 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
+from torch.nn.attention import sdpa_kernel
 
 from audiomask.llm.files import CheckpointFiles, fill
-from audiomask.llm.lm import CausalLM, LMConfig
+from audiomask.llm.lm import ATTENTION_BACKENDS, CausalLM, LMConfig
 from audiomask.llm.lora import merge_lora
 from audiomask.llm.model import AudioLM
 from audiomask.llm.prompt import PromptParts, split_at_audio
@@ -56,9 +58,11 @@ from audiomask.streaming import default_frontend
 
 __all__ = [
     "DEFAULT_INSTRUCTION",
+    "ENCODE_BIAS_BYTES",
     "MASK_MODE",
     "SPEECH_LORA",
     "Phi4MMProjector",
+    "assemble",
     "build",
     "phi4mm_prompt",
     "phi4mm_texts",
@@ -67,6 +71,9 @@ __all__ = [
 DEFAULT_INSTRUCTION = "Transcribe the audio clip into text."  # the model card's speech recognition prompt
 SPEECH_LORA = "speech-lora"  # the checkpoint's subdirectory holding the speech LoRA (a peft adapter)
 MASK_MODE = "phi4mm_compat"  # the encoder's mask mode that equals transformers' Phi4MultimodalAudioModel
+# An encoder call's attention bias (utterances x blocks x heads x block^2, in the encoder's dtype) at most this: 209
+# full-size utterances of 32 s (400 tokens, 16 heads) in bf16.
+ENCODE_BIAS_BYTES = 2**30
 _AUDIO_EMBED = "model.embed_tokens_extend.audio_embed."
 _ENCODER = "encoder."  # under _AUDIO_EMBED
 _PROJECTOR = ("up_proj_for_speech.", "down_proj_for_speech.")  # under _AUDIO_EMBED
@@ -92,35 +99,54 @@ class Phi4MMProjector(nn.Module):
 
 
 class _Phi4MMAudioLM(AudioLM):
-    """An :class:`AudioLM` that encodes each utterance alone, as transformers encodes one utterance.
+    """An :class:`AudioLM` that encodes each utterance as transformers encodes one utterance alone.
 
     In ``"phi4mm_compat"`` mode a masked key is only one logit down, so an utterance padded in a batch is
     not encoded as it is alone. Alone, transformers' processor gives no audio mask, and its encoder masks no
     key: past :data:`~audiomask.models.phi4mm.UNFOLD_TOKENS` tokens, the zero padding of the last block is
-    attended like the rest (:func:`_unpadded_mask`).
+    attended like the rest (:func:`_unpadded_mask`). Utterances of one length need no padding beside each
+    other, so each group of equal lengths is one encoder call (re-fed streams at the same point of their
+    segments have equal lengths: an update of many streams is a few calls, not one a stream).
     """
 
     def audio_inputs(self, features: torch.Tensor, lengths: np.ndarray) -> list[torch.Tensor]:
         """Language-model inputs of a padded feature batch ``(B, T, 80)`` and its ``(B,)`` host ``lengths``: per
-        utterance ``(n_b, hidden_size)``, its token count from the host length (nothing waits for the device)."""
-        inputs = []
-        for row, length in enumerate(np.asarray(lengths).tolist()):
-            mask = _unpadded_mask(self.encoder, length)
-            outputs, _ = self.encoder(features[row : row + 1, :length], [length], mask_mode=MASK_MODE, mask=mask)
-            inputs.append(self.projector(outputs[0, : self.encoder.output_lengths(length)]))
+        utterance ``(n_b, hidden_size)``, its token count from the host length (nothing waits for the device).
+
+        Utterances of one length are encoded together, at most :data:`ENCODE_BIAS_BYTES` of attention bias a call.
+        """
+        encoder, lengths = self.encoder, np.asarray(lengths)
+        inputs: list[torch.Tensor] = [features.new_empty(0)] * len(lengths)
+        element = next(encoder.parameters()).element_size()
+        for length in np.unique(lengths).tolist():
+            block, blocks = _blocks(encoder, length)
+            bias_bytes = blocks * encoder.config.num_attention_heads * block * block * element  # an utterance's
+            rows = np.flatnonzero(lengths == length)
+            for call in np.array_split(rows, max(1, -(-len(rows) * bias_bytes // ENCODE_BIAS_BYTES))):
+                mask = _unpadded_mask(encoder, length, len(call))
+                group = features[torch.from_numpy(call).to(features.device), :length]
+                with sdpa_kernel(ATTENTION_BACKENDS):  # as the other encoders': no cuDNN plan per shape
+                    outputs, _ = encoder(group, [length] * len(call), mask_mode=MASK_MODE, mask=mask)
+                projected = self.projector(outputs[:, : encoder.output_lengths(length)])
+                for position, row in enumerate(call.tolist()):
+                    inputs[row] = projected[position]
         return inputs
 
 
-def _unpadded_mask(encoder: Phi4MMEncoder, frames: int) -> np.ndarray:
-    """The compat-mode mask of one utterance of ``frames`` frames as transformers builds it without an audio mask.
-
-    ``(n, l, l)`` with ``l = min(L, UNFOLD_TOKENS)``, ``n = ceil(L / l)``, ``L = ceil(frames / time_reduction)``:
-    the chunk band of each block, every key valid (the last block's padding too).
-    """
+def _blocks(encoder: Phi4MMEncoder, frames: int) -> tuple[int, int]:
+    """``(l, n)``: the length and count of upstream's blocks for one utterance of ``frames`` frames, ``l = min(L,
+    UNFOLD_TOKENS)``, ``n = ceil(L / l)``, ``L = ceil(frames / time_reduction)``."""
     tokens = -(-frames // encoder.config.time_reduction)
     block = max(1, min(tokens, UNFOLD_TOKENS))
-    chunk_size, left_chunk = encoder.chunking(None, None)
-    return streaming_mask(block, -(-tokens // block), chunk_size, left_chunk)
+    return block, -(-tokens // block)
+
+
+def _unpadded_mask(encoder: Phi4MMEncoder, frames: int, utterances: int = 1) -> np.ndarray:
+    """The compat-mode mask of ``utterances`` utterances of ``frames`` frames each, as transformers builds it for
+    one utterance without an audio mask: ``(utterances * n, l, l)`` (:func:`_blocks`), the chunk band of each
+    block, every key valid (the last block's padding too)."""
+    block, blocks = _blocks(encoder, frames)
+    return streaming_mask(block, utterances * blocks, *encoder.chunking(None, None))
 
 
 def phi4mm_prompt(tokenizer: Any, audio_token: str, context: str, language: str | None) -> PromptParts:
@@ -219,6 +245,20 @@ def build(files: CheckpointFiles, device: torch.device | str, dtype: torch.dtype
     )
     for module in (encoder, projector, lm):
         module.to(device=device, dtype=dtype).eval()
+    return assemble(encoder, projector, lm, tokenizer, audio_token, files.stop_ids(), path=str(files.directory))
+
+
+def assemble(
+    encoder: Phi4MMEncoder,
+    projector: Phi4MMProjector,
+    lm: CausalLM,
+    tokenizer: Any,
+    audio_token: str,
+    stop_ids: frozenset[int],
+    **fields: Any,
+) -> AudioLM:
+    """The Phi-4-multimodal recogniser of its parts (its front end, prompt with ``audio_token`` once per encoder
+    token, and answer rules); ``fields``: AudioLM's others."""
     return _Phi4MMAudioLM(
         family="phi4mm",
         encoder=encoder,
@@ -228,6 +268,6 @@ def build(files: CheckpointFiles, device: torch.device | str, dtype: torch.dtype
         frontend=default_frontend(encoder),
         prompt=lambda context, language: phi4mm_prompt(tokenizer, audio_token, context, language),
         parse=phi4mm_texts,
-        stop_ids=files.stop_ids(),
-        path=str(files.directory),
+        stop_ids=stop_ids,
+        **fields,
     )

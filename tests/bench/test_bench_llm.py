@@ -14,7 +14,7 @@ import torch
 
 from audiomask.llm.qwen3_asr import qwen3_asr_prompt
 from audiomask.llm.streaming import StreamPolicy
-from bench.llm_checkpoints import QWEN3_ASR_SPECIALS, qwen3_asr_tokenizer, word_ids
+from bench.llm_checkpoints import PHI4MM_SPECIALS, QWEN3_ASR_SPECIALS, phi4mm_tokenizer, qwen3_asr_tokenizer, word_ids
 from bench.llm_streams import BenchStreams, ReFeedStreams, build_model, fixed_tokens, one_stream
 
 pytest.importorskip("transformers")
@@ -117,4 +117,44 @@ def test_the_tokenizer_round_trips_answers_and_counts_the_prompt_as_qwen3_asr(vo
     words = word_ids(tokenizer)
     assert tokenizer.convert_ids_to_tokens([words.start - 1, words.stop]) == ["assistant", QWEN3_ASR_SPECIALS[0]]
     words = [int(i) for i in np.random.default_rng(0).integers(words.start, words.stop, 500)]
+    assert tokenizer.encode(tokenizer.decode(words), add_special_tokens=False) == words
+
+
+PHI4MM_SMOKE = [
+    *("--model", "phi4mm_tiny", "--sections", "capacity", "cost", "--chunks", "0.5", "--seconds", "4"),
+    *("--start-streams", "1", "--max-streams", "2", "--warm-s", "0", "--measure-s", "1", "--max-seconds", "10"),
+    *("--first-repeats", "1", "--cost-seconds", "10", "--cost-chunk", "2", "--no-plot"),
+]
+
+
+def test_bench_llm_streams_phi4mm_by_re_feeding(tmp_path: Path) -> None:
+    """A Phi-4-multimodal runs capacity and cost through the re-feed streams (how it streams); the sections that
+    compare against the recipe are refused with the ones it runs."""
+    out = tmp_path / "phi4mm.json"
+    environment = {**os.environ, "OMP_NUM_THREADS": "1"}
+    run = [sys.executable, str(SCRIPT), *PHI4MM_SMOKE, "--out", str(out)]
+    subprocess.run(run, check=True, capture_output=True, timeout=120, env=environment)
+    report = json.loads(out.read_text())
+    assert report["model"]["size"] == "phi4mm_tiny" and "Phi-4-multimodal" in report["model"]["tokenizer"]
+    entry = report["capacity"]["0.5s"]
+    assert 1 <= entry["max_streams"] <= 2 and all(level["partials"] > 0 for level in entry["levels"])
+    assert list(report["cost"]) == ["chunk_s", "seconds", "segment_windows", "refeed"]
+    assert [row["audio_s"] for row in report["cost"]["refeed"]] == [2.0, 4.0, 6.0, 8.0, 10.0]
+    assert all(row["host_ms"] > 0 for row in report["cost"]["refeed"])
+    refused = subprocess.run(
+        [*run[:2], "--model", "phi4mm_tiny", "--sections", "anchor", "--out", str(out)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert refused.returncode == 2 and "runs the sections capacity, cost" in refused.stderr
+
+
+def test_the_phi4mm_tokenizer_round_trips_answers_of_its_words() -> None:
+    tokenizer = phi4mm_tokenizer(200064)
+    assert len(tokenizer) == 200064
+    words = word_ids(tokenizer)
+    assert tokenizer.convert_ids_to_tokens(words.stop) == PHI4MM_SPECIALS[0]
+    words = [int(i) for i in np.random.default_rng(1).integers(words.start, words.stop, 500)]
     assert tokenizer.encode(tokenizer.decode(words), add_special_tokens=False) == words

@@ -20,7 +20,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from bench.llm_checkpoints import TINY_AUDIO, TINY_TEXT, byte_tokenizer, save_qwen3_asr  # noqa: E402
+from bench.llm_checkpoints import PHI4MM_SPECIALS, TINY_AUDIO, TINY_TEXT, phi4mm_tokenizer, save_qwen3_asr  # noqa: E402
 from bench.llm_checkpoints import speech as speech_signal  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,13 +46,6 @@ def read_json(path: Path) -> dict:
     return json.loads(path.read_text())
 
 
-PHI4MM_SPECIALS = ("<|endoftext|>", "<|user|>", "<|end|>", "<|assistant|>", "<|system|>", "<|audio|>", "<|image|>")
-PHI4MM_NAMED = {"audio_token": "<|audio|>", "image_token": "<|image|>"}
-# The chat template of the released Phi-4-multimodal tokenizer, reduced to what a transcription request uses.
-PHI4MM_CHAT_TEMPLATE = (
-    "{% for message in messages %}{{ '<|' + message['role'] + '|>' + message['content'] + '<|end|>' }}{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% else %}{{ eos_token }}{% endif %}"
-)
 PHI4MM_AUDIO = {
     "hidden_size": 16,
     "intermediate_size": 32,
@@ -99,7 +92,7 @@ PHI4MM_LORA_TARGETS = r"model\.layers\.\d+\.(self_attn\.(qkv|o)_proj|mlp\.(gate_
 def save_phi4mm(directory: Path, seed: int, tie_word_embeddings: bool, lora: bool) -> Path:
     from transformers import Phi4MultimodalConfig, Phi4MultimodalFeatureExtractor, Phi4MultimodalForCausalLM
 
-    tokenizer = byte_tokenizer(PHI4MM_SPECIALS, (), PHI4MM_CHAT_TEMPLATE, PHI4MM_NAMED)
+    tokenizer = phi4mm_tokenizer()
     ids = {token: tokenizer.convert_tokens_to_ids(token) for token in PHI4MM_SPECIALS}
     config = Phi4MultimodalConfig(
         **PHI4MM_TEXT,

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from audiomask.llm import checkpoint
-from audiomask.llm.phi4mm import DEFAULT_INSTRUCTION, phi4mm_prompt
+from audiomask.llm import phi4mm as phi4mm_module
+from audiomask.llm.phi4mm import DEFAULT_INSTRUCTION, ENCODE_BIAS_BYTES, phi4mm_prompt
 from audiomask.llm.policy import StreamPolicy
 from audiomask.llm.recognizer import LLMRecognizer
 from audiomask.llm.refeed import ReFeedStreams, streams_for
@@ -82,6 +83,33 @@ def test_an_utterance_decoded_beside_others_equals_itself_alone(phi4mm, speech: 
     alone = [phi4mm.transcribe([signal], max_new_tokens=MAX_NEW_TOKENS)[0] for signal in signals]
     assert [t.tokens for t in together] == [t.tokens for t in alone]
     assert len({t.tokens for t in alone}) > 1  # the tiny model's answers depend on what it hears
+
+
+@pytest.mark.parametrize("bias_bytes", [ENCODE_BIAS_BYTES, 1], ids=["a call a length", "a call an utterance"])
+def test_utterances_of_one_length_share_an_encoder_call_and_equal_each_alone(
+    phi4mm, speech: Callable, monkeypatch: pytest.MonkeyPatch, bias_bytes: int
+) -> None:
+    """Equal lengths are one encoder call (as re-fed streams at one point of their segments), split where their
+    attention bias would pass ``ENCODE_BIAS_BYTES``; each utterance's inputs and tokens are its own alone."""
+    monkeypatch.setattr(phi4mm_module, "ENCODE_BIAS_BYTES", bias_bytes)
+    lengths_s = (2.0, 3.3, 2.0, 41.0, 2.0, 41.0)  # 41 s: two of upstream's 500-token blocks
+    signals = [speech(seconds, seed) for seed, seconds in enumerate(lengths_s)]
+    alone = [
+        phi4mm.audio_inputs(torch.from_numpy(f), n)[0] for f, n in map(phi4mm.frontend.batch, ([s] for s in signals))
+    ]
+    encoder, calls = phi4mm.encoder, []
+    forward = encoder.forward
+    monkeypatch.setattr(
+        encoder, "forward", lambda features, *a, **k: calls.append(len(features)) or forward(features, *a, **k)
+    )
+    features, lengths = phi4mm.frontend.batch(signals)
+    together = phi4mm.audio_inputs(torch.from_numpy(features), lengths)
+    assert calls == ([3, 1, 2] if bias_bytes == ENCODE_BIAS_BYTES else [1] * len(signals))
+    for ours, own in zip(together, alone, strict=True):
+        torch.testing.assert_close(ours, own, rtol=1e-5, atol=1e-5)
+    tokens = [t.tokens for t in phi4mm.transcribe(signals, max_new_tokens=MAX_NEW_TOKENS)]
+    assert tokens == [phi4mm.transcribe([s], max_new_tokens=MAX_NEW_TOKENS)[0].tokens for s in signals]
+    assert len({tokens[0], tokens[2], tokens[4]}) > 1  # equal lengths, different audio, different answers
 
 
 def test_the_prompt_without_a_chat_template_is_the_documented_format(phi4mm) -> None:
