@@ -1,13 +1,15 @@
-"""The LLM streaming benchmark's parts: Qwen3-ASR at its real sizes with random weights, and what drives it.
+"""The LLM streaming benchmark's parts: Qwen3-ASR and Phi-4-multimodal at their real sizes with random weights, and
+what drives them.
 
 Used by ``scripts/bench_llm.py`` (the sections, the report): nothing here is
 part of :mod:`audiomask`.
 
 - :func:`build_model`: an :class:`~audiomask.llm.model.AudioLM` of
-  :data:`SIZES` (Qwen3-ASR-0.6B, -1.7B, or a tiny stand-in for CPU smoke
-  runs), random weights (normal, std 0.02), no checkpoint; its tokenizer is
-  :func:`bench.llm_checkpoints.byte_tokenizer`'s of the model's ids (a byte-level BPE: Qwen3-ASR's
-  prompt lengths, answers that encode back to their ids, a real BPE's cost per text).
+  :data:`SIZES` (Qwen3-ASR-0.6B, -1.7B, Phi-4-multimodal-instruct, or tiny
+  stand-ins for CPU smoke runs), random weights (normal, std 0.02), no
+  checkpoint; its tokenizer is :func:`bench.llm_checkpoints.byte_tokenizer`'s
+  of the model's ids (a byte-level BPE: the model's prompt lengths, answers
+  that encode back to their ids, a real BPE's cost per text).
 - :class:`BenchStreams`: :class:`~audiomask.llm.streaming.LLMStreams` that can
   start a stream's next utterance without the final pass (``restart``);
   :class:`ReFeedStreams`: the official
@@ -17,7 +19,8 @@ part of :mod:`audiomask`.
   over a chunk) for capacity runs (``scripts/bench_llm.py`` searches the most
   streams whose p99 partial latency stays under the chunk); :func:`one_stream` and
   :class:`Probe`: one stream's updates, timed (encoder and decoder apart on a
-  GPU by CUDA events) and counted (encoder frames, prefill tokens).
+  GPU by CUDA events) and counted (encoder frames, prefill tokens; Qwen3-ASR's
+  encoder).
 """
 
 from __future__ import annotations
