@@ -122,7 +122,8 @@ class _Phi4MMAudioLM(AudioLM):
             block, blocks = _blocks(encoder, length)
             bias_bytes = blocks * encoder.config.num_attention_heads * block * block * element  # an utterance's
             rows = np.flatnonzero(lengths == length)
-            for call in np.array_split(rows, max(1, -(-len(rows) * bias_bytes // ENCODE_BIAS_BYTES))):
+            calls = min(len(rows), max(1, -(-len(rows) * bias_bytes // ENCODE_BIAS_BYTES)))  # one row at least each
+            for call in np.array_split(rows, calls):
                 mask = _unpadded_mask(encoder, length, len(call))
                 group = features[torch.from_numpy(call).to(features.device), :length]
                 with sdpa_kernel(ATTENTION_BACKENDS):  # as the other encoders': no cuDNN plan per shape
